@@ -1,0 +1,100 @@
+"""Hardware profiles per SKU, loaded from checks/data/profiles.yaml, with site overrides.
+
+A profile is plain data (facts and thresholds); checks read it, the simulator builds nodes from it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Mapping
+
+import yaml
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    gpu_count: int
+    gpu_model: str
+    gpu_memory_mib: int
+    nvlink_links: int
+    pcie_gen: int
+    pcie_width: int
+    power_limit_w: int
+    compute_hcas: int
+    storage_hcas: int
+    ib_rate_gbps: int
+    ib_link_layer: str
+    min_driver: str
+    nfs_mounts: tuple[str, ...]
+    has_nvswitch_fabric: bool
+    has_row_remapping: bool
+    thresholds: Mapping[str, float]
+
+    def threshold(self, key: str) -> float:
+        return float(self.thresholds[key])
+
+
+class ProfileError(ValueError):
+    pass
+
+
+@lru_cache(maxsize=1)
+def _raw() -> dict[str, Any]:
+    text = resources.files("podhealth.checks.data").joinpath("profiles.yaml").read_text(encoding="utf-8")
+    data: dict[str, Any] = yaml.safe_load(text)
+    return data
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_raw()["profiles"])
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _apply_override(d: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    cur = d
+    for k in keys[:-1]:
+        if not isinstance(cur.get(k), dict):
+            raise ProfileError(f"checks.overrides.{dotted}: unknown profile key")
+        cur = cur[k]
+    if keys[-1] not in cur:
+        raise ProfileError(f"checks.overrides.{dotted}: unknown profile key (known: {', '.join(sorted(cur))})")
+    old = cur[keys[-1]]
+    if isinstance(old, (int, float)) and not isinstance(old, bool):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ProfileError(f"checks.overrides.{dotted}: expected a number, got {value!r}")
+    elif isinstance(old, bool) and not isinstance(value, bool):
+        raise ProfileError(f"checks.overrides.{dotted}: expected true or false, got {value!r}")
+    elif isinstance(old, str) and not isinstance(value, str):
+        raise ProfileError(f"checks.overrides.{dotted}: expected a string, got {value!r}")
+    cur[keys[-1]] = value
+
+
+def load(name: str, overrides: Mapping[str, Any] | None = None) -> Profile:
+    """The profile `name` with `overrides` ({"min_driver": "550", "thresholds.gpu_temp_warn_c": 80}
+    or nested mappings) applied; unknown keys and wrong types raise ProfileError."""
+    raw = _raw()
+    if name not in raw["profiles"]:
+        raise ProfileError(f"unknown profile {name!r} (known: {', '.join(names())})")
+    d = _merge(raw["defaults"], raw["profiles"][name] or {})
+    for k, v in (overrides or {}).items():
+        if isinstance(v, Mapping):
+            for k2, v2 in v.items():
+                _apply_override(d, f"{k}.{k2}", v2)
+        else:
+            _apply_override(d, str(k), v)
+    d["nfs_mounts"] = tuple(d["nfs_mounts"])
+    return Profile(name=name, **d)

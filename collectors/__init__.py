@@ -1,0 +1,25 @@
+"""The collector registry: one literal dict, so a test can walk every entry.
+
+Each factory takes the agent Config and returns a Collector (or raises CollectorDisabled).
+Modules are imported lazily so a missing optional library disables one collector, not the agent.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+from podhealth.collectors.base import Collection, Collector, CollectorDisabled
+from podhealth.config import Config
+
+# name -> "module:factory"
+REGISTRY: dict[str, str] = {
+}
+
+
+def factory(name: str) -> Callable[[Config], Collector]:
+    module, _, attr = REGISTRY[name].partition(":")
+    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+
+
+__all__ = ["REGISTRY", "Collection", "Collector", "CollectorDisabled", "factory"]

@@ -1,0 +1,3 @@
+from podhealth.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""The `podhealth` command. Each subcommand lives in its own module, listed here literally.
+
+A command module exposes `add_parser(subparsers) -> argparse.ArgumentParser`; the parser's
+`func` default takes the parsed args and returns the exit code. Modules are imported when the
+CLI starts, so they keep heavy imports (pynvml, aiohttp, torch) inside their functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from podhealth import __version__
+
+# name -> module; order is the order in --help.
+COMMANDS: dict[str, str] = {
+    "config": "podhealth.cmd_config",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="podhealth",
+        description="Fleet health for NVIDIA DGX clusters: node agent, checks, aggregator.",
+    )
+    parser.add_argument("--version", action="version", version=f"podhealth {__version__}")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None,
+                        help="override the config's log level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        importlib.import_module(module).add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

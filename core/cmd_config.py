@@ -1,0 +1,37 @@
+"""`podhealth config default|check FILE`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from podhealth import config
+
+
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+    p = sub.add_parser("config", help="print the default config or check a config file")
+    csub = p.add_subparsers(dest="config_cmd", metavar="ACTION", required=True)
+    d = csub.add_parser("default", help="print a commented default config")
+    d.set_defaults(func=_default)
+    c = csub.add_parser("check", help="validate a config file ('-' reads stdin)")
+    c.add_argument("file")
+    c.set_defaults(func=_check)
+    return p
+
+
+def _default(args: argparse.Namespace) -> int:
+    sys.stdout.write(config.default_yaml())
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    try:
+        if args.file == "-":
+            config.loads(sys.stdin.read(), "<stdin>")
+        else:
+            config.load(args.file)
+    except config.ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(f"{args.file}: OK")
+    return 0

@@ -1,0 +1,188 @@
+"""podhealth's configuration schema: one YAML file, frozen typed models, a default for every key.
+
+The agent reads `agent`-side sections; the aggregator reads `aggregator`; both share `log`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Mapping
+
+from podhealth.configload import (
+    AbsPath, ConfigError, Ge, Gt, NonEmpty, Percent, Port, Seconds, doc, load_file, load_text,
+    render_default,
+)
+
+__all__ = ["Config", "ConfigError", "load", "loads", "default_yaml"]
+
+Profile = Literal["dgx-h100", "dgx-h200", "dgx-b200", "dgx-a100", "generic"]
+PROFILES: tuple[str, ...] = ("dgx-h100", "dgx-h200", "dgx-b200", "dgx-a100", "generic")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str = doc("Node name reported to the aggregator; empty = this host's short hostname.", "")
+    profile: Profile = doc("Hardware profile (SKU) the node is checked against.", "dgx-h100")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    level: Literal["debug", "info", "warning", "error"] = doc("Log level.", "info")
+    format: Literal["auto", "json", "console"] = doc(
+        "auto: a readable console renderer on a TTY, JSON lines otherwise (journald).", "auto")
+
+
+@dataclass(frozen=True)
+class PathsConfig:
+    sysfs_root: Annotated[Path, AbsPath()] = doc("Root of sysfs (a container mounts the host's elsewhere).", Path("/sys"))
+    procfs_root: Annotated[Path, AbsPath()] = doc("Root of procfs.", Path("/proc"))
+    kmsg: Annotated[Path, AbsPath()] = doc("Kernel log source: /dev/kmsg, or a file that is followed.", Path("/dev/kmsg"))
+    nvml_library: str = doc("NVML shared library; empty = the system's libnvidia-ml.so.1.", "")
+    dcgm_bindings: Annotated[Path, AbsPath()] = doc(
+        "Where DCGM installs its Python bindings.", Path("/usr/share/datacenter-gpu-manager-4/bindings/python3"))
+
+
+@dataclass(frozen=True)
+class ListenConfig:
+    address: Annotated[str, NonEmpty()] = doc("Address the HTTP server (/metrics, /health) binds.", "0.0.0.0")
+    port: Port = doc("Port of the HTTP server (0 = pick a free one).", 9410)
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    enabled: bool = doc("Run this collector.", True)
+    interval: Seconds = doc("Seconds between collections.", 10.0)
+    timeout: Seconds = doc("Seconds one collection may take before it is abandoned and marked stale.", 5.0)
+
+    def validate(self) -> tuple[str, str] | None:
+        if self.timeout > self.interval * 10:
+            return ("timeout", f"expected seconds <= 10x interval ({self.interval * 10:g}), got {self.timeout:g}")
+        return None
+
+
+@dataclass(frozen=True)
+class NfsMount:
+    path: Annotated[str, AbsPath()] = doc("Mount point that must be present and answer.", "/home")
+    timeout: Seconds = doc("Seconds the stat probe may take before the mount counts as hung.", 5.0)
+
+
+@dataclass(frozen=True)
+class NfsConfig(CollectorConfig):
+    mounts: tuple[NfsMount, ...] = doc("NFS mounts this node needs.", factory=lambda: (NfsMount("/home"), NfsMount("/cm/shared")))
+
+
+@dataclass(frozen=True)
+class HostConfig(CollectorConfig):
+    units: tuple[str, ...] = doc(
+        "systemd units whose state is exported (and, with checks.required_units, required).",
+        factory=lambda: ("nvidia-fabricmanager.service", "nvidia-persistenced.service",
+                         "nvidia-dcgm.service", "slurmd.service", "kubelet.service"))
+    disk_paths: tuple[str, ...] = doc("Filesystems whose usage is exported.", factory=lambda: ("/",))
+
+
+@dataclass(frozen=True)
+class KmsgConfig(CollectorConfig):
+    interval: Seconds = doc("Seconds between reads of new kernel log lines.", 1.0)
+    keep_events: Annotated[int, Gt(0, "a count")] = doc("Recent XID/SXid events kept in memory.", 256)
+    from_start: bool = doc("Read the kernel log from its beginning (else only lines from now on).", True)
+
+
+@dataclass(frozen=True)
+class DcgmConfig(CollectorConfig):
+    enabled: bool = doc("Use DCGM's profiling fields when its bindings and nv-hostengine are there.", True)
+    hostengine: str = doc("nv-hostengine address.", "127.0.0.1:5555")
+
+
+@dataclass(frozen=True)
+class CollectorsConfig:
+    nvml: CollectorConfig = doc("GPU state through NVML.", factory=CollectorConfig)
+    nvlink: CollectorConfig = doc("NVLink state and error counters through NVML.", factory=CollectorConfig)
+    infiniband: CollectorConfig = doc("InfiniBand ports from <sysfs_root>/class/infiniband.", factory=CollectorConfig)
+    nfs: NfsConfig = doc("NFS mounts from <procfs_root>/self/mountstats and a stat probe.", factory=NfsConfig)
+    host: HostConfig = doc("CPU, memory, disk, load, uptime and systemd units.", factory=HostConfig)
+    kmsg: KmsgConfig = doc("XID/SXid lines from the kernel log, and NVML XID events.", factory=KmsgConfig)
+    dcgm: DcgmConfig = doc("DCGM profiling fields (optional).", factory=DcgmConfig)
+
+
+@dataclass(frozen=True)
+class InfluxConfig:
+    enabled: bool = doc("Push samples to an InfluxDB v2 write endpoint.", False)
+    url: str = doc("InfluxDB (or VictoriaMetrics) base URL.", "http://127.0.0.1:8086")
+    org: str = doc("InfluxDB organisation.", "podhealth")
+    bucket: str = doc("InfluxDB bucket.", "podhealth")
+    token: str = doc("InfluxDB token.", "")
+    batch_size: Annotated[int, Gt(0, "a count")] = doc("Points per write.", 5000)
+    flush_interval: Seconds = doc("Seconds between flushes.", 10.0)
+    buffer_points: Annotated[int, Gt(0, "a count")] = doc("Points kept while the endpoint is away (oldest dropped, counted).", 200000)
+
+
+@dataclass(frozen=True)
+class ExportersConfig:
+    influxdb: InfluxConfig = doc("InfluxDB v2 export.", factory=InfluxConfig)
+
+
+@dataclass(frozen=True)
+class PublishConfig:
+    aggregator_url: str = doc("Aggregator base URL for pushing events; empty = do not push.", "")
+    token: str = doc("Bearer token for the aggregator.", "")
+    spool_dir: Annotated[Path, AbsPath()] = doc("Where events wait while the aggregator is away.", Path("/var/lib/podhealth/spool"))
+    spool_max_bytes: Annotated[int, Gt(0, "bytes")] = doc("Spool size bound; when full, oldest events are summarised.", 64 * 1024 * 1024)
+    timeout: Seconds = doc("Seconds per push request.", 5.0)
+
+
+@dataclass(frozen=True)
+class DampingConfig:
+    fail_after: Annotated[int, Ge(1, "a count")] = doc("Consecutive failing evaluations before a check turns FAIL.", 2)
+    recover_after: Annotated[int, Ge(1, "a count")] = doc("Consecutive passing evaluations before a FAIL turns OK.", 3)
+
+
+@dataclass(frozen=True)
+class ChecksConfig:
+    damping: DampingConfig = doc("Flap damping.", factory=DampingConfig)
+    required_units: tuple[str, ...] = doc("systemd units that must be active (empty = none required).", ())
+    overrides: Mapping[str, Any] = doc("Per-site overrides of the hardware profile (any profile key).", factory=dict)
+    rate_window: Seconds = doc("Seconds over which counter rates (ECC, IB errors, retransmissions) are judged.", 300.0)
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    token: str = doc("Bearer token required by mutating agent endpoints and `check --node`; empty = none.", "")
+
+
+@dataclass(frozen=True)
+class Config:
+    node: NodeConfig = doc("This node.", factory=NodeConfig)
+    log: LogConfig = doc("Logging.", factory=LogConfig)
+    paths: PathsConfig = doc("Where the agent reads the system from.", factory=PathsConfig)
+    listen: ListenConfig = doc("HTTP server.", factory=ListenConfig)
+    collectors: CollectorsConfig = doc("Collectors, each with its own interval and timeout.", factory=CollectorsConfig)
+    exporters: ExportersConfig = doc("Where samples are pushed besides /metrics.", factory=ExportersConfig)
+    publish: PublishConfig = doc("Pushing verdict transitions and XID events to the aggregator.", factory=PublishConfig)
+    checks: ChecksConfig = doc("Health checks.", factory=ChecksConfig)
+    auth: AuthConfig = doc("Agent API authentication.", factory=AuthConfig)
+    aggregator: Mapping[str, Any] = doc("Aggregator settings (validated by the aggregator).", factory=dict)
+
+
+def loads(text: str, source: str = "<config>") -> Config:
+    cfg: Config = load_text(Config, text, source)
+    return cfg
+
+
+def load(path: Path | str) -> Config:
+    cfg: Config = load_file(Config, path)
+    return cfg
+
+
+def default_yaml() -> str:
+    head = "# podhealth configuration. Every key is optional; shown are the defaults.\n"
+    return head + render_default(Config()) + "\n"
+
+
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def valid_node_name(name: str) -> bool:
+    """Slurm/DNS-safe node names only: these reach scontrol and the Kubernetes API."""
+    return bool(_NODE_NAME.match(name))

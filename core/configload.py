@@ -1,0 +1,294 @@
+"""Turn a YAML document into frozen dataclasses, with errors that name file, line and key path.
+
+The schema is the dataclasses themselves (core/config.py): field types, defaults and a `doc`
+string in each field's metadata. Validation walks PyYAML's node tree rather than the loaded
+Python objects because only nodes remember the line they came from.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+
+class ConfigError(Exception):
+    """A config problem, already formatted as `file:line: key.path: what was wrong`."""
+
+    def __init__(self, source: str, line: int, path: str, message: str) -> None:
+        self.source, self.line, self.path, self.message = source, line, path, message
+        where = f"{source}:{line}" if line else source
+        super().__init__(f"{where}: {path}: {message}" if path else f"{where}: {message}")
+
+
+# ---- constraints, attached with typing.Annotated --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Gt:
+    """Number strictly greater than `bound`; `what` names the unit in messages ("seconds")."""
+
+    bound: float
+    what: str = "a number"
+
+    def describe(self) -> str:
+        return f"{self.what} > {self.bound:g}"
+
+    def check(self, v: Any) -> str | None:
+        return None if v > self.bound else f"expected {self.what} > {self.bound:g}"
+
+
+@dataclass(frozen=True)
+class Ge:
+    bound: float
+    what: str = "a number"
+
+    def describe(self) -> str:
+        return f"{self.what} >= {self.bound:g}"
+
+    def check(self, v: Any) -> str | None:
+        return None if v >= self.bound else f"expected {self.what} >= {self.bound:g}"
+
+
+@dataclass(frozen=True)
+class Le:
+    bound: float
+    what: str = "a number"
+
+    def describe(self) -> str:
+        return f"{self.what} <= {self.bound:g}"
+
+    def check(self, v: Any) -> str | None:
+        return None if v <= self.bound else f"expected {self.what} <= {self.bound:g}"
+
+
+@dataclass(frozen=True)
+class NonEmpty:
+    def check(self, v: Any) -> str | None:
+        return None if v else "expected a non-empty value"
+
+
+@dataclass(frozen=True)
+class AbsPath:
+    def check(self, v: Any) -> str | None:
+        return None if str(v).startswith("/") else "expected an absolute path"
+
+
+Seconds = Annotated[float, Gt(0, "seconds")]
+Port = Annotated[int, Ge(0, "a port"), Le(65535, "a port")]
+Percent = Annotated[float, Ge(0, "a percentage"), Le(100, "a percentage")]
+
+
+def doc(text: str, default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field with its documentation (printed by `podhealth config default`)."""
+    if factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=factory, metadata={"doc": text})
+    return dataclasses.field(default=default, metadata={"doc": text})
+
+
+# ---- loading -------------------------------------------------------------------------------
+
+_SCALAR = yaml.constructor.SafeConstructor()
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _type_name(get_args(tp)[0])
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp))
+    if origin in (tuple, list):
+        return "a list"
+    if origin is dict:
+        return "a mapping"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+            Path: "a path", type(None): "null"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _show(node: yaml.Node) -> str:
+    if isinstance(node, yaml.ScalarNode):
+        return f'"{node.value}"' if node.style is None and node.tag.endswith(":str") else repr(node.value) if node.style else str(node.value)
+    return "a mapping" if isinstance(node, yaml.MappingNode) else "a list"
+
+
+class _Loader:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def err(self, node: yaml.Node | None, path: str, msg: str) -> ConfigError:
+        line = node.start_mark.line + 1 if node is not None else 0
+        return ConfigError(self.source, line, path, msg)
+
+    def convert(self, tp: Any, node: yaml.Node, path: str) -> Any:
+        origin = get_origin(tp)
+        if origin is Annotated:
+            base, *constraints = get_args(tp)
+            try:
+                value = self.convert(base, node, path)
+            except ConfigError:
+                # Say what is wanted in the field's own terms ("seconds > 0"), not just "a number".
+                wanted = " and ".join(c.describe() for c in constraints if hasattr(c, "describe"))
+                if not wanted:
+                    raise
+                raise self.err(node, path, f"expected {wanted}, got {_show(node)}") from None
+            for c in constraints:
+                problem = c.check(value) if hasattr(c, "check") else None
+                if problem:
+                    raise self.err(node, path, f"{problem}, got {_show(node)}")
+            return value
+        if tp is Any:
+            return _SCALAR.construct_document(node) if not isinstance(node, yaml.ScalarNode) else _SCALAR.construct_object(node)
+        if origin in (Union, types.UnionType):
+            args = get_args(tp)
+            if type(None) in args and isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null"):
+                return None
+            errors = []
+            for a in args:
+                if a is type(None):
+                    continue
+                try:
+                    return self.convert(a, node, path)
+                except ConfigError as e:
+                    errors.append(e)
+            raise self.err(node, path, f"expected {_type_name(tp)}, got {_show(node)}")
+        if origin is Literal:
+            value = _SCALAR.construct_object(node) if isinstance(node, yaml.ScalarNode) else None
+            if value not in get_args(tp):
+                raise self.err(node, path, f"expected {_type_name(tp)}, got {_show(node)}")
+            return value
+        if origin in (tuple, list):
+            if not isinstance(node, yaml.SequenceNode):
+                raise self.err(node, path, f"expected a list, got {_show(node)}")
+            item_tp = get_args(tp)[0]
+            return tuple(self.convert(item_tp, n, f"{path}[{i}]") for i, n in enumerate(node.value))
+        if origin in (dict, typing.Mapping, collections.abc.Mapping):
+            if not isinstance(node, yaml.MappingNode):
+                raise self.err(node, path, f"expected a mapping, got {_show(node)}")
+            ktp, vtp = get_args(tp)
+            out = {}
+            for kn, vn in node.value:
+                key = self.convert(ktp, kn, path)
+                out[key] = self.convert(vtp, vn, f"{path}.{key}" if path else str(key))
+            return types.MappingProxyType(out)
+        if dataclasses.is_dataclass(tp):
+            return self.dataclass(tp, node, path)
+        if not isinstance(node, yaml.ScalarNode):
+            raise self.err(node, path, f"expected {_type_name(tp)}, got {_show(node)}")
+        value = _SCALAR.construct_object(node)
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+        elif tp is int:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        elif tp is float:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+        elif tp is str:
+            if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+                return str(value) if not isinstance(value, str) else value
+        elif tp is Path:
+            if isinstance(value, str) and value:
+                return Path(value)
+        raise self.err(node, path, f"expected {_type_name(tp)}, got {_show(node)}")
+
+    def dataclass(self, cls: Any, node: yaml.Node, path: str) -> Any:
+        if isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null"):
+            return cls()
+        if not isinstance(node, yaml.MappingNode):
+            raise self.err(node, path, f"expected a mapping, got {_show(node)}")
+        hints = get_type_hints(cls, include_extras=True)
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for kn, vn in node.value:
+            key = str(kn.value)
+            sub = f"{path}.{key}" if path else key
+            if key not in fields:
+                near = ", ".join(sorted(fields))
+                raise self.err(kn, sub, f"unknown key (known: {near})")
+            if key in kwargs:
+                raise self.err(kn, sub, "duplicate key")
+            kwargs[key] = self.convert(hints[key], vn, sub)
+        try:
+            obj = cls(**kwargs)
+        except (TypeError, ValueError) as e:
+            raise self.err(node, path, str(e)) from None
+        validate = getattr(obj, "validate", None)
+        if validate is not None:
+            problem = validate()
+            if problem:
+                key, msg = problem
+                sub = f"{path}.{key}" if path else key
+                vn = next((v for k, v in node.value if k.value == key), node)
+                raise self.err(vn, sub, msg)
+        return obj
+
+
+def load_text(cls: type[Any], text: str, source: str) -> Any:
+    """Parse `text` into `cls`; an empty document gives all defaults."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        line = e.problem_mark.line + 1 if e.problem_mark else 0
+        raise ConfigError(source, line, "", f"invalid YAML: {e.problem}") from None
+    if node is None:
+        return cls()
+    return _Loader(source).dataclass(cls, node, "")
+
+
+def load_file(cls: type[Any], path: Path | str) -> Any:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(str(p), 0, "", f"cannot read: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(str(p), 0, "", "not UTF-8 text") from None
+    return load_text(cls, text, p.name)
+
+
+# ---- the commented default ---------------------------------------------------------------
+
+
+def _yaml_scalar(v: Any) -> str:
+    if isinstance(v, Path):
+        v = str(v)
+    if isinstance(v, (tuple, list)):
+        return "[]" if not v else yaml.safe_dump(list(v), default_flow_style=True).strip()
+    if isinstance(v, typing.Mapping):
+        return "{}" if not v else yaml.safe_dump(dict(v), default_flow_style=True).strip()
+    return yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("\n...").removesuffix("...").strip()
+
+
+def render_default(obj: Any, indent: int = 0) -> str:
+    """A commented YAML rendering of a config object (used with all defaults)."""
+    lines: list[str] = []
+    pad = "  " * indent
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        text = f.metadata.get("doc", "")
+        for dl in text.splitlines():
+            lines.append(f"{pad}# {dl}")
+        if dataclasses.is_dataclass(value):
+            lines.append(f"{pad}{f.name}:")
+            lines.append(render_default(value, indent + 1))
+        elif isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
+            lines.append(f"{pad}{f.name}:")
+            for item in value:
+                sub = render_default(item, indent + 2).splitlines()
+                sub = [s for s in sub if not s.lstrip().startswith("#")]
+                lines.append(f"{pad}  - {sub[0].strip()}")
+                lines.extend(f"{pad}    {s.strip()}" for s in sub[1:])
+        else:
+            lines.append(f"{pad}{f.name}: {_yaml_scalar(value)}")
+    return "\n".join(lines)

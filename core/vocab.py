@@ -1,0 +1,235 @@
+"""The shared vocabulary: every other module speaks in these types.
+
+Everything here is immutable so a snapshot can be handed between the collector threads, the
+event loop and the HTTP handlers without copies or locks.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
+
+Labels = tuple[tuple[str, str], ...]
+MetricKind = Literal["gauge", "counter", "info"]
+
+
+def labels_of(**labels: object) -> Labels:
+    """Labels as a sorted tuple of pairs, so equal label sets compare and hash equal."""
+    return tuple(sorted((k, str(v)) for k, v in labels.items() if v is not None))
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """What a metric is, declared once per collector (help text and type live here, not in samples)."""
+
+    name: str
+    kind: MetricKind
+    help: str
+    unit: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One value of one metric for one entity. Names carry no `podhealth_` prefix and no `_total`."""
+
+    name: str
+    value: float
+    labels: Labels = ()
+
+    @classmethod
+    def of(cls, name: str, value: float, **labels: object) -> "Sample":
+        return cls(name, float(value), labels_of(**labels))
+
+    def label(self, key: str, default: str = "") -> str:
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return default
+
+
+class Status(enum.Enum):
+    """A check's verdict. UNKNOWN means "could not decide" and never fences a node by itself."""
+
+    OK = "OK"
+    WARN = "WARN"
+    FAIL = "FAIL"
+    UNKNOWN = "UNKNOWN"
+
+    @property
+    def metric_value(self) -> int:
+        """Value of the per-check status series: alerts compare against these numbers."""
+        return _STATUS_VALUE[self]
+
+    @property
+    def rank(self) -> int:
+        """Order used for the node verdict: FAIL beats UNKNOWN beats WARN beats OK."""
+        return _STATUS_RANK[self]
+
+    @staticmethod
+    def worst(statuses: "list[Status] | tuple[Status, ...]") -> "Status":
+        return max(statuses, key=lambda s: s.rank, default=Status.OK)
+
+
+_STATUS_VALUE = {Status.OK: 0, Status.WARN: 1, Status.FAIL: 2, Status.UNKNOWN: 3}
+_STATUS_RANK = {Status.OK: 0, Status.WARN: 1, Status.UNKNOWN: 2, Status.FAIL: 3}
+
+
+class Action(enum.Enum):
+    """What a failure asks for, from the XID catalog's resolution buckets, mildest first."""
+
+    NONE = "NONE"
+    RESTART_APP = "RESTART_APP"
+    RESET_GPU = "RESET_GPU"
+    DRAIN = "DRAIN"
+    REBOOT = "REBOOT"
+    REPLACE = "REPLACE"
+
+    @property
+    def rank(self) -> int:
+        return _ACTION_ORDER.index(self)
+
+    @staticmethod
+    def worst(actions: "list[Action] | tuple[Action, ...]") -> "Action":
+        return max(actions, key=lambda a: a.rank, default=Action.NONE)
+
+
+_ACTION_ORDER = list(Action)
+
+Evidence = tuple[tuple[str, str], ...]
+MAX_EVIDENCE_ITEMS = 16
+MAX_EVIDENCE_CHARS = 256
+
+
+def evidence_of(**items: object) -> Evidence:
+    """Bounded evidence: at most 16 items of at most 256 characters, so a report stays small."""
+    out: list[tuple[str, str]] = []
+    for k, v in list(items.items())[:MAX_EVIDENCE_ITEMS]:
+        text = v if isinstance(v, str) else repr(v) if not isinstance(v, (int, float)) else str(v)
+        out.append((k, text[:MAX_EVIDENCE_CHARS]))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """One verdict of one check about one entity (a GPU, an HCA port, a mount, or the node)."""
+
+    check: str
+    status: Status
+    entity: str = "node"
+    evidence: Evidence = ()
+    action: Action = Action.NONE
+    since: float = 0.0
+    summary: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "check": self.check,
+            "status": self.status.value,
+            "entity": self.entity,
+            "evidence": dict(self.evidence),
+            "action": self.action.value,
+            "since": self.since,
+            "summary": self.summary,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> "CheckResult":
+        ev = d.get("evidence") or {}
+        if not isinstance(ev, Mapping):
+            raise ValueError("evidence must be an object")
+        return cls(
+            check=str(d["check"]),
+            status=Status(d["status"]),
+            entity=str(d.get("entity", "node")),
+            evidence=tuple((str(k), str(v)) for k, v in ev.items())[:MAX_EVIDENCE_ITEMS],
+            action=Action(d.get("action", "NONE")),
+            since=float(d.get("since", 0.0)),  # type: ignore[arg-type]
+            summary=str(d.get("summary", "")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReport:
+    """A node's verdict: every check result plus how fresh each collector's data is."""
+
+    node: str
+    agent_version: str
+    profile: str
+    results: tuple[CheckResult, ...]
+    staleness: tuple[tuple[str, float], ...] = ()
+    time: float = field(default_factory=time.time)
+
+    @property
+    def status(self) -> Status:
+        return Status.worst([r.status for r in self.results])
+
+    @property
+    def action(self) -> Action:
+        return Action.worst([r.action for r in self.results if r.status is Status.FAIL])
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "node": self.node,
+            "agent_version": self.agent_version,
+            "profile": self.profile,
+            "status": self.status.value,
+            "action": self.action.value,
+            "time": self.time,
+            "staleness": dict(self.staleness),
+            "results": [r.to_json() for r in self.results],
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> "NodeReport":
+        results = d.get("results") or []
+        stale = d.get("staleness") or {}
+        if not isinstance(results, list) or not isinstance(stale, Mapping):
+            raise ValueError("results must be a list and staleness an object")
+        return cls(
+            node=str(d["node"]),
+            agent_version=str(d.get("agent_version", "")),
+            profile=str(d.get("profile", "")),
+            results=tuple(CheckResult.from_json(r) for r in results),
+            staleness=tuple((str(k), float(v)) for k, v in stale.items()),
+            time=float(d.get("time", time.time())),  # type: ignore[arg-type]
+        )
+
+
+EventKind = Literal["xid", "sxid", "kernel"]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A one-off occurrence (an XID line, an NVML XID event), as opposed to a lasting condition."""
+
+    kind: EventKind
+    code: int
+    time: float
+    text: str = ""
+    pci_bus_id: str = ""  # normalised "0000:18:00.0"; empty for SXid
+    gpu: int | None = None  # index, resolved from pci_bus_id by whoever knows the mapping
+    pid: int | None = None
+    process: str = ""
+    device: str = ""  # e.g. "nvswitch3" for SXid
+    subcode: int | None = None  # XID 144-150 / 154 carry extra decoded info
+    source: str = "kmsg"  # kmsg | nvml
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "code": self.code,
+            "time": self.time,
+            "text": self.text,
+            "pci_bus_id": self.pci_bus_id,
+            "gpu": self.gpu,
+            "pid": self.pid,
+            "process": self.process,
+            "device": self.device,
+            "subcode": self.subcode,
+            "source": self.source,
+            "id": self.id,
+        }
