@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
+from podhealth.aggregator.config import AggregatorConfig
 from podhealth.configload import (
     AbsPath, ConfigError, Ge, Gt, NonEmpty, Percent, Port, Seconds, doc, load_file, load_text,
     render_default,
@@ -144,6 +145,12 @@ class ChecksConfig:
     required_units: tuple[str, ...] = doc("systemd units that must be active (empty = none required).", ())
     overrides: Mapping[str, Any] = doc("Per-site overrides of the hardware profile (any profile key).", factory=dict)
     rate_window: Seconds = doc("Seconds over which counter rates (ECC, IB errors, retransmissions) are judged.", 300.0)
+    agents: Mapping[str, str] = doc(
+        "Agent base URLs by node name for `podhealth check --node`; a node not listed is\n"
+        "reached as http://<node>:<agent_port> (DNS).", factory=dict)
+    agent_port: Port = doc("Agent port used when a node's URL comes from DNS.", 9410)
+    handover_active: Literal["auto", "always", "never"] = doc(
+        "Run the short active tests (burn-in, NCCL) in the handover suite: auto = when CUDA is usable.", "auto")
 
 
 @dataclass(frozen=True)
@@ -162,7 +169,7 @@ class Config:
     publish: PublishConfig = doc("Pushing verdict transitions and XID events to the aggregator.", factory=PublishConfig)
     checks: ChecksConfig = doc("Health checks.", factory=ChecksConfig)
     auth: AuthConfig = doc("Agent API authentication.", factory=AuthConfig)
-    aggregator: Mapping[str, Any] = doc("Aggregator settings (validated by the aggregator).", factory=dict)
+    aggregator: AggregatorConfig = doc("The central aggregator (podhealth aggregator).", factory=AggregatorConfig)
 
 
 def loads(text: str, source: str = "<config>") -> Config:

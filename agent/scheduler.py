@@ -1,0 +1,200 @@
+"""Runs each collector on its own interval, off the event loop, with a timeout.
+
+Per collector: a tick every `interval` seconds starts `collect()` on that collector's own worker
+thread, unless the previous call is still in flight (then the tick is an overrun, counted, and
+nothing starts: a thread cannot be cancelled, and piling calls onto a hung NVML or NFS source
+would only leak threads). A call still running `timeout` seconds after it started marks the
+collector stale and drops its samples, so hung data never looks fresh; whatever it returns late
+is discarded. Data also goes stale when the last success is older than `stale_after` intervals.
+Only changes are logged (went stale, failing, recovered), never every failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from podhealth import log
+from podhealth.agent.store import SnapshotStore
+from podhealth.agent.worker import Worker
+from podhealth.collectors.base import Collection, Collector
+from podhealth.snapshot import CollectorState
+
+_log = log.get("podhealth.agent.scheduler")
+
+MAX_ERRORS = 16
+MAX_ERROR_CHARS = 512
+
+
+def succeeded(st: CollectorState) -> bool:
+    """Whether the collector's last finished run succeeded (both stamps come from the same clock read)."""
+    return st.last_success is not None and st.last_success == st.last_attempt
+
+
+@dataclass
+class _Slot:
+    name: str
+    collector: Collector
+    interval: float
+    timeout: float
+    worker: Worker[Collection]
+    inflight: "asyncio.Future[Collection] | None" = None
+    started: float = 0.0
+    timed_out: bool = False
+    timer: asyncio.TimerHandle | None = None
+    task: "asyncio.Task[None] | None" = None
+    failing: bool = False  # last outcome was a failure or timeout (for logging the recovery)
+
+
+class Scheduler:
+    def __init__(self, store: SnapshotStore, *, stale_after: float = 3.0,
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.stale_after = stale_after
+        self._clock = clock
+        self._mono = monotonic
+        self._slots: dict[str, _Slot] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, name: str, collector: Collector, interval: float, timeout: float) -> None:
+        if name in self._slots:
+            raise ValueError(f"collector {name!r} added twice")
+        self._slots[name] = _Slot(name, collector, interval, timeout, Worker(name))
+        if self.store.get(name) is None:
+            self.store.put(CollectorState(name=name))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._slots)
+
+    def in_flight(self, name: str) -> bool:
+        return self._slots[name].inflight is not None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        for slot in self._slots.values():
+            slot.task = self._loop.create_task(self._every(slot), name=f"collect-{slot.name}")
+
+    async def stop(self, close_timeout: float = 2.0) -> None:
+        """Stop ticking and close every collector whose worker is free (a hung one is left alone)."""
+        for slot in self._slots.values():
+            if slot.task is not None:
+                slot.task.cancel()
+            if slot.timer is not None:
+                slot.timer.cancel()
+        tasks = [s.task for s in self._slots.values() if s.task is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        closes = []
+        for slot in self._slots.values():
+            if slot.inflight is None:
+                closes.append(self._close(slot, close_timeout))
+            else:
+                _log.warning("collector still busy at shutdown; not closed", collector=slot.name)
+            slot.worker.close()
+        await asyncio.gather(*closes)
+
+    async def _close(self, slot: _Slot, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(slot.worker.submit(slot.collector.close)), timeout)
+        except TimeoutError:
+            _log.warning("collector close() timed out", collector=slot.name, timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - shutting down anyway
+            _log.warning("collector close() failed", collector=slot.name, error=repr(e))
+
+    async def _every(self, slot: _Slot) -> None:
+        # Fixed-rate ticks on the monotonic clock; a late wake-up skips ticks rather than bunching them.
+        due = self._mono()
+        while True:
+            self._tick(slot)
+            due += slot.interval
+            now = self._mono()
+            if due <= now:
+                due = now + slot.interval - ((now - due) % slot.interval)
+            await asyncio.sleep(due - now)
+
+    # ---- one tick ---------------------------------------------------------------------------
+
+    def _tick(self, slot: _Slot) -> None:
+        st = self.store.get(slot.name) or CollectorState(name=slot.name)
+        aged = self._aged(slot, st)
+        if slot.inflight is not None:
+            self.store.put(replace(aged, overruns=aged.overruns + 1))
+            _log.debug("collector overrun", collector=slot.name, overruns=aged.overruns + 1)
+            return
+        if aged is not st:
+            self.store.put(aged)
+        assert self._loop is not None
+        slot.started = self._mono()
+        slot.timed_out = False
+        fut = slot.worker.submit(slot.collector.collect)
+        slot.inflight = fut
+        fut.add_done_callback(lambda f, s=slot: self._done(s, f))
+        slot.timer = self._loop.call_later(slot.timeout, self._timeout, slot)
+
+    def _aged(self, slot: _Slot, st: CollectorState) -> CollectorState:
+        """The state with staleness by age applied (last success older than stale_after intervals)."""
+        if st.stale and not st.samples:
+            return st
+        if st.last_success is not None and self._clock() - st.last_success <= self.stale_after * slot.interval:
+            return st
+        if not st.stale:
+            _log.warning("collector data is stale", collector=slot.name,
+                         last_success=st.last_success, max_age=self.stale_after * slot.interval)
+        return replace(st, stale=True, samples=())
+
+    def _timeout(self, slot: _Slot) -> None:
+        slot.timer = None
+        if slot.inflight is None or slot.inflight.done():
+            return
+        slot.timed_out = True
+        now = self._clock()
+        st = self.store.get(slot.name) or CollectorState(name=slot.name)
+        self.store.put(replace(
+            st, stale=True, samples=(), errors=(f"timed out after {slot.timeout:g}s",),
+            last_attempt=now, last_duration=slot.timeout, runs=st.runs + 1, failures=st.failures + 1,
+        ))
+        if not slot.failing:
+            _log.warning("collector timed out; marked stale until it returns",
+                         collector=slot.name, timeout=slot.timeout)
+        slot.failing = True
+
+    def _done(self, slot: _Slot, fut: "asyncio.Future[Collection]") -> None:
+        if slot.timer is not None:
+            slot.timer.cancel()
+            slot.timer = None
+        slot.inflight = None
+        duration = self._mono() - slot.started
+        if fut.cancelled():
+            return
+        if slot.timed_out:
+            # Late data describes a moment long past: discard it; the next tick collects afresh.
+            _log.info("hung collection returned; discarded", collector=slot.name, seconds=round(duration, 3))
+            return
+        now = self._clock()
+        st = self.store.get(slot.name) or CollectorState(name=slot.name)
+        exc = fut.exception()
+        result = None if exc is not None else fut.result()
+        if exc is None and not isinstance(result, Collection):
+            exc = TypeError(f"collect() returned {type(result).__name__}, not Collection")
+        if exc is not None:
+            msg = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+            self.store.put(replace(
+                self._aged(slot, st), samples=(), errors=(msg,), last_attempt=now,
+                last_duration=duration, runs=st.runs + 1, failures=st.failures + 1,
+            ))
+            if not slot.failing:
+                _log.warning("collector failing", collector=slot.name, error=msg)
+            slot.failing = True
+            return
+        assert result is not None
+        self.store.put(replace(
+            st, samples=result.samples,
+            errors=tuple(e[:MAX_ERROR_CHARS] for e in result.errors[:MAX_ERRORS]),
+            last_success=now, last_attempt=now, last_duration=duration, stale=False, runs=st.runs + 1,
+        ), result.events)
+        if slot.failing:
+            _log.info("collector recovered", collector=slot.name, seconds=round(duration, 3))
+        slot.failing = False

@@ -1,0 +1,82 @@
+"""One daemon thread per collector, so a hung vendor call blocks only its own collector.
+
+A Python thread cannot be cancelled: the scheduler never submits a second call to a worker whose
+previous call has not returned, and the thread is a daemon so a call hung forever (NVML on a
+wedged GPU) cannot keep the process from exiting. `concurrent.futures` is not used because its
+executor threads are joined at interpreter exit, which is exactly what a hung call must not block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+_Job = tuple[Callable[[], object], "asyncio.Future[object]", asyncio.AbstractEventLoop]
+
+
+def _settle(fut: "asyncio.Future[object]", value: object, exc: BaseException | None) -> None:
+    if fut.cancelled():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(value)
+
+
+class Worker(Generic[T]):
+    """Runs submitted callables one at a time on its own daemon thread; results come back as asyncio futures."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"podhealth-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], T]) -> "asyncio.Future[T]":
+        """Queue `fn`; must be called from the event loop that awaits the result."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[object] = loop.create_future()
+        self._jobs.put((fn, fut, loop))
+        return fut  # type: ignore[return-value]
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, fut, loop = job
+            value: object = None
+            exc: BaseException | None = None
+            try:
+                value = fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+                exc = e
+            # The loop may be gone when a call hung past shutdown; then nobody awaits the result.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_settle, fut, value, exc)
+
+    def close(self) -> None:
+        """Let the thread exit after its current call (if any) returns."""
+        self._jobs.put(None)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+
+async def call_with_timeout(name: str, fn: Callable[[], T], timeout: float) -> T:
+    """Run one blocking call on a throwaway daemon thread; raise TimeoutError if it does not return in time.
+
+    Used for one-off calls (collector factories, close()) where a dedicated worker is overkill; a
+    call that hangs keeps its thread, which dies with the process.
+    """
+    worker: Worker[T] = Worker(name)
+    try:
+        return await asyncio.wait_for(asyncio.shield(worker.submit(fn)), timeout)
+    finally:
+        worker.close()

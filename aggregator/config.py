@@ -1,0 +1,208 @@
+"""The aggregator's section of the config file (`aggregator:`), as frozen typed models.
+
+Imported by core/config.py, so this module must stay light: no aiohttp, no sqlite, nothing
+that imports podhealth.config back.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal, Mapping
+
+from podhealth.configload import AbsPath, Ge, Gt, NonEmpty, Percent, Port, Seconds, doc
+
+ActionName = Literal["NONE", "RESTART_APP", "RESET_GPU", "DRAIN", "REBOOT", "REPLACE"]
+Severity = Literal["info", "warning", "critical"]
+Do = Literal["notify", "fence", "fence_and_reboot"]
+SEVERITY_RANK: Mapping[str, int] = {"info": 0, "warning": 1, "critical": 2}
+
+_NODE_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def node_name_problem(name: str) -> str | None:
+    """Why `name` is not a safe node name (it reaches scontrol and the Kubernetes API), or None."""
+    if not name:
+        return "expected a node name, got an empty string"
+    if len(name) > 63 or not name[0].isalnum() or not set(name) <= _NODE_CHARS:
+        return f'expected a node name (letters, digits, ".", "_", "-"; at most 63), got "{name}"'
+    return None
+
+
+@dataclass(frozen=True)
+class AggListenConfig:
+    address: Annotated[str, NonEmpty()] = doc("Address the aggregator's HTTP server binds.", "0.0.0.0")
+    port: Port = doc("Port of the aggregator's HTTP server (0 = pick a free one).", 9420)
+
+
+@dataclass(frozen=True)
+class AggAuthConfig:
+    cluster_token: str = doc("Bearer token any agent may use for ingest; empty with no node_tokens = ingest unauthenticated.", "")
+    node_tokens: Mapping[str, str] = doc("Per-node ingest tokens (node name -> token); such a token only speaks for its node.", factory=dict)
+    admin_token: str = doc("Bearer token for fence/release/breaker reset; empty = those endpoints are disabled.", "")
+    agent_token: str = doc("Bearer token the aggregator presents to agents (/health, /v1/handover).", "")
+
+    def validate(self) -> tuple[str, str] | None:
+        for name, token in self.node_tokens.items():
+            problem = node_name_problem(name)
+            if problem:
+                return ("node_tokens", problem)
+            if not token:
+                return ("node_tokens", f"empty token for node {name}")
+        return None
+
+
+@dataclass(frozen=True)
+class RuleConfig:
+    check: Annotated[str, NonEmpty()] = doc("Check name or glob (alertname for Alertmanager observations).", "*")
+    actions: tuple[ActionName, ...] = doc("Actions this rule matches (empty = any).", ())
+    min_severity: Severity = doc("Least severity that matches: WARN is warning, FAIL is critical.", "critical")
+    do: Do = doc("notify, fence (drain + cordon), or fence_and_reboot (fences; reboot not yet implemented).", "fence")
+    min_duration: Annotated[float, Ge(0, "seconds")] = doc("Seconds a condition must persist before acting.", 0.0)
+
+    def matches(self, check: str, action: str, severity: str) -> bool:
+        if SEVERITY_RANK[severity] < SEVERITY_RANK[self.min_severity]:
+            return False
+        if self.actions and action not in self.actions:
+            return False
+        return self.check == check or fnmatch.fnmatchcase(check, self.check)
+
+
+def _default_rules() -> tuple[RuleConfig, ...]:
+    return (
+        RuleConfig(check="*", actions=("RESET_GPU", "DRAIN", "REBOOT", "REPLACE"), min_severity="critical", do="fence"),
+        RuleConfig(check="*", actions=(), min_severity="warning", do="notify"),
+    )
+
+
+@dataclass(frozen=True)
+class CapsConfig:
+    max_fenced: Annotated[int, Ge(0, "a count")] = doc("Most nodes podhealth keeps fenced at once.", 10)
+    max_percent_per_partition: Percent = doc(
+        "Most % of a partition / node pool that may be fenced (anyone's fences count; at least one node).", 10.0)
+
+
+@dataclass(frozen=True)
+class RateLimitConfig:
+    fences_per_minute: Annotated[int, Ge(0, "a count")] = doc("Most new fences in any 60 s.", 10)
+
+
+@dataclass(frozen=True)
+class BreakerConfig:
+    share_percent: Percent = doc("Trip when more than this % of nodes turn bad within the window.", 10.0)
+    window: Seconds = doc("Seconds over which nodes turning bad are counted.", 300.0)
+    min_nodes: Annotated[int, Ge(1, "a count")] = doc("Never trip for fewer bad nodes than this.", 3)
+
+
+@dataclass(frozen=True)
+class NodeEntry:
+    name: Annotated[str, NonEmpty()] = doc("Node name (as agents report it).", "dgx01")
+    agent_url: str = doc("Agent base URL for /health pulls and handover; empty = push only.", "")
+    slurm_name: str = doc("Name in Slurm (empty = name).", "")
+    k8s_name: str = doc("Name in Kubernetes (empty = name).", "")
+    partition: str = doc("Slurm partition / Kubernetes node pool, for the per-partition cap.", "")
+
+    def validate(self) -> tuple[str, str] | None:
+        for key in ("name", "slurm_name", "k8s_name"):
+            value = getattr(self, key)
+            if (key == "name" or value) and node_name_problem(value):
+                return (key, node_name_problem(value) or "")
+        if self.agent_url and not self.agent_url.startswith(("http://", "https://")):
+            return ("agent_url", f'expected an http(s) URL, got "{self.agent_url}"')
+        return None
+
+
+@dataclass(frozen=True)
+class SlurmFencerConfig:
+    enabled: bool = doc("Drain/resume through scontrol.", False)
+    scontrol: Annotated[str, NonEmpty()] = doc("scontrol binary.", "scontrol")
+    timeout: Seconds = doc("Seconds per scontrol call.", 10.0)
+    slurm_conf: str = doc("SLURM_CONF for scontrol (empty = its default).", "")
+
+
+@dataclass(frozen=True)
+class KubeFencerConfig:
+    enabled: bool = doc("Cordon + taint through the Kubernetes API.", False)
+    kubeconfig: str = doc("kubeconfig path (empty = in_cluster or the default ~/.kube/config).", "")
+    in_cluster: bool = doc("Use the pod's service account.", False)
+    timeout: Seconds = doc("Seconds per API call.", 10.0)
+
+
+@dataclass(frozen=True)
+class DryRunFencerConfig:
+    enabled: bool = doc("In-memory fencer that records what it would do (also used when no other is on).", False)
+
+
+@dataclass(frozen=True)
+class FileFencerConfig:
+    enabled: bool = doc("TEST ONLY: a fencer whose state is a JSON file (counts every fence it makes).", False)
+    path: str = doc("TEST ONLY: the state file.", "")
+    gate: str = doc("TEST ONLY: while this file exists a fence call waits (to kill the aggregator mid-fence).", "")
+    gate_after: bool = doc("TEST ONLY: wait on the gate after changing state instead of before.", False)
+
+    def validate(self) -> tuple[str, str] | None:
+        if self.enabled and not self.path.startswith("/"):
+            return ("path", f'expected an absolute path, got "{self.path}"')
+        return None
+
+
+@dataclass(frozen=True)
+class FencersConfig:
+    slurm: SlurmFencerConfig = doc("Slurm (scontrol).", factory=SlurmFencerConfig)
+    kubernetes: KubeFencerConfig = doc("Kubernetes.", factory=KubeFencerConfig)
+    dryrun: DryRunFencerConfig = doc("Dry-run stand-in.", factory=DryRunFencerConfig)
+    file: FileFencerConfig = doc("TEST ONLY file-backed fencer.", factory=FileFencerConfig)
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    attempts: Annotated[int, Ge(1, "a count")] = doc("Fencer calls per action before it is left pending for later.", 3)
+    backoff: Seconds = doc("Seconds before the first retry (doubles each time).", 0.5)
+    max_backoff: Seconds = doc("Longest wait between retries of a pending action.", 60.0)
+
+
+@dataclass(frozen=True)
+class AggregatorConfig:
+    listen: AggListenConfig = doc("HTTP server (ingest, API, /metrics).", factory=AggListenConfig)
+    db: Annotated[Path, AbsPath()] = doc("SQLite state file (WAL).", Path("/var/lib/podhealth/aggregator.db"))
+    auth: AggAuthConfig = doc("Tokens.", factory=AggAuthConfig)
+    max_body_bytes: Annotated[int, Gt(0, "bytes")] = doc("Largest request body accepted (else 413).", 1024 * 1024)
+    pull_interval: Seconds = doc("Seconds between pulls of each agent's /health.", 10.0)
+    pull_timeout: Seconds = doc("Seconds one /health pull may take.", 5.0)
+    pull_concurrency: Annotated[int, Ge(1, "a count")] = doc("Pulls in flight at once.", 64)
+    unreachable_after: Seconds = doc("Seconds unreachable (or silent) before the node_unreachable condition opens.", 60.0)
+    decide_interval: Seconds = doc("Seconds between policy runs when nothing new arrives.", 1.0)
+    dry_run: bool = doc("Decide and log, touch nothing (every fencer becomes the dry-run fencer).", False)
+    rules: tuple[RuleConfig, ...] = doc("First matching rule wins; UNKNOWN never matches.", factory=_default_rules)
+    caps: CapsConfig = doc("Caps on fenced nodes.", factory=CapsConfig)
+    rate_limit: RateLimitConfig = doc("Rate limit on new fences.", factory=RateLimitConfig)
+    breaker: BreakerConfig = doc("Circuit breaker against fleet-wide failures.", factory=BreakerConfig)
+    opt_out: tuple[str, ...] = doc("Nodes podhealth never fences or releases.", ())
+    manual_release: bool = doc("Never release automatically; wait for `podhealth fleet release`.", False)
+    healthy_for: Seconds = doc("Seconds a fenced node must be all OK before the handover suite runs.", 600.0)
+    handover_timeout: Seconds = doc("Seconds the agent's handover suite may take.", 1800.0)
+    learn_nodes: bool = doc("Accept nodes not listed under `nodes` when they report.", True)
+    nodes: tuple[NodeEntry, ...] = doc("Known nodes.", ())
+    fencers: FencersConfig = doc("Which fencers are on.", factory=FencersConfig)
+    retries: RetryConfig = doc("Fencer retries.", factory=RetryConfig)
+    event_retention: Seconds = doc("Seconds events are kept (ids older than this are forgotten).", 30 * 86400.0)
+
+    def validate(self) -> tuple[str, str] | None:
+        seen: set[str] = set()
+        for n in self.nodes:
+            if n.name in seen:
+                return ("nodes", f"duplicate node {n.name}")
+            seen.add(n.name)
+        for name in self.opt_out:
+            problem = node_name_problem(name)
+            if problem:
+                return ("opt_out", problem)
+        return None
+
+
+__all__ = [
+    "AggregatorConfig", "AggListenConfig", "AggAuthConfig", "RuleConfig", "CapsConfig", "RateLimitConfig",
+    "BreakerConfig", "NodeEntry", "FencersConfig", "SlurmFencerConfig", "KubeFencerConfig",
+    "DryRunFencerConfig", "FileFencerConfig", "RetryConfig", "SEVERITY_RANK", "node_name_problem",
+]

@@ -1,0 +1,123 @@
+"""The fencer seam: what the aggregator asks of Slurm, Kubernetes, or a stand-in.
+
+Fencers are thin and idempotent: `fence` on a node that is already fenced by us changes
+nothing; `release` only undoes a fence that podhealth itself made (`FenceState.ours`), so a
+node an operator drained by hand is never resumed. Every call returns a typed outcome with the
+command run and its output, which the store appends to the audit log verbatim.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class FenceReason:
+    """Why podhealth fences a node; rendered into the Slurm reason / Kubernetes annotation."""
+
+    check: str
+    entity: str
+    action: str
+    id: str
+
+
+@dataclass(frozen=True)
+class FenceState:
+    """What a fencer sees on the node right now.
+
+    `ours` is true only when the fence carries podhealth's mark (Slurm reason prefix
+    `podhealth:`, Kubernetes taint/annotation). `opted_out` is the backend's own opt-out
+    (e.g. the label `podhealth.io/managed=false`).
+    """
+
+    node: str
+    exists: bool
+    fenced: bool
+    ours: bool
+    reason: str = ""
+    opted_out: bool = False
+    raw: str = ""
+
+
+@dataclass(frozen=True)
+class FenceOutcome:
+    ok: bool
+    changed: bool
+    command: tuple[str, ...] = ()
+    output: str = ""
+    error: str = ""
+
+
+@runtime_checkable
+class Fencer(Protocol):
+    name: str
+
+    async def read(self, node: str) -> FenceState: ...
+
+    async def fence(self, node: str, reason: FenceReason) -> FenceOutcome:
+        """Idempotent: already fenced (by anyone) → ok, changed=False."""
+        ...
+
+    async def release(self, node: str) -> FenceOutcome:
+        """Only if ours: a fence podhealth did not make is left alone (ok=False, error says why)."""
+        ...
+
+    async def list_fenced(self) -> dict[str, FenceState]:
+        """Every node this backend sees as fenced (ours or not), for reconcile on start."""
+        ...
+
+
+REASON_PREFIX = "podhealth:"
+
+
+def render_reason(reason: FenceReason) -> str:
+    """`podhealth: <check> <entity> <action> [<id>]` — the mark that makes a fence ours."""
+    return f"{REASON_PREFIX} {reason.check} {reason.entity} {reason.action} [{reason.id}]"
+
+
+@dataclass
+class _DryRunNode:
+    fenced: bool
+    reason: str
+    at: float
+
+
+@dataclass
+class DryRunFencer:
+    """Remembers what it would have done and touches nothing outside this process.
+
+    Used in dry-run mode and where neither Slurm nor Kubernetes is configured; its state is
+    in memory only, so after a restart it reports nothing fenced (reconcile then trusts the
+    store, since a dry-run fence never existed outside it).
+    """
+
+    name: str = "dryrun"
+    _nodes: dict[str, _DryRunNode] = field(default_factory=dict)
+
+    async def read(self, node: str) -> FenceState:
+        n = self._nodes.get(node)
+        if n is None or not n.fenced:
+            return FenceState(node=node, exists=True, fenced=False, ours=False)
+        return FenceState(node=node, exists=True, fenced=True, ours=True, reason=n.reason)
+
+    async def fence(self, node: str, reason: FenceReason) -> FenceOutcome:
+        text = render_reason(reason)
+        cmd = ("dryrun", "fence", node, text)
+        n = self._nodes.get(node)
+        if n is not None and n.fenced:
+            return FenceOutcome(ok=True, changed=False, command=cmd, output="already fenced")
+        self._nodes[node] = _DryRunNode(fenced=True, reason=text, at=time.time())
+        return FenceOutcome(ok=True, changed=True, command=cmd, output="would fence (dry run)")
+
+    async def release(self, node: str) -> FenceOutcome:
+        cmd = ("dryrun", "release", node)
+        n = self._nodes.get(node)
+        if n is None or not n.fenced:
+            return FenceOutcome(ok=True, changed=False, command=cmd, output="not fenced")
+        n.fenced = False
+        return FenceOutcome(ok=True, changed=True, command=cmd, output="would release (dry run)")
+
+    async def list_fenced(self) -> dict[str, FenceState]:
+        return {k: await self.read(k) for k, v in self._nodes.items() if v.fenced}

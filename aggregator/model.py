@@ -1,0 +1,143 @@
+"""The aggregator's data: what it observed about nodes and what it knows about their fences.
+
+Shared by the store (which persists them), the policy (which reads them) and the API (which
+renders them). Frozen, so a decide() run sees one consistent picture.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
+
+from podhealth.vocab import Action, Status
+
+from podhealth.aggregator.fence import FenceReason
+
+Source = Literal["agent", "alertmanager", "aggregator"]
+
+
+class FenceMode(enum.Enum):
+    """Where a node stands with fencing, from the store's point of view."""
+
+    NONE = "none"
+    FENCING = "fencing"  # a fence action is pending (recorded, not yet confirmed)
+    FENCED = "fenced"  # fenced by podhealth
+    RELEASING = "releasing"  # a release action is pending
+    EXTERNAL = "external"  # fenced by someone else (a human's drain): never touched
+
+    @property
+    def ours(self) -> bool:
+        return self in (FenceMode.FENCING, FenceMode.FENCED, FenceMode.RELEASING)
+
+
+def severity_of(status: Status) -> str:
+    """Severity of an agent verdict; UNKNOWN has none that could ever fence."""
+    return {Status.FAIL: "critical", Status.WARN: "warning"}.get(status, "info")
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """A lasting non-OK observation about one (node, check, entity).
+
+    `since` is when it started (the agent's first-seen time when it says so), `observed` the
+    aggregator's clock at the latest observation: the breaker reset compares against it, so an
+    agent's skewed clock cannot make stale news look fresh.
+    """
+
+    node: str
+    check: str
+    entity: str
+    status: Status
+    action: Action = Action.NONE
+    severity: str = "critical"
+    since: float = 0.0
+    observed: float = 0.0
+    source: Source = "agent"
+    ref: str = ""  # id of the event / alert that opened it
+    summary: str = ""
+    notified: bool = False
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.node, self.check, self.entity)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "check": self.check, "entity": self.entity, "status": self.status.value,
+            "action": self.action.value, "severity": self.severity, "since": self.since,
+            "observed": self.observed, "source": self.source, "ref": self.ref, "summary": self.summary,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """What the policy needs to know about one node."""
+
+    name: str
+    partition: str = ""
+    fence: FenceMode = FenceMode.NONE
+    hold: bool = False  # an operator's fence: no automatic return to service
+    opted_out: bool = False  # the backend says hands off (Kubernetes label podhealth.io/managed=false)
+    ok_since: float | None = None  # all verdicts OK since then; None while any is not OK
+    handover: str = ""  # "", "running", "passed", "failed"
+    handover_at: float = 0.0  # last handover attempt
+    can_handover: bool = False  # has an agent URL to ask
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerState:
+    tripped: bool = False
+    tripped_at: float = 0.0
+    reset_at: float = 0.0  # observations before this are held back until seen again
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class FleetState:
+    nodes: Mapping[str, NodeView]
+    breaker: BreakerState = BreakerState()
+    recent_fences: tuple[float, ...] = ()  # start times of podhealth's recent new fences
+
+
+ActionKind = Literal["fence", "release", "handover", "notify"]
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """One action decide() asks for; the service executes it (or, in dry run, the dry-run fencer)."""
+
+    kind: ActionKind
+    node: str
+    why: str
+    reason: FenceReason | None = None
+    rule: str = ""  # the rule's `do` (fence / fence_and_reboot / notify)
+    condition: tuple[str, str, str] | None = None
+    dry_run: bool = False
+
+
+NoteKind = Literal[
+    "dry_run", "breaker_tripped", "breaker_holding", "cap_reached", "partition_cap_reached",
+    "rate_limited", "opted_out", "fenced_by_other", "waiting_min_duration", "held_since_reset",
+    "awaiting_manual_release", "no_agent_url", "operator_hold",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    kind: NoteKind
+    node: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    actions: tuple[Planned, ...] = ()
+    notes: tuple[Note, ...] = ()
+    breaker: BreakerState = field(default_factory=BreakerState)
+
+    def notes_of(self, kind: NoteKind) -> list[Note]:
+        return [n for n in self.notes if n.kind == kind]
+
+    def of_kind(self, kind: ActionKind) -> list[Planned]:
+        return [a for a in self.actions if a.kind == kind]

@@ -1,0 +1,198 @@
+"""What to do about the fleet: `decide(observations, fleet, now, policy) -> Decision`. Pure.
+
+No I/O, no clock, no randomness: the same inputs give the same decision, so every safety rule
+below is tested exhaustively without a cluster. The order of the safety checks matters and is
+the order a human would want: a tripped breaker stops everything; then a node that is not ours
+to touch is left alone; then the caps; then the rate limit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from podhealth.vocab import Status
+
+from podhealth.aggregator.config import AggregatorConfig, RuleConfig
+from podhealth.aggregator.fence import FenceReason
+from podhealth.aggregator.model import (
+    BreakerState, Condition, Decision, FenceMode, FleetState, NodeView, Note, Planned,
+)
+
+RATE_WINDOW = 60.0
+
+
+@dataclass(frozen=True)
+class Policy:
+    rules: tuple[RuleConfig, ...]
+    max_fenced: int = 10
+    max_percent_per_partition: float = 10.0
+    fences_per_minute: int = 10
+    breaker_share_percent: float = 10.0
+    breaker_window: float = 300.0
+    breaker_min_nodes: int = 3
+    opt_out: frozenset[str] = frozenset()
+    manual_release: bool = False
+    healthy_for: float = 600.0
+    dry_run: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: AggregatorConfig) -> "Policy":
+        return cls(
+            rules=cfg.rules, max_fenced=cfg.caps.max_fenced,
+            max_percent_per_partition=cfg.caps.max_percent_per_partition,
+            fences_per_minute=cfg.rate_limit.fences_per_minute,
+            breaker_share_percent=cfg.breaker.share_percent, breaker_window=cfg.breaker.window,
+            breaker_min_nodes=cfg.breaker.min_nodes, opt_out=frozenset(cfg.opt_out),
+            manual_release=cfg.manual_release, healthy_for=cfg.healthy_for, dry_run=cfg.dry_run,
+        )
+
+
+def rule_for(c: Condition, rules: Sequence[RuleConfig]) -> RuleConfig | None:
+    """The first rule matching the condition. UNKNOWN ("could not decide") never matches."""
+    if c.status is Status.UNKNOWN or c.status is Status.OK:
+        return None
+    for r in rules:
+        if r.matches(c.check, c.action.value, c.severity):
+            return r
+    return None
+
+
+def partition_limit(size: int, percent: float) -> int:
+    """Nodes of a partition that may be fenced at once; at least one, so small pools are not immune."""
+    return max(1, math.floor(size * percent / 100.0 + 1e-9))
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    node: str
+    cond: Condition
+    rule: RuleConfig
+    since: float  # effective: never earlier than the breaker's last reset
+
+
+def decide(observations: Iterable[Condition], fleet: FleetState, now: float, policy: Policy) -> Decision:
+    notes: list[Note] = []
+    actions: list[Planned] = []
+    breaker = fleet.breaker
+    if policy.dry_run:
+        notes.append(Note("dry_run", detail="dry run: fences go to the dry-run fencer only"))
+
+    ready: dict[str, _Candidate] = {}  # node -> earliest condition past its minimum duration
+    bad_at: dict[str, float] = {}  # node -> when it turned bad (for the breaker)
+    for c in observations:
+        rule = rule_for(c, policy.rules)
+        if rule is None:
+            continue
+        if breaker.reset_at and c.observed < breaker.reset_at:
+            # Seen only before an operator reset the breaker: never replayed, must be seen again.
+            notes.append(Note("held_since_reset", c.node, f"{c.check} {c.entity} last seen before the breaker reset"))
+            continue
+        since = max(c.since, breaker.reset_at)
+        if rule.do == "notify":
+            if not c.notified:
+                actions.append(Planned("notify", c.node, f"{c.check} {c.entity} {c.status.value}", rule="notify",
+                                       condition=c.key))
+            continue
+        bad_at[c.node] = min(bad_at.get(c.node, since), since)
+        if now - since < rule.min_duration:
+            notes.append(Note("waiting_min_duration", c.node,
+                              f"{c.check} {c.entity}: {now - since:.0f}s of {rule.min_duration:g}s"))
+            continue
+        cur = ready.get(c.node)
+        if cur is None or (since, c.check, c.entity) < (cur.since, cur.cond.check, cur.cond.entity):
+            ready[c.node] = _Candidate(c.node, c, rule, since)
+
+    breaker = _breaker(bad_at, fleet, now, policy, breaker, notes)
+    nodes = fleet.nodes
+    ours = sum(1 for v in nodes.values() if v.fence.ours)
+    part_size: dict[str, int] = {}
+    part_fenced: dict[str, int] = {}
+    for v in nodes.values():
+        part_size[v.partition] = part_size.get(v.partition, 0) + 1
+        if v.fence is not FenceMode.NONE:
+            part_fenced[v.partition] = part_fenced.get(v.partition, 0) + 1
+    recent = sum(1 for t in fleet.recent_fences if now - RATE_WINDOW < t <= now)
+
+    for cand in sorted(ready.values(), key=lambda k: (k.since, k.node)):
+        view = nodes.get(cand.node) or NodeView(cand.node)
+        what = f"{cand.cond.check} {cand.cond.entity} {cand.cond.status.value} {cand.cond.action.value}"
+        if view.fence.ours:
+            continue  # already fenced or being fenced: fencing is idempotent, planning is too
+        if view.fence is FenceMode.EXTERNAL:
+            notes.append(Note("fenced_by_other", cand.node, f"{what}: already fenced by someone else; left alone"))
+            continue
+        if breaker.tripped:
+            notes.append(Note("breaker_holding", cand.node, f"{what}: not fenced, breaker tripped"))
+            continue
+        if cand.node in policy.opt_out or view.opted_out:
+            why = "config opt_out" if cand.node in policy.opt_out else "backend opt-out"
+            notes.append(Note("opted_out", cand.node, f"{what}: {why}"))
+            continue
+        if ours >= policy.max_fenced:
+            notes.append(Note("cap_reached", cand.node, f"{what}: {ours} of {policy.max_fenced} fenced"))
+            continue
+        size = part_size.get(view.partition, 1)
+        limit = partition_limit(size, policy.max_percent_per_partition)
+        if part_fenced.get(view.partition, 0) >= limit:
+            notes.append(Note("partition_cap_reached", cand.node,
+                              f"{what}: partition '{view.partition}' has {part_fenced.get(view.partition, 0)} "
+                              f"of {size} fenced (limit {limit})"))
+            continue
+        if recent >= policy.fences_per_minute:
+            notes.append(Note("rate_limited", cand.node, f"{what}: {recent} fences in the last minute"))
+            continue
+        ours += 1
+        recent += 1
+        part_fenced[view.partition] = part_fenced.get(view.partition, 0) + 1
+        reason = FenceReason(check=cand.cond.check, entity=cand.cond.entity, action=cand.cond.action.value,
+                             id=_reason_id(cand.cond))
+        actions.append(Planned("fence", cand.node, what, reason=reason, rule=cand.rule.do,
+                               condition=cand.cond.key, dry_run=policy.dry_run))
+
+    actions.extend(_returns(nodes.values(), now, policy, notes))
+    return Decision(actions=tuple(actions), notes=tuple(notes), breaker=breaker)
+
+
+def _breaker(bad_at: dict[str, float], fleet: FleetState, now: float, policy: Policy,
+             breaker: BreakerState, notes: list[Note]) -> BreakerState:
+    if breaker.tripped:
+        notes.append(Note("breaker_tripped", detail=breaker.reason))
+        return breaker
+    total = max(len(fleet.nodes), len(bad_at), 1)
+    turned = sorted(n for n, t in bad_at.items() if t > now - policy.breaker_window)
+    if len(turned) >= policy.breaker_min_nodes and len(turned) * 100.0 > policy.breaker_share_percent * total:
+        reason = (f"{len(turned)} of {total} nodes turned bad within {policy.breaker_window:g}s "
+                  f"(> {policy.breaker_share_percent:g}%): {', '.join(turned[:10])}"
+                  + (" ..." if len(turned) > 10 else ""))
+        notes.append(Note("breaker_tripped", detail=reason))
+        return BreakerState(tripped=True, tripped_at=now, reset_at=breaker.reset_at, reason=reason)
+    return breaker
+
+
+def _returns(views: Iterable[NodeView], now: float, policy: Policy, notes: list[Note]) -> list[Planned]:
+    out: list[Planned] = []
+    healthy = [v for v in views if v.fence is FenceMode.FENCED and v.ok_since is not None
+               and now - v.ok_since >= policy.healthy_for]
+    for v in sorted(healthy, key=lambda v: v.name):
+        assert v.ok_since is not None
+        if v.hold:
+            notes.append(Note("operator_hold", v.name, "fenced by an operator: waits for `podhealth fleet release`"))
+        elif v.name in policy.opt_out:
+            notes.append(Note("opted_out", v.name, "healthy but opted out: podhealth does not release it"))
+        elif policy.manual_release:
+            notes.append(Note("awaiting_manual_release", v.name, f"all OK for {now - v.ok_since:.0f}s"))
+        elif not v.can_handover:
+            notes.append(Note("no_agent_url", v.name, "healthy but no agent URL to run the handover suite"))
+        elif v.handover == "running" or (v.handover_at and now - v.handover_at < policy.healthy_for):
+            continue
+        else:
+            out.append(Planned("handover", v.name, f"all OK for {now - v.ok_since:.0f}s", dry_run=policy.dry_run))
+    return out
+
+
+def _reason_id(c: Condition) -> str:
+    """A short id that ties a Slurm reason back to the event that opened the condition."""
+    ref = c.ref or f"{c.node}-{c.check}-{c.entity}-{int(c.since)}"
+    return "".join(ch for ch in ref if ch.isalnum() or ch in "-_.")[:16]

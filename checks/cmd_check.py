@@ -1,0 +1,152 @@
+"""`podhealth check`: the handover report (local or `--node dgx01`), and Slurm HealthCheckProgram mode.
+
+Exit codes: 0 pass, 1 fail, 2 could not decide (UNKNOWN, unreachable agent, wrong token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import sys
+import urllib.error
+import urllib.request
+from typing import Any, Callable
+
+from podhealth import config as config_mod
+from podhealth.checks.report import EXIT_UNKNOWN, SuiteReport, render
+from podhealth.config import Config, valid_node_name
+
+
+class CheckError(Exception):
+    """Could not get a verdict (unreachable, refused): printed as one line, exit 2."""
+
+
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+    p = sub.add_parser("check", help="run the handover suite on this node or on --node NAME")
+    p.add_argument("--node", help="ask that node's agent (URL from config checks.agents, else DNS)")
+    p.add_argument("--url", help="agent base URL (overrides --node's lookup)")
+    p.add_argument("--config", help="config file")
+    p.add_argument("--token", help="agent token (default: $PODHEALTH_TOKEN, then auth.token from config)")
+    p.add_argument("--format", choices=["table", "json", "junit"], default="table")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the suite (default 600)")
+    p.add_argument("--slurm-health", action="store_true",
+                   help="fast mode for Slurm HealthCheckProgram: reads the local agent's verdict")
+    p.add_argument("--drain-self", action="store_true",
+                   help="with --slurm-health: drain this node on FAIL (reason 'podhealth: ...') and resume only nodes podhealth drained")
+    p.set_defaults(func=run)
+    return p
+
+
+def _load_config(path: str | None) -> Config:
+    if path:
+        return config_mod.load(path)
+    default = "/etc/podhealth/podhealth.yaml"
+    return config_mod.load(default) if os.path.exists(default) else Config()
+
+
+def _token(args: argparse.Namespace, cfg: Config) -> str:
+    return args.token or os.environ.get("PODHEALTH_TOKEN", "") or cfg.auth.token
+
+
+def agent_url(cfg: Config, node: str) -> str:
+    if not valid_node_name(node):
+        raise CheckError(f"invalid node name {node!r}")
+    return cfg.checks.agents.get(node) or f"http://{node}:{cfg.checks.agent_port}"
+
+
+def fetch_handover(url: str, token: str, timeout: float, progress: Callable[[dict[str, Any]], None] | None) -> SuiteReport:
+    """POST <url>/v1/handover and read the NDJSON stream: progress lines, then the report."""
+    req = urllib.request.Request(url.rstrip("/") + "/v1/handover", data=b"{}", method="POST",
+                                 headers={"Accept": "application/x-ndjson", "Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+    try:
+        resp = urllib.request.urlopen(req, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        body = e.read(500).decode(errors="replace").strip()
+        if e.code == 401:
+            raise CheckError(f"{url} rejected the token (HTTP 401): pass --token or set PODHEALTH_TOKEN") from None
+        raise CheckError(f"{url} answered HTTP {e.code}: {body}") from None
+    except (urllib.error.URLError, OSError, socket.timeout) as e:
+        reason = getattr(e, "reason", e)
+        raise CheckError(f"cannot reach the agent at {url}: {reason}") from None
+    report = None
+    with resp:
+        for raw in resp:
+            line = raw.strip()
+            if not line:
+                continue
+            try:
+                msg = json.loads(line)
+            except json.JSONDecodeError:
+                raise CheckError(f"{url} sent a line that is not JSON: {line[:80]!r}") from None
+            if msg.get("type") == "progress" and progress:
+                progress(msg)
+            elif msg.get("type") == "report":
+                report = SuiteReport.from_json(msg["report"])
+            elif msg.get("type") == "error":
+                raise CheckError(f"{url}: {msg.get('error')}")
+    if report is None:
+        raise CheckError(f"{url} closed the stream before sending a report")
+    return report
+
+
+def _progress_printer(fmt: str) -> tuple[Callable[[dict[str, Any]], None], Callable[[], None]]:
+    if not sys.stderr.isatty():
+        return (lambda msg: None), (lambda: None)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    prog = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TimeElapsedColumn(), transient=True, console=None)
+    prog.start()
+    task = prog.add_task("handover", total=None)
+
+    def on(msg: dict[str, Any]) -> None:
+        prog.update(task, description=f"handover: {msg.get('step', '')}", completed=msg.get("done", 0),
+                    total=msg.get("total"))
+    return on, prog.stop
+
+
+def _local_agent_listening(cfg: Config) -> str | None:
+    port = cfg.listen.port
+    if not port:
+        return None
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return f"http://127.0.0.1:{port}"
+    except OSError:
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = _load_config(args.config)
+    except config_mod.ConfigError as e:
+        print(e, file=sys.stderr)
+        return EXIT_UNKNOWN
+    if args.slurm_health:
+        from podhealth.checks.slurm_health import run_slurm_health
+
+        return run_slurm_health(cfg, drain_self=args.drain_self)
+    on_progress, stop = _progress_printer(args.format)
+    try:
+        url = args.url or (agent_url(cfg, args.node) if args.node else _local_agent_listening(cfg))
+        if url:
+            rep = fetch_handover(url, _token(args, cfg), args.timeout, on_progress)
+        else:
+            from podhealth.checks.handover import LocalCollector, run_suite
+
+            node = cfg.node.name or socket.gethostname().split(".")[0]
+            rep = asyncio.run(run_suite(cfg, LocalCollector(cfg), node,
+                                        lambda step, done, total: on_progress({"step": step, "done": done, "total": total})))
+    except CheckError as e:
+        stop()
+        print(f"podhealth check: {e}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    stop()
+    render(rep, args.format, sys.stdout)
+    if args.format != "table":
+        print(rep.summary(), file=sys.stderr)
+    return rep.exit_code

@@ -1,0 +1,123 @@
+"""The passive-check engine: every check over the latest snapshot, with staleness and damping.
+
+Checks are pure functions of a Context (checks/context.py). The engine adds what they must not
+know about: which collectors each check needs (a stale source makes the check UNKNOWN, never OK
+and never FAIL), counter history for rates, and flap damping. One-off facts (a critical XID)
+bypass damping: they cannot flap, and waiting would only delay the fence.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from podhealth.checks import gpu, host, ib, nfs, nvlink
+from podhealth.checks.context import Context, observe_counters
+from podhealth.checks.damping import Damper
+from podhealth.checks.profiles import Profile
+from podhealth.checks.rates import RateTracker
+from podhealth.checks.result import unknown
+from podhealth.config import ChecksConfig
+from podhealth.snapshot import Snapshot
+from podhealth.vocab import CheckResult, Event
+
+CheckFn = Callable[[Context], list[CheckResult]]
+
+
+@dataclass(frozen=True)
+class CheckDef:
+    fn: CheckFn
+    sources: tuple[str, ...]
+    undamped: bool = False
+
+
+def _xid(ctx: Context) -> list[CheckResult]:
+    from podhealth.checks import xid  # data file load is lazy and cached
+
+    gpus = {s.label("pci_bus_id"): (int(s.label("gpu")), s.label("uuid")) for s in ctx.samples("gpu_up")}
+    return xid.evaluate_xids(ctx.events, xid.load_catalog(), ctx.now, ctx.window, gpus)
+
+
+# name -> definition; the order is the order of the report.
+CHECKS: dict[str, CheckDef] = {
+    "gpu_count": CheckDef(gpu.gpu_count, ("nvml",)),
+    "gpu_lost": CheckDef(gpu.gpu_lost, ("nvml",)),
+    "xid": CheckDef(_xid, ("kmsg",), undamped=True),
+    "ecc": CheckDef(gpu.ecc, ("nvml",)),
+    "row_remap": CheckDef(gpu.row_remap, ("nvml",)),
+    "retired_pages": CheckDef(gpu.retired_pages, ("nvml",)),
+    "pcie": CheckDef(gpu.pcie, ("nvml",)),
+    "clocks": CheckDef(gpu.clocks, ("nvml",)),
+    "temperature": CheckDef(gpu.temperature, ("nvml",)),
+    "fabric": CheckDef(gpu.fabric, ("nvml",)),
+    "persistence": CheckDef(gpu.persistence, ("nvml",)),
+    "driver": CheckDef(gpu.driver, ("nvml",)),
+    "nvlink": CheckDef(nvlink.nvlink, ("nvlink",)),
+    "ib_port": CheckDef(ib.ib_port, ("infiniband",)),
+    "ib_errors": CheckDef(ib.ib_errors, ("infiniband",)),
+    "nfs_mount": CheckDef(nfs.nfs_mount, ("nfs",)),
+    "nfs_latency": CheckDef(nfs.nfs_latency, ("nfs",)),
+    "systemd_unit": CheckDef(host.systemd_units, ("host",)),
+}
+
+_COUNTERS = frozenset({
+    "gpu_ecc_errors", "gpu_pcie_replay", "nvlink_errors", "infiniband_port_counter",
+    "nfs_operation_rtt_seconds", "nfs_operation_requests", "nfs_operation_transmissions",
+})
+
+
+class Evaluator:
+    """Stateful wrapper: keeps counter history, recent events and damping between evaluations."""
+
+    def __init__(self, profile: Profile, cfg: ChecksConfig, mounts: Sequence[str] = (),
+                 enabled: Sequence[str] | None = None, keep_events: int = 1024) -> None:
+        self.profile = profile
+        self.cfg = cfg
+        self.rates = RateTracker(cfg.rate_window)
+        self.damper = Damper(cfg.damping.fail_after, cfg.damping.recover_after)
+        self.required_mounts = tuple(dict.fromkeys([*profile.nfs_mounts, *mounts]))
+        self.enabled = tuple(enabled) if enabled is not None else None
+        self._events: OrderedDict[str, Event] = OrderedDict()
+        self._keep = keep_events
+
+    def _remember(self, events: Sequence[Event]) -> None:
+        for e in events:
+            if e.id not in self._events:
+                self._events[e.id] = e
+        while len(self._events) > self._keep:
+            self._events.popitem(last=False)
+
+    def evaluate(self, snap: Snapshot, now: float, damped: bool = True,
+                 only: Sequence[str] | None = None) -> tuple[CheckResult, ...]:
+        observe_counters(self.rates, snap.samples(), now, _COUNTERS)
+        self._remember(snap.events)
+        ctx = Context(snapshot=snap, profile=self.profile, now=now, rates=self.rates,
+                      events=tuple(self._events.values()), required_units=self.cfg.required_units,
+                      required_mounts=self.required_mounts, window=self.cfg.rate_window)
+        results: list[CheckResult] = []
+        for name, d in CHECKS.items():
+            if only is not None and name not in only:
+                continue
+            if self.enabled is not None and not set(d.sources) <= set(self.enabled):
+                continue  # the site turned the source off: no verdict rather than UNKNOWN forever
+            stale = ctx.stale(*d.sources)
+            if stale:
+                raw = [unknown(name, "node", f"collector {', '.join(stale)} has no fresh data", stale=",".join(stale))]
+            else:
+                try:
+                    raw = d.fn(ctx)
+                except Exception as e:  # noqa: BLE001 - one broken rule must not hide the others
+                    raw = [unknown(name, "node", f"check failed: {type(e).__name__}: {e}")]
+            for r in raw:
+                results.append(self.damper.apply(r, now, immediate=d.undamped) if damped else
+                               _stamp(r, now))
+        if damped and only is None:
+            self.damper.prune({(r.check, r.entity) for r in results})
+        return tuple(results)
+
+
+def _stamp(r: CheckResult, now: float) -> CheckResult:
+    import dataclasses
+
+    return r if r.since else dataclasses.replace(r, since=now)

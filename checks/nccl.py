@@ -1,0 +1,206 @@
+"""nccl-tests output (`all_reduce_perf` and podhealth's own runner) parsed and judged.
+
+Both the classic table and the nccl-tests 2.18+ layout (`# nccl-tests version`, wider `#wrong`
+columns, `# Collective test starting/concluded`) share the data-row shape
+`size count type redop root | time algbw busbw #wrong | time algbw busbw #wrong`, so rows are read
+from their last eight numbers; collectives without redop/root still parse. The parser is pure.
+
+Judging uses the bus bandwidth at the largest sizes, not "Avg bus bandwidth": the average runs
+over every size in the sweep and small messages dominate it (the 2.18 H200 capture averages 178
+GB/s while it sustains 485 GB/s at 16 GiB).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+
+from podhealth.checks.result import fail, ok, unknown, warn
+from podhealth.vocab import Action, CheckResult
+
+CHECK = "nccl_allreduce"
+MAX_ERROR_LINES = 8
+
+
+@dataclass(frozen=True)
+class NcclRow:
+    size_bytes: int
+    count: int
+    dtype: str
+    redop: str
+    oop_time_us: float
+    oop_algbw: float
+    oop_busbw: float
+    oop_wrong: int | None     # None when validation is off ("N/A")
+    ip_time_us: float
+    ip_algbw: float
+    ip_busbw: float
+    ip_wrong: int | None
+
+    @property
+    def busbw(self) -> float:
+        return max(self.oop_busbw, self.ip_busbw)
+
+    @property
+    def wrong(self) -> int:
+        return (self.oop_wrong or 0) + (self.ip_wrong or 0)
+
+
+@dataclass(frozen=True)
+class NcclDevice:
+    rank: int
+    host: str
+    device: int
+    bus: str
+    model: str
+
+
+@dataclass(frozen=True)
+class NcclRun:
+    rows: tuple[NcclRow, ...]
+    avg_busbw: float | None = None
+    out_of_bounds: int | None = None      # "# Out of bounds values : N OK|FAILED"
+    nccl_version: str = ""
+    tests_version: str = ""
+    started: bool = False                 # the "# nThread ..." header was printed
+    concluded: bool = False               # 2.18+: "# Collective test concluded"
+    devices: tuple[NcclDevice, ...] = ()
+    errors: tuple[str, ...] = ()          # failure lines, bounded
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(d.host for d in self.devices))
+
+    def large_busbw(self, top_fraction: float = 0.25) -> float | None:
+        """Mean bus bandwidth over the sizes within `top_fraction` of the largest (>= max/4 by
+        default: the top three sizes of a factor-2 sweep), the plateau a healthy fabric reaches."""
+        if not self.rows:
+            return None
+        biggest = max(r.size_bytes for r in self.rows)
+        top = [r.busbw for r in self.rows if r.size_bytes >= biggest * top_fraction]
+        return statistics.fmean(top)
+
+
+_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+_DEVICE = re.compile(r"^#\s+Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+(\d+)\s+\[([^\]]*)\]\s*(.*)$")
+_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(" + _NUM + r")")
+_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)\s*(\w+)?")
+_ERROR = re.compile(r"(Test (?:CUDA|NCCL) failure|Test failure|NCCL WARN|\bNCCL error\b|\bError\b|\bERROR\b"
+                    r"|not enough slots|failure:|Segmentation fault|Aborted|timed out|Timeout)", re.I)
+_HCA = re.compile(r"\b(mlx5_\d+(?::\d+)?|ibp\d+s\d+|bnxt_re\d+)\b")
+
+
+def _wrong(tok: str) -> int | None:
+    return None if tok.upper() == "N/A" else int(tok)
+
+
+def _row(line: str) -> NcclRow | None:
+    toks = line.split()
+    if len(toks) < 10 or not toks[0].isdigit() or not toks[1].isdigit():
+        return None
+    try:
+        tail = toks[-8:]
+        return NcclRow(
+            size_bytes=int(toks[0]), count=int(toks[1]),
+            dtype=toks[2] if len(toks) > 10 else "", redop=toks[3] if len(toks) > 12 else "",
+            oop_time_us=float(tail[0]), oop_algbw=float(tail[1]), oop_busbw=float(tail[2]), oop_wrong=_wrong(tail[3]),
+            ip_time_us=float(tail[4]), ip_algbw=float(tail[5]), ip_busbw=float(tail[6]), ip_wrong=_wrong(tail[7]),
+        )
+    except ValueError:
+        return None
+
+
+def parse(text: str) -> NcclRun:
+    """Parse all_reduce_perf (or podhealth runner) output. Never raises on odd input: lines that do
+    not fit are ignored, failure lines are collected."""
+    rows: list[NcclRow] = []
+    devices: list[NcclDevice] = []
+    errors: list[str] = []
+    avg = oob = None
+    nccl_version = tests_version = ""
+    started = concluded = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            if line.startswith("# nThread"):
+                started = True
+            elif line.startswith("# nccl-tests version"):
+                tests_version = line.split()[3] if len(line.split()) > 3 else ""
+            elif line.startswith("# Collective test concluded"):
+                concluded = True
+            elif m := _DEVICE.match(line):
+                devices.append(NcclDevice(int(m.group(1)), m.group(2), int(m.group(3)), m.group(4), m.group(5).strip()))
+            elif m := _AVG.match(line):
+                avg = float(m.group(1))
+            elif m := _OOB.match(line):
+                oob = int(m.group(1))
+            elif _ERROR.search(line) and len(errors) < MAX_ERROR_LINES:
+                errors.append(line[:240])
+            continue
+        if line.startswith("NCCL version"):
+            nccl_version = line.split()[2] if len(line.split()) > 2 else ""
+            continue
+        row = _row(line)
+        if row is not None:
+            rows.append(row)
+        elif _ERROR.search(line) and len(errors) < MAX_ERROR_LINES:
+            errors.append(line[:240])
+    return NcclRun(tuple(rows), avg, oob, nccl_version, tests_version, started, concluded,
+                   tuple(devices), tuple(errors))
+
+
+def hcas_in(text: str) -> tuple[str, ...]:
+    """HCA / rail names mentioned in failure output (NCCL names the device in NET/IB errors)."""
+    return tuple(dict.fromkeys(_HCA.findall(text)))
+
+
+@dataclass(frozen=True)
+class Gates:
+    busbw_gbps: float = 0.0            # FAIL below (0 = no fixed gate), from the profile
+    fleet_median_gbps: float = 0.0     # WARN when this % below the fleet median (0 = no median)
+    fleet_slow_pct: float = 10.0
+
+
+def judge(run: NcclRun, gates: Gates, entity: str = "node", check: str = CHECK) -> CheckResult:
+    """One verdict for one all-reduce run.
+
+    A run that never printed its header did not start (launcher, MPI slots, srun): that is
+    UNKNOWN, not a node fault. A run that started and then failed, or that counted wrong values,
+    is FAIL: the GPUs or the fabric broke under load.
+    """
+    large = run.large_busbw()
+    ev: dict[str, object] = {}
+    if large is not None:
+        ev["busbw_large_gbps"] = round(large, 2)
+        ev["max_size_bytes"] = max(r.size_bytes for r in run.rows)
+    if run.avg_busbw is not None:
+        ev["avg_busbw_gbps"] = run.avg_busbw
+    if run.nccl_version:
+        ev["nccl_version"] = run.nccl_version
+    if run.errors:
+        ev["error"] = run.errors[0]
+    wrong = sum(r.wrong for r in run.rows)
+    if wrong or (run.out_of_bounds or 0) > 0:
+        return fail(check, entity, f"all-reduce produced wrong values ({wrong} wrong, "
+                    f"{run.out_of_bounds or 0} out of bounds)", Action.DRAIN, wrong=wrong, **ev)
+    if not run.rows:
+        if not run.started:
+            return unknown(check, entity, "all-reduce did not start: " + (run.errors[0] if run.errors else "no output"), **ev)
+        return fail(check, entity, "all-reduce failed: " + (run.errors[0] if run.errors else "no results"),
+                    Action.DRAIN, **ev)
+    assert large is not None
+    if run.errors:
+        return fail(check, entity, f"all-reduce reported errors: {run.errors[0]}", Action.DRAIN, **ev)
+    if gates.busbw_gbps > 0 and large < gates.busbw_gbps:
+        return fail(check, entity, f"bus bandwidth {large:.1f} GB/s below the gate {gates.busbw_gbps:g} GB/s",
+                    Action.DRAIN, gate_gbps=gates.busbw_gbps, **ev)
+    if gates.fleet_median_gbps > 0:
+        floor = gates.fleet_median_gbps * (1 - gates.fleet_slow_pct / 100)
+        if large < floor:
+            return warn(check, entity, f"bus bandwidth {large:.1f} GB/s is more than {gates.fleet_slow_pct:g}% "
+                        f"below the fleet median {gates.fleet_median_gbps:.1f} GB/s", Action.NONE,
+                        fleet_median_gbps=gates.fleet_median_gbps, **ev)
+    return ok(check, entity, f"bus bandwidth {large:.1f} GB/s", **ev)

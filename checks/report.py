@@ -1,0 +1,129 @@
+"""Rendering a handover/check report: a rich table for people, JSON and JUnit XML for machines.
+
+Exit codes are part of the contract: 0 pass, 1 fail, 2 could not decide (UNKNOWN or no answer).
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from typing import IO, Sequence
+
+from podhealth.vocab import CheckResult, Status
+
+EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class SuiteReport:
+    node: str
+    profile: str
+    results: tuple[CheckResult, ...]
+    durations: tuple[tuple[str, float], ...] = ()  # check -> seconds
+    started: float = 0.0
+    finished: float = 0.0
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def status(self) -> Status:
+        if not self.results:
+            return Status.UNKNOWN
+        return Status.worst([r.status for r in self.results])
+
+    @property
+    def exit_code(self) -> int:
+        s = self.status
+        if s is Status.FAIL:
+            return EXIT_FAIL
+        if s is Status.UNKNOWN:
+            return EXIT_UNKNOWN
+        return EXIT_PASS
+
+    def summary(self) -> str:
+        counts = {s: sum(1 for r in self.results if r.status is s) for s in Status}
+        head = {Status.OK: "PASS", Status.WARN: "PASS (with warnings)", Status.FAIL: "FAIL",
+                Status.UNKNOWN: "UNDECIDED"}[self.status]
+        bad = [f"{r.check}:{r.entity}" for r in self.results if r.status in (Status.FAIL, Status.UNKNOWN)][:5]
+        tail = f" — {', '.join(bad)}" if bad else ""
+        return (f"{self.node}: {head}: {counts[Status.OK]} ok, {counts[Status.WARN]} warn, "
+                f"{counts[Status.FAIL]} fail, {counts[Status.UNKNOWN]} unknown{tail}")
+
+    def to_json(self) -> dict[str, object]:
+        return {"node": self.node, "profile": self.profile, "status": self.status.value,
+                "exit_code": self.exit_code, "summary": self.summary(), "started": self.started,
+                "finished": self.finished, "durations": dict(self.durations), "notes": list(self.notes),
+                "results": [r.to_json() for r in self.results]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, object]) -> "SuiteReport":
+        res = d.get("results")
+        if not isinstance(res, list):
+            raise ValueError("report has no results list")
+        dur = d.get("durations") or {}
+        return cls(node=str(d.get("node", "")), profile=str(d.get("profile", "")),
+                   results=tuple(CheckResult.from_json(r) for r in res),
+                   durations=tuple((str(k), float(v)) for k, v in dict(dur).items()),  # type: ignore[arg-type]
+                   started=float(d.get("started", 0.0)), finished=float(d.get("finished", 0.0)),  # type: ignore[arg-type]
+                   notes=tuple(str(n) for n in d.get("notes", []) or []))  # type: ignore[union-attr]
+
+
+_STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.UNKNOWN: "magenta"}
+
+
+def render_table(rep: SuiteReport, out: IO[str], only_problems: bool = False) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=out, highlight=False, width=max(100, Console(file=out).width))
+    durs = dict(rep.durations)
+    t = Table(title=f"podhealth handover — {rep.node} ({rep.profile})", show_lines=False)
+    for col in ("check", "entity", "status", "action", "evidence", "duration"):
+        t.add_column(col, overflow="fold")
+    for r in rep.results:
+        if only_problems and r.status is Status.OK:
+            continue
+        ev = r.summary or ", ".join(f"{k}={v}" for k, v in r.evidence)
+        if r.summary and r.evidence:
+            ev += " (" + ", ".join(f"{k}={v}" for k, v in r.evidence[:4]) + ")"
+        t.add_row(r.check, r.entity, f"[{_STYLE[r.status]}]{r.status.value}[/]",
+                  r.action.value if r.status is not Status.OK else "", ev,
+                  f"{durs[r.check]:.2f}s" if r.check in durs else "")
+    console.print(t)
+    console.print(f"[{_STYLE[rep.status]}]{rep.summary()}[/]")
+
+
+def render_json(rep: SuiteReport, out: IO[str]) -> None:
+    json.dump(rep.to_json(), out, indent=2)
+    out.write("\n")
+
+
+def render_junit(rep: SuiteReport, out: IO[str]) -> None:
+    durs = dict(rep.durations)
+    suite = ET.Element("testsuite", name=f"podhealth.{rep.node}", tests=str(len(rep.results)),
+                       failures=str(sum(r.status is Status.FAIL for r in rep.results)),
+                       skipped=str(sum(r.status is Status.UNKNOWN for r in rep.results)),
+                       errors="0", time=f"{sum(durs.values()):.3f}")
+    for r in rep.results:
+        case = ET.SubElement(suite, "testcase", classname=f"{rep.node}.{r.check}", name=r.entity,
+                             time=f"{durs.get(r.check, 0.0):.3f}")
+        text = "\n".join(f"{k}={v}" for k, v in r.evidence)
+        if r.status is Status.FAIL:
+            f = ET.SubElement(case, "failure", message=r.summary or "FAIL", type=r.action.value)
+            f.text = text
+        elif r.status is Status.UNKNOWN:
+            ET.SubElement(case, "skipped", message=r.summary or "could not decide")
+        elif r.status is Status.WARN:
+            so = ET.SubElement(case, "system-out")
+            so.text = f"WARN: {r.summary}\n{text}"
+    out.write(ET.tostring(ET.ElementTree(suite).getroot(), encoding="unicode", xml_declaration=True))
+    out.write("\n")
+
+
+def render(rep: SuiteReport, fmt: str, out: IO[str]) -> None:
+    {"table": render_table, "json": render_json, "junit": render_junit}[fmt](rep, out)
+
+
+def worst_exit(reports: Sequence[SuiteReport]) -> int:
+    codes = [r.exit_code for r in reports]
+    return EXIT_FAIL if EXIT_FAIL in codes else EXIT_UNKNOWN if EXIT_UNKNOWN in codes else EXIT_PASS

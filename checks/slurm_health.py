@@ -1,0 +1,68 @@
+"""`podhealth check --slurm-health`: a fast verdict for Slurm's HealthCheckProgram (and prolog/epilog).
+
+Reads the local agent's /health (its verdict is already damped and current) and, only if no agent
+answers, collects the fast sources in-process with a tight time cap so the whole run stays
+under a few seconds. Prints NHC-style lines. Draining stays with the aggregator unless the site
+turns on --drain-self; then it drains with the `podhealth:` reason prefix and only ever resumes
+nodes whose reason carries that prefix (LBNL NHC's rule).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+import urllib.request
+
+from podhealth.checks.report import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN
+from podhealth.config import Config
+from podhealth.vocab import CheckResult, NodeReport, Status
+
+FAST_COLLECTORS = ("nvml", "nvlink", "infiniband", "nfs", "host", "kmsg")
+LOCAL_TIME_CAP = 3.0
+
+
+def _from_agent(cfg: Config) -> NodeReport | None:
+    url = f"http://127.0.0.1:{cfg.listen.port}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=1.5) as r:
+            return NodeReport.from_json(json.loads(r.read()))
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _local(cfg: Config, node: str) -> NodeReport:
+    from podhealth import __version__
+    from podhealth.checks.handover import LocalCollector, run_suite
+
+    src = LocalCollector(cfg, only=FAST_COLLECTORS, timeout_cap=LOCAL_TIME_CAP)
+    rep = asyncio.run(run_suite(cfg, src, node))
+    return NodeReport(node, __version__, rep.profile, rep.results)
+
+
+def _line(r: CheckResult) -> str:
+    return f"podhealth: {r.check} {r.entity}: {r.summary or r.status.value} [{r.action.value}]"
+
+
+def run_slurm_health(cfg: Config, drain_self: bool = False) -> int:
+    node = cfg.node.name or socket.gethostname().split(".")[0]
+    rep = _from_agent(cfg) or _local(cfg, node)
+    fails = [r for r in rep.results if r.status is Status.FAIL]
+    unknowns = [r for r in rep.results if r.status is Status.UNKNOWN]
+    for r in fails:
+        print(f"ERROR: {_line(r)}")
+    for r in unknowns:
+        print(f"WARNING: {_line(r)}")
+    if drain_self:
+        from podhealth.checks.selfdrain import drain_or_resume
+
+        msg = drain_or_resume(node, fails[0] if fails else None)
+        if msg:
+            print(msg, file=sys.stderr)
+    if fails:
+        return EXIT_FAIL
+    if unknowns:
+        return EXIT_UNKNOWN
+    print(f"OK: podhealth: {len(rep.results)} checks passed on {node}")
+    return EXIT_PASS

@@ -1,0 +1,185 @@
+"""Faults a simulated node can suffer, parsed from the CLI's `key=value` tokens.
+
+    xid=79 gpu=3                       an XID: kernel log line + NVML XID event
+    fault=nvlink-crc gpu=0 link=5 rate=50
+
+`parse(tokens, now)` checks syntax and returns a `Fault`; `validate(fault, state)` checks it
+against the node (GPU index, link, HCA, mount exist). Both raise ValueError naming the token and
+what is allowed, so the CLI can refuse bad input before anything changes.
+
+Counters driven by a rate fault are a pure function of time (`climbed`), so every reader in every
+process sees the same monotonic value without anything ticking.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from podhealth.sim.state import Fault, NodeState
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    required: tuple[str, ...]
+    optional: Mapping[str, float | int | None]  # param -> default (None = stays unset)
+    help: str
+
+
+KINDS: Mapping[str, KindSpec] = {
+    "xid": KindSpec(("gpu",), {}, "XID <code> on GPU: kernel line + NVML XID event"),
+    "fallen-off-bus": KindSpec(("gpu",), {}, "GPU lost: XID 79 line, NVML GPU_IS_LOST"),
+    "dbe": KindSpec(("gpu",), {}, "uncorrectable (double-bit) ECC error"),
+    "row-remap-pending": KindSpec(("gpu",), {}, "row remap pending (needs GPU reset)"),
+    "row-remap-failure": KindSpec(("gpu",), {}, "row remapping failed (bank exhausted)"),
+    "nvlink-down": KindSpec(("gpu", "link"), {}, "one NVLink link inactive"),
+    "nvlink-crc": KindSpec(("gpu", "link"), {"rate": 10.0}, "NVLink CRC errors climbing (errors/s)"),
+    "pcie-degraded": KindSpec(("gpu",), {"width": 8, "gen": 4}, "PCIe link trained below max"),
+    "thermal": KindSpec(("gpu",), {}, "HW thermal slowdown, ~92 C"),
+    "power-brake": KindSpec(("gpu",), {}, "HW power brake slowdown"),
+    "fabric-incomplete": KindSpec(("gpu",), {}, "NVSwitch fabric registration not completed"),
+    "persistence-off": KindSpec(("gpu",), {}, "persistence mode disabled"),
+    "nvml-hang": KindSpec(("seconds",), {"gpu": None}, "device calls block for N seconds"),
+    "ib-down": KindSpec(("device",), {}, "IB port down"),
+    "ib-rate": KindSpec(("device",), {"rate": 200.0}, "IB port trained at a lower rate (Gb/s)"),
+    "ib-symbol-errors": KindSpec(("device",), {"rate": 10.0}, "IB symbol errors climbing (errors/s)"),
+    "nfs-missing": KindSpec(("mount",), {}, "NFS mount absent"),
+    "nfs-hung": KindSpec(("mount",), {}, "NFS server not responding (stat blocks)"),
+    "unit-down": KindSpec(("unit",), {}, "systemd unit failed"),
+}
+
+_INT_PARAMS = ("gpu", "link", "width", "gen", "code")
+_FLOAT_PARAMS = ("rate", "seconds")
+_STR_PARAMS = ("device", "mount", "unit")
+_TOKEN = re.compile(r"^([a-z]+)=(.+)$")
+_UNIT = re.compile(r"^[A-Za-z0-9@:._\\-]+\.(service|target|socket|mount|timer)$")
+_DEVICE = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+def kinds_help() -> str:
+    return "; ".join(f"{k} ({', '.join(s.required + tuple(s.optional))})" for k, s in KINDS.items())
+
+
+def parse(tokens: Sequence[str], now: float) -> Fault:
+    """`["xid=79", "gpu=3"]` or `["fault=dbe", "gpu=1"]` -> Fault; ValueError on any bad token."""
+    values: dict[str, str] = {}
+    for tok in tokens:
+        m = _TOKEN.match(tok)
+        if not m:
+            raise ValueError(f"bad token {tok!r}: expected key=value (e.g. xid=79 gpu=3, fault=dbe gpu=1)")
+        key, val = m.groups()
+        if key in values:
+            raise ValueError(f"bad token {tok!r}: {key} given twice")
+        values[key] = val
+    if "xid" in values and "fault" in values:
+        raise ValueError("give either xid=<code> or fault=<kind>, not both")
+    if "xid" in values:
+        kind = "xid"
+        values["code"] = values.pop("xid")
+    elif "fault" in values:
+        kind = values.pop("fault")
+        if kind not in KINDS or kind == "xid":
+            raise ValueError(f"bad token 'fault={kind}': unknown fault kind (allowed: "
+                             f"{', '.join(k for k in KINDS if k != 'xid')}; or xid=<code>)")
+    else:
+        raise ValueError(f"no fault given in {' '.join(tokens)!r}: start with fault=<kind> or xid=<code>")
+    spec = KINDS[kind]
+    allowed = set(spec.required) | set(spec.optional) | ({"code"} if kind == "xid" else set())
+    for key in values:
+        if key not in allowed:
+            raise ValueError(f"bad token '{key}={values[key]}': fault {kind} takes "
+                             f"{', '.join(sorted(allowed - {'code'}))}")
+    for key in spec.required:
+        if key not in values:
+            raise ValueError(f"fault {kind} needs {key}=<value> ({spec.help})")
+    args: dict[str, object] = {k: v for k, v in spec.optional.items() if v is not None}
+    for key, raw in values.items():
+        args[key] = _convert(key, raw)
+    return Fault(kind=kind, injected_at=now, **args)  # type: ignore[arg-type]
+
+
+def _convert(key: str, raw: str) -> object:
+    tok = f"{key}={raw}"
+    if key in _INT_PARAMS:
+        try:
+            v = int(raw, 10)
+        except ValueError:
+            raise ValueError(f"bad token {tok!r}: {key} must be a whole number") from None
+        if v < 0:
+            raise ValueError(f"bad token {tok!r}: {key} must be >= 0")
+        if key == "code" and not 1 <= v <= 999:
+            raise ValueError(f"bad token 'xid={raw}': XID codes are 1..999")
+        if key == "width" and v not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"bad token {tok!r}: PCIe width is one of 1, 2, 4, 8, 16, 32")
+        if key == "gen" and not 1 <= v <= 6:
+            raise ValueError(f"bad token {tok!r}: PCIe gen is 1..6")
+        return v
+    if key in _FLOAT_PARAMS:
+        try:
+            f = float(raw)
+        except ValueError:
+            raise ValueError(f"bad token {tok!r}: {key} must be a number") from None
+        if not f > 0 or f != f or f == float("inf"):
+            raise ValueError(f"bad token {tok!r}: {key} must be a finite number > 0")
+        return f
+    if key == "mount":
+        if not raw.startswith("/"):
+            raise ValueError(f"bad token {tok!r}: mount must be an absolute path")
+        return raw.rstrip("/") or "/"
+    if key == "unit" and not _UNIT.match(raw):
+        raise ValueError(f"bad token {tok!r}: expected a systemd unit name like nvidia-fabricmanager.service")
+    if key == "device" and not _DEVICE.match(raw):
+        raise ValueError(f"bad token {tok!r}: expected an HCA name like mlx5_3")
+    return raw
+
+
+def validate(fault: Fault, state: NodeState) -> None:
+    """ValueError if the fault names something this node does not have."""
+    gpus = {g.index: g for g in state.gpus}
+    if fault.gpu is not None and fault.gpu not in gpus:
+        raise ValueError(f"bad token 'gpu={fault.gpu}': node {state.name} has GPUs "
+                         f"{_range(sorted(gpus))}")
+    if fault.link is not None and fault.gpu is not None:
+        n = gpus[fault.gpu].nvlink_count
+        if fault.link >= n:
+            raise ValueError(f"bad token 'link={fault.link}': GPU {fault.gpu} has NVLink links "
+                             f"{_range(list(range(n)))}")
+    if fault.kind in ("row-remap-pending", "row-remap-failure") and fault.gpu is not None \
+            and gpus[fault.gpu].remap_uncorrectable is None:
+        raise ValueError(f"fault {fault.kind}: GPU {fault.gpu} ({gpus[fault.gpu].name}) has no row remapping")
+    if fault.kind == "pcie-degraded" and fault.gpu is not None:
+        g = gpus[fault.gpu]
+        if (fault.width or 0) > g.pcie_width_max or (fault.gen or 0) > g.pcie_gen_max:
+            raise ValueError(f"fault pcie-degraded: GPU {fault.gpu} maxes at gen{g.pcie_gen_max} "
+                             f"x{g.pcie_width_max}; a degraded link cannot exceed that")
+    if fault.device is not None:
+        devs = [h.device for h in state.hcas]
+        if fault.device not in devs:
+            raise ValueError(f"bad token 'device={fault.device}': node {state.name} has HCAs "
+                             f"{', '.join(devs) or 'none'}")
+    if fault.mount is not None and fault.mount not in state.mounts:
+        raise ValueError(f"bad token 'mount={fault.mount}': node {state.name} mounts "
+                         f"{', '.join(state.mounts) or 'nothing'}")
+    if fault.kind == "unit-down" and fault.unit not in state.units:
+        raise ValueError(f"bad token 'unit={fault.unit}': node {state.name} has units "
+                         f"{', '.join(sorted(state.units))}")
+
+
+def check_kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"unknown fault kind {kind!r} (allowed: {', '.join(KINDS)})")
+    return kind
+
+
+def climbed(fault: Fault, now: float) -> int:
+    """Errors accumulated since injection by a rate fault; 0 before injection, never decreasing."""
+    return int((fault.rate or 0.0) * max(0.0, now - fault.injected_at))
+
+
+def _range(items: list[int]) -> str:
+    if not items:
+        return "none"
+    if items == list(range(items[0], items[-1] + 1)):
+        return f"{items[0]}..{items[-1]}"
+    return ", ".join(map(str, items))

@@ -1,0 +1,274 @@
+"""A simulated DGX node on disk, shared between processes.
+
+A node is a directory `<root>/<name>/`:
+
+    state.json   NodeState (podhealth.sim.state), written atomically (tmp + rename)
+    sys/         sysfs tree (class/infiniband ...), written by podhealth.sim.tree_ib
+    proc/        procfs tree (self/mountstats, net/rpc/nfs), written by podhealth.sim.tree_nfs
+    kmsg.log     kernel log in /dev/kmsg record format ("<prio>,<seq>,<usec>,-;message")
+    units.json   systemd unit -> ActiveState, for the host collector
+
+API (stable):
+
+    SimNode.create(root, name, profile="dgx-h100", seed=None) -> SimNode
+        seed: a NodeState to start from (e.g. one built from an nvidia-smi capture)
+    SimNode.open(root, name) -> SimNode          FileNotFoundError if absent
+    node.state -> NodeState                      re-read when state.json's mtime changes (<= every 0.1 s)
+    node.dir, node.sys_root, node.proc_root, node.kmsg_path, node.units_path
+    node.inject(fault) -> Fault                  validated; ValueError and no change on bad input
+    node.clear(kind=None) -> int                 removes faults (all, or of one kind); returns count
+    node.refresh(now=None)                       rewrites sys/proc trees, units.json; appends kmsg lines
+    node.probe_argv(mount) -> list[str]          a killable `stat` stand-in for the NFS collector
+    default_root() -> Path                       $PODHEALTH_SIM_DIR or /tmp/podhealth-sim
+
+`podhealth simulate inject` in another process changes a running agent's node: the agent's
+SimNode sees the new state.json on its next read, and NVML answers change with it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+
+from podhealth.sim import faults as faults_mod
+from podhealth.sim.state import Fault, NodeState, default_state
+
+ENV_ROOT = "PODHEALTH_SIM_DIR"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_RELOAD_INTERVAL_S = 0.1
+
+
+def default_root() -> Path:
+    return Path(os.environ.get(ENV_ROOT) or "/tmp/podhealth-sim")
+
+
+def check_name(name: str) -> str:
+    """Node names become directory names and Slurm node names: keep them to a safe alphabet."""
+    if not _NAME.match(name):
+        raise ValueError(f"bad node name {name!r}: use letters, digits, '.', '_' or '-' (max 63)")
+    return name
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+class SimNode:
+    def __init__(self, directory: Path, state: NodeState) -> None:
+        self.dir = directory
+        self._lock = threading.Lock()
+        self._state = state
+        self._mtime_ns = self._stat_mtime()
+        self._checked = time.monotonic()
+
+    # --- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, root: Path | str, name: str, profile: str = "dgx-h100",
+               seed: NodeState | None = None) -> "SimNode":
+        """Create (or overwrite) node `name` under `root` and write its trees."""
+        check_name(name)
+        state = replace(seed, name=name) if seed is not None else default_state(name, profile)
+        directory = Path(root) / name
+        directory.mkdir(parents=True, exist_ok=True)
+        _atomic_write(directory / "state.json", state.dumps())
+        kmsg = directory / "kmsg.log"
+        kmsg.write_text("", encoding="utf-8")
+        (directory / "kmsg.seq").write_text("0", encoding="utf-8")
+        node = cls(directory, state)
+        node._write_delivered(set())
+        node.refresh()
+        return node
+
+    @classmethod
+    def open(cls, root: Path | str, name: str) -> "SimNode":
+        check_name(name)
+        directory = Path(root) / name
+        path = directory / "state.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no simulated node {name!r} under {root} (create it with "
+                                    f"`podhealth simulate node {name}`)")
+        return cls(directory, NodeState.loads(path.read_text(encoding="utf-8")))
+
+    # --- paths --------------------------------------------------------------------------------
+
+    @property
+    def state_path(self) -> Path:
+        return self.dir / "state.json"
+
+    @property
+    def sys_root(self) -> Path:
+        return self.dir / "sys"
+
+    @property
+    def proc_root(self) -> Path:
+        return self.dir / "proc"
+
+    @property
+    def kmsg_path(self) -> Path:
+        return self.dir / "kmsg.log"
+
+    @property
+    def units_path(self) -> Path:
+        return self.dir / "units.json"
+
+    @property
+    def name(self) -> str:
+        return self.state.name
+
+    def probe_argv(self, mount: str) -> list[str]:
+        return [sys.executable, "-m", "podhealth.sim.nfsprobe", str(self.dir), mount]
+
+    # --- state --------------------------------------------------------------------------------
+
+    def _stat_mtime(self) -> int:
+        try:
+            return self.state_path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return 0
+
+    @property
+    def state(self) -> NodeState:
+        """The current state; re-read from disk when another process has rewritten it."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._checked >= _RELOAD_INTERVAL_S:
+                self._checked = now
+                mtime = self._stat_mtime()
+                if mtime != self._mtime_ns:
+                    try:
+                        self._state = NodeState.loads(self.state_path.read_text(encoding="utf-8"))
+                        self._mtime_ns = mtime
+                    except (OSError, ValueError, KeyError, TypeError):
+                        pass  # a half-visible or broken file: keep the last good state
+            return self._state
+
+    def _reload_now(self) -> NodeState:
+        with self._lock:
+            self._state = NodeState.loads(self.state_path.read_text(encoding="utf-8"))
+            self._mtime_ns = self._stat_mtime()
+            self._checked = time.monotonic()
+            return self._state
+
+    def _save(self, state: NodeState) -> None:
+        with self._lock:
+            _atomic_write(self.state_path, state.dumps())
+            self._state = state
+            self._mtime_ns = self._stat_mtime()
+            self._checked = time.monotonic()
+
+    def inject(self, fault: Fault) -> Fault:
+        """Add `fault` (validated against this node) and refresh the trees and kernel log."""
+        state = self._reload_now()
+        faults_mod.validate(fault, state)
+        state = state.with_fault(fault)
+        self._save(state)
+        self.refresh(now=fault.injected_at)
+        return state.faults[-1]
+
+    def clear(self, kind: str | None = None) -> int:
+        if kind is not None:
+            faults_mod.check_kind(kind)
+        state = self._reload_now()
+        keep = tuple(f for f in state.faults if kind is not None and f.kind != kind)
+        removed = len(state.faults) - len(keep)
+        if removed:
+            self._save(replace(state, faults=keep))
+        self.refresh()
+        return removed
+
+    # --- derived files ------------------------------------------------------------------------
+
+    def refresh(self, now: float | None = None) -> None:
+        """Rewrite the sysfs/procfs trees and units.json, and log kernel lines for new faults."""
+        state = self.state
+        now = time.time() if now is None else now
+        for module_name, root in (("tree_ib", self.sys_root), ("tree_nfs", self.proc_root)):
+            module = _tree_module(module_name)
+            if module is not None:
+                root.mkdir(parents=True, exist_ok=True)
+                module.write(state, root, now)
+        units = dict(state.units)
+        for f in state.faults_of("unit-down"):
+            if f.unit is not None:
+                units[f.unit] = "failed"
+        _atomic_write(self.units_path, json.dumps(units, indent=1, sort_keys=True))
+        self._log_new_faults(state)
+
+    def _delivered_path(self) -> Path:
+        return self.dir / "kmsg.faults"
+
+    def _read_delivered(self) -> set[int]:
+        try:
+            text = self._delivered_path().read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return set()
+        return {int(x) for x in text.split() if x.isdigit()}
+
+    def _write_delivered(self, seqs: set[int]) -> None:
+        _atomic_write(self._delivered_path(), " ".join(map(str, sorted(seqs))))
+
+    def _log_new_faults(self, state: NodeState) -> None:
+        from podhealth.sim import kmsg_lines
+
+        done = self._read_delivered()
+        new = [f for f in state.faults if f.seq not in done and f.kind in kmsg_lines.LOGGED_KINDS]
+        if not new:
+            return
+        seq_path = self.dir / "kmsg.seq"
+        try:
+            seq = int(seq_path.read_text(encoding="utf-8").strip() or 0)
+        except (FileNotFoundError, ValueError):
+            seq = 0
+        lines: list[str] = []
+        for f in sorted(new, key=lambda f: f.seq):
+            records = kmsg_lines.lines_for(state, f, boot_time=state.t0, first_seq=seq + 1)
+            seq += len(records)
+            lines.extend(records)
+        with open(self.kmsg_path, "a", encoding="utf-8") as out:
+            out.write("".join(line + "\n" for line in lines))
+        seq_path.write_text(str(seq), encoding="utf-8")
+        self._write_delivered(done | {f.seq for f in new})
+
+
+_TREE_WARNED: set[str] = set()
+
+
+def _tree_module(name: str) -> ModuleType | None:
+    """podhealth.sim.tree_ib / tree_nfs are written separately; until they exist, say so once."""
+    try:
+        return importlib.import_module(f"podhealth.sim.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"podhealth.sim.{name}":
+            raise
+        if name not in _TREE_WARNED:
+            _TREE_WARNED.add(name)
+            print(f"podhealth.sim: podhealth.sim.{name} is not available yet; "
+                  f"its tree is not written", file=sys.stderr)
+        return None
+
+
+def list_nodes(root: Path | str) -> list[str]:
+    base = Path(root)
+    if not base.is_dir():
+        return []
+    return sorted(p.name for p in base.iterdir() if (p / "state.json").is_file())
