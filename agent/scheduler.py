@@ -93,8 +93,9 @@ class Scheduler:
                 closes.append(self._close(slot, close_timeout))
             else:
                 _log.warning("collector still busy at shutdown; not closed", collector=slot.name)
-            slot.worker.close()
         await asyncio.gather(*closes)
+        for slot in self._slots.values():
+            slot.worker.close()
 
     async def _close(self, slot: _Slot, timeout: float) -> None:
         try:

@@ -14,6 +14,10 @@ from podhealth.config import Config
 
 # name -> "module:factory"
 REGISTRY: dict[str, str] = {
+    "nvml": "podhealth.collectors.nvml:create",
+    "nvlink": "podhealth.collectors.nvlink:create",
+    "host": "podhealth.collectors.host:create",
+    "dcgm": "podhealth.collectors.dcgm:create",
 }
 
 

@@ -64,6 +64,9 @@ class Probe:
         """Start the child; a result when it could not be started, else None."""
         if self.lingering:
             return ProbeResult(False, timeout, "previous probe still hung")
+        # Timed from before the spawn: the probe's latency includes starting it, as a user's
+        # `ls` would, and the deadline then bounds the whole thing.
+        self._started = time.monotonic()
         try:
             self._proc = subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -71,7 +74,6 @@ class Probe:
         except OSError as e:
             self._proc = None
             return ProbeResult(False, 0.0, f"cannot start {self.argv[0]!r}: {e.strerror or e}")
-        self._started = time.monotonic()
         return None
 
     def finish(self, timeout: float) -> ProbeResult:

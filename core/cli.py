@@ -17,6 +17,7 @@ from podhealth import __version__
 # name -> module; order is the order in --help.
 COMMANDS: dict[str, str] = {
     "config": "podhealth.cmd_config",
+    "agent": "podhealth.agent.cmd",
     "check": "podhealth.checks.cmd_check",
 }
 

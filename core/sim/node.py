@@ -27,6 +27,8 @@ SimNode sees the new state.json on its next read, and NVML answers change with i
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib
 import json
 import os
@@ -38,6 +40,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
 from podhealth.sim import faults as faults_mod
 from podhealth.sim.state import Fault, NodeState, default_state
@@ -176,23 +179,36 @@ class SimNode:
             self._mtime_ns = self._stat_mtime()
             self._checked = time.monotonic()
 
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Serialise read-modify-write of the node's files across processes (CLI vs agent)."""
+        with open(self.dir / ".lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
     def inject(self, fault: Fault) -> Fault:
         """Add `fault` (validated against this node) and refresh the trees and kernel log."""
-        state = self._reload_now()
-        faults_mod.validate(fault, state)
-        state = state.with_fault(fault)
-        self._save(state)
+        with self._exclusive():
+            state = self._reload_now()
+            faults_mod.validate(fault, state)
+            state = state.with_fault(fault)
+            self._save(state)
         self.refresh(now=fault.injected_at)
         return state.faults[-1]
 
     def clear(self, kind: str | None = None) -> int:
+        """Remove all faults, or those of one kind; returns how many were removed."""
         if kind is not None:
             faults_mod.check_kind(kind)
-        state = self._reload_now()
-        keep = tuple(f for f in state.faults if kind is not None and f.kind != kind)
-        removed = len(state.faults) - len(keep)
-        if removed:
-            self._save(replace(state, faults=keep))
+        with self._exclusive():
+            state = self._reload_now()
+            keep = tuple(f for f in state.faults if kind is not None and f.kind != kind)
+            removed = len(state.faults) - len(keep)
+            if removed:
+                self._save(replace(state, faults=keep))
         self.refresh()
         return removed
 
@@ -200,8 +216,11 @@ class SimNode:
 
     def refresh(self, now: float | None = None) -> None:
         """Rewrite the sysfs/procfs trees and units.json, and log kernel lines for new faults."""
-        state = self.state
-        now = time.time() if now is None else now
+        with self._exclusive():
+            self._refresh_locked(time.time() if now is None else now)
+
+    def _refresh_locked(self, now: float) -> None:
+        state = self._reload_now()
         for module_name, root in (("tree_ib", self.sys_root), ("tree_nfs", self.proc_root)):
             module = _tree_module(module_name)
             if module is not None:

@@ -157,7 +157,11 @@ class NodeState:
                        next_seq=self.next_seq + 1)
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["gpus"] = [asdict(g) for g in self.gpus]
+        d["hcas"] = [asdict(h) for h in self.hcas]
+        d["faults"] = [asdict(f) for f in self.faults]
+        d["mounts"] = list(self.mounts)
         d["units"] = dict(self.units)
         d["schema"] = SCHEMA_VERSION
         return d

@@ -1,0 +1,235 @@
+"""The node agent: builds the collectors, schedules them, serves the snapshot, talks to systemd.
+
+Hooks for modules written later (the checks engine, the publisher):
+- `agent.on_snapshot.append(fn)`: `fn(snapshot)` runs on the event loop after every snapshot
+  change; keep it cheap (no I/O), it delays the loop.
+- `agent.on_events.append(fn)`: `fn(events)` with only the newly seen events (XID, SXid).
+- `agent.add_routes([web.get("/health", handler), ...])` before `start()`; handlers find the
+  agent in `request.app[AGENT_KEY]`.
+- `agent.add_metric_source(fn)` before `start()`: `fn(snapshot) -> Iterable[Family]`, rendered
+  with every snapshot (runs in the render thread: read immutable state only). Call
+  `agent.invalidate()` when a source's data changed without a new snapshot.
+
+A collector whose factory raises (CollectorDisabled with a reason, or anything else), does not
+return in time, or is disabled in config is reported disabled with the reason; the agent keeps
+running with the others (dcgm-exporter's exit-because-one-source-failed is the anti-pattern).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import socket
+import time
+from typing import Any, Callable, Iterable, Mapping
+
+from aiohttp import web
+
+from podhealth import __version__, log
+from podhealth.agent.family import Family, MetricSource
+from podhealth.agent.render import ExpositionCache, RenderContext
+from podhealth.agent.scheduler import Scheduler
+from podhealth.agent.sdnotify import Notifier, watchdog, watchdog_interval
+from podhealth.agent.server import AGENT_KEY, build_app
+from podhealth.agent.store import EventsCallback, SnapshotCallback, SnapshotStore
+from podhealth.agent.worker import call_with_timeout
+from podhealth.collectors.base import Collector, CollectorDisabled
+from podhealth.config import CollectorConfig, Config, valid_node_name
+from podhealth.snapshot import CollectorState, Snapshot
+from podhealth.vocab import MetricSpec
+
+__all__ = ["AGENT_KEY", "Agent", "Family", "MetricSource", "registry_factories"]
+
+Factory = Callable[..., Collector]
+
+_log = log.get("podhealth.agent")
+
+# A factory may open a vendor library (nvmlInit on 8 GPUs takes seconds): give it at least this long.
+MIN_FACTORY_TIMEOUT = 10.0
+
+
+def _registry_factory(name: str) -> Factory:
+    def make(cfg: Config, **seams: Any) -> Collector:
+        from podhealth.collectors import REGISTRY
+        module, _, attr = REGISTRY[name].partition(":")
+        fn: Factory = getattr(importlib.import_module(module), attr)
+        return fn(cfg, **seams)
+    return make
+
+
+def registry_factories() -> dict[str, Factory]:
+    """Every collector in collectors.REGISTRY, imported lazily (a missing library disables one)."""
+    from podhealth.collectors import REGISTRY
+    return {name: _registry_factory(name) for name in REGISTRY}
+
+
+def collector_config(cfg: Config, name: str) -> CollectorConfig:
+    cc = getattr(cfg.collectors, name, None)
+    return cc if isinstance(cc, CollectorConfig) else CollectorConfig()
+
+
+def default_node_name() -> str:
+    return socket.gethostname().split(".")[0] or "localhost"
+
+
+class Agent:
+    def __init__(self, cfg: Config, *, node: str | None = None,
+                 factories: Mapping[str, Factory] | None = None,
+                 seams: Mapping[str, Mapping[str, Any]] | None = None,
+                 notifier: Notifier | None = None, version: str = __version__,
+                 factory_timeout: float | None = None, stale_after: float = 3.0,
+                 render_debounce: float = 0.05) -> None:
+        self.cfg = cfg
+        self.node = node or cfg.node.name or default_node_name()
+        if not valid_node_name(self.node):
+            raise ValueError(f"invalid node name {self.node!r} (letters, digits, '.', '_', '-'; at most 63)")
+        self.version = version
+        self.factories = dict(factories if factories is not None else registry_factories())
+        self.seams = {k: dict(v) for k, v in (seams or {}).items()}
+        self.notifier = notifier if notifier is not None else Notifier()
+        self.factory_timeout = factory_timeout
+        self.store = SnapshotStore(keep_events=cfg.collectors.kmsg.keep_events)
+        self.scheduler = Scheduler(self.store, stale_after=stale_after)
+        self.collectors: dict[str, Collector] = {}
+        self.specs: dict[str, Mapping[str, MetricSpec]] = {}
+        self.exposition = ExpositionCache(
+            RenderContext(self.node, version, cfg.node.profile, {}), self.store.snapshot, render_debounce)
+        self.started_monotonic = time.monotonic()
+        self.port = 0
+        self._routes: list[web.AbstractRouteDef] = []
+        self._sources: list[MetricSource] = []
+        self._runner: web.AppRunner | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._status = ""
+        self._started = False
+
+    # ---- hooks ------------------------------------------------------------------------------
+
+    @property
+    def on_snapshot(self) -> list[SnapshotCallback]:
+        return self.store.on_snapshot
+
+    @property
+    def on_events(self) -> list[EventsCallback]:
+        return self.store.on_events
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self.store.snapshot
+
+    def add_routes(self, routes: Iterable[web.AbstractRouteDef]) -> None:
+        if self._started:
+            raise RuntimeError("add_routes() must be called before start()")
+        self._routes.extend(routes)
+
+    def add_metric_source(self, source: MetricSource) -> None:
+        if self._started:
+            raise RuntimeError("add_metric_source() must be called before start()")
+        self._sources.append(source)
+
+    def invalidate(self) -> None:
+        """Re-render /metrics for the current snapshot (a metric source's data changed)."""
+        self.exposition.update(self.store.snapshot, self.store.version)
+
+    @property
+    def url(self) -> str:
+        host = self.cfg.listen.address
+        host = "127.0.0.1" if host in ("0.0.0.0", "") else f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}"
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.started_monotonic = time.monotonic()
+        self._started = True
+        await self._build_collectors()
+        self.exposition.ctx = RenderContext(
+            self.node, self.version, self.cfg.node.profile, dict(self.specs), tuple(self._sources))
+        self.store.on_snapshot.insert(0, lambda snap: self.exposition.update(snap, self.store.version))
+        self.store.on_snapshot.append(self._update_status)
+        self.invalidate()
+        self.scheduler.start()
+        app = build_app(self, self._routes)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.listen.address, self.cfg.listen.port)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        _log.info("agent listening", url=f"{self.url}/metrics", node=self.node,
+                  collectors=sorted(self.collectors),
+                  disabled={n: s.disabled_reason for n, s in self.store.snapshot.collectors.items() if not s.enabled})
+        self._status = self._summary(self.store.snapshot)
+        self.notifier.ready(self._status)
+        interval = watchdog_interval()
+        if interval is not None and self.notifier.enabled:
+            self._watchdog = asyncio.get_running_loop().create_task(watchdog(self.notifier, interval), name="watchdog")
+
+    async def stop(self) -> None:
+        self.notifier.stopping()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            await asyncio.gather(self._watchdog, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self.scheduler.stop()
+        await self.exposition.close()
+        self.notifier.close()
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()
+
+    async def _build_collectors(self) -> None:
+        names = list(self.factories)
+        results = await asyncio.gather(*(self._build_one(n) for n in names))
+        for name, (collector, reason) in zip(names, results):
+            cc = collector_config(self.cfg, name)
+            if collector is None:
+                self.store.put(CollectorState(name=name, enabled=False, disabled_reason=reason))
+                continue
+            self.collectors[name] = collector
+            self.specs[name] = dict(getattr(collector, "metrics", {}) or {})
+            self.scheduler.add(name, collector, cc.interval, cc.timeout)
+
+    async def _build_one(self, name: str) -> tuple[Collector | None, str]:
+        cc = collector_config(self.cfg, name)
+        if not cc.enabled:
+            _log.info("collector disabled in config", collector=name)
+            return None, "disabled in config"
+        timeout = self.factory_timeout if self.factory_timeout is not None else max(cc.timeout, MIN_FACTORY_TIMEOUT)
+        factory = self.factories[name]
+        seams = self.seams.get(name, {})
+        try:
+            collector = await call_with_timeout(f"init-{name}", lambda: factory(self.cfg, **seams), timeout)
+        except CollectorDisabled as e:
+            reason = str(e) or "disabled by its factory"
+        except TimeoutError:
+            reason = f"initialisation did not finish within {timeout:g}s"
+        except Exception as e:  # noqa: BLE001 - one broken source must not stop the agent
+            reason = f"initialisation failed: {type(e).__name__}: {e}"
+        else:
+            if not callable(getattr(collector, "collect", None)):
+                return None, f"factory returned {type(collector).__name__}, not a Collector"
+            return collector, ""
+        _log.warning("collector disabled", collector=name, reason=reason)
+        return None, reason
+
+    # ---- systemd STATUS= ----------------------------------------------------------------------
+
+    @staticmethod
+    def _summary(snap: Snapshot) -> str:
+        states = list(snap.collectors.values())
+        ok = sum(1 for s in states if s.enabled and not s.stale)
+        stale = sorted(s.name for s in states if s.enabled and s.stale)
+        disabled = sum(1 for s in states if not s.enabled)
+        text = f"{ok} collectors fresh, {disabled} disabled"
+        return text + (f", stale: {','.join(stale)}" if stale else "")
+
+    def _update_status(self, snap: Snapshot) -> None:
+        text = self._summary(snap)
+        if text != self._status and self._runner is not None:
+            self._status = text
+            self.notifier.status(text)

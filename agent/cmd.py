@@ -1,0 +1,128 @@
+"""`podhealth agent`: the per-node daemon (a systemd Type=notify service).
+
+    podhealth agent [--config FILE] [--simulate PROFILE] [--sim-root DIR] [--node NAME]
+                    [--listen ADDR:PORT] [--compat dcgm-exporter]
+
+Exit codes: 0 after SIGTERM/SIGINT, 2 on a bad config or argument (the message names
+file:line:key), 1 when the server cannot start (e.g. the port is taken).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from podhealth import config
+
+SIM_PROFILES = ("dgx-h100", "dgx-h200", "dgx-b200", "dgx-a100")
+DEFAULT_SIM_NODE = "dgx01"
+
+
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+    p = sub.add_parser("agent", help="run the node agent (/metrics, /healthz, collectors)",
+                       description="Run the node agent: collectors on their intervals, Prometheus "
+                                   "exposition on /metrics, liveness on /healthz, sd_notify under systemd.")
+    p.add_argument("--config", type=Path, help="YAML config file (default: all defaults)")
+    p.add_argument("--simulate", choices=SIM_PROFILES, metavar="PROFILE",
+                   help=f"run against a simulated node ({', '.join(SIM_PROFILES)}); binds 127.0.0.1 by default")
+    p.add_argument("--sim-root", type=Path, help="directory of simulated nodes (default $PODHEALTH_SIM_DIR "
+                                                 "or /tmp/podhealth-sim)")
+    p.add_argument("--node", help="node name (default: config node.name, else the short hostname; "
+                                  f"'{DEFAULT_SIM_NODE}' when simulating)")
+    p.add_argument("--listen", metavar="ADDR:PORT", help="override listen.address and listen.port")
+    p.add_argument("--compat", choices=["dcgm-exporter"], help="also expose GPU series under these names")
+    p.set_defaults(func=run)
+    return p
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen: expected ADDR:PORT, got {text!r}")
+    host = host.strip("[]")  # [::1]:9410
+    if not host:
+        raise ValueError(f"--listen: missing address in {text!r}")
+    return host, int(port)
+
+
+def _fail(msg: str) -> int:
+    print(f"podhealth agent: {msg}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    from podhealth import log
+
+    try:
+        cfg = config.load(args.config) if args.config else config.Config()
+    except config.ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    log.setup(args.log_level or cfg.log.level, cfg.log.format)
+    if args.simulate and cfg.listen.address == config.ListenConfig().address and not args.listen:
+        cfg = replace(cfg, listen=replace(cfg.listen, address="127.0.0.1"))
+    if args.listen:
+        try:
+            host, port = parse_listen(args.listen)
+        except ValueError as e:
+            return _fail(str(e))
+        cfg = replace(cfg, listen=replace(cfg.listen, address=host, port=port))
+    node = args.node or (cfg.node.name if not args.simulate else cfg.node.name or DEFAULT_SIM_NODE)
+    if node and not config.valid_node_name(node):
+        return _fail(f"invalid node name {node!r}")
+    try:
+        return asyncio.run(_main(args, cfg, node or None))
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None) -> int:
+    from podhealth import log
+    from podhealth.agent import compat, simmode
+    from podhealth.agent.agent import Agent
+
+    _log = log.get("podhealth.agent.cmd")
+    seams: dict[str, dict[str, Any]] = {}
+    refresher: asyncio.Task[None] | None = None
+    if args.simulate:
+        from podhealth.sim.node import default_root
+
+        assert node is not None
+        try:
+            sim = simmode.setup(cfg, args.simulate, args.sim_root or default_root(), node)
+        except (ValueError, OSError) as e:
+            return _fail(f"--simulate: {e}")
+        cfg, seams = sim.cfg, sim.seams
+        refresher = asyncio.get_running_loop().create_task(simmode.refresher(sim.node), name="sim-refresh")
+    try:
+        agent = Agent(cfg, node=node, seams=seams)
+    except ValueError as e:
+        return _fail(str(e))
+    if args.compat:
+        agent.add_metric_source(compat.source(args.compat, agent.node))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await agent.start()
+    except OSError as e:
+        _log.error("cannot start the HTTP server", error=str(e),
+                   listen=f"{cfg.listen.address}:{cfg.listen.port}")
+        await agent.stop()
+        return 1
+    print(f"podhealth agent serving {agent.url}/metrics (node {agent.node})", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        _log.info("stopping")
+        await agent.stop()
+        if refresher is not None:
+            refresher.cancel()
+            await asyncio.gather(refresher, return_exceptions=True)
+    return 0

@@ -1,0 +1,90 @@
+"""`podhealth agent --simulate PROFILE`: point the real agent at a simulated DGX node.
+
+Nothing in the agent or the collectors knows about the simulator: the node's directories become
+`paths.sysfs_root`/`procfs_root`/`kmsg`, pynvml is routed to the simulated NVML library, and the
+two collectors whose sources cannot be pointed at a directory get their seams (the NFS probe's
+argv, the host collector's units file). `podhealth simulate inject` in another process changes
+the node; a refresher rewrites its trees every second so the collectors see the change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from podhealth import log
+from podhealth.agent.worker import Worker
+from podhealth.config import Config
+
+if TYPE_CHECKING:
+    from podhealth.sim.node import SimNode
+
+_log = log.get("podhealth.agent.sim")
+
+REFRESH_INTERVAL = 1.0
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    node: "SimNode"
+    cfg: Config
+    seams: dict[str, dict[str, Any]]
+
+
+def open_or_create(root: Path, name: str, profile: str) -> "SimNode":
+    from podhealth.sim.node import SimNode
+
+    try:
+        node = SimNode.open(root, name)
+    except FileNotFoundError:
+        node = SimNode.create(root, name, profile)
+        _log.info("created simulated node", node=name, profile=profile, dir=str(node.dir))
+        return node
+    if node.state.profile != profile:
+        raise ValueError(f"simulated node {name!r} under {root} is a {node.state.profile}, not {profile} "
+                         f"(use another --node or --sim-root)")
+    _log.info("reusing simulated node", node=name, profile=profile, dir=str(node.dir))
+    return node
+
+
+def setup(cfg: Config, profile: str, root: Path, name: str) -> SimSetup:
+    """Create or reopen the node, install the NVML simulator, and derive the agent's config and seams."""
+    from podhealth.sim import nvml_lib
+
+    node = open_or_create(root, name, profile)
+    nvml_lib.install(node)
+    cfg = replace(
+        cfg,
+        node=replace(cfg.node, name=name, profile=profile),  # type: ignore[arg-type]
+        paths=replace(cfg.paths, sysfs_root=node.sys_root, procfs_root=node.proc_root, kmsg=node.kmsg_path),
+    )
+    seams: dict[str, dict[str, Any]] = {
+        "nfs": {"probe_argv": node.probe_argv},
+        "host": {"units_source": node.units_path},
+    }
+    return SimSetup(node, cfg, seams)
+
+
+async def refresher(node: "SimNode", interval: float = REFRESH_INTERVAL) -> None:
+    """Rewrite the node's trees every `interval` s, off the loop, never two refreshes at once."""
+    worker: Worker[None] = Worker("sim-refresh")
+    failing = False
+    fut: asyncio.Future[None] | None = None
+    try:
+        while True:
+            try:
+                if fut is None or fut.done():
+                    fut = worker.submit(node.refresh)
+                await asyncio.wait_for(asyncio.shield(fut), interval * 10)
+                if failing:
+                    _log.info("simulated node refresh works again")
+                failing = False
+            except Exception as e:  # noqa: BLE001 - a broken refresh must not stop the agent
+                if not failing:
+                    _log.warning("simulated node refresh failed", error=f"{type(e).__name__}: {e}")
+                failing = True
+            await asyncio.sleep(interval)
+    finally:
+        worker.close()

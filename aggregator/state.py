@@ -1,0 +1,333 @@
+"""The running aggregator's picture of the fleet, in memory, mirrored to the store.
+
+Every mutation here happens on the event loop and returns the SQL ops that persist it; the
+caller hands those to the writer and (for ingest) awaits the commit before answering. Memory
+holds only what decide() and the fleet API need per node — the full latest report stays in
+SQLite — so 10,000 nodes cost a few MB.
+"""
+
+from __future__ import annotations
+
+import collections
+import types
+from dataclasses import dataclass, field, replace
+from typing import Iterable
+
+from podhealth.vocab import Action, Status
+
+from podhealth.aggregator.model import (
+    BreakerState, Condition, FenceMode, FleetState, NodeView, Source, severity_of,
+)
+from podhealth.aggregator.store import Loaded, NodeRow, Op, Store
+
+REACHABLE_CHECK = "agent_reachable"
+UNREACHABLE_CHECK = "node_unreachable"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One check result as ingest needs it (the agent's evidence stays in the stored report)."""
+
+    check: str
+    entity: str
+    status: Status
+    action: Action = Action.NONE
+    since: float = 0.0
+    summary: str = ""
+
+
+@dataclass(eq=False, slots=True)
+class NodeRec:
+    name: str
+    agent_url: str = ""
+    slurm_name: str = ""
+    k8s_name: str = ""
+    partition: str = ""
+    learned: bool = False
+    first_seen: float = 0.0
+    last_seen: float = 0.0
+    status: Status = Status.UNKNOWN
+    report_time: float = 0.0
+    fp: int = 0  # fingerprint of the last report's verdicts, to skip unchanged reports cheaply
+    fence: FenceMode = FenceMode.NONE
+    fence_reason: str = ""
+    fenced_at: float = 0.0
+    hold: bool = False
+    opted_out: bool = False
+    ok_since: float | None = None
+    handover: str = ""
+    handover_at: float = 0.0
+    unreachable_since: float | None = None
+    seen_dirty: bool = False
+
+    def view(self) -> NodeView:
+        return NodeView(name=self.name, partition=self.partition, fence=self.fence, hold=self.hold,
+                        opted_out=self.opted_out, ok_since=self.ok_since, handover=self.handover,
+                        handover_at=self.handover_at, can_handover=bool(self.agent_url))
+
+    @property
+    def state(self) -> str:
+        """One word for the UI and the nodes-by-state metric."""
+        if self.fence is FenceMode.EXTERNAL:
+            return "drained"
+        if self.fence is FenceMode.RELEASING or (self.fence is FenceMode.FENCED and self.handover == "running"):
+            return "returning"
+        if self.fence.ours:
+            return "fenced"
+        return self.status.value
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name, "state": self.state, "status": self.status.value, "partition": self.partition,
+            "agent_url": self.agent_url, "slurm_name": self.slurm_name or self.name,
+            "k8s_name": self.k8s_name or self.name, "learned": self.learned, "first_seen": self.first_seen,
+            "last_seen": self.last_seen, "report_time": self.report_time, "fence": self.fence.value,
+            "fence_reason": self.fence_reason, "fenced_at": self.fenced_at, "hold": self.hold,
+            "opted_out": self.opted_out, "ok_since": self.ok_since, "handover": self.handover,
+            "handover_at": self.handover_at, "unreachable_since": self.unreachable_since,
+        }
+
+
+STATES = ("OK", "WARN", "FAIL", "UNKNOWN", "fenced", "returning", "drained")
+
+
+@dataclass
+class Memory:
+    nodes: dict[str, NodeRec] = field(default_factory=dict)
+    conditions: dict[tuple[str, str, str], Condition] = field(default_factory=dict)
+    by_node: dict[str, set[tuple[str, str, str]]] = field(default_factory=dict)
+    seen_ids: set[str] = field(default_factory=set)
+    breaker: BreakerState = BreakerState()
+    recent_fences: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=10000))
+    views: dict[str, NodeView] = field(default_factory=dict)
+    version: int = 0  # bumped on every change that could alter a decision
+
+    # ---- loading -----------------------------------------------------------------------------
+
+    @classmethod
+    def from_loaded(cls, loaded: Loaded) -> "Memory":
+        m = cls()
+        for r in loaded.nodes:
+            m.nodes[r.name] = NodeRec(
+                name=r.name, agent_url=r.agent_url, slurm_name=r.slurm_name, k8s_name=r.k8s_name,
+                partition=r.partition, learned=r.learned, first_seen=r.first_seen, last_seen=r.last_seen,
+                status=Status(r.status), report_time=r.report_time, fence=r.fence, fence_reason=r.fence_reason,
+                fenced_at=r.fenced_at, hold=r.hold, opted_out=r.opted_out, ok_since=r.ok_since, handover=r.handover,
+                handover_at=r.handover_at, unreachable_since=r.unreachable_since)
+        for c in loaded.conditions:
+            m.conditions[c.key] = c
+            m.by_node.setdefault(c.node, set()).add(c.key)
+        m.seen_ids.update(loaded.event_ids)
+        m.breaker = loaded.breaker
+        m.recent_fences.extend(sorted(loaded.recent_fences))
+        for rec in m.nodes.values():
+            if rec.handover == "running":
+                rec.handover = "failed"  # the request died with the previous process
+            m.views[rec.name] = rec.view()
+        return m
+
+    # ---- nodes -------------------------------------------------------------------------------
+
+    def ensure_node(self, name: str, now: float, *, learned: bool = True) -> tuple[NodeRec, list[Op]]:
+        rec = self.nodes.get(name)
+        if rec is not None:
+            return rec, []
+        rec = NodeRec(name=name, learned=learned, first_seen=now)
+        self.nodes[name] = rec
+        self.views[name] = rec.view()
+        self.version += 1
+        return rec, [Store.op_node_insert(NodeRow(name=name, learned=learned, first_seen=now))]
+
+    def configure_node(self, name: str, agent_url: str, slurm_name: str, k8s_name: str, partition: str,
+                       now: float) -> list[Op]:
+        rec, ops = self.ensure_node(name, now, learned=False)
+        rec.agent_url, rec.slurm_name, rec.k8s_name, rec.partition, rec.learned = (
+            agent_url, slurm_name, k8s_name, partition, False)
+        self._refresh(rec)
+        return ops + [Store.op_node_config(name, agent_url, slurm_name, k8s_name, partition)]
+
+    def set_node(self, name: str, **fields: object) -> list[Op]:
+        """Change fence/handover fields of a node and persist them."""
+        rec = self.nodes[name]
+        for k, v in fields.items():
+            setattr(rec, k, v)
+        self._refresh(rec)
+        db = {k: (v.value if isinstance(v, FenceMode) else int(v) if isinstance(v, bool) else v)
+              for k, v in fields.items()}
+        return [Store.op_node_fields(name, **db)]
+
+    def _refresh(self, rec: NodeRec) -> None:
+        self.views[rec.name] = rec.view()
+        self.version += 1
+
+    def fleet(self) -> FleetState:
+        return FleetState(nodes=types.MappingProxyType(self.views), breaker=self.breaker,
+                          recent_fences=tuple(self.recent_fences))
+
+    def open_conditions(self) -> Iterable[Condition]:
+        return self.conditions.values()
+
+    def conditions_of(self, node: str) -> list[Condition]:
+        return sorted((self.conditions[k] for k in self.by_node.get(node, ())), key=lambda c: (c.check, c.entity))
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(STATES, 0)
+        for rec in self.nodes.values():
+            out[rec.state] = out.get(rec.state, 0) + 1
+        return out
+
+    # ---- observations ------------------------------------------------------------------------
+
+    def apply_report(self, node: str, verdicts: tuple[Verdict, ...], report_time: float, raw: str,
+                     now: float) -> tuple[str, list[Op]]:
+        """A full verdict set from the agent. Returns ("applied"|"unchanged"|"stale", ops)."""
+        rec, ops = self.ensure_node(node, now)
+        if report_time <= rec.report_time:
+            return "stale", ops
+        rec.report_time = report_time
+        rec.last_seen = now
+        ops += self._reachable(rec, now)
+        fp = hash(tuple((v.check, v.entity, v.status, v.action) for v in verdicts))
+        if fp == rec.fp:
+            # Same verdicts as last time: only say "seen again" (the breaker reset needs it).
+            for key in self.by_node.get(node, ()):
+                c = self.conditions[key]
+                if c.source == "agent":
+                    self.conditions[key] = replace(c, observed=now)
+            rec.seen_dirty = True
+            return "unchanged", ops
+        rec.fp = fp
+        bad = {(v.check, v.entity): v for v in verdicts if v.status is not Status.OK}
+        for (check, entity), v in bad.items():
+            ops += self._open(node, check, entity, v.status, v.action, severity_of(v.status), v.since, now, "agent",
+                              "", v.summary)
+        for key in list(self.by_node.get(node, ())):
+            c = self.conditions[key]
+            if c.source == "agent" and (c.check, c.entity) not in bad:
+                ops += self._close(key, now)
+        ops += self._status(rec, now)
+        ops.append(Store.op_node_report(node, rec.status.value, raw, report_time, now))
+        rec.seen_dirty = False
+        return "applied", ops
+
+    def apply_verdict(self, node: str, v: Verdict, event_time: float, now: float, source: Source = "agent",
+                      ref: str = "", severity: str | None = None) -> tuple[str, list[Op]]:
+        """One verdict change (an agent's transition, an alert firing or resolving)."""
+        rec, ops = self.ensure_node(node, now)
+        if source == "agent":
+            if event_time < rec.report_time:
+                return "stale", ops  # a newer full report already said how things are
+            rec.last_seen = max(rec.last_seen, now)
+            rec.seen_dirty = True
+            ops += self._reachable(rec, now)
+        key = (node, v.check, v.entity)
+        if v.status is Status.OK:
+            if key in self.conditions:
+                ops += self._close(key, now)
+        else:
+            ops += self._open(node, v.check, v.entity, v.status, v.action, severity or severity_of(v.status), v.since,
+                              now, source, ref, v.summary)
+        ops += self._status(rec, now)
+        return "applied", ops
+
+    def mark_unreachable(self, node: str, now: float, unreachable_after: float, why: str) -> list[Op]:
+        rec = self.nodes[node]
+        ops: list[Op] = []
+        if rec.unreachable_since is None:
+            rec.unreachable_since = now
+            ops += [Store.op_node_fields(node, unreachable_since=now)]
+            ops += self._open(node, REACHABLE_CHECK, "node", Status.UNKNOWN, Action.NONE, "info", now, now,
+                              "aggregator", "", why)
+        if now - rec.unreachable_since >= unreachable_after and (node, UNREACHABLE_CHECK, "node") not in self.conditions:
+            ops += self._open(node, UNREACHABLE_CHECK, "node", Status.FAIL, Action.NONE, "warning",
+                              rec.unreachable_since, now, "aggregator", "",
+                              f"unreachable for {now - rec.unreachable_since:.0f}s: {why}")
+        ops += self._status(rec, now)
+        return ops
+
+    def _reachable(self, rec: NodeRec, now: float) -> list[Op]:
+        if rec.unreachable_since is None:
+            return []
+        rec.unreachable_since = None
+        ops = [Store.op_node_fields(rec.name, unreachable_since=None)]
+        for check in (REACHABLE_CHECK, UNREACHABLE_CHECK):
+            if (rec.name, check, "node") in self.conditions:
+                ops += self._close((rec.name, check, "node"), now)
+        return ops
+
+    def mark_notified(self, key: tuple[str, str, str]) -> list[Op]:
+        c = self.conditions.get(key)
+        if c is None or c.notified:
+            return []
+        c = replace(c, notified=True)
+        self.conditions[key] = c
+        return [Store.op_condition(c)]
+
+    def _open(self, node: str, check: str, entity: str, status: Status, action: Action, severity: str,
+              since: float, now: float, source: Source, ref: str, summary: str) -> list[Op]:
+        key = (node, check, entity)
+        old = self.conditions.get(key)
+        if old is not None and (old.status, old.action, old.severity) == (status, action, severity):
+            self.conditions[key] = replace(old, observed=now, summary=summary or old.summary)
+            return []
+        # The agent's first-seen time, unless it is missing or from the future (clock skew).
+        start = since if 0 < since <= now else now
+        if old is not None and old.status is status:
+            start = min(start, old.since)
+        c = Condition(node=node, check=check, entity=entity, status=status, action=action, severity=severity,
+                      since=start, observed=now, source=source, ref=ref, summary=summary[:512],
+                      notified=old.notified if old is not None and old.status is status else False)
+        self.conditions[key] = c
+        self.by_node.setdefault(node, set()).add(key)
+        self.version += 1
+        return [Store.op_condition(c),
+                Store.op_verdict(node, now, check, entity, status.value, action.value, source, summary[:512])]
+
+    def _close(self, key: tuple[str, str, str], now: float) -> list[Op]:
+        c = self.conditions.pop(key)
+        keys = self.by_node.get(c.node)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self.by_node[c.node]
+        self.version += 1
+        return [Store.op_condition_close(key),
+                Store.op_verdict(c.node, now, c.check, c.entity, Status.OK.value, Action.NONE.value, c.source)]
+
+    def _status(self, rec: NodeRec, now: float) -> list[Op]:
+        keys = self.by_node.get(rec.name, ())
+        status = Status.worst([self.conditions[k].status for k in keys]) if keys else (
+            Status.OK if rec.report_time else Status.UNKNOWN)
+        ok_since = rec.ok_since
+        if keys:
+            ok_since = None
+        elif ok_since is None and rec.report_time:
+            ok_since = now
+        if status is rec.status and ok_since == rec.ok_since:
+            return []
+        rec.status, rec.ok_since = status, ok_since
+        self._refresh(rec)
+        return [Store.op_node_fields(rec.name, status=status.value, ok_since=ok_since)]
+
+    # ---- events and fences -------------------------------------------------------------------
+
+    def record_event(self, event_id: str, node: str, type_: str, time: float, body: str, now: float) -> Op:
+        self.seen_ids.add(event_id)
+        return Store.op_event(event_id, node, type_, time, now, body)
+
+    def flush_seen(self) -> list[Op]:
+        """last_seen of nodes whose unchanged reports were not written (persisted lazily)."""
+        ops: list[Op] = []
+        for rec in self.nodes.values():
+            if rec.seen_dirty:
+                rec.seen_dirty = False
+                ops.append(Store.op_node_fields(rec.name, last_seen=rec.last_seen, report_time=rec.report_time))
+        return ops
+
+    def set_breaker(self, b: BreakerState) -> list[Op]:
+        if b == self.breaker:
+            return []
+        self.breaker = b
+        self.version += 1
+        return [Store.op_breaker(b)]
+

@@ -1,0 +1,456 @@
+"""The aggregator's durable state: one SQLite file in WAL mode, with versioned migrations.
+
+The running aggregator keeps a mirror of the hot state in memory (aggregator/state.py) and
+writes here through one writer thread (aggregator/writer.py) that commits in groups, so
+thousands of reports per second cost a few transactions, not thousands. The audit log is
+append-only, enforced by triggers, not by good intentions.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from podhealth.vocab import Action, Status
+
+from podhealth.aggregator.fence import FenceReason
+from podhealth.aggregator.model import BreakerState, Condition, FenceMode
+
+Op = tuple[str, tuple[Any, ...]]
+
+
+class StoreError(Exception):
+    pass
+
+
+# Each migration moves the schema from version i to i+1; never edit one that has shipped.
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the base schema
+    """
+    CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE nodes (
+        name TEXT PRIMARY KEY,
+        agent_url TEXT NOT NULL DEFAULT '',
+        slurm_name TEXT NOT NULL DEFAULT '',
+        k8s_name TEXT NOT NULL DEFAULT '',
+        partition TEXT NOT NULL DEFAULT '',
+        learned INTEGER NOT NULL DEFAULT 0,
+        first_seen REAL NOT NULL DEFAULT 0,
+        last_seen REAL NOT NULL DEFAULT 0,
+        status TEXT NOT NULL DEFAULT 'UNKNOWN',
+        report TEXT NOT NULL DEFAULT '',
+        report_time REAL NOT NULL DEFAULT 0,
+        fence TEXT NOT NULL DEFAULT 'none',
+        fence_reason TEXT NOT NULL DEFAULT '',
+        fenced_at REAL NOT NULL DEFAULT 0,
+        hold INTEGER NOT NULL DEFAULT 0,
+        opted_out INTEGER NOT NULL DEFAULT 0,
+        ok_since REAL,
+        handover TEXT NOT NULL DEFAULT '',
+        handover_at REAL NOT NULL DEFAULT 0,
+        unreachable_since REAL
+    );
+    CREATE TABLE conditions (
+        node TEXT NOT NULL, check_name TEXT NOT NULL, entity TEXT NOT NULL,
+        status TEXT NOT NULL, action TEXT NOT NULL, severity TEXT NOT NULL,
+        since REAL NOT NULL, observed REAL NOT NULL, source TEXT NOT NULL,
+        ref TEXT NOT NULL DEFAULT '', summary TEXT NOT NULL DEFAULT '', notified INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (node, check_name, entity)
+    ) WITHOUT ROWID;
+    CREATE TABLE events (
+        id TEXT PRIMARY KEY, node TEXT NOT NULL, type TEXT NOT NULL,
+        time REAL NOT NULL, received REAL NOT NULL, body TEXT NOT NULL
+    );
+    CREATE INDEX events_node_time ON events (node, time);
+    CREATE INDEX events_received ON events (received);
+    CREATE TABLE verdicts (
+        seq INTEGER PRIMARY KEY, node TEXT NOT NULL, time REAL NOT NULL, check_name TEXT NOT NULL,
+        entity TEXT NOT NULL, status TEXT NOT NULL, action TEXT NOT NULL, source TEXT NOT NULL,
+        summary TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX verdicts_node ON verdicts (node, seq);
+    CREATE TABLE actions (
+        id INTEGER PRIMARY KEY, node TEXT NOT NULL, kind TEXT NOT NULL, state TEXT NOT NULL,
+        who TEXT NOT NULL, why TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', rule TEXT NOT NULL DEFAULT '',
+        dry_run INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL, updated REAL NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0, next_attempt REAL NOT NULL DEFAULT 0, result TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX actions_node ON actions (node, id);
+    CREATE INDEX actions_pending ON actions (state) WHERE state = 'pending';
+    CREATE TABLE audit (
+        seq INTEGER PRIMARY KEY, time REAL NOT NULL, node TEXT NOT NULL, action_id INTEGER,
+        who TEXT NOT NULL, what TEXT NOT NULL, why TEXT NOT NULL,
+        command TEXT NOT NULL DEFAULT '', output TEXT NOT NULL DEFAULT '', ok INTEGER NOT NULL DEFAULT 1
+    );
+    CREATE INDEX audit_node ON audit (node, seq);
+    CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
+        BEGIN SELECT RAISE(ABORT, 'audit log is append-only'); END;
+    CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
+        BEGIN SELECT RAISE(ABORT, 'audit log is append-only'); END;
+    """,
+    # 2: fleet-wide audit queries by time (the UI's activity feed) and fence counts for the rate limit
+    """
+    CREATE INDEX audit_time ON audit (time);
+    CREATE INDEX actions_kind_created ON actions (kind, created);
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    name: str
+    agent_url: str = ""
+    slurm_name: str = ""
+    k8s_name: str = ""
+    partition: str = ""
+    learned: bool = False
+    first_seen: float = 0.0
+    last_seen: float = 0.0
+    status: str = "UNKNOWN"
+    report_time: float = 0.0
+    fence: FenceMode = FenceMode.NONE
+    fence_reason: str = ""
+    fenced_at: float = 0.0
+    hold: bool = False
+    opted_out: bool = False
+    ok_since: float | None = None
+    handover: str = ""
+    handover_at: float = 0.0
+    unreachable_since: float | None = None
+
+
+@dataclass(frozen=True)
+class ActionRow:
+    id: int
+    node: str
+    kind: str
+    state: str
+    who: str
+    why: str
+    reason: FenceReason | None
+    rule: str
+    dry_run: bool
+    created: float
+    updated: float
+    attempts: int
+    next_attempt: float
+    result: str
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "id": self.id, "node": self.node, "kind": self.kind, "state": self.state, "who": self.who,
+            "why": self.why, "reason": reason_to_json(self.reason), "rule": self.rule, "dry_run": self.dry_run,
+            "created": self.created, "updated": self.updated, "attempts": self.attempts, "result": self.result,
+        }
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """Everything the in-memory mirror needs at start."""
+
+    nodes: tuple[NodeRow, ...]
+    conditions: tuple[Condition, ...]
+    event_ids: tuple[str, ...]
+    breaker: BreakerState
+    pending: tuple[ActionRow, ...]
+    recent_fences: tuple[float, ...]
+
+
+def reason_to_json(r: FenceReason | None) -> dict[str, str] | None:
+    return None if r is None else {"check": r.check, "entity": r.entity, "action": r.action, "id": r.id}
+
+
+def _reason_from(text: str) -> FenceReason | None:
+    if not text:
+        return None
+    d = json.loads(text)
+    return FenceReason(check=d["check"], entity=d["entity"], action=d["action"], id=d["id"])
+
+
+_NODE_COLS = ("name, agent_url, slurm_name, k8s_name, partition, learned, first_seen, last_seen, status, "
+              "report_time, fence, fence_reason, fenced_at, hold, opted_out, ok_since, handover, handover_at, "
+              "unreachable_since")
+_ACTION_COLS = "id, node, kind, state, who, why, reason, rule, dry_run, created, updated, attempts, next_attempt, result"
+
+
+def _node_row(r: Sequence[Any]) -> NodeRow:
+    return NodeRow(r[0], r[1], r[2], r[3], r[4], bool(r[5]), r[6], r[7], r[8], r[9], FenceMode(r[10]), r[11],
+                   r[12], bool(r[13]), bool(r[14]), r[15], r[16], r[17], r[18])
+
+
+def _action_row(r: Sequence[Any]) -> ActionRow:
+    return ActionRow(r[0], r[1], r[2], r[3], r[4], r[5], _reason_from(r[6]), r[7], bool(r[8]), r[9], r[10],
+                     r[11], r[12], r[13])
+
+
+def connect(path: Path | str, *, readonly: bool = False) -> sqlite3.Connection:
+    uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
+    conn = sqlite3.connect(uri, uri=True, timeout=10.0, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout = 10000")
+    if not readonly:
+        conn.execute("PRAGMA journal_mode = WAL")
+        # NORMAL in WAL mode: a commit survives a crash of this process (the restart-safety
+        # promise); only a power cut can lose the last transactions, never corrupt the file.
+        conn.execute("PRAGMA synchronous = NORMAL")
+    return conn
+
+
+def migrate(conn: sqlite3.Connection, upto: int = SCHEMA_VERSION) -> int:
+    """Apply pending migrations, each in its own transaction; return the resulting version."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > SCHEMA_VERSION:
+        raise StoreError(f"database schema version {version} is newer than this podhealth ({SCHEMA_VERSION}); "
+                         "refusing to touch it")
+    while version < upto:
+        script = MIGRATIONS[version]
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for stmt in _statements(script):
+                conn.execute(stmt)
+            conn.execute(f"PRAGMA user_version = {version + 1}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        version += 1
+    return version
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration into statements (executescript would commit on its own)."""
+    out: list[str] = []
+    buf = ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            if buf.strip():
+                out.append(buf.strip())
+            buf = ""
+    if buf.strip():
+        out.append(buf.strip())
+    return out
+
+
+class Store:
+    """Synchronous access to the state file. Use from one thread at a time (the writer's)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.conn = connect(self.path)
+            self.version = migrate(self.conn)
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"{self.path}: {e}") from None
+        self._reader: sqlite3.Connection | None = None
+        self._read_lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._read_lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+        self.conn.close()
+
+    # ---- writing -------------------------------------------------------------------------
+
+    def apply(self, ops: Iterable[Op]) -> None:
+        """Run ops in one transaction."""
+        c = self.conn
+        c.execute("BEGIN")
+        try:
+            for sql, params in ops:
+                c.execute(sql, params)
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+
+    def begin_action(self, node: str, kind: str, who: str, why: str, now: float, reason: FenceReason | None = None,
+                     rule: str = "", dry_run: bool = False, extra: Sequence[Op] = ()) -> int:
+        """Record a pending action (and `extra` ops) in one transaction, BEFORE anything is done."""
+        c = self.conn
+        c.execute("BEGIN")
+        try:
+            cur = c.execute(
+                "INSERT INTO actions (node, kind, state, who, why, reason, rule, dry_run, created, updated) "
+                "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?)",
+                (node, kind, who, why, json.dumps(reason_to_json(reason)) if reason else "", rule, int(dry_run), now, now))
+            aid = int(cur.lastrowid or 0)
+            c.execute("INSERT INTO audit (time, node, action_id, who, what, why) VALUES (?, ?, ?, ?, ?, ?)",
+                      (now, node, aid, who, f"{kind} requested", why))
+            for sql, params in extra:
+                c.execute(sql, params)
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+        return aid
+
+    # ---- op builders (pure; run later by the writer in a group commit) --------------------
+
+    @staticmethod
+    def op_node_insert(row: NodeRow) -> Op:
+        return ("INSERT OR IGNORE INTO nodes (name, agent_url, slurm_name, k8s_name, partition, learned, first_seen, "
+                "status) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (row.name, row.agent_url, row.slurm_name, row.k8s_name, row.partition, int(row.learned),
+                 row.first_seen, row.status))
+
+    @staticmethod
+    def op_node_config(name: str, agent_url: str, slurm_name: str, k8s_name: str, partition: str) -> Op:
+        return ("UPDATE nodes SET agent_url = ?, slurm_name = ?, k8s_name = ?, partition = ?, learned = 0 WHERE name = ?",
+                (agent_url, slurm_name, k8s_name, partition, name))
+
+    @staticmethod
+    def op_node_report(name: str, status: str, report: str, report_time: float, last_seen: float) -> Op:
+        return ("UPDATE nodes SET status = ?, report = ?, report_time = ?, last_seen = ? WHERE name = ?",
+                (status, report, report_time, last_seen, name))
+
+    @staticmethod
+    def op_node_fields(name: str, **fields: Any) -> Op:
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        assert set(fields) <= _NODE_FIELDS, set(fields) - _NODE_FIELDS
+        return (f"UPDATE nodes SET {cols} WHERE name = ?", (*fields.values(), name))
+
+    @staticmethod
+    def op_condition(c: Condition) -> Op:
+        return ("INSERT OR REPLACE INTO conditions (node, check_name, entity, status, action, severity, since, observed, "
+                "source, ref, summary, notified) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (c.node, c.check, c.entity, c.status.value, c.action.value, c.severity, c.since, c.observed,
+                 c.source, c.ref, c.summary, int(c.notified)))
+
+    @staticmethod
+    def op_condition_close(key: tuple[str, str, str]) -> Op:
+        return ("DELETE FROM conditions WHERE node = ? AND check_name = ? AND entity = ?", key)
+
+    @staticmethod
+    def op_verdict(node: str, time: float, check: str, entity: str, status: str, action: str, source: str,
+                   summary: str = "") -> Op:
+        return ("INSERT INTO verdicts (node, time, check_name, entity, status, action, source, summary) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (node, time, check, entity, status, action, source, summary))
+
+    @staticmethod
+    def op_event(event_id: str, node: str, type_: str, time: float, received: float, body: str) -> Op:
+        # OR IGNORE: the in-memory id set is the first line of idempotency, the primary key the last.
+        return ("INSERT OR IGNORE INTO events (id, node, type, time, received, body) VALUES (?, ?, ?, ?, ?, ?)",
+                (event_id, node, type_, time, received, body))
+
+    @staticmethod
+    def op_audit(now: float, node: str, who: str, what: str, why: str, command: Sequence[str] = (), output: str = "",
+                 ok: bool = True, action_id: int | None = None) -> Op:
+        return ("INSERT INTO audit (time, node, action_id, who, what, why, command, output, ok) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (now, node, action_id, who, what, why, json.dumps(list(command)) if command else "", output[:8192],
+                 int(ok)))
+
+    @staticmethod
+    def op_action_attempt(aid: int, now: float, attempts: int, next_attempt: float, result: str) -> Op:
+        return ("UPDATE actions SET attempts = ?, next_attempt = ?, updated = ?, result = ? WHERE id = ?",
+                (attempts, next_attempt, now, result[:4096], aid))
+
+    @staticmethod
+    def op_action_finish(aid: int, state: str, now: float, result: str) -> Op:
+        return ("UPDATE actions SET state = ?, updated = ?, result = ? WHERE id = ?", (state, now, result[:4096], aid))
+
+    @staticmethod
+    def op_breaker(b: BreakerState) -> Op:
+        value = json.dumps({"tripped": b.tripped, "tripped_at": b.tripped_at, "reset_at": b.reset_at, "reason": b.reason})
+        return ("INSERT OR REPLACE INTO kv (key, value) VALUES ('breaker', ?)", (value,))
+
+    @staticmethod
+    def op_prune_events(before: float) -> Op:
+        return ("DELETE FROM events WHERE received < ?", (before,))
+
+    # ---- reading -------------------------------------------------------------------------
+
+    def load(self, now: float, event_retention: float, rate_window: float = 60.0) -> Loaded:
+        c = self.conn
+        nodes = tuple(_node_row(r) for r in c.execute(f"SELECT {_NODE_COLS} FROM nodes"))
+        conds = tuple(
+            Condition(node=r[0], check=r[1], entity=r[2], status=Status(r[3]), action=Action(r[4]), severity=r[5],
+                      since=r[6], observed=r[7], source=r[8], ref=r[9], summary=r[10], notified=bool(r[11]))
+            for r in c.execute("SELECT node, check_name, entity, status, action, severity, since, observed, source, "
+                               "ref, summary, notified FROM conditions"))
+        ids = tuple(r[0] for r in c.execute("SELECT id FROM events WHERE received >= ?", (now - event_retention,)))
+        row = c.execute("SELECT value FROM kv WHERE key = 'breaker'").fetchone()
+        breaker = BreakerState(**json.loads(row[0])) if row else BreakerState()
+        pending = tuple(self.pending_actions())
+        recent = tuple(r[0] for r in c.execute(
+            "SELECT created FROM actions WHERE kind = 'fence' AND created > ? AND state != 'failed'",
+            (now - rate_window,)))
+        return Loaded(nodes, conds, ids, breaker, pending, recent)
+
+    def pending_actions(self) -> list[ActionRow]:
+        return [_action_row(r) for r in self.conn.execute(
+            f"SELECT {_ACTION_COLS} FROM actions WHERE state = 'pending' ORDER BY id")]
+
+    def _read(self) -> sqlite3.Connection:
+        if self._reader is None:
+            self._reader = connect(self.path)
+        return self._reader
+
+    def node_report(self, name: str) -> str:
+        """The node's latest report as the agent sent it (JSON text), '' if none."""
+        with self._read_lock:
+            row = self._read().execute("SELECT report FROM nodes WHERE name = ?", (name,)).fetchone()
+        return row[0] if row else ""
+
+    def actions_of(self, node: str, limit: int = 50) -> list[ActionRow]:
+        with self._read_lock:
+            rows = self._read().execute(f"SELECT {_ACTION_COLS} FROM actions WHERE node = ? ORDER BY id DESC LIMIT ?",
+                                        (node, limit)).fetchall()
+        return [_action_row(r) for r in rows]
+
+    def action(self, aid: int) -> ActionRow | None:
+        with self._read_lock:
+            r = self._read().execute(f"SELECT {_ACTION_COLS} FROM actions WHERE id = ?", (aid,)).fetchone()
+        return _action_row(r) if r else None
+
+    def history(self, node: str, limit: int = 100, before: float | None = None) -> list[dict[str, Any]]:
+        """Newest first: verdict changes, events and audit lines of one node, merged by time."""
+        b = before if before is not None else float("inf")
+        with self._read_lock:
+            db = self._read()
+            verdicts = db.execute(
+                "SELECT time, check_name, entity, status, action, source, summary FROM verdicts "
+                "WHERE node = ? AND time < ? ORDER BY time DESC, seq DESC LIMIT ?", (node, b, limit)).fetchall()
+            events = db.execute(
+                "SELECT time, id, type, body FROM events WHERE node = ? AND time < ? ORDER BY time DESC LIMIT ?",
+                (node, b, limit)).fetchall()
+            audit = db.execute(
+                "SELECT time, seq, action_id, who, what, why, command, output, ok FROM audit "
+                "WHERE node = ? AND time < ? ORDER BY seq DESC LIMIT ?", (node, b, limit)).fetchall()
+        out: list[dict[str, Any]] = []
+        out += [{"time": r[0], "type": "verdict", "check": r[1], "entity": r[2], "status": r[3], "action": r[4],
+                 "source": r[5], "summary": r[6]} for r in verdicts]
+        out += [{"time": r[0], "type": "event", "id": r[1], "kind": r[2], "event": json.loads(r[3])} for r in events]
+        out += [{"time": r[0], "type": "audit", "seq": r[1], "action_id": r[2], "who": r[3], "what": r[4],
+                 "why": r[5], "command": json.loads(r[6]) if r[6] else [], "output": r[7], "ok": bool(r[8])}
+                for r in audit]
+        out.sort(key=lambda d: d["time"], reverse=True)
+        return out[:limit]
+
+    def audit_tail(self, limit: int = 100) -> list[dict[str, Any]]:
+        with self._read_lock:
+            rows = self._read().execute(
+                "SELECT time, seq, node, action_id, who, what, why, command, output, ok FROM audit "
+                "ORDER BY seq DESC LIMIT ?", (limit,)).fetchall()
+        return [{"time": r[0], "seq": r[1], "node": r[2], "action_id": r[3], "who": r[4], "what": r[5], "why": r[6],
+                 "command": json.loads(r[7]) if r[7] else [], "output": r[8], "ok": bool(r[9])} for r in rows]
+
+    def counts(self) -> dict[str, int]:
+        """Row counts, for tests and `fleet status`."""
+        with self._read_lock:
+            db = self._read()
+            return {t: int(db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])
+                    for t in ("nodes", "conditions", "events", "verdicts", "actions", "audit")}
+
+
+_NODE_FIELDS = frozenset(
+    "agent_url slurm_name k8s_name partition learned first_seen last_seen status report report_time fence "
+    "fence_reason fenced_at hold opted_out ok_since handover handover_at unreachable_since".split())

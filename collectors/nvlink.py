@@ -1,0 +1,123 @@
+"""NVLink state and error counters per GPU and link, through the NVML session shared with `nvml`.
+
+Which links exist is learned by asking every link index up to NVML_NVLINK_MAX_LINKS once: a link
+that answers INVALID_ARGUMENT or NOT_SUPPORTED does not exist on this GPU and is not asked again
+until the next re-probe. A link that exists but is down answers state 0 and keeps its counters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Mapping
+
+import pynvml
+
+from podhealth.checks import profiles
+from podhealth.collectors.base import Collection, specs
+from podhealth.collectors.nvml_session import (
+    ABSENT_CODES, REPROBE_EVERY, Device, DeviceCalls, NvmlReinitNeeded, NvmlSession, NvmlUnavailable,
+    error_text, shared,
+)
+from podhealth.config import Config
+from podhealth.vocab import MetricSpec, Sample
+
+# nvmlNvLinkErrorCounter_t, by contract name.
+ERROR_COUNTERS: tuple[tuple[str, int], ...] = (
+    ("crc_flit", pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+    ("crc_data", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
+    ("replay", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
+    ("recovery", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY),
+)
+# A link index beyond what the GPU has answers INVALID_ARGUMENT (nvml.h, nvmlDeviceGetNvLinkState).
+NO_SUCH_LINK = ABSENT_CODES | {pynvml.NVML_ERROR_INVALID_ARGUMENT}
+
+METRICS: Mapping[str, MetricSpec] = specs(
+    MetricSpec("nvlink_up", "gauge", "1 when the NVLink link (labels gpu, uuid, link) is active, else 0."),
+    MetricSpec("nvlink_errors", "counter",
+               "NVLink data-link errors by `type`: crc_flit, crc_data, replay, recovery."),
+    MetricSpec("nvlink_links_up", "gauge", "Active NVLink links of the GPU (labels gpu, uuid)."),
+    MetricSpec("nvlink_links_expected", "gauge",
+               "NVLink links the node's hardware profile says the GPU must have up."),
+)
+
+
+@dataclass
+class _DeviceState:
+    generation: int
+    unsupported: set[str] = field(default_factory=set)
+
+
+class NvlinkCollector:
+    name: ClassVar[str] = "nvlink"
+    metrics: ClassVar[Mapping[str, MetricSpec]] = METRICS
+
+    def __init__(self, session: NvmlSession, links_expected: int) -> None:
+        self._session = session
+        self._session.acquire()
+        self._expected = links_expected
+        self._states: dict[int, _DeviceState] = {}
+        self._runs = 0
+
+    def close(self) -> None:
+        self._session.release()
+
+    def collect(self) -> Collection:
+        try:
+            return self._collect_once()
+        except NvmlReinitNeeded as e:
+            self._session.invalidate(e.generation)
+        try:
+            return self._collect_once()
+        except NvmlReinitNeeded as e:
+            self._session.invalidate(e.generation)
+            raise NvmlUnavailable(str(e)) from e
+
+    def _collect_once(self) -> Collection:
+        _, devices = self._session.devices()
+        self._runs += 1
+        if self._runs % REPROBE_EVERY == 0:
+            for st in self._states.values():
+                st.unsupported.clear()
+        samples: list[Sample] = []
+        errors: list[str] = []
+        for dev in devices:
+            s, e = self._gpu(dev)
+            samples.extend(s)
+            errors.extend(e)
+        return Collection(samples=tuple(samples), errors=tuple(errors))
+
+    def _gpu(self, dev: Device) -> tuple[list[Sample], list[str]]:
+        gpu = {"gpu": dev.index, "uuid": dev.identity.uuid or None}
+        out = [Sample.of("nvlink_links_expected", self._expected, **gpu)]
+        if dev.handle is None:
+            why = error_text(dev.error) if dev.error is not None else "no handle"
+            return out, [f"gpu {dev.index}: nvmlDeviceGetHandleByIndex: {why}"]
+        st = self._states.get(dev.index)
+        if st is None or st.generation != dev.generation:
+            st = self._states[dev.index] = _DeviceState(dev.generation)
+        calls = DeviceCalls(dev, st.unsupported)
+        h = dev.handle
+        up = 0
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            state = calls.get(f"link{link}", lambda n=link: pynvml.nvmlDeviceGetNvLinkState(h, n),  # type: ignore[misc]
+                              absent=NO_SUCH_LINK)
+            if state is None:
+                continue
+            active = int(state == pynvml.NVML_FEATURE_ENABLED)
+            up += active
+            out.append(Sample.of("nvlink_up", active, link=link, **gpu))
+            for name, counter in ERROR_COUNTERS:
+                v = calls.get(f"link{link}_{name}",
+                              lambda n=link, c=counter: pynvml.nvmlDeviceGetNvLinkErrorCounter(h, n, c))  # type: ignore[misc]
+                if v is not None:
+                    out.append(Sample.of("nvlink_errors", v, link=link, type=name, **gpu))
+        if not calls.down:
+            out.append(Sample.of("nvlink_links_up", up, **gpu))
+        return out, calls.errors
+
+
+def create(cfg: Config, *, session: NvmlSession | None = None) -> NvlinkCollector:
+    """The agent's nvlink collector; links expected come from the node's hardware profile."""
+    prof = profiles.load(cfg.node.profile, cfg.checks.overrides)
+    return NvlinkCollector(session if session is not None else shared(cfg.paths.nvml_library),
+                           prof.nvlink_links)

@@ -1,0 +1,384 @@
+"""Pure parsers for NVIDIA kernel-log lines: NVRM Xid, NVSwitch SXid, "fallen off the bus".
+
+Text in, frozen dataclasses out: no I/O and no clock. A line may arrive in any of the shapes the
+kernel log is seen in: a /dev/kmsg record (`pri,seq,usec,flags;msg`), `dmesg` (`[  12.345]`),
+`dmesg -T` / `--ctime` (`[Mon Jan  1 00:00:00 2024]`), `dmesg --time-format iso` with or without
+`--decode` (`kern  :warn  : 2024-...`), syslog / journal (`Jan  1 00:00:00 host kernel: ...`) and
+ISO-prefixed journal lines. The message is found by its marker, wherever the prefix ends, and the
+prefix is then searched for a timestamp.
+
+What a code *means* is not decided here (checks/xid.py and the catalog do that); the parser only
+extracts what the driver wrote: code, PCI address, pid, process name, and for the codes that
+carry structured payloads (XID 144-150 NVLink5 registers, XID 154 recovery action, SXid
+fatal/non-fatal) those fields too.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta, timezone
+from typing import Literal
+
+ParsedKind = Literal["xid", "sxid", "fallen_off_bus"]
+
+MAX_TEXT = 512  # an Xid 119 line with its RPC payload is ~200 chars; a runaway line is cut here
+
+# ---- markers ------------------------------------------------------------------------------------
+
+# "(?<![A-Za-z])" keeps "SXid (" from matching the Xid pattern.
+_XID = re.compile(r"(?:NVRM:\s*)?(?<![A-Za-z])Xid\s*\((?P<pci>[^)]*)\)\s*:?\s*(?P<rest>.*)$")
+_SXID = re.compile(r"(?:(?P<dev>nvidia-nvswitch\d*)\s*:\s*)?SXid\s*\((?P<pci>[^)]*)\)\s*:?\s*(?P<rest>.*)$")
+_FALLEN = re.compile(r"fallen\s+off\s+the\s+bus", re.IGNORECASE)
+_CODE = re.compile(r"^(?P<code>\d+)(?![\w])\s*(?P<rest>.*)$")
+
+# "pid=1234, name=python3, detail"; pid may be '<unknown>' and the name may be <unknown>.
+_PID_NAME = re.compile(
+    r"^,?\s*(?:pid=(?P<pid>'[^']*'|[^,\s]*)\s*,?\s*)?(?:name=(?P<name>.*?)(?:,\s+|,$|$))?(?P<detail>.*)$"
+)
+
+# PCI addresses as the driver prints them: "PCI:0000:18:00", "0000:18:00.0", "18:00.0".
+_PCI = re.compile(
+    r"^(?:PCI:)?(?:(?P<dom>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})(?:\.(?P<fn>[0-7]))?$"
+)
+# A GPU named in a non-Xid message: "NVRM: GPU 0000:29:00.0: ...", "The NVIDIA GPU 0000:b3:00.0".
+_GPU_MENTION = re.compile(r"\bGPU\s+(?:at\s+PCI:)?((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])")
+_NVIDIA_GPU_LINE = re.compile(r"The NVIDIA GPU\s+((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])")
+
+# XID 144-150 (NVLink5): "<unit> <Fatal|Nonfatal> XC<n> i<n> Link <n> (<intrInfo> <errorStatus> ...)".
+_NVLINK5 = re.compile(
+    r"^(?P<unit>.+?)\s+(?P<sev>Fatal|Nonfatal|Non-fatal)\s+XC(?P<xc>\d+)\s+i(?P<inj>\d+)\s+Link\s+(?P<link>-?\d+)"
+    r"\s*(?:\((?P<regs>[^)]*))?",
+    re.IGNORECASE,
+)
+_HEX = re.compile(r"0x[0-9a-fA-F]+")
+# XID 154: "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)".
+_RECOVERY = re.compile(
+    r"recovery action changed from\s+(?P<fv>0x[0-9a-fA-F]+|\d+)\s*\((?P<fn>[^)]*)\)\s*to\s+"
+    r"(?P<tv>0x[0-9a-fA-F]+|\d+)\s*\((?P<tn>[^)]*)\)",
+    re.IGNORECASE,
+)
+_SXID_SEV = re.compile(r"^,?\s*(?P<sev>Fatal|Non-fatal|Nonfatal)\b", re.IGNORECASE)
+_SXID_LINK = re.compile(r"\bLink\s+(?P<link>\d+)")
+# NVSwitch prints one SXid as a header line plus "Severity ..." and "Data {...}" lines that repeat
+# the code; those describe the header, they are not new errors.
+_SXID_CONTINUATION = re.compile(r"^,?\s*(?:Severity\s+\d|Data\s*\{|SOE HALT data)", re.IGNORECASE)
+
+# ---- timestamps ---------------------------------------------------------------------------------
+
+_KMSG = re.compile(r"^\s*(?P<pri>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;")
+_MONO = re.compile(r"\[\s*(?P<sec>\d+\.\d+)\s*\]")
+_CTIME = re.compile(
+    r"\[\s*(?:[A-Z][a-z]{2})\s+(?P<mon>[A-Z][a-z]{2})\s+(?P<day>\d{1,2})\s+"
+    r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)\s+(?P<year>\d{4})\s*\]"
+)
+_ISO = re.compile(
+    r"(?P<date>\d{4}-\d\d-\d\d)[T ](?P<time>\d\d:\d\d:\d\d)(?:[.,](?P<frac>\d+))?"
+    r"(?P<tz>Z|[+-]\d\d:?\d\d)?"
+)
+_SYSLOG = re.compile(r"^\s*(?P<mon>[A-Z][a-z]{2})\s+(?P<day>\d{1,2})\s+(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)\s")
+_MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
+
+
+@dataclass(frozen=True, slots=True)
+class Nvlink5Payload:
+    """XID 144-150 fields; `registers[0]` is IntrInfo and `registers[1]` the Error Status."""
+
+    unit: str  # "RLW_REMAP", "NETIR_LINK_EVT", "TLW_RX/TLW_RX_PIPE0", ...
+    fatal: bool
+    cross_contain: int
+    injected: int
+    link: int
+    registers: tuple[int, ...]
+
+    @property
+    def intr_info(self) -> int | None:
+        return self.registers[0] if self.registers else None
+
+    @property
+    def error_status(self) -> int | None:
+        return self.registers[1] if len(self.registers) > 1 else None
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryChange:
+    """XID 154: the driver's recovery action moved from one state to another."""
+
+    from_value: int
+    from_name: str
+    to_value: int
+    to_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedLine:
+    kind: ParsedKind
+    code: int  # 79 for a fallen-off-the-bus message without an Xid line
+    pci_bus_id: str = ""  # normalised "0000:18:00.0"; "" when the line names none (or the SXid switch's)
+    pid: int | None = None
+    process: str = ""
+    message: str = ""  # from the marker on (timestamp prefix dropped), cut to MAX_TEXT
+    detail: str = ""  # what follows code / pid / name
+    device: str = ""  # "nvswitch3" for SXid
+    subcode: int | None = None  # NVLink5 IntrInfo, or XID 154's new recovery action value
+    wall_time: float | None = None  # epoch seconds when the prefix carries a calendar time
+    mono_time: float | None = None  # seconds since boot when it carries a kernel timestamp
+    fatal: bool | None = None  # SXid / NVLink5 "Fatal" vs "Non-fatal", None when the line says neither
+    continuation: bool = False  # SXid "Severity ..." / "Data {...}" line belonging to a header
+    link: int | None = None
+    nvlink5: Nvlink5Payload | None = None
+    recovery: RecoveryChange | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """A line that is ours (it carries an Xid/SXid marker) but could not be read."""
+
+    reason: str
+    text: str
+
+
+def normalise_pci(raw: str) -> str | None:
+    """"PCI:0000:18:00" / "0000:18:00.0" / "18:00.0" / "00000000:18:00.0" -> "0000:18:00.0"."""
+    m = _PCI.match(raw.strip())
+    if not m:
+        return None
+    dom = int(m.group("dom") or "0", 16)
+    if dom > 0xFFFF:
+        return None
+    return f"{dom:04x}:{int(m.group('bus'), 16):02x}:{int(m.group('dev'), 16):02x}.{m.group('fn') or '0'}"
+
+
+def is_candidate(line: str) -> bool:
+    """True when the line carries an Xid/SXid marker, i.e. failing to parse it is a malformed line."""
+    return bool(_XID.search(line) or _SXID.search(line))
+
+
+def parse(line: str, *, year: int | None = None) -> ParsedLine | Malformed | None:
+    """One line -> ParsedLine, Malformed (ours but unreadable), or None (not an XID/SXid line).
+
+    `year` resolves syslog timestamps, which carry none; without it they yield no wall time.
+    """
+    line = line.rstrip("\r\n")
+    m = _SXID.search(line)
+    if m:
+        return _sxid(line, m, year)
+    m = _XID.search(line)
+    if m:
+        return _xid(line, m, year)
+    f = _FALLEN.search(line)
+    if f:
+        return _fallen(line, year)
+    return None
+
+
+def parse_line(line: str, *, year: int | None = None) -> ParsedLine | None:
+    p = parse(line, year=year)
+    return p if isinstance(p, ParsedLine) else None
+
+
+def gpu_mention(line: str) -> str | None:
+    """PCI address of "The NVIDIA GPU <addr>": the first line of a multi-line fallen-off-bus message."""
+    m = _NVIDIA_GPU_LINE.search(line)
+    return normalise_pci(m.group(1)) if m else None
+
+
+def parse_nvlink5(detail: str) -> Nvlink5Payload | None:
+    m = _NVLINK5.match(detail.strip())
+    if not m:
+        return None
+    regs = tuple(int(h, 16) for h in _HEX.findall(m.group("regs") or ""))
+    return Nvlink5Payload(
+        unit=m.group("unit").strip(),
+        fatal=m.group("sev").lower() == "fatal",
+        cross_contain=int(m.group("xc")),
+        injected=int(m.group("inj")),
+        link=int(m.group("link")),
+        registers=regs,
+    )
+
+
+def parse_recovery(detail: str) -> RecoveryChange | None:
+    m = _RECOVERY.search(detail)
+    if not m:
+        return None
+    return RecoveryChange(
+        from_value=int(m.group("fv"), 0), from_name=m.group("fn").strip(),
+        to_value=int(m.group("tv"), 0), to_name=m.group("tn").strip(),
+    )
+
+
+# ---- internals ----------------------------------------------------------------------------------
+
+
+def _xid(line: str, m: re.Match[str], year: int | None) -> ParsedLine | Malformed:
+    message = line[m.start():].strip()[:MAX_TEXT]
+    c = _CODE.match(m.group("rest"))
+    if not c:
+        return Malformed("Xid code is not a number", message)
+    pci = normalise_pci(m.group("pci")) or ""
+    pid, process, detail = _pid_name(c.group("rest"))
+    code = int(c.group("code"))
+    nv5 = parse_nvlink5(detail) if 144 <= code <= 150 else None
+    rec = parse_recovery(detail) if code == 154 else None
+    subcode = nv5.intr_info if nv5 else rec.to_value if rec else None
+    wall, mono = _timestamps(line[: m.start()], year)
+    return ParsedLine(
+        kind="xid", code=code, pci_bus_id=pci, pid=pid, process=process, message=message,
+        detail=detail[:MAX_TEXT], subcode=subcode, wall_time=wall, mono_time=mono,
+        fatal=nv5.fatal if nv5 else None, link=nv5.link if nv5 else None, nvlink5=nv5, recovery=rec,
+    )
+
+
+def _sxid(line: str, m: re.Match[str], year: int | None) -> ParsedLine | Malformed:
+    message = line[m.start():].strip()[:MAX_TEXT]
+    c = _CODE.match(m.group("rest"))
+    if not c:
+        return Malformed("SXid code is not a number", message)
+    rest = c.group("rest")
+    sev = _SXID_SEV.match(rest)
+    fatal = None if not sev else sev.group("sev").lower() == "fatal"
+    link = _SXID_LINK.search(rest)
+    dev = m.group("dev") or ""
+    # "nvidia-nvswitch3" -> "nvswitch3"; a line without the driver prefix is named by its PCI address.
+    pci = normalise_pci(m.group("pci")) or ""
+    device = dev.removeprefix("nvidia-") if dev else f"nvswitch@{pci}"
+    wall, mono = _timestamps(line[: m.start()], year)
+    return ParsedLine(
+        kind="sxid", code=int(c.group("code")), message=message, detail=rest.lstrip(", ").strip()[:MAX_TEXT],
+        device=device, wall_time=wall, mono_time=mono, fatal=fatal,
+        continuation=bool(_SXID_CONTINUATION.match(rest)), link=int(link.group("link")) if link else None,
+        pci_bus_id=pci,
+    )
+
+
+def _fallen(line: str, year: int | None) -> ParsedLine:
+    start = _message_start(line)
+    message = line[start:].strip()[:MAX_TEXT]
+    g = _GPU_MENTION.search(line)
+    pci = normalise_pci(g.group(1)) if g else None
+    wall, mono = _timestamps(line[:start], year)
+    return ParsedLine(kind="fallen_off_bus", code=79, pci_bus_id=pci or "", message=message,
+                      detail=message, wall_time=wall, mono_time=mono)
+
+
+def _message_start(line: str) -> int:
+    """Where the message begins after any timestamp / facility prefix (for non-Xid lines)."""
+    for marker in ("NVRM:", "[NVSentinel]", "XID ", "GPU has", "GPU "):
+        i = line.find(marker)
+        if i >= 0:
+            return i
+    k = _KMSG.match(line)
+    return k.end() if k else 0
+
+
+def _pid_name(rest: str) -> tuple[int | None, str, str]:
+    m = _PID_NAME.match(rest)
+    if not m:  # the pattern matches any string; this is only for the type checker
+        return None, "", rest.strip()
+    raw_pid = (m.group("pid") or "").strip("'")
+    pid = int(raw_pid) if raw_pid.isdigit() else None
+    name = (m.group("name") or "").strip()
+    process = "" if name in ("", "<unknown>") else name
+    return pid, process, m.group("detail").strip()
+
+
+def _timestamps(prefix: str, year: int | None) -> tuple[float | None, float | None]:
+    """(wall, mono) from whatever the prefix carries. Calendar times from `dmesg -T` and syslog
+    are local time (that is how dmesg and syslog print them); ISO times honour their offset."""
+    mono: float | None = None
+    k = _KMSG.match(prefix)
+    if k:
+        mono = int(k.group("usec")) / 1e6
+    else:
+        b = _MONO.search(prefix)
+        if b:
+            mono = float(b.group("sec"))
+    c = _CTIME.search(prefix)
+    if c:
+        return _local(int(c.group("year")), _MONTHS.get(c.group("mon"), 0), c), mono
+    i = _ISO.search(prefix)
+    if i:
+        return _iso(i), mono
+    s = _SYSLOG.match(prefix)
+    if s and year is not None:
+        return _local(year, _MONTHS.get(s.group("mon"), 0), s), mono
+    return None, mono
+
+
+def _local(year: int, month: int, m: re.Match[str]) -> float | None:
+    if not month:
+        return None
+    try:
+        return time.mktime((year, month, int(m.group("day")), int(m.group("h")), int(m.group("m")),
+                            int(m.group("s")), 0, 0, -1))
+    except (OverflowError, ValueError):
+        return None
+
+
+def _iso(m: re.Match[str]) -> float | None:
+    try:
+        dt = datetime.strptime(f"{m.group('date')} {m.group('time')}", "%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        return None
+    frac = m.group("frac")
+    if frac:
+        dt += timedelta(microseconds=int(frac[:6].ljust(6, "0")))
+    tz = m.group("tz")
+    if tz is None:
+        return dt.timestamp()  # naive: local time, as journalctl prints it
+    if tz == "Z":
+        return dt.replace(tzinfo=timezone.utc).timestamp()
+    sign = 1 if tz[0] == "+" else -1
+    digits = tz[1:].replace(":", "")
+    off = timedelta(hours=int(digits[:2]), minutes=int(digits[2:]))
+    return dt.replace(tzinfo=timezone(sign * off)).timestamp()
+
+
+class LineAssembler:
+    """Stateful glue for messages the kernel splits over several lines (still pure: no I/O, no clock).
+
+    - "The NVIDIA GPU 0000:b3:00.0" / "(PCI ID ...) installed in this system has" / "fallen off the
+      bus ...": the PCI address of the first line is given to the fallen-off-bus line.
+    - NVSwitch "Severity ..." / "Data {...}" lines repeat the header's code: when a header for the
+      same switch and code was seen within the last few lines they are absorbed (None); alone (the
+      header was lost), they stand for the SXid themselves so it is not missed.
+    """
+
+    LOOKBACK = 16  # lines; NVSwitch interleaves several switches' lines within a few records
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._gpu_at: tuple[int, str] | None = None
+        self._headers: dict[tuple[str, int], int] = {}
+
+    def feed(self, line: str, *, year: int | None = None) -> ParsedLine | Malformed | None:
+        self._n += 1
+        p = parse(line, year=year)
+        if p is None:
+            g = gpu_mention(line)
+            if g:
+                self._gpu_at = (self._n, g)
+            return None
+        if isinstance(p, Malformed):
+            return p
+        if p.kind == "fallen_off_bus" and not p.pci_bus_id and self._gpu_at and self._n - self._gpu_at[0] <= 3:
+            return _replace_pci(p, self._gpu_at[1])
+        if p.kind == "sxid":
+            key = (p.device, p.code)
+            if p.continuation:
+                seen = self._headers.get(key)
+                if seen is not None and self._n - seen <= self.LOOKBACK:
+                    return None
+            else:
+                self._headers[key] = self._n
+                if len(self._headers) > 256:  # bounded: forget the oldest headers
+                    for k in sorted(self._headers, key=self._headers.__getitem__)[:128]:
+                        del self._headers[k]
+        return p
+
+
+def _replace_pci(p: ParsedLine, pci: str) -> ParsedLine:
+    return replace(p, pci_bus_id=pci)

@@ -1,0 +1,1021 @@
+"""A simulated libnvidia-ml that the real pynvml (nvidia-ml-py) runs against.
+
+pynvml calls NVML through ctypes: it loads the library into `pynvml.nvmlLib` on first
+`nvmlInit()` and looks each C function up by name (`getattr(nvmlLib, name)`), caching the result
+in `pynvml._nvmlGetFunctionPointer_cache`. `install(node)` puts an object there whose attributes
+are `ctypes.CFUNCTYPE` callbacks implemented in Python, so every pynvml wrapper -- argument
+marshalling, struct layouts, return-code to exception mapping -- runs unchanged; a function this
+module does not implement raises `NVMLError_FunctionNotFound` through pynvml, as with an old driver.
+
+API (stable):
+
+    install(node: SimNode) -> None    route pynvml to the simulated node (uninitialised until
+                                      nvmlInit(), like the real library)
+    uninstall() -> None               restore pynvml to "library not loaded" (safe to call twice)
+    installed() -> SimNode | None
+
+Readings follow the node's state and faults at the moment of each call (`gpu_view`); counters
+that grow (energy, NVLink traffic, CRC errors under a rate fault) are functions of wall time.
+Fault effects: fallen-off-bus -> GPU_IS_LOST on every per-device call; nvml-hang -> device calls
+block `seconds` in the calling thread; the rest change exactly the readings listed in `gpu_view`.
+
+Pointer parameters are declared `c_void_p` and cast inside: typed POINTER argtypes reject the
+`byref(c_nvmlDevice_t())` arguments pynvml passes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from ctypes import (CFUNCTYPE, POINTER, c_char, c_int, c_uint, c_uint64, c_ulonglong, c_void_p,
+                    cast, memmove, sizeof)
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import pynvml
+
+from podhealth.sim.faults import climbed
+from podhealth.sim.state import ARCHITECTURES, GpuSpec, NodeState
+
+if TYPE_CHECKING:
+    from podhealth.sim.node import SimNode
+
+SUCCESS = pynvml.NVML_SUCCESS
+UNINITIALIZED = pynvml.NVML_ERROR_UNINITIALIZED
+INVALID_ARGUMENT = pynvml.NVML_ERROR_INVALID_ARGUMENT
+NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+NOT_FOUND = pynvml.NVML_ERROR_NOT_FOUND
+INSUFFICIENT_SIZE = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
+GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
+VERSION_MISMATCH = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+UNKNOWN = pynvml.NVML_ERROR_UNKNOWN
+
+_HANDLE_BASE = 0x5D0C_0000  # fake device pointers: base + 16 * (index + 1); never dereferenced
+_EVENTSET_BASE = 0x5E70_0000
+
+# Clocks-event reason bits (nvml.h nvmlClocksEventReason*).
+REASON_IDLE = 0x1
+REASON_HW_SLOWDOWN = 0x8
+REASON_SW_THERMAL = 0x20
+REASON_HW_THERMAL = 0x40
+REASON_HW_POWER_BRAKE = 0x80
+
+THERMAL_FAULT_TEMP_C = 92
+IDLE_UTIL_GPU = 0
+NVLINK_IDLE_KIB_PER_S = 64  # management traffic on an idle NVSwitch fabric
+SUPPORTED_EVENTS = (pynvml.nvmlEventTypeSingleBitEccError | pynvml.nvmlEventTypeDoubleBitEccError
+                    | pynvml.nvmlEventTypePState | pynvml.nvmlEventTypeXidCriticalError
+                    | pynvml.nvmlEventTypeClock | pynvml.nvmlEventTypePowerSourceChange)
+_NVLINK_VERSION = {"ampere": pynvml.NVML_NVLINK_VERSION_3_0, "hopper": pynvml.NVML_NVLINK_VERSION_4_0,
+                   "blackwell": pynvml.NVML_NVLINK_VERSION_5_0}
+_ERROR_TEXT = {code: text for code, text in pynvml.NVMLError._errcode_to_string.items()}
+
+
+class _Fail(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+# --- what a GPU shows, given state + faults + time ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class NvLinkView:
+    active: bool
+    replay: int
+    recovery: int
+    crc_flit: int
+    crc_data: int
+    tx_kib: int
+    rx_kib: int
+
+
+@dataclass(frozen=True)
+class GpuView:
+    spec: GpuSpec
+    lost: bool
+    temperature_c: int
+    mem_temperature_c: int
+    power_mw: int
+    energy_mj: int
+    clocks: tuple[int, int, int, int]  # graphics, sm, mem, video (MHz)
+    reasons: int
+    pcie_gen: int
+    pcie_width: int
+    ecc_sbe: tuple[int, int]  # volatile, aggregate
+    ecc_dbe: tuple[int, int]
+    remap: tuple[int, int, int, int] | None  # correctable, uncorrectable, pending, failure
+    fabric_state: int
+    persistence: bool
+    links: tuple[NvLinkView, ...]
+
+
+def _idle_clocks(g: GpuSpec) -> tuple[int, int, int, int]:
+    # An idle Hopper GPU parks graphics/SM at 345 MHz and video near half its max; memory stays at max.
+    low = min(345, g.max_sm_clock_mhz)
+    return (low, low, g.max_mem_clock_mhz, g.max_video_clock_mhz // 2)
+
+
+def gpu_view(state: NodeState, index: int, now: float) -> GpuView:
+    """Every NVML reading of GPU `index` at wall time `now`, with the node's faults applied."""
+    g = state.gpu(index)
+    mine = [f for f in state.faults if f.gpu == index]
+    kinds = {f.kind for f in mine}
+    temp, reasons = g.temperature_c, g.clocks_event_reasons
+    clocks = _idle_clocks(g)
+    if "thermal" in kinds:
+        # A GPU that overheats is a busy one: not idle, HW + SW thermal slowdown, SM clock halved.
+        temp = THERMAL_FAULT_TEMP_C
+        reasons = (reasons & ~REASON_IDLE) | REASON_HW_SLOWDOWN | REASON_HW_THERMAL | REASON_SW_THERMAL
+        half = g.max_sm_clock_mhz // 2
+        clocks = (half, half, clocks[2], clocks[3])
+    if "power-brake" in kinds:
+        reasons |= REASON_HW_SLOWDOWN | REASON_HW_POWER_BRAKE
+    gen, width = g.pcie_gen_max, g.pcie_width_max
+    for f in mine:
+        if f.kind == "pcie-degraded":
+            gen, width = min(gen, f.gen or gen), min(width, f.width or width)
+    dbe = sum(1 for f in mine if f.kind == "dbe")
+    remap: tuple[int, int, int, int] | None = None
+    if g.remap_uncorrectable is not None and g.remap_correctable is not None:
+        pending = sum(1 for f in mine if f.kind == "row-remap-pending")
+        remap = (g.remap_correctable, g.remap_uncorrectable + pending,
+                 int(g.remap_pending or pending > 0),
+                 int(g.remap_failure or "row-remap-failure" in kinds))
+    fabric = pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+    if g.has_fabric:
+        fabric = (pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS if "fabric-incomplete" in kinds
+                  else pynvml.NVML_GPU_FABRIC_STATE_COMPLETED)
+    up = max(0.0, now - state.t0)
+    links = []
+    for link in range(g.nvlink_count):
+        down = [f for f in mine if f.kind == "nvlink-down" and f.link == link]
+        # Traffic counters stop moving when the link goes down.
+        until = min([f.injected_at for f in down], default=now)
+        kib = int(NVLINK_IDLE_KIB_PER_S * max(0.0, min(now, until) - state.t0))
+        crc = sum(climbed(f, now) for f in mine if f.kind == "nvlink-crc" and f.link == link)
+        links.append(NvLinkView(active=not down, replay=0, recovery=0, crc_flit=crc, crc_data=0,
+                                tx_kib=kib, rx_kib=kib))
+    return GpuView(
+        spec=g,
+        lost="fallen-off-bus" in kinds,
+        temperature_c=temp,
+        mem_temperature_c=g.mem_temperature_c,
+        power_mw=int(g.power_w * 1000),
+        energy_mj=int(g.power_w * 1000 * up),
+        clocks=clocks,
+        reasons=reasons,
+        pcie_gen=gen,
+        pcie_width=width,
+        ecc_sbe=(g.ecc_sbe_volatile, g.ecc_sbe_aggregate),
+        ecc_dbe=(g.ecc_dbe_volatile + dbe, g.ecc_dbe_aggregate + dbe),
+        remap=remap,
+        fabric_state=fabric,
+        persistence=g.persistence_mode and "persistence-off" not in kinds,
+        links=tuple(links),
+    )
+
+
+# --- the library --------------------------------------------------------------------------------
+
+
+@dataclass
+class _EventSet:
+    created_at: float
+    masks: dict[int, int]  # gpu index -> registered event mask
+    delivered: set[int]  # fault seqs already handed out
+
+
+class _Backend:
+    """The simulated library's own state: init refcount, event sets."""
+
+    def __init__(self, node: "SimNode") -> None:
+        self.node = node
+        self.refcount = 0
+        self.lock = threading.Lock()
+        self.event_sets: dict[int, _EventSet] = {}
+        self.next_set = 1
+        # nvmlErrorString returns a const char* the caller never frees: keep the buffers alive.
+        self.error_strings: dict[int, ctypes.Array[c_char]] = {}
+
+    # helpers used by the callbacks
+
+    def require_init(self) -> NodeState:
+        if self.refcount <= 0:
+            raise _Fail(UNINITIALIZED)
+        return self.node.state
+
+    def hang(self, state: NodeState, index: int | None) -> None:
+        for f in state.faults:
+            if f.kind == "nvml-hang" and (f.gpu is None or f.gpu == index):
+                # A wedged driver holds the caller inside the ioctl; so do we.
+                time.sleep(f.seconds or 0.0)
+                return
+
+    def device(self, handle: int | None, allow_lost: bool = False) -> GpuView:
+        state = self.require_init()
+        index = handle_index(handle)
+        if index is None or not any(g.index == index for g in state.gpus):
+            raise _Fail(INVALID_ARGUMENT)
+        self.hang(state, index)
+        state = self.node.state
+        view = gpu_view(state, index, time.time())
+        if view.lost and not allow_lost:
+            raise _Fail(GPU_IS_LOST)
+        return view
+
+
+def handle_of(index: int) -> int:
+    return _HANDLE_BASE + 16 * (index + 1)
+
+
+def handle_index(handle: int | None) -> int | None:
+    if handle is None or handle <= _HANDLE_BASE or (handle - _HANDLE_BASE) % 16:
+        return None
+    return (handle - _HANDLE_BASE) // 16 - 1
+
+
+def _put(ptr: int | None, ctype: Any, value: Any) -> None:
+    if not ptr:
+        raise _Fail(INVALID_ARGUMENT)
+    cast(ptr, POINTER(ctype))[0] = value
+
+
+def _put_str(buf: int | None, length: int, text: str) -> None:
+    data = text.encode() + b"\0"
+    if not buf:
+        raise _Fail(INVALID_ARGUMENT)
+    if len(data) > length:
+        raise _Fail(INSUFFICIENT_SIZE)
+    memmove(buf, data, len(data))
+
+
+def _struct(ptr: int | None, ctype: Any) -> Any:
+    if not ptr:
+        raise _Fail(INVALID_ARGUMENT)
+    return cast(ptr, POINTER(ctype)).contents
+
+
+_backend: _Backend | None = None
+_install_lock = threading.Lock()
+
+
+def _b() -> _Backend:
+    b = _backend
+    if b is None:
+        raise _Fail(UNINITIALIZED)
+    return b
+
+
+# Each entry: C name -> (argtypes after the c_int return, implementation). Implementations raise
+# _Fail(code) for an NVML error and return nothing on success.
+_IMPLS: dict[str, tuple[tuple[Any, ...], Callable[..., None]]] = {}
+
+
+def _impl(*names: str, args: Sequence[Any]) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    def register(fn: Callable[..., None]) -> Callable[..., None]:
+        for n in names:
+            _IMPLS[n] = (tuple(args), fn)
+        return fn
+    return register
+
+
+P = c_void_p
+
+
+# init / system
+
+
+@_impl("nvmlInitWithFlags", args=[c_uint])
+def _init_with_flags(flags: int) -> None:
+    b = _b()
+    with b.lock:
+        b.refcount += 1
+
+
+@_impl("nvmlInit_v2", "nvmlInit", args=[])
+def _init() -> None:
+    _init_with_flags(0)
+
+
+@_impl("nvmlShutdown", args=[])
+def _shutdown() -> None:
+    b = _b()
+    with b.lock:
+        if b.refcount <= 0:
+            raise _Fail(UNINITIALIZED)
+        b.refcount -= 1
+        if b.refcount == 0:
+            b.event_sets.clear()
+
+
+@_impl("nvmlSystemGetDriverVersion", args=[P, c_uint])
+def _driver_version(buf: int, length: int) -> None:
+    _put_str(buf, length, _b().require_init().driver_version)
+
+
+@_impl("nvmlSystemGetNVMLVersion", args=[P, c_uint])
+def _nvml_version(buf: int, length: int) -> None:
+    _put_str(buf, length, _b().require_init().nvml_version)
+
+
+@_impl("nvmlSystemGetCudaDriverVersion", "nvmlSystemGetCudaDriverVersion_v2", args=[P])
+def _cuda_version(ptr: int) -> None:
+    _put(ptr, c_int, _b().require_init().cuda_version)
+
+
+# enumeration
+
+
+@_impl("nvmlDeviceGetCount_v2", "nvmlDeviceGetCount", args=[P])
+def _count(ptr: int) -> None:
+    b = _b()
+    state = b.require_init()
+    b.hang(state, None)
+    # A GPU that fell off the bus is still enumerated (its PCI device exists); calls on it fail.
+    _put(ptr, c_uint, len(b.node.state.gpus))
+
+
+@_impl("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex", args=[c_uint, P])
+def _handle_by_index(index: int, ptr: int) -> None:
+    b = _b()
+    state = b.require_init()
+    if not any(g.index == index for g in state.gpus):
+        raise _Fail(INVALID_ARGUMENT)
+    b.device(handle_of(index))
+    _put(ptr, c_void_p, handle_of(index))
+
+
+def _find(pred: Callable[[GpuSpec], bool]) -> int:
+    state = _b().require_init()
+    for g in state.gpus:
+        if pred(g):
+            return g.index
+    raise _Fail(NOT_FOUND)
+
+
+def _c_string(ptr: int | None) -> str:
+    if not ptr:
+        raise _Fail(INVALID_ARGUMENT)
+    raw = ctypes.string_at(ptr)
+    return raw.decode(errors="replace")
+
+
+def _norm_bus_id(text: str) -> tuple[int, int, int, int]:
+    """"0000:18:00.0", "00000000:18:00.0" or "18:00.0" -> (domain, bus, device, function)."""
+    try:
+        parts = text.strip().split(":")
+        if len(parts) == 2:
+            parts = ["0"] + parts
+        dom, bus, rest = parts
+        dev, _, fn = rest.partition(".")
+        return int(dom, 16), int(bus, 16), int(dev, 16), int(fn or "0", 16)
+    except ValueError:
+        raise _Fail(INVALID_ARGUMENT) from None
+
+
+@_impl("nvmlDeviceGetHandleByPciBusId_v2", "nvmlDeviceGetHandleByPciBusId", args=[P, P])
+def _handle_by_bus(bus_id: int, ptr: int) -> None:
+    want = _norm_bus_id(_c_string(bus_id))
+    index = _find(lambda g: _norm_bus_id(g.pci_bus_id) == want)
+    _b().device(handle_of(index))
+    _put(ptr, c_void_p, handle_of(index))
+
+
+@_impl("nvmlDeviceGetHandleByUUID", args=[P, P])
+def _handle_by_uuid(uuid_ptr: int, ptr: int) -> None:
+    want = _c_string(uuid_ptr)
+    index = _find(lambda g: g.uuid == want)
+    _b().device(handle_of(index))
+    _put(ptr, c_void_p, handle_of(index))
+
+
+@_impl("nvmlDeviceGetIndex", args=[P, P])
+def _index(h: int, ptr: int) -> None:
+    _put(ptr, c_uint, _b().device(h).spec.index)
+
+
+# identity
+
+
+@_impl("nvmlDeviceGetName", args=[P, P, c_uint])
+def _name(h: int, buf: int, n: int) -> None:
+    _put_str(buf, n, _b().device(h).spec.name)
+
+
+@_impl("nvmlDeviceGetUUID", args=[P, P, c_uint])
+def _uuid(h: int, buf: int, n: int) -> None:
+    _put_str(buf, n, _b().device(h).spec.uuid)
+
+
+@_impl("nvmlDeviceGetSerial", args=[P, P, c_uint])
+def _serial(h: int, buf: int, n: int) -> None:
+    _put_str(buf, n, _b().device(h).spec.serial)
+
+
+@_impl("nvmlDeviceGetVbiosVersion", args=[P, P, c_uint])
+def _vbios(h: int, buf: int, n: int) -> None:
+    _put_str(buf, n, _b().device(h).spec.vbios)
+
+
+def _fill_pci(info: Any, g: GpuSpec, legacy_field: str) -> None:
+    dom, bus, dev, _ = _norm_bus_id(g.pci_bus_id)
+    info.domain, info.bus, info.device = dom, bus, dev
+    info.pciDeviceId, info.pciSubSystemId = g.pci_device_id, g.pci_subsystem_id
+    setattr(info, legacy_field, f"{dom:04X}:{bus:02X}:{dev:02X}.0".encode())
+    if hasattr(info, "busId") and legacy_field != "busId":
+        info.busId = g.pci_bus_id.encode()
+
+
+@_impl("nvmlDeviceGetPciInfo_v3", args=[P, P])
+def _pci_v3(h: int, ptr: int) -> None:
+    g = _b().device(h).spec
+    _fill_pci(_struct(ptr, pynvml.nvmlPciInfo_t), g, "busIdLegacy")
+
+
+@_impl("nvmlDeviceGetPciInfo_v2", "nvmlDeviceGetPciInfo", args=[P, P])
+def _pci_v2(h: int, ptr: int) -> None:
+    g = _b().device(h).spec
+    _fill_pci(_struct(ptr, pynvml.nvmlPciInfo_v2_t), g, "busId")
+
+
+@_impl("nvmlDeviceGetArchitecture", args=[P, P])
+def _arch(h: int, ptr: int) -> None:
+    _put(ptr, c_uint, ARCHITECTURES.get(_b().device(h).spec.architecture, 0xFFFFFFFF))
+
+
+@_impl("nvmlDeviceGetPersistenceMode", args=[P, P])
+def _persistence(h: int, ptr: int) -> None:
+    _put(ptr, c_uint, int(_b().device(h).persistence))
+
+
+# utilisation, memory, thermals, power
+
+
+@_impl("nvmlDeviceGetUtilizationRates", args=[P, P])
+def _util(h: int, ptr: int) -> None:
+    _b().device(h)
+    u = _struct(ptr, pynvml.c_nvmlUtilization_t)
+    u.gpu, u.memory = IDLE_UTIL_GPU, 0
+
+
+_RESERVED_MIB = 454  # driver-reserved framebuffer on an H100 (nvidia-smi -q, FB Memory Usage)
+_USED_MIB = 1
+
+
+@_impl("nvmlDeviceGetMemoryInfo", args=[P, P])
+def _mem_v1(h: int, ptr: int) -> None:
+    g = _b().device(h).spec
+    m = _struct(ptr, pynvml.c_nvmlMemory_t)
+    total = g.memory_total_mib << 20
+    used = (_RESERVED_MIB + _USED_MIB) << 20  # v1 counts the reserved memory as used
+    m.total, m.used, m.free = total, used, total - used
+
+
+@_impl("nvmlDeviceGetMemoryInfo_v2", args=[P, P])
+def _mem_v2(h: int, ptr: int) -> None:
+    g = _b().device(h).spec
+    m = _struct(ptr, pynvml.c_nvmlMemory_v2_t)
+    if m.version != pynvml.nvmlMemory_v2:
+        raise _Fail(VERSION_MISMATCH)
+    total = g.memory_total_mib << 20
+    m.total, m.reserved, m.used = total, _RESERVED_MIB << 20, _USED_MIB << 20
+    m.free = total - m.reserved - m.used
+
+
+def _temperature(v: GpuView, sensor: int) -> int:
+    if sensor != pynvml.NVML_TEMPERATURE_GPU:
+        raise _Fail(INVALID_ARGUMENT)
+    return v.temperature_c
+
+
+@_impl("nvmlDeviceGetTemperature", args=[P, c_uint, P])
+def _temp(h: int, sensor: int, ptr: int) -> None:
+    _put(ptr, c_uint, _temperature(_b().device(h), sensor))
+
+
+@_impl("nvmlDeviceGetTemperatureV", args=[P, P])
+def _temp_v(h: int, ptr: int) -> None:
+    v = _b().device(h)
+    t = _struct(ptr, pynvml.c_nvmlTemperature_v1_t)
+    if t.version != pynvml.nvmlTemperature_v1:
+        raise _Fail(VERSION_MISMATCH)
+    t.temperature = _temperature(v, t.sensorType)
+
+
+@_impl("nvmlDeviceGetTemperatureThreshold", args=[P, c_uint, P])
+def _temp_threshold(h: int, kind: int, ptr: int) -> None:
+    g = _b().device(h).spec
+    values = {pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: g.temp_shutdown_c,
+              pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: g.temp_slowdown_c,
+              pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX: g.mem_temp_max_c,
+              pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: g.temp_max_operating_c}
+    if kind not in values:
+        raise _Fail(NOT_SUPPORTED if 0 <= kind < pynvml.NVML_TEMPERATURE_THRESHOLD_COUNT else INVALID_ARGUMENT)
+    _put(ptr, c_uint, values[kind])
+
+
+@_impl("nvmlDeviceGetPowerUsage", args=[P, P])
+def _power(h: int, ptr: int) -> None:
+    _put(ptr, c_uint, _b().device(h).power_mw)
+
+
+@_impl("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit",
+       "nvmlDeviceGetPowerManagementDefaultLimit", args=[P, P])
+def _power_limit(h: int, ptr: int) -> None:
+    _put(ptr, c_uint, _b().device(h).spec.power_limit_w * 1000)
+
+
+@_impl("nvmlDeviceGetTotalEnergyConsumption", args=[P, P])
+def _energy(h: int, ptr: int) -> None:
+    _put(ptr, c_uint64, _b().device(h).energy_mj)
+
+
+# clocks
+
+
+def _clock_index(kind: int) -> int:
+    if not 0 <= kind < pynvml.NVML_CLOCK_COUNT:
+        raise _Fail(INVALID_ARGUMENT)
+    return kind
+
+
+@_impl("nvmlDeviceGetClockInfo", args=[P, c_uint, P])
+def _clock(h: int, kind: int, ptr: int) -> None:
+    v = _b().device(h)
+    _put(ptr, c_uint, v.clocks[_clock_index(kind)])
+
+
+@_impl("nvmlDeviceGetMaxClockInfo", args=[P, c_uint, P])
+def _max_clock(h: int, kind: int, ptr: int) -> None:
+    g = _b().device(h).spec
+    maxes = (g.max_graphics_clock_mhz, g.max_sm_clock_mhz, g.max_mem_clock_mhz, g.max_video_clock_mhz)
+    _put(ptr, c_uint, maxes[_clock_index(kind)])
+
+
+@_impl("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons",
+       args=[P, P])
+def _reasons(h: int, ptr: int) -> None:
+    _put(ptr, c_ulonglong, _b().device(h).reasons)
+
+
+@_impl("nvmlDeviceGetSupportedClocksEventReasons", "nvmlDeviceGetSupportedClocksThrottleReasons",
+       args=[P, P])
+def _supported_reasons(h: int, ptr: int) -> None:
+    _b().device(h)
+    _put(ptr, c_ulonglong, 0x1FF)
+
+
+# PCIe
+
+
+@_impl("nvmlDeviceGetCurrPcieLinkGeneration", args=[P, P])
+def _pcie_gen(h: int, ptr: int) -> None:
+    _put(ptr, c_uint, _b().device(h).pcie_gen)
+
+
+@_impl("nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetGpuMaxPcieLinkGeneration", args=[P, P])
+def _pcie_gen_max(h: int, ptr: int) -> None:
+    _put(ptr, c_uint, _b().device(h).spec.pcie_gen_max)
+
+
+@_impl("nvmlDeviceGetCurrPcieLinkWidth", args=[P, P])
+def _pcie_width(h: int, ptr: int) -> None:
+    _put(ptr, c_uint, _b().device(h).pcie_width)
+
+
+@_impl("nvmlDeviceGetMaxPcieLinkWidth", args=[P, P])
+def _pcie_width_max(h: int, ptr: int) -> None:
+    _put(ptr, c_uint, _b().device(h).spec.pcie_width_max)
+
+
+@_impl("nvmlDeviceGetPcieReplayCounter", args=[P, P])
+def _pcie_replay(h: int, ptr: int) -> None:
+    _put(ptr, c_uint, _b().device(h).spec.pcie_replay)
+
+
+# ECC, retired pages, row remapping
+
+
+def _ecc_counts(v: GpuView, err_type: int, counter: int) -> int:
+    if not v.spec.ecc_enabled:
+        raise _Fail(NOT_SUPPORTED)
+    if err_type not in (0, 1) or counter not in (0, 1):
+        raise _Fail(INVALID_ARGUMENT)
+    return (v.ecc_sbe if err_type == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED else v.ecc_dbe)[counter]
+
+
+@_impl("nvmlDeviceGetTotalEccErrors", args=[P, c_uint, c_uint, P])
+def _ecc_total(h: int, err_type: int, counter: int, ptr: int) -> None:
+    _put(ptr, c_ulonglong, _ecc_counts(_b().device(h), err_type, counter))
+
+
+@_impl("nvmlDeviceGetMemoryErrorCounter", args=[P, c_uint, c_uint, c_uint, P])
+def _ecc_location(h: int, err_type: int, counter: int, location: int, ptr: int) -> None:
+    v = _b().device(h)
+    total = _ecc_counts(v, err_type, counter)
+    if location == pynvml.NVML_MEMORY_LOCATION_DRAM:
+        _put(ptr, c_ulonglong, total)
+    elif location == pynvml.NVML_MEMORY_LOCATION_SRAM:
+        _put(ptr, c_ulonglong, 0)
+    elif 0 <= location < pynvml.NVML_MEMORY_LOCATION_COUNT:
+        raise _Fail(NOT_SUPPORTED)  # Hopper reports only DRAM and SRAM ("L1 Cache: N/A")
+    else:
+        raise _Fail(INVALID_ARGUMENT)
+
+
+@_impl("nvmlDeviceGetEccMode", args=[P, P, P])
+def _ecc_mode(h: int, cur: int, pending: int) -> None:
+    on = int(_b().device(h).spec.ecc_enabled)
+    _put(cur, c_uint, on)
+    _put(pending, c_uint, on)
+
+
+def _retired(h: int, cause: int, count_ptr: int, pages: int, times: int | None) -> None:
+    g = _b().device(h).spec
+    if g.retired_pages_sbe is None or g.retired_pages_dbe is None:
+        raise _Fail(NOT_SUPPORTED)
+    if cause not in (0, 1):
+        raise _Fail(INVALID_ARGUMENT)
+    n = g.retired_pages_sbe if cause == 0 else g.retired_pages_dbe
+    cap = cast(count_ptr, POINTER(c_uint))[0] if count_ptr else 0
+    _put(count_ptr, c_uint, n)
+    if n > cap or (n and not pages):
+        raise _Fail(INSUFFICIENT_SIZE)
+    for i in range(n):
+        # Synthetic but stable page addresses: distinct per cause and index.
+        cast(pages, POINTER(c_ulonglong))[i] = 0x1000 * (1 + i) + (0x80000000 if cause else 0)
+        if times:
+            cast(times, POINTER(c_ulonglong))[i] = int(_b().node.state.t0) * 1_000_000
+
+
+@_impl("nvmlDeviceGetRetiredPages", args=[P, c_uint, P, P])
+def _retired_v1(h: int, cause: int, count_ptr: int, pages: int) -> None:
+    _retired(h, cause, count_ptr, pages, None)
+
+
+@_impl("nvmlDeviceGetRetiredPages_v2", args=[P, c_uint, P, P, P])
+def _retired_v2(h: int, cause: int, count_ptr: int, pages: int, times: int) -> None:
+    _retired(h, cause, count_ptr, pages, times)
+
+
+@_impl("nvmlDeviceGetRetiredPagesPendingStatus", args=[P, P])
+def _retired_pending(h: int, ptr: int) -> None:
+    g = _b().device(h).spec
+    if g.retired_pages_sbe is None:
+        raise _Fail(NOT_SUPPORTED)
+    _put(ptr, c_uint, int(g.retired_pages_pending))
+
+
+@_impl("nvmlDeviceGetRemappedRows", args=[P, P, P, P, P])
+def _remapped(h: int, corr: int, unc: int, pending: int, failure: int) -> None:
+    v = _b().device(h)
+    if v.remap is None:
+        raise _Fail(NOT_SUPPORTED)
+    for ptr, value in zip((corr, unc, pending, failure), v.remap):
+        _put(ptr, c_uint, value)
+
+
+# NVLink
+
+
+def _link(v: GpuView, link: int) -> NvLinkView:
+    if not v.links:
+        raise _Fail(NOT_SUPPORTED)
+    if not 0 <= link < len(v.links):
+        raise _Fail(INVALID_ARGUMENT)
+    return v.links[link]
+
+
+@_impl("nvmlDeviceGetNvLinkState", args=[P, c_uint, P])
+def _nvlink_state(h: int, link: int, ptr: int) -> None:
+    _put(ptr, c_uint, int(_link(_b().device(h), link).active))
+
+
+@_impl("nvmlDeviceGetNvLinkVersion", args=[P, c_uint, P])
+def _nvlink_version(h: int, link: int, ptr: int) -> None:
+    v = _b().device(h)
+    _link(v, link)
+    _put(ptr, c_uint, _NVLINK_VERSION.get(v.spec.architecture, pynvml.NVML_NVLINK_VERSION_INVALID))
+
+
+_LINK_COUNTERS = {
+    pynvml.NVML_NVLINK_ERROR_DL_REPLAY: "replay",
+    pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
+    pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
+    pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data",
+}
+
+
+@_impl("nvmlDeviceGetNvLinkErrorCounter", args=[P, c_uint, c_uint, P])
+def _nvlink_errors(h: int, link: int, counter: int, ptr: int) -> None:
+    lv = _link(_b().device(h), link)
+    if counter == pynvml.NVML_NVLINK_ERROR_DL_ECC_DATA:
+        _put(ptr, c_ulonglong, 0)
+        return
+    if counter not in _LINK_COUNTERS:
+        raise _Fail(INVALID_ARGUMENT)
+    _put(ptr, c_ulonglong, getattr(lv, _LINK_COUNTERS[counter]))
+
+
+def _per_link_fields() -> dict[int, tuple[str, int]]:
+    """Legacy per-"lane" field ids (they count per link, links 0-11) -> (counter, link)."""
+    out: dict[int, tuple[str, int]] = {}
+    for prefix, counter in (("CRC_FLIT", "crc_flit"), ("CRC_DATA", "crc_data"),
+                            ("REPLAY", "replay"), ("RECOVERY", "recovery")):
+        for link in range(12):
+            name = f"NVML_FI_DEV_NVLINK_{prefix}_ERROR_COUNT_L{link}"
+            if hasattr(pynvml, name):
+                out[getattr(pynvml, name)] = (counter, link)
+    return out
+
+
+_FIELD_PER_LINK = _per_link_fields()
+_FIELD_TOTALS = {
+    pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: "crc_flit",
+    pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: "crc_data",
+    pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: "replay",
+    pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: "recovery",
+}
+# Newer per-link fields take the link as scopeId (UINT_MAX or out of range = invalid).
+_FIELD_SCOPED = {
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: "replay",
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY: "recovery",
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: "crc_flit",
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: "tx_kib",
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: "rx_kib",
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX: "tx_kib",
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX: "rx_kib",
+}
+_ALL_LINKS = 0xFFFFFFFF
+
+
+def field_value(v: GpuView, field_id: int, scope: int) -> tuple[int, int]:
+    """(valueType, value) for one field, or raise _Fail(code) for that field's nvmlReturn."""
+    ull = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, v.mem_temperature_c
+    if field_id == pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT:
+        if not v.links:
+            raise _Fail(NOT_SUPPORTED)
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, len(v.links)
+    if field_id in _FIELD_PER_LINK:
+        counter, link = _FIELD_PER_LINK[field_id]
+        return ull, getattr(_link(v, link), counter)
+    if field_id in _FIELD_TOTALS:
+        if not v.links:
+            raise _Fail(NOT_SUPPORTED)
+        return ull, sum(getattr(lv, _FIELD_TOTALS[field_id]) for lv in v.links)
+    if field_id in _FIELD_SCOPED:
+        counter = _FIELD_SCOPED[field_id]
+        if not v.links:
+            raise _Fail(NOT_SUPPORTED)
+        if scope == _ALL_LINKS and counter.endswith("_kib"):
+            return ull, sum(getattr(lv, counter) for lv in v.links)
+        return ull, getattr(_link(v, scope), counter)
+    raise _Fail(NOT_SUPPORTED)
+
+
+@_impl("nvmlDeviceGetFieldValues", args=[P, c_int, P])
+def _field_values(h: int, count: int, ptr: int) -> None:
+    v = _b().device(h)
+    if count < 0 or (count and not ptr):
+        raise _Fail(INVALID_ARGUMENT)
+    arr = cast(ptr, POINTER(pynvml.c_nvmlFieldValue_t))
+    stamp = int(time.time() * 1_000_000)
+    for i in range(count):
+        fv = arr[i]
+        fv.timestamp, fv.latencyUsec = stamp, 0
+        try:
+            vtype, value = field_value(v, fv.fieldId, fv.scopeId)
+        except _Fail as f:
+            fv.nvmlReturn = f.code
+            continue
+        fv.nvmlReturn = SUCCESS
+        fv.valueType = vtype
+        if vtype == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+            fv.value.uiVal = value
+        else:
+            fv.value.ullVal = value
+
+
+# fabric
+
+
+def _fabric(v: GpuView, info: Any) -> None:
+    info.state = v.fabric_state
+    # status is the result of the fabric probe: NOT_SUPPORTED off-fabric, SUCCESS once registered
+    # and, as the driver reports it, IN_PROGRESS states still carry SUCCESS.
+    info.status = NOT_SUPPORTED if v.fabric_state == pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED else SUCCESS
+    info.cliqueId = 0
+    if v.fabric_state == pynvml.NVML_GPU_FABRIC_STATE_COMPLETED:
+        ctypes.memmove(ctypes.addressof(info.clusterUuid), _cluster_uuid(v), 16)
+
+
+def _cluster_uuid(v: GpuView) -> bytes:
+    import hashlib
+    b = _b()
+    return hashlib.sha256(("cluster/" + b.node.state.name).encode()).digest()[:16]
+
+
+@_impl("nvmlDeviceGetGpuFabricInfo", args=[P, P])
+def _fabric_v1(h: int, ptr: int) -> None:
+    v = _b().device(h)
+    if not v.spec.has_fabric:
+        raise _Fail(NOT_SUPPORTED)
+    _fabric(v, _struct(ptr, pynvml.c_nvmlGpuFabricInfo_t))
+
+
+@_impl("nvmlDeviceGetGpuFabricInfoV", args=[P, P])
+def _fabric_v(h: int, ptr: int) -> None:
+    v = _b().device(h)
+    if not v.spec.has_fabric:
+        raise _Fail(NOT_SUPPORTED)
+    version = _struct(ptr, c_uint).value
+    if version == pynvml.nvmlGpuFabricInfo_v2:
+        info = _struct(ptr, pynvml.c_nvmlGpuFabricInfo_v2_t)
+    elif version == getattr(pynvml, "nvmlGpuFabricInfo_v3", -1):
+        info = _struct(ptr, pynvml.c_nvmlGpuFabricInfo_v3_t)
+        # healthSummary: HEALTHY when registered, else NOT_SUPPORTED (no verdict yet).
+        info.healthSummary = (pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY
+                              if v.fabric_state == pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+                              else pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED)
+    else:
+        raise _Fail(VERSION_MISMATCH)
+    _fabric(v, info)
+    info.healthMask = 0
+
+
+# processes
+
+
+@_impl("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2",
+       "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v3",
+       args=[P, P, P])
+def _processes(h: int, count_ptr: int, infos: int) -> None:
+    _b().device(h)
+    _put(count_ptr, c_uint, 0)
+
+
+# events
+
+
+@_impl("nvmlEventSetCreate", args=[P])
+def _event_set_create(ptr: int) -> None:
+    b = _b()
+    b.require_init()
+    with b.lock:
+        sid = _EVENTSET_BASE + 16 * b.next_set
+        b.next_set += 1
+        b.event_sets[sid] = _EventSet(created_at=time.time(), masks={}, delivered=set())
+    _put(ptr, c_void_p, sid)
+
+
+def _event_set(sid: int | None) -> _EventSet:
+    b = _b()
+    b.require_init()
+    es = b.event_sets.get(sid or 0)
+    if es is None:
+        raise _Fail(INVALID_ARGUMENT)
+    return es
+
+
+@_impl("nvmlEventSetFree", args=[P])
+def _event_set_free(sid: int) -> None:
+    b = _b()
+    _event_set(sid)
+    with b.lock:
+        b.event_sets.pop(sid, None)
+
+
+@_impl("nvmlDeviceGetSupportedEventTypes", args=[P, P])
+def _supported_events(h: int, ptr: int) -> None:
+    _b().device(h)
+    _put(ptr, c_ulonglong, SUPPORTED_EVENTS)
+
+
+@_impl("nvmlDeviceRegisterEvents", args=[P, c_ulonglong, P])
+def _register_events(h: int, mask: int, sid: int) -> None:
+    v = _b().device(h)
+    es = _event_set(sid)
+    if mask & ~SUPPORTED_EVENTS:
+        raise _Fail(NOT_SUPPORTED)
+    es.masks[v.spec.index] = es.masks.get(v.spec.index, 0) | mask
+
+
+def _pending_xid(state: NodeState, es: _EventSet) -> tuple[int, int, int] | None:
+    """(seq, gpu, code) of the oldest undelivered XID for a GPU registered in `es`."""
+    for f in sorted(state.faults, key=lambda f: f.seq):
+        if f.seq in es.delivered or f.gpu is None or f.injected_at < es.created_at:
+            continue
+        code = f.code if f.kind == "xid" else 79 if f.kind == "fallen-off-bus" else None
+        if code is None or not es.masks.get(f.gpu, 0) & pynvml.nvmlEventTypeXidCriticalError:
+            continue
+        return f.seq, f.gpu, code
+    return None
+
+
+_EVENT_POLL_S = 0.02
+
+
+@_impl("nvmlEventSetWait_v2", "nvmlEventSetWait", args=[P, P, c_uint])
+def _event_wait(sid: int, data_ptr: int, timeout_ms: int) -> None:
+    b = _b()
+    es = _event_set(sid)
+    deadline = time.monotonic() + timeout_ms / 1000.0
+    while True:
+        with b.lock:
+            hit = _pending_xid(b.node.state, es)
+            if hit is not None:
+                es.delivered.add(hit[0])
+        if hit is not None:
+            seq, gpu, code = hit
+            d = _struct(data_ptr, pynvml.c_nvmlEventData_t)
+            d.device = cast(c_void_p(handle_of(gpu)), pynvml.c_nvmlDevice_t)
+            d.eventType = pynvml.nvmlEventTypeXidCriticalError
+            d.eventData = code
+            d.gpuInstanceId = d.computeInstanceId = 0xFFFFFFFF  # not a MIG instance
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _Fail(TIMEOUT)
+        time.sleep(min(_EVENT_POLL_S, left))
+
+
+# --- wiring into pynvml -------------------------------------------------------------------------
+
+
+def _error_string(code: int) -> int | None:
+    b = _backend
+    if b is None:
+        return None
+    buf = b.error_strings.get(code)
+    if buf is None:
+        buf = ctypes.create_string_buffer(_ERROR_TEXT.get(code, "Unknown Error").encode())
+        b.error_strings[code] = buf
+    return ctypes.addressof(buf)
+
+
+def _wrap(name: str, fn: Callable[..., None]) -> Callable[..., int]:
+    def call(*args: Any) -> int:
+        try:
+            fn(*args)
+            return SUCCESS
+        except _Fail as f:
+            return f.code
+        except Exception:  # an exception must not cross the C boundary: report it, answer UNKNOWN
+            import traceback
+            traceback.print_exc()
+            return UNKNOWN
+    call.__name__ = name
+    return call
+
+
+class SimulatedNvmlLibrary:
+    """What `pynvml.nvmlLib` points to while installed: one CFUNCTYPE attribute per C function."""
+
+    def __init__(self) -> None:
+        for name, (argtypes, fn) in _IMPLS.items():
+            proto = CFUNCTYPE(c_int, *argtypes)
+            setattr(self, name, proto(_wrap(name, fn)))
+        # restype void*: pynvml sets restype = c_char_p on the function object before calling.
+        self.nvmlErrorString = CFUNCTYPE(c_void_p, c_int)(_error_string)
+
+    def __repr__(self) -> str:
+        return "<simulated libnvidia-ml.so.1 (podhealth.sim.nvml_lib)>"
+
+
+def _reset_pynvml(lib: object | None) -> None:
+    with pynvml.libLoadLock:
+        pynvml.nvmlLib = lib
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+        pynvml._nvmlLib_refcount = 0
+
+
+def install(node: "SimNode") -> None:
+    """Make pynvml talk to `node`. The library starts uninitialised: call pynvml.nvmlInit()."""
+    global _backend
+    with _install_lock:
+        _backend = _Backend(node)
+        _reset_pynvml(SimulatedNvmlLibrary())
+
+
+def uninstall() -> None:
+    """Forget the simulated library; pynvml is back to 'not loaded' (next nvmlInit loads the real one)."""
+    global _backend
+    with _install_lock:
+        _reset_pynvml(None)
+        _backend = None
+
+
+def installed() -> "SimNode | None":
+    b = _backend
+    return b.node if b is not None else None
+
+
+__all__ = ["install", "uninstall", "installed", "gpu_view", "GpuView", "NvLinkView", "handle_of",
+           "SimulatedNvmlLibrary"]
+
+
