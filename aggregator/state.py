@@ -97,6 +97,7 @@ class Memory:
     conditions: dict[tuple[str, str, str], Condition] = field(default_factory=dict)
     by_node: dict[str, set[tuple[str, str, str]]] = field(default_factory=dict)
     seen_ids: set[str] = field(default_factory=set)
+    seen_order: collections.deque[tuple[float, str]] = field(default_factory=collections.deque)
     breaker: BreakerState = BreakerState()
     recent_fences: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=10000))
     views: dict[str, NodeView] = field(default_factory=dict)
@@ -117,7 +118,9 @@ class Memory:
         for c in loaded.conditions:
             m.conditions[c.key] = c
             m.by_node.setdefault(c.node, set()).add(c.key)
-        m.seen_ids.update(loaded.event_ids)
+        for eid, received in loaded.event_ids:
+            m.seen_ids.add(eid)
+            m.seen_order.append((received, eid))
         m.breaker = loaded.breaker
         m.recent_fences.extend(sorted(loaded.recent_fences))
         for rec in m.nodes.values():
@@ -230,14 +233,16 @@ class Memory:
         ops += self._status(rec, now)
         return "applied", ops
 
-    def mark_unreachable(self, node: str, now: float, unreachable_after: float, why: str) -> list[Op]:
+    def mark_unreachable(self, node: str, now: float, unreachable_after: float, why: str,
+                         since: float | None = None) -> list[Op]:
+        """UNKNOWN at once (never fences); the separate node_unreachable condition after a while."""
         rec = self.nodes[node]
         ops: list[Op] = []
         if rec.unreachable_since is None:
-            rec.unreachable_since = now
-            ops += [Store.op_node_fields(node, unreachable_since=now)]
-            ops += self._open(node, REACHABLE_CHECK, "node", Status.UNKNOWN, Action.NONE, "info", now, now,
-                              "aggregator", "", why)
+            rec.unreachable_since = since if since is not None else now
+            ops += [Store.op_node_fields(node, unreachable_since=rec.unreachable_since)]
+            ops += self._open(node, REACHABLE_CHECK, "node", Status.UNKNOWN, Action.NONE, "info",
+                              rec.unreachable_since, now, "aggregator", "", why)
         if now - rec.unreachable_since >= unreachable_after and (node, UNREACHABLE_CHECK, "node") not in self.conditions:
             ops += self._open(node, UNREACHABLE_CHECK, "node", Status.FAIL, Action.NONE, "warning",
                               rec.unreachable_since, now, "aggregator", "",
@@ -313,7 +318,20 @@ class Memory:
 
     def record_event(self, event_id: str, node: str, type_: str, time: float, body: str, now: float) -> Op:
         self.seen_ids.add(event_id)
+        self.seen_order.append((now, event_id))
         return Store.op_event(event_id, node, type_, time, now, body)
+
+    def forget_ids(self, ids: Iterable[str]) -> None:
+        """Undo record_event for a batch whose commit failed, so its resend is applied."""
+        for eid in ids:
+            self.seen_ids.discard(eid)
+
+    def prune_ids(self, before: float) -> list[Op]:
+        """Forget ids received before `before` (the retention window) in memory and on disk."""
+        while self.seen_order and self.seen_order[0][0] < before:
+            _, eid = self.seen_order.popleft()
+            self.seen_ids.discard(eid)
+        return [Store.op_prune_events(before)]
 
     def flush_seen(self) -> list[Op]:
         """last_seen of nodes whose unchanged reports were not written (persisted lazily)."""

@@ -155,7 +155,7 @@ class Loaded:
 
     nodes: tuple[NodeRow, ...]
     conditions: tuple[Condition, ...]
-    event_ids: tuple[str, ...]
+    event_ids: tuple[tuple[str, float], ...]  # (id, received), oldest first
     breaker: BreakerState
     pending: tuple[ActionRow, ...]
     recent_fences: tuple[float, ...]
@@ -376,7 +376,8 @@ class Store:
                       since=r[6], observed=r[7], source=r[8], ref=r[9], summary=r[10], notified=bool(r[11]))
             for r in c.execute("SELECT node, check_name, entity, status, action, severity, since, observed, source, "
                                "ref, summary, notified FROM conditions"))
-        ids = tuple(r[0] for r in c.execute("SELECT id FROM events WHERE received >= ?", (now - event_retention,)))
+        ids = tuple((r[0], r[1]) for r in c.execute(
+            "SELECT id, received FROM events WHERE received >= ? ORDER BY received", (now - event_retention,)))
         row = c.execute("SELECT value FROM kv WHERE key = 'breaker'").fetchone()
         breaker = BreakerState(**json.loads(row[0])) if row else BreakerState()
         pending = tuple(self.pending_actions())

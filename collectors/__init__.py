@@ -16,6 +16,8 @@ from podhealth.config import Config
 REGISTRY: dict[str, str] = {
     "nvml": "podhealth.collectors.nvml:create",
     "nvlink": "podhealth.collectors.nvlink:create",
+    "infiniband": "podhealth.collectors.infiniband:create",
+    "nfs": "podhealth.collectors.nfs:create",
     "host": "podhealth.collectors.host:create",
     "dcgm": "podhealth.collectors.dcgm:create",
 }

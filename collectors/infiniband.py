@@ -65,6 +65,8 @@ def _listdir(path: str) -> list[str]:
 def _read_dir_files(path: str, where: str, problems: list[str]) -> tuple[tuple[str, str], ...]:
     out: list[tuple[str, str]] = []
     for name in _listdir(path):
+        if name.startswith("."):
+            continue  # an editor's or a writer's temporary, never a kernel counter
         try:
             out.append((name, read_text(os.path.join(path, name))))
         except OSError as e:

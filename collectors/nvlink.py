@@ -15,7 +15,7 @@ import pynvml
 from podhealth.checks import profiles
 from podhealth.collectors.base import Collection, specs
 from podhealth.collectors.nvml_session import (
-    ABSENT_CODES, REPROBE_EVERY, Device, DeviceCalls, NvmlReinitNeeded, NvmlSession, NvmlUnavailable,
+    ABSENT_CODES, REPROBE_EVERY, SLOW_CALL_S, Device, DeviceCalls, NvmlReinitNeeded, NvmlSession, NvmlUnavailable,
     error_text, shared,
 )
 from podhealth.config import Config
@@ -51,8 +51,9 @@ class NvlinkCollector:
     name: ClassVar[str] = "nvlink"
     metrics: ClassVar[Mapping[str, MetricSpec]] = METRICS
 
-    def __init__(self, session: NvmlSession, links_expected: int) -> None:
+    def __init__(self, session: NvmlSession, links_expected: int, slow_call_s: float = SLOW_CALL_S) -> None:
         self._session = session
+        self._slow_s = slow_call_s
         self._session.acquire()
         self._expected = links_expected
         self._states: dict[int, _DeviceState] = {}
@@ -95,7 +96,7 @@ class NvlinkCollector:
         st = self._states.get(dev.index)
         if st is None or st.generation != dev.generation:
             st = self._states[dev.index] = _DeviceState(dev.generation)
-        calls = DeviceCalls(dev, st.unsupported)
+        calls = DeviceCalls(dev, st.unsupported, self._slow_s)
         h = dev.handle
         up = 0
         for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
@@ -116,8 +117,9 @@ class NvlinkCollector:
         return out, calls.errors
 
 
-def create(cfg: Config, *, session: NvmlSession | None = None) -> NvlinkCollector:
-    """The agent's nvlink collector; links expected come from the node's hardware profile."""
+def create(cfg: Config, *, session: NvmlSession | None = None, slow_call_s: float = SLOW_CALL_S) -> NvlinkCollector:
+    """The agent's nvlink collector; links expected come from the node's hardware profile.
+    Seams as for nvml.create: `session`, `slow_call_s`."""
     prof = profiles.load(cfg.node.profile, cfg.checks.overrides)
     return NvlinkCollector(session if session is not None else shared(cfg.paths.nvml_library),
-                           prof.nvlink_links)
+                           prof.nvlink_links, slow_call_s)

@@ -16,7 +16,7 @@ import pynvml
 
 from podhealth.collectors.base import Collection, specs
 from podhealth.collectors.nvml_session import (
-    REPROBE_EVERY, Device, DeviceCalls, NvmlReinitNeeded, NvmlSession, NvmlUnavailable, SystemInfo,
+    REPROBE_EVERY, SLOW_CALL_S, Device, DeviceCalls, NvmlReinitNeeded, NvmlSession, NvmlUnavailable, SystemInfo,
     error_text, shared,
 )
 from podhealth.config import Config
@@ -145,8 +145,9 @@ class NvmlCollector:
     name: ClassVar[str] = "nvml"
     metrics: ClassVar[Mapping[str, MetricSpec]] = METRICS
 
-    def __init__(self, session: NvmlSession) -> None:
+    def __init__(self, session: NvmlSession, slow_call_s: float = SLOW_CALL_S) -> None:
         self._session = session
+        self._slow_s = slow_call_s
         self._session.acquire()
         self._states: dict[int, _DeviceState] = {}
         self._runs = 0
@@ -195,7 +196,7 @@ class NvmlCollector:
             return ([Sample.of("gpu_up", 0, **labels), Sample.of("gpu_lost", int(lost), **labels)],
                     [f"gpu {dev.index}: nvmlDeviceGetHandleByIndex: {why}"])
         st = self._state(dev)
-        calls = DeviceCalls(dev, st.unsupported)
+        calls = DeviceCalls(dev, st.unsupported, self._slow_s)
         h = dev.handle
         out: list[Sample] = []
 
@@ -343,6 +344,7 @@ class NvmlCollector:
         return int(info.state), int(info.status)
 
 
-def create(cfg: Config, *, session: NvmlSession | None = None) -> NvmlCollector:
-    """The agent's nvml collector; `session` is a seam for tests (default: the process-wide one)."""
-    return NvmlCollector(session if session is not None else shared(cfg.paths.nvml_library))
+def create(cfg: Config, *, session: NvmlSession | None = None, slow_call_s: float = SLOW_CALL_S) -> NvmlCollector:
+    """The agent's nvml collector. Seams: `session` (default: the process-wide one shared with
+    nvlink) and `slow_call_s` (one NVML call slower than this takes its GPU down for the round)."""
+    return NvmlCollector(session if session is not None else shared(cfg.paths.nvml_library), slow_call_s)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
@@ -36,6 +37,8 @@ REINIT_CODES = frozenset({
 # Unsupported fields are re-probed this often (collections), because ECC mode or a link can be
 # enabled by a GPU reset that does not re-initialise NVML.
 REPROBE_EVERY = 60
+# NVML calls answer in milliseconds; one slower than this means the GPU is wedged (see DeviceCalls).
+SLOW_CALL_S = 2.0
 
 
 class NvmlUnavailable(RuntimeError):
@@ -289,6 +292,9 @@ class DeviceCalls:
 
     device: Device
     unsupported: set[str]
+    # One call slower than this means the GPU (or its driver thread) is wedged: every further
+    # call would block as long, so the rest of this GPU is skipped and it counts as timed out.
+    slow_s: float = SLOW_CALL_S
     lost: bool = False
     down: bool = False  # lost or timed out: stop asking this GPU during this collection
     erroring: bool = False
@@ -297,11 +303,18 @@ class DeviceCalls:
     def get(self, key: str, fn: Callable[[], T], absent: frozenset[int] = ABSENT_CODES) -> T | None:
         if self.down or key in self.unsupported:
             return None
+        t0 = time.monotonic()
         try:
             return fn()
         except pynvml.NVMLError as e:
             self.note(key, e, absent)
             return None
+        finally:
+            took = time.monotonic() - t0
+            if took > self.slow_s and not self.down:
+                self.down = True
+                self.errors.append(f"gpu {self.device.index}: {key}: answered after {took:.1f}s "
+                                   f"(limit {self.slow_s:g}s); rest of this GPU skipped")
 
     def note(self, key: str, e: pynvml.NVMLError, absent: frozenset[int] = ABSENT_CODES) -> None:
         code = e.value

@@ -19,6 +19,8 @@ COMMANDS: dict[str, str] = {
     "config": "podhealth.cmd_config",
     "agent": "podhealth.agent.cmd",
     "check": "podhealth.checks.cmd_check",
+    "install-units": "podhealth.cmd_install",
+    "simulate": "podhealth.sim.cmd",
 }
 
 

@@ -54,3 +54,17 @@ def test_agent_unit_contract() -> None:
                  "After=network-online.target nvidia-persistenced.service nvidia-fabricmanager.service nvidia-dcgm.service",
                  "EnvironmentFile=-/etc/default/podhealth-agent", "User=podhealth"):
         assert line in text, line
+
+
+def test_install_units_writes_verifiable_units_and_keeps_site_config(tmp_path: Path) -> None:
+    cfg = tmp_path / "etc/podhealth/podhealth.yaml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text("node: {profile: dgx-h200}\n")
+    r = subprocess.run([sys.executable, "-m", "podhealth", "install-units", "--root", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert cfg.read_text() == "node: {profile: dgx-h200}\n"  # a site's config is never overwritten
+    unit = tmp_path / "etc/systemd/system/podhealth-agent.service"
+    assert (tmp_path / "etc/default/podhealth-agent").exists()
+    v = subprocess.run([need("systemd-analyze"), "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=60)
+    assert v.returncode == 0 and v.stderr.strip() == "", v.stderr

@@ -1,0 +1,149 @@
+"""Push samples to an InfluxDB v2 write endpoint (InfluxDB 2.x, or VictoriaMetrics' /api/v2/write).
+
+Collection never waits on the network: `offer()` appends to a bounded in-memory buffer (oldest
+points dropped and counted when the endpoint is away for long) and a background task drains it
+in batches through influxdb-client's synchronous write API, run in a thread with a timeout, with
+exponential backoff between failed attempts.
+
+Line protocol shape: measurement `podhealth_<group>` (the sample name's first word, e.g. `gpu`),
+field `<rest of the name>`, tags = the sample's labels plus `node`. So `gpu_temperature_celsius`
+becomes measurement `podhealth_gpu`, field `temperature_celsius` — which VictoriaMetrics exposes
+again as `podhealth_gpu_temperature_celsius`, the same name Prometheus sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from dataclasses import dataclass
+from typing import Iterable
+
+import structlog
+
+from podhealth.config import InfluxConfig
+from podhealth.vocab import MetricSpec, Sample
+
+log = structlog.get_logger("influxdb")
+
+
+def _escape_tag(v: str) -> str:
+    return v.replace("\\", "\\\\").replace(",", r"\,").replace("=", r"\=").replace(" ", r"\ ")
+
+
+def _escape_key(v: str) -> str:
+    return v.replace("\\", "\\\\").replace(",", r"\,").replace(" ", r"\ ")
+
+
+def to_line(s: Sample, node: str, ts_ns: int, kind: str = "gauge") -> str | None:
+    """One line of line protocol, or None for info series (their labels are not numbers)."""
+    if kind == "info":
+        return None
+    group, _, field = s.name.partition("_")
+    if not field:
+        group, field = "agent", s.name
+    if kind == "counter":
+        field += "_total"
+    tags = ",".join(f"{_escape_key(k)}={_escape_tag(v)}" for k, v in sorted(s.labels + (("node", node),)) if v != "")
+    value = repr(float(s.value))
+    return f"podhealth_{_escape_key(group)},{tags} {_escape_key(field)}={value} {ts_ns}"
+
+
+@dataclass
+class InfluxStats:
+    written: int = 0
+    dropped: int = 0
+    failures: int = 0
+    last_error: str = ""
+
+
+class InfluxExporter:
+    def __init__(self, cfg: InfluxConfig, node: str, write_timeout: float = 10.0) -> None:
+        self.cfg = cfg
+        self.node = node
+        self.write_timeout = write_timeout
+        self.buffer: collections.deque[str] = collections.deque()
+        self.stats = InfluxStats()
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._client = None
+
+    def offer(self, samples: Iterable[Sample], specs: dict[str, MetricSpec], ts: float | None = None) -> None:
+        ts_ns = int((ts or time.time()) * 1e9)
+        for s in samples:
+            spec = specs.get(s.name)
+            line = to_line(s, self.node, ts_ns, spec.kind if spec else "gauge")
+            if line is None:
+                continue
+            if len(self.buffer) >= self.cfg.buffer_points:
+                self.buffer.popleft()
+                self.stats.dropped += 1
+            self.buffer.append(line)
+        if len(self.buffer) >= self.cfg.batch_size:
+            self._wake.set()
+
+    def _write_api(self):  # type: ignore[no-untyped-def]
+        from influxdb_client import InfluxDBClient
+        from influxdb_client.client.write_api import SYNCHRONOUS
+
+        if self._client is None:
+            self._client = InfluxDBClient(url=self.cfg.url, token=self.cfg.token or "unused", org=self.cfg.org,
+                                          timeout=int(self.write_timeout * 1000))
+        return self._client.write_api(write_options=SYNCHRONOUS)
+
+    def _write(self, lines: list[str]) -> None:
+        self._write_api().write(bucket=self.cfg.bucket, org=self.cfg.org, record="\n".join(lines))
+
+    async def flush_once(self) -> bool:
+        """Write one batch; True when the buffer was empty or the batch went through."""
+        if not self.buffer:
+            return True
+        batch = [self.buffer[i] for i in range(min(self.cfg.batch_size, len(self.buffer)))]
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(loop.run_in_executor(None, self._write, batch), self.write_timeout + 1)
+        except Exception as e:  # noqa: BLE001 - endpoint away, 4xx/5xx: keep the points, back off
+            self.stats.failures += 1
+            if str(e) != self.stats.last_error:
+                log.warning("influx write failed", error=str(e)[:200], buffered=len(self.buffer))
+            self.stats.last_error = str(e)
+            return False
+        for _ in batch:
+            self.buffer.popleft()
+        self.stats.written += len(batch)
+        if self.stats.last_error:
+            log.info("influx writes recovered", buffered=len(self.buffer))
+            self.stats.last_error = ""
+        return True
+
+    async def run(self) -> None:
+        backoff = 1.0
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.cfg.flush_interval)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            while self.buffer:
+                if await self.flush_once():
+                    backoff = 1.0
+                    continue
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 60.0)
+                break
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="influx-exporter")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        for _ in range(3):  # a last best-effort flush, bounded
+            if not self.buffer or not await self.flush_once():
+                break
+        if self._client is not None:
+            self._client.close()

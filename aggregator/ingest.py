@@ -1,0 +1,296 @@
+"""Ingest: agent reports, agent event batches and Alertmanager webhooks → observations.
+
+Parsing is pure and all-or-nothing: a batch with one bad event is rejected whole, with the
+reason, before anything is applied, so a 400 never leaves half a batch behind. Applying is
+idempotent: events carry ids (a re-sent one is counted as a duplicate and skipped), reports
+carry a time (an older or equal one is stale and skipped).
+
+Wire format of `POST /v1/events` (what agent/publisher.py sends):
+
+    {"node": "dgx01", "events": [
+      {"id": "…", "type": "event",      "time": t, "event": <Event.to_json()>},
+      {"id": "…", "type": "transition", "time": t, "old": <CheckResult>|null, "new": <CheckResult>},
+      {"id": "…", "type": "report",     "time": t, "report": <NodeReport.to_json()>},
+      {"id": "…", "type": "summary",    "time": t, "first": t0, "last": t1, "count": n,
+                                         "counts": {"event:xid:79": 3, …}}]}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Mapping
+
+from podhealth.vocab import Action, Status
+
+from podhealth.aggregator.config import node_name_problem
+from podhealth.aggregator.state import Memory, Verdict
+from podhealth.aggregator.store import Op
+
+MAX_ID = 128
+MAX_NAME = 128
+EventType = Literal["event", "transition", "report", "summary"]
+_EVENT_TYPES = ("event", "transition", "report", "summary")
+_STATUSES = {s.value: s for s in Status}
+_ACTIONS = {a.value: a for a in Action}
+
+
+class BadRequest(ValueError):
+    """The body is not what the endpoint takes; the message says why (returned with the 400)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedReport:
+    node: str
+    time: float
+    verdicts: tuple[Verdict, ...]
+    raw: str
+
+
+@dataclass(frozen=True, slots=True)
+class WireEvent:
+    id: str
+    type: EventType
+    time: float
+    body: str  # the event as received (JSON), kept for history
+    transition: Verdict | None = None
+    report: ParsedReport | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EventBatch:
+    node: str
+    events: tuple[WireEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AlertObservation:
+    node: str
+    verdict: Verdict
+    severity: str
+    firing: bool
+    ref: str
+    time: float
+
+
+# ---- parsing (pure) ---------------------------------------------------------------------------
+
+
+def loads(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadRequest(f"body is not JSON: {e}") from None
+
+
+def _obj(v: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(v, dict):
+        raise BadRequest(f"{where}: expected an object")
+    return v
+
+
+def _str(d: Mapping[str, Any], key: str, where: str, *, default: str | None = None, limit: int = MAX_NAME) -> str:
+    v = d.get(key, default)
+    if not isinstance(v, str) or (default is None and not v):
+        raise BadRequest(f"{where}.{key}: expected a non-empty string" if default is None else
+                         f"{where}.{key}: expected a string")
+    if len(v) > limit:
+        raise BadRequest(f"{where}.{key}: longer than {limit} characters")
+    return v
+
+
+def _num(d: Mapping[str, Any], key: str, where: str, default: float | None = None) -> float:
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise BadRequest(f"{where}.{key}: expected a number")
+    return float(v)
+
+
+def _node(d: Mapping[str, Any], where: str) -> str:
+    name = _str(d, "node", where)
+    problem = node_name_problem(name)
+    if problem:
+        raise BadRequest(f"{where}.node: {problem}")
+    return name
+
+
+def _verdict(d: Any, where: str) -> Verdict:
+    d = _obj(d, where)
+    status = _STATUSES.get(d.get("status"))  # type: ignore[arg-type]
+    if status is None:
+        raise BadRequest(f"{where}.status: expected one of OK, WARN, FAIL, UNKNOWN")
+    action = _ACTIONS.get(d.get("action", "NONE"))  # type: ignore[arg-type]
+    if action is None:
+        raise BadRequest(f"{where}.action: expected one of {', '.join(_ACTIONS)}")
+    summary = d.get("summary", "")
+    return Verdict(check=_str(d, "check", where), entity=_str(d, "entity", where, default="node"), status=status,
+                   action=action, since=_num(d, "since", where, 0.0),
+                   summary=summary[:512] if isinstance(summary, str) else "")
+
+
+def parse_report(obj: Any, raw: str, where: str = "report") -> ParsedReport:
+    d = _obj(obj, where)
+    results = d.get("results")
+    if not isinstance(results, list):
+        raise BadRequest(f"{where}.results: expected a list")
+    verdicts = tuple(_verdict(r, f"{where}.results[{i}]") for i, r in enumerate(results))
+    return ParsedReport(node=_node(d, where), time=_num(d, "time", where), verdicts=verdicts, raw=raw)
+
+
+def parse_events(obj: Any) -> EventBatch:
+    d = _obj(obj, "body")
+    node = _node(d, "body")
+    events = d.get("events")
+    if not isinstance(events, list):
+        raise BadRequest("body.events: expected a list")
+    out: list[WireEvent] = []
+    for i, e in enumerate(events):
+        where = f"events[{i}]"
+        e = _obj(e, where)
+        eid = _str(e, "id", where, limit=MAX_ID)
+        etype = e.get("type")
+        if etype not in _EVENT_TYPES:
+            raise BadRequest(f"{where}.type: expected one of {', '.join(_EVENT_TYPES)}")
+        t = _num(e, "time", where)
+        transition = report = None
+        if etype == "event":
+            ev = _obj(e.get("event"), f"{where}.event")
+            if not isinstance(ev.get("kind"), str) or isinstance(ev.get("code"), bool) or not isinstance(ev.get("code"), int):
+                raise BadRequest(f"{where}.event: expected kind (string) and code (integer)")
+        elif etype == "transition":
+            transition = _verdict(e.get("new"), f"{where}.new")
+        elif etype == "report":
+            report = parse_report(e.get("report"), json.dumps(e.get("report"), separators=(",", ":")),
+                                  f"{where}.report")
+            if report.node != node:
+                raise BadRequest(f"{where}.report.node: {report.node} in a batch for {node}")
+        else:
+            counts = e.get("counts")
+            if not isinstance(counts, dict) or not all(isinstance(v, int) for v in counts.values()):
+                raise BadRequest(f"{where}.counts: expected an object of integers")
+        body = "" if etype == "report" else json.dumps(e, separators=(",", ":"))
+        out.append(WireEvent(id=eid, type=etype, time=t, body=body, transition=transition, report=report))
+    return EventBatch(node=node, events=tuple(out))
+
+
+_AM_SEVERITY = {"critical": "critical", "page": "critical", "error": "critical", "major": "critical",
+                "warning": "warning", "warn": "warning", "minor": "warning", "info": "info", "none": "info"}
+
+
+def parse_alertmanager(obj: Any, now: float, parse_time: Callable[[str], float | None]) -> list[AlertObservation]:
+    """Alerts with a `node` label; the rest are ignored (a site's rules need not all be about nodes)."""
+    d = _obj(obj, "body")
+    alerts = d.get("alerts")
+    if not isinstance(alerts, list):
+        raise BadRequest("body.alerts: expected a list")
+    out: list[AlertObservation] = []
+    for i, a in enumerate(alerts):
+        where = f"alerts[{i}]"
+        a = _obj(a, where)
+        labels = _obj(a.get("labels", {}), f"{where}.labels")
+        if "node" not in labels:
+            continue
+        node = _str(labels, "node", f"{where}.labels")
+        problem = node_name_problem(node)
+        if problem:
+            raise BadRequest(f"{where}.labels.node: {problem}")
+        status = a.get("status")
+        if status not in ("firing", "resolved"):
+            raise BadRequest(f"{where}.status: expected firing or resolved")
+        check = _str(labels, "alertname", f"{where}.labels")
+        action = _ACTIONS.get(str(labels.get("action", "NONE")).upper(), Action.NONE)
+        severity = _AM_SEVERITY.get(str(labels.get("severity", "warning")).lower(), "warning")
+        starts = parse_time(str(a.get("startsAt", ""))) or now
+        annotations = a.get("annotations") if isinstance(a.get("annotations"), dict) else {}
+        summary = str((annotations or {}).get("summary", ""))[:512]
+        firing = status == "firing"
+        st = Status.OK if not firing else (Status.FAIL if severity == "critical" else Status.WARN)
+        entity = str(labels.get("entity") or labels.get("gpu") or "node")[:MAX_NAME]
+        ref = str(a.get("fingerprint", ""))[:MAX_ID]
+        out.append(AlertObservation(node=node, verdict=Verdict(check=check[:MAX_NAME], entity=entity, status=st,
+                                                               action=action, since=starts, summary=summary),
+                                    severity=severity, firing=firing, ref=ref, time=starts))
+    return out
+
+
+def parse_rfc3339(text: str) -> float | None:
+    from datetime import datetime
+    if not text or text.startswith("0001-"):
+        return None
+    t = text.rstrip("Z")
+    if "." in t:  # Alertmanager sends nanoseconds; datetime takes micro
+        head, frac = t.split(".", 1)
+        digits = "".join(ch for ch in frac if ch.isdigit())
+        rest = frac[len(digits):]
+        t = f"{head}.{digits[:6]}{rest}"
+    try:
+        dt = datetime.fromisoformat(t if ("+" in t[10:] or "-" in t[10:]) else t + "+00:00")
+    except ValueError:
+        return None
+    return dt.timestamp()
+
+
+# ---- applying (on the event loop; returns ops for the writer) --------------------------------
+
+
+@dataclass
+class Applied:
+    applied: int = 0
+    duplicate: int = 0
+    stale: int = 0
+    unchanged: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {"applied": self.applied, "duplicate": self.duplicate, "stale": self.stale, "unchanged": self.unchanged}
+
+
+def apply_report(mem: Memory, rep: ParsedReport, now: float) -> tuple[Applied, list[Op]]:
+    result, ops = mem.apply_report(rep.node, rep.verdicts, rep.time, rep.raw, now)
+    out = Applied()
+    setattr(out, result, 1)
+    return out, ops
+
+
+def apply_events(mem: Memory, batch: EventBatch, now: float) -> tuple[Applied, list[Op], list[str]]:
+    """Apply a batch in order; returns counts, ops, and the ids newly marked seen (to undo on a failed commit)."""
+    out = Applied()
+    ops: list[Op] = []
+    new_ids: list[str] = []
+    _, node_ops = mem.ensure_node(batch.node, now)
+    ops += node_ops
+    in_batch: set[str] = set()
+    for e in batch.events:
+        if e.type == "report":
+            assert e.report is not None
+            res, rops = mem.apply_report(batch.node, e.report.verdicts, e.report.time, e.report.raw, now)
+            ops += rops
+            setattr(out, res, getattr(out, res) + 1)
+            continue
+        if e.id in mem.seen_ids or e.id in in_batch:
+            out.duplicate += 1
+            continue
+        in_batch.add(e.id)
+        new_ids.append(e.id)
+        ops.append(mem.record_event(e.id, batch.node, e.type, e.time, e.body, now))
+        if e.transition is not None:
+            res, vops = mem.apply_verdict(batch.node, e.transition, e.time, now, "agent", ref=e.id)
+            ops += vops
+            if res == "stale":
+                out.stale += 1
+                continue
+        out.applied += 1
+    return out, ops, new_ids
+
+
+def apply_alerts(mem: Memory, alerts: list[AlertObservation], now: float, learn: bool) -> tuple[Applied, list[Op]]:
+    out = Applied()
+    ops: list[Op] = []
+    for a in alerts:
+        if a.node not in mem.nodes and not learn:
+            out.stale += 1
+            continue
+        _, vops = mem.apply_verdict(a.node, a.verdict, a.time, now, "alertmanager", ref=a.ref, severity=a.severity)
+        ops += vops
+        out.applied += 1
+    return out, ops

@@ -1,0 +1,77 @@
+"""The aggregator's own /metrics (podhealth_aggregator_*), documented in docs/metrics.md.
+
+Counters and the latency histogram are updated where things happen; the fleet gauges (nodes by
+state, cap, breaker, pending actions) are computed from memory at scrape time, so they can never
+drift from what the API shows.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from podhealth.aggregator.state import STATES, Memory
+
+P = "podhealth_aggregator_"
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.ingest_requests = Counter(P + "ingest_requests", "Ingest requests by endpoint and result "
+                                       "(ok, bad_request, unauthorized, forbidden, too_large, unavailable).",
+                                       ["endpoint", "result"], registry=r)
+        self.ingest_events = Counter(P + "ingest_events", "Ingested items by result (applied, duplicate, stale, unchanged).",
+                                     ["result"], registry=r)
+        self.ingest_latency = Histogram(P + "ingest_duration_seconds", "Ingest request handling time, commit included.",
+                                        ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.actions = Counter(P + "actions", "Actions executed by kind (fence, release, handover, notify) and result.",
+                               ["kind", "result"], registry=r)
+        self.fences = Counter(P + "fences", "Nodes newly fenced by podhealth, by the check and action behind them.",
+                              ["check", "action"], registry=r)
+        self.breaker_trips = Counter(P + "breaker_trips", "Times the circuit breaker tripped.", registry=r)
+        self.pulls = Counter(P + "pulls", "Agent /health pulls by result (ok, unreachable, bad).", ["result"], registry=r)
+        self.decisions = Counter(P + "decisions", "Policy runs.", registry=r)
+
+    def add_fleet(self, mem: Callable[[], Memory | None], cap: int, pending: Callable[[], int],
+                  held: Callable[[], dict[str, int]]) -> None:
+        self.registry.register(_Fleet(mem, cap, pending, held))
+
+
+class _Fleet(Collector):
+    def __init__(self, mem: Callable[[], Memory | None], cap: int, pending: Callable[[], int],
+                 held: Callable[[], dict[str, int]]) -> None:
+        self.mem, self.cap, self.pending, self.held = mem, cap, pending, held
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.mem()
+        if m is None:
+            return
+        nodes = GaugeMetricFamily(P + "nodes", "Nodes by state (OK, WARN, FAIL, UNKNOWN, fenced, returning, drained).",
+                                  labels=["state"])
+        for state, n in m.counts().items():
+            nodes.add_metric([state], n)
+        yield nodes
+        used = sum(1 for r in m.nodes.values() if r.fence.ours)
+        yield GaugeMetricFamily(P + "fence_cap_used", "Nodes podhealth has fenced (or is fencing) now.", value=used)
+        yield GaugeMetricFamily(P + "fence_cap_limit", "The cap on nodes fenced by podhealth (caps.max_fenced).",
+                                value=self.cap)
+        yield GaugeMetricFamily(P + "pending_actions", "Fence/release actions recorded but not yet confirmed.",
+                                value=self.pending())
+        yield GaugeMetricFamily(P + "breaker_tripped", "1 while the circuit breaker holds all new fences.",
+                                value=int(m.breaker.tripped))
+        held = GaugeMetricFamily(P + "fences_held", "Nodes the last policy run wanted to fence but held back, by why.",
+                                 labels=["reason"])
+        for reason, n in sorted(self.held().items()):
+            held.add_metric([reason], n)
+        yield held
+        yield GaugeMetricFamily(P + "open_conditions", "Open non-OK conditions across the fleet.",
+                                value=len(m.conditions))
+
+
+__all__ = ["Metrics", "STATES"]

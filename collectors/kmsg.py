@@ -1,0 +1,582 @@
+"""kmsg: XID / SXid events from the kernel log (and NVML's XID event set), counted and kept.
+
+Sources:
+  - `cfg.paths.kmsg` as a character device (/dev/kmsg): one record per read(), non-blocking;
+    EAGAIN means "no more now", EPIPE means the ring buffer overwrote records we had not read
+    (counted, and reading goes on from the oldest record still there).
+  - `cfg.paths.kmsg` as a regular file (a syslog / kern.log, a capture): followed like `tail -F`,
+    by offset and inode, across truncation and rotation.
+  - NVML's XID event set (nvmlEventTypeXidCriticalError), when NVML is usable. The kernel line is
+    richer (pid, process, NVLink5 registers, XID 154's recovery action), so an XID seen both ways
+    counts once and the kernel line is preferred: NVML events are held briefly and dropped when the
+    matching kernel line shows up.
+Collectors export raw facts: what an XID means is decided in checks/xid.py. Every collect() is
+bounded (records and bytes per call) and never blocks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Mapping, Protocol
+
+from podhealth.collectors.base import Collection, specs
+from podhealth.collectors.xid_parse import LineAssembler, Malformed, ParsedLine
+from podhealth.config import Config
+from podhealth.vocab import Event, MetricSpec, Sample
+
+MAX_RECORDS = 5000  # per collect(): a burst of 13s prints ~15 lines per fault; this is thousands of faults
+MAX_BYTES = 4 * 1024 * 1024  # per collect() from a followed file
+MAX_LINE = 64 * 1024  # a "line" longer than this without a newline is cut (never buffered forever)
+DEDUP_S = 2.0  # an NVML XID and its kernel line further apart than this are two XIDs
+NVML_HOLD_S = 2.0  # NVML events wait this long for their kernel line before standing alone
+NVML_MAX_EVENTS = 256  # per collect()
+NVML_WAIT_MS = 1  # nvmlEventSetWait timeout; the agent calls us every interval anyway
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBatch:
+    lines: tuple[str, ...] = ()
+    lost: int = 0  # records the kernel overwrote before we read them
+    error: str = ""  # why nothing could be read (source missing, permission)
+
+
+class LineReader(Protocol):
+    def read(self, max_lines: int, max_bytes: int) -> ReadBatch: ...
+
+    def close(self) -> None: ...
+
+
+# ---- /dev/kmsg ----------------------------------------------------------------------------------
+
+
+class KmsgDeviceReader:
+    """/dev/kmsg: each read() returns exactly one record ("pri,seq,usec,flags;text\\n KEY=val...")."""
+
+    RECORD_BUF = 8192  # the kernel's record limit is ~1 KiB of text plus dictionary
+
+    def __init__(self, path: Path, from_start: bool,
+                 read_fn: Callable[[int, int], bytes] = os.read) -> None:
+        self._path = path
+        self._from_start = from_start
+        self._read = read_fn
+        self._fd: int | None = None
+
+    def _open(self) -> int:
+        fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        if not self._from_start:
+            os.lseek(fd, 0, os.SEEK_END)  # /dev/kmsg: SEEK_END = after the newest record
+        return fd
+
+    def read(self, max_lines: int, max_bytes: int) -> ReadBatch:
+        if self._fd is None:
+            try:
+                self._fd = self._open()
+            except OSError as e:
+                return ReadBatch(error=f"cannot open {self._path}: {e.strerror or e}")
+        lines: list[str] = []
+        lost = 0
+        while len(lines) < max_lines:
+            try:
+                rec = self._read(self._fd, self.RECORD_BUF)
+            except BlockingIOError:
+                break  # EAGAIN: nothing more right now
+            except BrokenPipeError:
+                lost += 1  # EPIPE: records were overwritten; the next read returns the oldest left
+                continue
+            except InterruptedError:
+                continue
+            except OSError as e:
+                if e.errno == errno.EINVAL:  # record larger than our buffer: skip it, counted as lost
+                    lost += 1
+                    continue
+                self.close()
+                return ReadBatch(tuple(lines), lost, f"reading {self._path}: {e.strerror or e}")
+            if not rec:
+                break
+            # The first line is the record; " KEY=value" dictionary lines follow it.
+            lines.append(rec.split(b"\n", 1)[0].decode("utf-8", "replace"))
+        return ReadBatch(tuple(lines), lost)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            finally:
+                self._fd = None
+
+
+# ---- a followed file ----------------------------------------------------------------------------
+
+
+class FileFollower:
+    """`tail -F` for a log file: keeps its descriptor; notices truncation (size < offset) and
+    rotation (the path now names another inode: the old file is read to its end first)."""
+
+    def __init__(self, path: Path, from_start: bool) -> None:
+        self._path = path
+        self._from_start = from_start
+        self._f: Any = None  # binary file object
+        self._ino: tuple[int, int] | None = None
+        self._offset = 0
+        self._partial = b""
+        self._opened_once = False
+
+    def _open(self) -> str:
+        try:
+            f = open(self._path, "rb")  # noqa: SIM115 - kept open across calls, closed in close()
+        except OSError as e:
+            return f"cannot open {self._path}: {e.strerror or e}"
+        st = os.fstat(f.fileno())
+        self._f, self._ino, self._partial = f, (st.st_dev, st.st_ino), b""
+        # Only the very first open may skip history; a rotated-in file is all new lines.
+        self._offset = st.st_size if (not self._from_start and not self._opened_once) else 0
+        self._opened_once = True
+        f.seek(self._offset)
+        return ""
+
+    def _path_inode(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self._path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
+
+    def read(self, max_lines: int, max_bytes: int) -> ReadBatch:
+        if self._f is None:
+            err = self._open()
+            if err:
+                return ReadBatch(error=err)
+        lines: list[str] = []
+        budget = max_bytes
+        for _ in range(2):  # at most: drain the rotated-away file, then the new one
+            budget -= self._drain(lines, max_lines, budget)
+            if len(lines) >= max_lines or budget <= 0:
+                break
+            now_ino = self._path_inode()
+            if now_ino is None or now_ino == self._ino:
+                break
+            # Rotated: the old file is fully read (we got less than the budget); switch over.
+            self._flush_partial(lines)
+            self.close()
+            err = self._open()
+            if err:
+                return ReadBatch(tuple(lines), error=err)
+        return ReadBatch(tuple(lines))
+
+    def _drain(self, lines: list[str], max_lines: int, budget: int) -> int:
+        f = self._f
+        size = os.fstat(f.fileno()).st_size
+        if size < self._offset:  # truncated in place (logrotate copytruncate, `> file`)
+            self._offset, self._partial = 0, b""
+            f.seek(0)
+        used = 0
+        while len(lines) < max_lines and used < budget:
+            chunk = f.read(min(65536, budget - used))
+            if not chunk:
+                break
+            used += len(chunk)
+            self._offset += len(chunk)
+            data = self._partial + chunk
+            parts = data.split(b"\n")
+            self._partial = parts.pop()
+            if len(self._partial) > MAX_LINE:
+                parts.append(self._partial[:MAX_LINE])
+                self._partial = b""
+            for p in parts:
+                lines.append(p.decode("utf-8", "replace"))
+        if len(lines) > max_lines:
+            # Lines past the limit go back to the file position, not into a buffer.
+            extra = lines[max_lines:]
+            del lines[max_lines:]
+            back = sum(len(x.encode("utf-8", "replace")) + 1 for x in extra) + len(self._partial)
+            self._offset -= back
+            self._partial = b""
+            f.seek(self._offset)
+            used -= back
+        return max(used, 0)
+
+    def _flush_partial(self, lines: list[str]) -> None:
+        if self._partial:
+            lines.append(self._partial.decode("utf-8", "replace"))
+            self._partial = b""
+
+    def close(self) -> None:
+        if self._f is not None:
+            try:
+                self._f.close()
+            finally:
+                self._f = None
+
+
+def open_reader(path: Path, from_start: bool) -> LineReader:
+    """The device reader for a character device (/dev/kmsg), else a file follower."""
+    try:
+        if stat.S_ISCHR(os.stat(path).st_mode):
+            return KmsgDeviceReader(path, from_start)
+    except OSError:
+        pass  # not there yet: follow it as a file once it appears
+    return FileFollower(path, from_start)
+
+
+# ---- NVML XID events ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlXid:
+    pci_bus_id: str
+    gpu: int | None
+    code: int
+    time: float
+
+
+class XidEventSource(Protocol):
+    def poll(self, max_events: int) -> list[NvmlXid]: ...
+
+    def gpu_index_by_pci(self) -> Mapping[str, int]: ...
+
+    def close(self) -> None: ...
+
+
+class NvmlUnusable(Exception):
+    pass
+
+
+class NvmlXidEvents:
+    """pynvml event set for XID critical errors; `nvml` is the pynvml module (or a stand-in)."""
+
+    def __init__(self, nvml: Any, clock: Callable[[], float] = time.time, library_path: str = "") -> None:
+        self._nvml = nvml
+        self._clock = clock
+        self._set: Any = None
+        self._pci_by_key: dict[Any, str] = {}
+        self._index_by_pci: dict[str, int] = {}
+        self.notes: list[str] = []  # per-device registration problems, reported once
+        if library_path and getattr(nvml, "nvmlLib", "absent") is None:
+            try:
+                nvml.nvmlLib = ctypes.CDLL(library_path)
+            except OSError as e:
+                raise NvmlUnusable(f"cannot load NVML library {library_path}: {e}") from e
+        try:
+            nvml.nvmlInit()
+        except Exception as e:  # noqa: BLE001 - NVMLError, missing library (OSError), anything
+            raise NvmlUnusable(f"nvmlInit failed: {e}") from e
+        try:
+            self._setup()
+        except Exception as e:  # noqa: BLE001
+            self.close()
+            raise NvmlUnusable(f"NVML XID events unavailable: {e}") from e
+
+    def _setup(self) -> None:
+        n = self._nvml
+        self._set = n.nvmlEventSetCreate()
+        registered = 0
+        for i in range(n.nvmlDeviceGetCount()):
+            try:
+                h = n.nvmlDeviceGetHandleByIndex(i)
+                pci = _nvml_pci(n, h)
+                if pci:
+                    self._index_by_pci[pci] = i
+                    self._pci_by_key[_handle_key(h)] = pci
+                n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, self._set)
+                registered += 1
+            except Exception as e:  # noqa: BLE001 - one GPU (lost, unsupported) must not stop the rest
+                self.notes.append(f"GPU {i}: XID events not registered: {e}")
+        if registered == 0:
+            raise NvmlUnusable("no GPU accepted XID event registration")
+
+    def gpu_index_by_pci(self) -> Mapping[str, int]:
+        return dict(self._index_by_pci)
+
+    def poll(self, max_events: int) -> list[NvmlXid]:
+        n = self._nvml
+        out: list[NvmlXid] = []
+        while len(out) < max_events:
+            try:
+                data = n.nvmlEventSetWait_v2(self._set, NVML_WAIT_MS)
+            except n.NVMLError_Timeout:
+                break
+            if not int(data.eventType) & int(n.nvmlEventTypeXidCriticalError):
+                continue
+            pci = self._pci_by_key.get(_handle_key(data.device)) or _nvml_pci(n, data.device)
+            out.append(NvmlXid(pci, self._index_by_pci.get(pci), int(data.eventData), self._clock()))
+        return out
+
+    def close(self) -> None:
+        n = self._nvml
+        try:
+            if self._set is not None:
+                n.nvmlEventSetFree(self._set)
+        except Exception:  # noqa: BLE001 - closing must not raise
+            pass
+        self._set = None
+        try:
+            n.nvmlShutdown()  # NVML reference-counts init/shutdown, so other users are unaffected
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _nvml_pci(n: Any, handle: Any) -> str:
+    from podhealth.collectors.xid_parse import normalise_pci
+
+    try:
+        info = n.nvmlDeviceGetPciInfo_v3(handle)
+    except Exception:  # noqa: BLE001
+        return ""
+    raw = info.busId
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
+    return normalise_pci(text.rstrip("\x00")) or ""
+
+
+def _handle_key(h: Any) -> Any:
+    try:
+        return ctypes.cast(h, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return id(h)
+
+
+def _default_nvml(cfg: Config) -> XidEventSource:
+    try:
+        import pynvml
+    except ImportError as e:
+        raise NvmlUnusable(f"pynvml not importable: {e}") from e
+    return NvmlXidEvents(pynvml, library_path=cfg.paths.nvml_library)
+
+
+# ---- the collector ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Pending:
+    """An event waiting to be matched against the other source (see DEDUP_S / NVML_HOLD_S)."""
+
+    event: Event
+    key: tuple[str, int]
+    matched: bool = False
+
+
+@dataclass
+class _Counters:
+    xid: dict[tuple[str, str, int], int] = field(default_factory=dict)  # (gpu, pci, code)
+    sxid: dict[tuple[str, int], int] = field(default_factory=dict)
+    lines: int = 0
+    malformed: int = 0
+    lost: int = 0
+    nvml: int = 0
+
+
+class KmsgCollector:
+    name: ClassVar[str] = "kmsg"
+    metrics: ClassVar[Mapping[str, MetricSpec]] = specs(
+        MetricSpec("xid_events", "counter", "NVIDIA XID events (kernel log and NVML, counted once)"),
+        MetricSpec("sxid_events", "counter", "NVSwitch SXid errors from the kernel log"),
+        MetricSpec("kmsg_lines", "counter", "Kernel log lines read"),
+        MetricSpec("kmsg_malformed_lines", "counter", "NVRM Xid / NVSwitch SXid lines that did not parse"),
+        MetricSpec("kmsg_records_lost", "counter", "Kernel log records overwritten before they were read"),
+    )
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        reader: LineReader | None = None,
+        nvml: XidEventSource | None | Callable[[], XidEventSource] = None,
+        gpu_index_of: Callable[[str], int | None] | None = None,
+        clock: Callable[[], float] = time.time,
+        boot_time: Callable[[], float] | None = None,
+        max_records: int = MAX_RECORDS,
+        max_bytes: int = MAX_BYTES,
+    ) -> None:
+        kc = cfg.collectors.kmsg
+        self._path = cfg.paths.kmsg
+        self._reader = reader if reader is not None else open_reader(cfg.paths.kmsg, kc.from_start)
+        self._clock = clock
+        # printk timestamps are CLOCK_MONOTONIC-based; wall = boot + mono.
+        self._boot = boot_time or (lambda: time.time() - time.monotonic())
+        self._max_records = max_records
+        self._max_bytes = max_bytes
+        self._assembler = LineAssembler()
+        self._recent: deque[Event] = deque(maxlen=kc.keep_events)
+        self._pending: deque[_Pending] = deque(maxlen=4096)
+        self._c = _Counters()
+        self._gpu_index_of = gpu_index_of
+        self._errors_once: list[str] = []
+        self._reported: set[str] = set()
+        self._nvml: XidEventSource | None = None
+        self._nvml_factory = nvml
+        self._nvml_tried = False
+
+    # -- public ------------------------------------------------------------------------------
+
+    @property
+    def recent(self) -> tuple[Event, ...]:
+        """The last `keep_events` events, oldest first."""
+        return tuple(self._recent)
+
+    def collect(self) -> Collection:
+        now = self._clock()
+        nvml = self._nvml_source()
+        errors: list[str] = []
+        batch = self._reader.read(self._max_records, self._max_bytes)
+        self._c.lost += batch.lost
+        if batch.error:
+            if nvml is None:
+                # Neither source can be read: this collection failed, and must say so (stale).
+                raise OSError(batch.error)
+            self._once(errors, batch.error)
+        new: list[Event] = []
+        year = time.localtime(now).tm_year
+        boot = self._boot()
+        for line in batch.lines:
+            self._c.lines += 1
+            p = self._assembler.feed(line, year=year)
+            if isinstance(p, Malformed):
+                self._c.malformed += 1
+                continue
+            if p is None:
+                continue
+            ev = self._event(p, now, boot, year)
+            if ev.kind == "xid" and self._matches_pending(ev, source="nvml"):
+                continue  # NVML already reported it (and is being held); the kernel line replaced it
+            new.append(ev)
+        if nvml is not None:
+            new.extend(self._nvml_events(nvml, now, errors))
+        for ev in new:
+            self._count(ev)
+            self._recent.append(ev)
+        errors.extend(self._errors_once)
+        self._errors_once.clear()
+        return Collection(self._samples(), tuple(new), tuple(errors))
+
+    def close(self) -> None:
+        self._reader.close()
+        if self._nvml is not None:
+            self._nvml.close()
+            self._nvml = None
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _once(self, errors: list[str], msg: str) -> None:
+        if msg not in self._reported:
+            self._reported.add(msg)
+            errors.append(msg)
+
+    def _nvml_source(self) -> XidEventSource | None:
+        if self._nvml_tried:
+            return self._nvml
+        self._nvml_tried = True
+        f = self._nvml_factory
+        try:
+            if f is None:
+                raise NvmlUnusable("NVML XID events disabled")
+            self._nvml = f() if callable(f) and not hasattr(f, "poll") else f  # type: ignore[assignment]
+        except NvmlUnusable as e:
+            self._errors_once.append(f"NVML XID events off, kernel log only: {e}")
+            self._reported.add("nvml")
+            return None
+        notes = getattr(self._nvml, "notes", ())
+        self._errors_once.extend(notes)
+        return self._nvml
+
+    def _event(self, p: ParsedLine, now: float, boot: float, year: int) -> Event:
+        t = p.wall_time
+        if t is not None and t > now + 86400 and p.mono_time is None:
+            # A syslog stamp has no year; one in the future is from last year (read across New Year).
+            t = t - (366 if _leap(year - 1) else 365) * 86400 if year else t
+        if t is None and p.mono_time is not None:
+            t = min(boot + p.mono_time, now)
+        if t is None:
+            t = now
+        pci = p.pci_bus_id if p.kind != "sxid" else ""
+        kind = {"xid": "xid", "sxid": "sxid", "fallen_off_bus": "kernel"}[p.kind]
+        return Event(
+            kind=kind,  # type: ignore[arg-type]
+            code=p.code, time=t, text=p.message, pci_bus_id=pci, gpu=self._gpu_of(pci), pid=p.pid,
+            process=p.process, device=p.device, subcode=p.subcode, source="kmsg",
+        )
+
+    def _gpu_of(self, pci: str) -> int | None:
+        if not pci:
+            return None
+        if self._gpu_index_of is not None:
+            return self._gpu_index_of(pci)
+        if self._nvml is not None:
+            return self._nvml.gpu_index_by_pci().get(pci)
+        return None
+
+    def _key(self, ev: Event) -> tuple[str, int]:
+        return (ev.pci_bus_id or f"gpu{ev.gpu}", ev.code)
+
+    def _matches_pending(self, ev: Event, source: str) -> bool:
+        """Is there an unmatched `source` event for the same GPU and code within DEDUP_S?"""
+        key = self._key(ev)
+        for p in self._pending:
+            if not p.matched and p.event.source == source and p.key == key and abs(p.event.time - ev.time) <= DEDUP_S:
+                p.matched = True
+                return True
+        if ev.source == "kmsg":
+            self._pending.append(_Pending(ev, key))
+        return False
+
+    def _nvml_events(self, nvml: XidEventSource, now: float, errors: list[str]) -> list[Event]:
+        try:
+            got = nvml.poll(NVML_MAX_EVENTS)
+        except Exception as e:  # noqa: BLE001 - NVML failing mid-run: keep the kernel log going
+            self._once(errors, f"NVML XID event wait failed: {e}")
+            got = []
+        for x in got:
+            self._c.nvml += 1
+            ev = Event(kind="xid", code=x.code, time=x.time, text=f"NVML XID event {x.code}",
+                       pci_bus_id=x.pci_bus_id, gpu=x.gpu if x.gpu is not None else self._gpu_of(x.pci_bus_id),
+                       source="nvml")
+            if self._matches_pending(ev, source="kmsg"):
+                continue
+            self._pending.append(_Pending(ev, self._key(ev)))
+        # Release NVML events whose kernel line did not come within the hold time; forget old ones.
+        out: list[Event] = []
+        keep: deque[_Pending] = deque(maxlen=self._pending.maxlen)
+        for p in self._pending:
+            age = now - p.event.time
+            if p.event.source == "nvml" and not p.matched and age >= NVML_HOLD_S:
+                out.append(p.event)
+                continue
+            if age <= max(DEDUP_S, NVML_HOLD_S) * 2:
+                keep.append(p)
+        self._pending = keep
+        return out
+
+    def _count(self, ev: Event) -> None:
+        if ev.kind == "xid":
+            k = ("" if ev.gpu is None else str(ev.gpu), ev.pci_bus_id, ev.code)
+            self._c.xid[k] = self._c.xid.get(k, 0) + 1
+        elif ev.kind == "sxid":
+            ks = (ev.device, ev.code)
+            self._c.sxid[ks] = self._c.sxid.get(ks, 0) + 1
+
+    def _samples(self) -> tuple[Sample, ...]:
+        out = [Sample.of("xid_events", n, gpu=g, pci_bus_id=pci, code=code)
+               for (g, pci, code), n in sorted(self._c.xid.items())]
+        out += [Sample.of("sxid_events", n, device=d, code=code) for (d, code), n in sorted(self._c.sxid.items())]
+        out += [
+            Sample.of("kmsg_lines", self._c.lines),
+            Sample.of("kmsg_malformed_lines", self._c.malformed),
+            Sample.of("kmsg_records_lost", self._c.lost),
+        ]
+        return tuple(out)
+
+
+def _leap(y: int) -> bool:
+    return y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)
+
+
+def create(cfg: Config, **seams: Any) -> KmsgCollector:
+    """Registry factory. Without a `nvml` seam, NVML's XID events are used when NVML is usable."""
+    if "nvml" not in seams:
+        seams["nvml"] = lambda: _default_nvml(cfg)
+    return KmsgCollector(cfg, **seams)

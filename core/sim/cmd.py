@@ -1,0 +1,197 @@
+"""`podhealth simulate`: create simulated DGX nodes and inject faults into them while they run.
+
+    podhealth simulate node dgx01 [--profile dgx-h100 | --from-nvidia-smi FILE] [--force]
+    podhealth simulate inject dgx01 xid=79 gpu=3
+    podhealth simulate clear dgx01 [KIND]
+    podhealth simulate show dgx01
+    podhealth simulate list
+
+Every subcommand takes --root (default $PODHEALTH_SIM_DIR or /tmp/podhealth-sim). Bad input
+exits 2 with a message and changes nothing. Subcommands are listed in SUBCOMMANDS: add one by
+writing `_add_<name>(sub, common)` and an entry there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+EXIT_BAD_INPUT = 2
+
+
+class _BadInput(Exception):
+    pass
+
+
+def _root(args: argparse.Namespace) -> Path:
+    from podhealth.sim.node import default_root
+
+    return Path(args.root) if args.root else default_root()
+
+
+def _open(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from podhealth.sim.node import SimNode
+
+    try:
+        return SimNode.open(_root(args), args.node)
+    except (FileNotFoundError, ValueError) as e:
+        raise _BadInput(str(e)) from None
+
+
+def _cmd_node(args: argparse.Namespace) -> int:
+    from podhealth.checks import profiles
+    from podhealth.sim import nvidia_smi
+    from podhealth.sim.node import SimNode, check_name
+
+    try:
+        check_name(args.name)
+        if args.profile is not None:
+            profiles.load(args.profile)
+    except ValueError as e:
+        raise _BadInput(str(e)) from None
+    target = _root(args) / args.name / "state.json"
+    if target.exists() and not args.force:
+        raise _BadInput(f"node {args.name!r} already exists under {_root(args)} (use --force to replace it)")
+    seed = None
+    if args.from_nvidia_smi:
+        path = Path(args.from_nvidia_smi)
+        try:
+            text = sys.stdin.read() if args.from_nvidia_smi == "-" else path.read_text(encoding="utf-8",
+                                                                                       errors="replace")
+            capture = nvidia_smi.parse(text)
+        except (OSError, ValueError) as e:
+            raise _BadInput(f"{args.from_nvidia_smi}: {e}") from None
+        for w in capture.warnings:
+            print(f"warning: {args.from_nvidia_smi}: {w}", file=sys.stderr)
+        seed = nvidia_smi.to_state(capture, args.name, args.profile)
+    node = SimNode.create(_root(args), args.name, profile=args.profile or "dgx-h100", seed=seed)
+    st = node.state
+    print(f"created {st.name} ({st.profile}, {len(st.gpus)} GPUs, {len(st.hcas)} HCAs, "
+          f"driver {st.driver_version}) at {node.dir}")
+    return 0
+
+
+def _cmd_inject(args: argparse.Namespace) -> int:
+    from podhealth.sim import faults
+
+    node = _open(args)
+    try:
+        fault = faults.parse(args.tokens, now=time.time())
+        fault = node.inject(fault)
+    except ValueError as e:
+        raise _BadInput(str(e)) from None
+    print(f"{node.name}: injected {fault.describe()} (#{fault.seq})")
+    return 0
+
+
+def _cmd_clear(args: argparse.Namespace) -> int:
+    node = _open(args)
+    try:
+        n = node.clear(args.kind)
+    except ValueError as e:
+        raise _BadInput(str(e)) from None
+    print(f"{node.name}: cleared {n} fault(s)" + (f" of kind {args.kind}" if args.kind else ""))
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    node = _open(args)
+    out = node.state.to_json()
+    out["dir"] = str(node.dir)
+    print(json.dumps(out, indent=2, sort_keys=True))
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from podhealth.sim.node import SimNode, list_nodes
+
+    root = _root(args)
+    for name in list_nodes(root):
+        try:
+            st = SimNode.open(root, name).state
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"{name}\t(unreadable: {e})")
+            continue
+        faults = ", ".join(f.describe() for f in st.faults) or "healthy"
+        print(f"{name}\t{st.profile}\t{len(st.gpus)} GPUs\t{faults}")
+    return 0
+
+
+def _add_node(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("node", parents=[common], help="create a simulated node")
+    p.add_argument("name", help="node name, e.g. dgx01")
+    p.add_argument("--profile", default=None,
+                   help="hardware profile (dgx-h100, dgx-h200, dgx-b200, dgx-a100, generic); "
+                        "default dgx-h100, or guessed from --from-nvidia-smi")
+    p.add_argument("--from-nvidia-smi", metavar="FILE", default=None,
+                   help="seed GPUs from an `nvidia-smi -q` capture ('-' reads stdin)")
+    p.add_argument("--force", action="store_true", help="replace an existing node of that name")
+    p.set_defaults(sim_func=_cmd_node)
+
+
+def _add_inject(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
+    from podhealth.sim.faults import kinds_help
+
+    p = sub.add_parser("inject", parents=[common], help="inject a fault into a (running) node",
+                       description="Fault kinds: " + kinds_help())
+    p.add_argument("node")
+    p.add_argument("tokens", nargs="+", metavar="KEY=VALUE",
+                   help="e.g. xid=79 gpu=3, or fault=nvlink-crc gpu=0 link=5 rate=50")
+    p.set_defaults(sim_func=_cmd_inject)
+
+
+def _add_clear(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("clear", parents=[common], help="remove faults (all, or one kind)")
+    p.add_argument("node")
+    p.add_argument("kind", nargs="?", default=None, help="fault kind, e.g. xid or nvlink-crc")
+    p.set_defaults(sim_func=_cmd_clear)
+
+
+def _add_show(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("show", parents=[common], help="print a node's state as JSON")
+    p.add_argument("node")
+    p.set_defaults(sim_func=_cmd_show)
+
+
+def _add_list(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("list", parents=[common], help="list simulated nodes")
+    p.set_defaults(sim_func=_cmd_list)
+
+
+SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction, argparse.ArgumentParser], None]] = {  # type: ignore[type-arg]
+    "node": _add_node,
+    "inject": _add_inject,
+    "clear": _add_clear,
+    "show": _add_show,
+    "list": _add_list,
+}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "simulate", help="simulated DGX nodes: create, inject faults, inspect",
+        description=__doc__.split("\n\n")[0] if __doc__ else None)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--root", default=None,
+                        help="directory holding simulated nodes (default $PODHEALTH_SIM_DIR or /tmp/podhealth-sim)")
+    sub = parser.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
+    for add in SUBCOMMANDS.values():
+        add(sub, common)
+    parser.set_defaults(func=lambda args: run(args, parser))
+    return parser
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    func = getattr(args, "sim_func", None)
+    if func is None:
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    try:
+        return int(func(args))
+    except _BadInput as e:
+        print(f"podhealth simulate {args.sim_command}: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT

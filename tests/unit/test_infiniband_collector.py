@@ -1,0 +1,126 @@
+"""The infiniband collector on the project's own DGX H100 fixture tree and broken copies of it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from podhealth.collectors import REGISTRY, factory
+from podhealth.collectors.infiniband import InfinibandCollector, create
+from podhealth.config import Config, PathsConfig
+from podhealth.vocab import Sample
+
+
+def _cfg(sys_root: Path) -> Config:
+    return Config(paths=PathsConfig(sysfs_root=sys_root))
+
+
+@pytest.fixture
+def dgx_sys(own_fixtures: Path, tmp_path: Path) -> Path:
+    """A writable copy of tests/fixtures/infiniband/dgx_h100/sys."""
+    dst = tmp_path / "sys"
+    shutil.copytree(own_fixtures / "infiniband" / "dgx_h100" / "sys", dst)
+    return dst
+
+
+def _index(samples: tuple[Sample, ...]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for s in samples:
+        key = (s.name, s.labels)
+        assert key not in out, f"duplicate series {key}"
+        out[key] = s.value
+    return out
+
+
+def _get(samples: tuple[Sample, ...], name: str, **labels: str) -> float | None:
+    want = set(labels.items())
+    hits = [s.value for s in samples if s.name == name and want <= set(s.labels)]
+    assert len(hits) <= 1, f"{name}{labels} matched {len(hits)} series"
+    return hits[0] if hits else None
+
+
+def test_registered() -> None:
+    assert REGISTRY["infiniband"] == "podhealth.collectors.infiniband:create"
+
+
+def test_dgx_fixture(dgx_sys: Path) -> None:
+    col = factory("infiniband")(_cfg(dgx_sys))
+    r = col.collect()
+    assert r.errors == ()
+    _index(r.samples)  # no duplicate series
+    info = [s for s in r.samples if s.name == "infiniband_info"]
+    assert [dict(s.labels) for s in info][0] == {
+        "device": "mlx5_0", "board_id": "MT_0000000838", "firmware_version": "28.39.1002", "hca_type": "MT4129"}
+    assert len(info) == 3
+    assert _get(r.samples, "infiniband_port_state", device="mlx5_0", port="1", state="ACTIVE") == 4
+    assert _get(r.samples, "infiniband_port_state", device="mlx5_1", port="1", state="DOWN") == 1
+    assert _get(r.samples, "infiniband_port_physical_state", device="mlx5_1", state="Polling") == 2
+    assert _get(r.samples, "infiniband_port_rate_bytes_per_second", device="mlx5_0") == 5e10
+    assert _get(r.samples, "infiniband_port_rate_bytes_per_second", device="mlx5_2") == 2.5e10
+    assert _get(r.samples, "infiniband_port_link_layer_info", device="mlx5_0", link_layer="InfiniBand") == 1
+    # data counters are 4-byte words on the wire
+    assert _get(r.samples, "infiniband_port_data_transmitted_bytes", device="mlx5_0") == 48213375190664 * 4
+    assert _get(r.samples, "infiniband_port_data_received_bytes", device="mlx5_0") == 47766291045312 * 4
+    assert _get(r.samples, "infiniband_port_packets_transmitted", device="mlx5_0") == 47083374211
+    assert _get(r.samples, "infiniband_port_counter", device="mlx5_1", counter="symbol_error") == 65535
+    assert _get(r.samples, "infiniband_port_counter", device="mlx5_1", counter="link_downed") == 4
+    assert _get(r.samples, "infiniband_port_hw_counter", device="mlx5_0", counter="local_ack_timeout_err") == 3
+    # the dedicated data/packet counters are not repeated under infiniband_port_counter
+    assert _get(r.samples, "infiniband_port_counter", device="mlx5_0", counter="port_xmit_data") is None
+    # 21 counters = 4 dedicated + 17 generic, 20 hw counters, per port
+    assert len([s for s in r.samples if s.name == "infiniband_port_counter"]) == 3 * 17
+    assert len([s for s in r.samples if s.name == "infiniband_port_hw_counter"]) == 3 * 20
+    assert {s.name for s in r.samples} <= set(col.metrics)
+
+
+def test_malformed_counter_skips_that_counter_only(dgx_sys: Path) -> None:
+    port = dgx_sys / "class/infiniband/mlx5_0/ports/1"
+    (port / "counters/symbol_error").write_text("not-a-number\n")
+    (port / "hw_counters/out_of_buffer").write_text("")  # truncated to nothing
+    os.unlink(port / "counters/link_downed")
+    os.symlink("/nonexistent/podhealth-test", port / "counters/link_downed")  # unreadable
+    r = create(_cfg(dgx_sys)).collect()
+    assert _get(r.samples, "infiniband_port_counter", device="mlx5_0", counter="symbol_error") is None
+    assert _get(r.samples, "infiniband_port_counter", device="mlx5_0", counter="link_downed") is None
+    assert _get(r.samples, "infiniband_port_hw_counter", device="mlx5_0", counter="out_of_buffer") is None
+    # the rest of the device, and the other devices, still flow
+    assert _get(r.samples, "infiniband_port_counter", device="mlx5_0", counter="port_xmit_wait") == 1286453357
+    assert _get(r.samples, "infiniband_port_state", device="mlx5_0") == 4
+    assert _get(r.samples, "infiniband_port_counter", device="mlx5_1", counter="symbol_error") == 65535
+    assert len(r.errors) == 3
+    assert any("mlx5_0/ports/1/counters/symbol_error" in e for e in r.errors)
+    assert any("mlx5_0/ports/1/counters/link_downed" in e for e in r.errors)
+
+
+def test_missing_port_attributes_and_board_id(dgx_sys: Path) -> None:
+    dev = dgx_sys / "class/infiniband/mlx5_2"
+    os.unlink(dev / "board_id")
+    os.unlink(dev / "ports/1/rate")
+    (dev / "ports/1/state").write_text("garbage\n")
+    shutil.rmtree(dev / "ports/1/hw_counters")
+    r = create(_cfg(dgx_sys)).collect()
+    assert _get(r.samples, "infiniband_info", device="mlx5_2", board_id="") == 1
+    assert _get(r.samples, "infiniband_port_rate_bytes_per_second", device="mlx5_2") is None
+    assert _get(r.samples, "infiniband_port_state", device="mlx5_2") is None
+    assert _get(r.samples, "infiniband_port_physical_state", device="mlx5_2") == 5
+    assert [e for e in r.errors if "mlx5_2/ports/1/state" in e]
+    assert not [s for s in r.samples if s.name == "infiniband_port_hw_counter" and s.label("device") == "mlx5_2"]
+
+
+def test_no_infiniband_class_is_not_an_exception(tmp_path: Path) -> None:
+    col = InfinibandCollector(tmp_path)
+    r = col.collect()
+    assert r.samples == ()
+    assert len(r.errors) == 1 and "no InfiniBand devices" in r.errors[0]
+    col.close()
+
+
+def test_device_without_ports(tmp_path: Path) -> None:
+    (tmp_path / "class/infiniband/mlx5_9").mkdir(parents=True)
+    (tmp_path / "class/infiniband/mlx5_9/fw_ver").write_text("28.39.1002\n")
+    r = create(_cfg(tmp_path)).collect()
+    assert [s.name for s in r.samples] == ["infiniband_info"]
+    assert r.errors == ("mlx5_9: no ports",)
