@@ -1,7 +1,9 @@
 """One burn-in worker: GEMM stress on one GPU (or one CPU thread standing in for a GPU).
 
-Runs in its own process (spawned, never forked: CUDA does not survive fork), so a GPU that hangs
-or crashes takes down only its worker. For each dtype it builds seeded inputs (identical on every
+Runs in its own process (`python -m podhealth.checks.burnin_worker SPEC_JSON`, never forked:
+CUDA does not survive fork), so a GPU that hangs or crashes takes down only its worker. It
+prints one JSON object per line on stdout: {"progress": [fraction, dtype]} while it runs, then
+{"result": WorkerResult}. For each dtype it builds seeded inputs (identical on every
 worker), computes C0 = A @ B once, checks C0's first rows against a float64 reference, then
 multiplies in timed batches for its share of the duration, comparing a result against C0 after
 every batch. It reports achieved TFLOPS (timed batches only) and a float64 checksum of C0 that
@@ -18,10 +20,12 @@ Fault injection (the documented test seam; `WorkerSpec.fault`, CLI `--inject-fau
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 import traceback
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, Mapping
 
 Fault = Literal["", "corrupt", "flip", "slow"]
 FAULTS: tuple[str, ...] = ("corrupt", "flip", "slow")
@@ -74,13 +78,36 @@ class WorkerResult:
     error: str = ""
 
 
-def main(spec: WorkerSpec, queue: Any) -> None:
-    """Process entry point: put progress tuples and finally ("result", WorkerResult) on queue."""
+def spec_to_json(spec: WorkerSpec) -> str:
+    return json.dumps(asdict(spec))
+
+
+def spec_from_json(text: str) -> WorkerSpec:
+    d = json.loads(text)
+    d["dtypes"] = tuple(d["dtypes"])
+    return WorkerSpec(**d)
+
+
+def result_from_json(d: Mapping[str, Any]) -> WorkerResult:
+    return WorkerResult(int(d["index"]), str(d["device_name"]),
+                        tuple(DtypeResult(**r) for r in d.get("results", ())), str(d.get("error", "")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Process entry point: progress lines, then exactly one result line (errors included)."""
+    args = sys.argv[1:] if argv is None else argv
+    spec = spec_from_json(args[0])
+
+    def emit(obj: object) -> None:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
     try:
-        res = run(spec, lambda frac, dt: queue.put(("progress", spec.index, dt, frac)))
+        res = run(spec, lambda frac, dt: emit({"progress": [frac, dt]}))
     except BaseException as e:  # noqa: BLE001 - report every failure, the parent decides
         res = WorkerResult(spec.index, "", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"[:2000])
-    queue.put(("result", res))
+    emit({"result": asdict(res)})
+    return 0
 
 
 class _Torch:
@@ -238,3 +265,7 @@ def _one_dtype(ops: Any, spec: WorkerSpec, dt: str, share_s: float, progress: An
     return DtypeResult(dt, iters, timed, tflops, checksum, abs_checksum, ref_err, ref_err <= REF_TOL[dt],
                        checks, mismatches, worst)
 
+
+
+if __name__ == "__main__":
+    sys.exit(main())

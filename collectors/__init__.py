@@ -20,6 +20,7 @@ REGISTRY: dict[str, str] = {
     "nfs": "podhealth.collectors.nfs:create",
     "host": "podhealth.collectors.host:create",
     "dcgm": "podhealth.collectors.dcgm:create",
+    "kmsg": "podhealth.collectors.kmsg:create",
 }
 
 

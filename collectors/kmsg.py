@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Protocol
 
 from podhealth.collectors.base import Collection, specs
-from podhealth.collectors.xid_parse import LineAssembler, Malformed, ParsedLine
+from podhealth.collectors.xid_parse import LineAssembler, Malformed, ParsedLine, normalise_pci
 from podhealth.config import Config
 from podhealth.vocab import Event, MetricSpec, Sample
 
@@ -323,8 +323,6 @@ class NvmlXidEvents:
 
 
 def _nvml_pci(n: Any, handle: Any) -> str:
-    from podhealth.collectors.xid_parse import normalise_pci
-
     try:
         info = n.nvmlDeviceGetPciInfo_v3(handle)
     except Exception:  # noqa: BLE001
@@ -386,7 +384,7 @@ class KmsgCollector:
         cfg: Config,
         *,
         reader: LineReader | None = None,
-        nvml: XidEventSource | None | Callable[[], XidEventSource] = None,
+        nvml: Callable[[], XidEventSource] | None = None,
         gpu_index_of: Callable[[str], int | None] | None = None,
         clock: Callable[[], float] = time.time,
         boot_time: Callable[[], float] | None = None,
@@ -403,7 +401,7 @@ class KmsgCollector:
         self._max_bytes = max_bytes
         self._assembler = LineAssembler()
         self._recent: deque[Event] = deque(maxlen=kc.keep_events)
-        self._pending: deque[_Pending] = deque(maxlen=4096)
+        self._pending: dict[tuple[str, int], deque[_Pending]] = {}
         self._c = _Counters()
         self._gpu_index_of = gpu_index_of
         self._errors_once: list[str] = []
@@ -442,7 +440,7 @@ class KmsgCollector:
             if p is None:
                 continue
             ev = self._event(p, now, boot, year)
-            if ev.kind == "xid" and self._matches_pending(ev, source="nvml"):
+            if ev.kind == "xid" and nvml is not None and self._matches_pending(ev, source="nvml"):
                 continue  # NVML already reported it (and is being held); the kernel line replaced it
             new.append(ev)
         if nvml is not None:
@@ -471,11 +469,10 @@ class KmsgCollector:
         if self._nvml_tried:
             return self._nvml
         self._nvml_tried = True
-        f = self._nvml_factory
         try:
-            if f is None:
+            if self._nvml_factory is None:
                 raise NvmlUnusable("NVML XID events disabled")
-            self._nvml = f() if callable(f) and not hasattr(f, "poll") else f  # type: ignore[assignment]
+            self._nvml = self._nvml_factory()
         except NvmlUnusable as e:
             self._errors_once.append(f"NVML XID events off, kernel log only: {e}")
             self._reported.add("nvml")
@@ -486,9 +483,10 @@ class KmsgCollector:
 
     def _event(self, p: ParsedLine, now: float, boot: float, year: int) -> Event:
         t = p.wall_time
-        if t is not None and t > now + 86400 and p.mono_time is None:
-            # A syslog stamp has no year; one in the future is from last year (read across New Year).
-            t = t - (366 if _leap(year - 1) else 365) * 86400 if year else t
+        if t is not None and t > now + 86400:
+            # Only a syslog stamp (no year, so this year was assumed) lands a day or more in the
+            # future: it was written last year, read across New Year.
+            t -= (366 if _leap(year - 1) else 365) * 86400
         if t is None and p.mono_time is not None:
             t = min(boot + p.mono_time, now)
         if t is None:
@@ -516,12 +514,12 @@ class KmsgCollector:
     def _matches_pending(self, ev: Event, source: str) -> bool:
         """Is there an unmatched `source` event for the same GPU and code within DEDUP_S?"""
         key = self._key(ev)
-        for p in self._pending:
-            if not p.matched and p.event.source == source and p.key == key and abs(p.event.time - ev.time) <= DEDUP_S:
+        waiting = self._pending.setdefault(key, deque(maxlen=1024))
+        for p in waiting:
+            if not p.matched and p.event.source == source and abs(p.event.time - ev.time) <= DEDUP_S:
                 p.matched = True
                 return True
-        if ev.source == "kmsg":
-            self._pending.append(_Pending(ev, key))
+        waiting.append(_Pending(ev, key))
         return False
 
     def _nvml_events(self, nvml: XidEventSource, now: float, errors: list[str]) -> list[Event]:
@@ -535,20 +533,25 @@ class KmsgCollector:
             ev = Event(kind="xid", code=x.code, time=x.time, text=f"NVML XID event {x.code}",
                        pci_bus_id=x.pci_bus_id, gpu=x.gpu if x.gpu is not None else self._gpu_of(x.pci_bus_id),
                        source="nvml")
-            if self._matches_pending(ev, source="kmsg"):
-                continue
-            self._pending.append(_Pending(ev, self._key(ev)))
-        # Release NVML events whose kernel line did not come within the hold time; forget old ones.
+            self._matches_pending(ev, source="kmsg")  # matched: the kernel line already counted it
+        return self._release(now)
+
+    def _release(self, now: float) -> list[Event]:
+        """NVML events whose kernel line did not come within the hold time stand alone; entries
+        older than any possible match are forgotten (this keeps the table small)."""
         out: list[Event] = []
-        keep: deque[_Pending] = deque(maxlen=self._pending.maxlen)
-        for p in self._pending:
-            age = now - p.event.time
-            if p.event.source == "nvml" and not p.matched and age >= NVML_HOLD_S:
-                out.append(p.event)
-                continue
-            if age <= max(DEDUP_S, NVML_HOLD_S) * 2:
-                keep.append(p)
-        self._pending = keep
+        for key in list(self._pending):
+            keep: deque[_Pending] = deque(maxlen=1024)
+            for p in self._pending[key]:
+                age = now - p.event.time
+                if p.event.source == "nvml" and not p.matched and age >= NVML_HOLD_S:
+                    out.append(p.event)
+                elif age <= max(DEDUP_S, NVML_HOLD_S) * 2:
+                    keep.append(p)
+            if keep:
+                self._pending[key] = keep
+            else:
+                del self._pending[key]
         return out
 
     def _count(self, ev: Event) -> None:

@@ -32,8 +32,9 @@ class Fake:
     metrics = specs(MetricSpec("fake_value", "gauge", "A test value."),
                     MetricSpec("fake_ops", "counter", "A test counter."))
 
-    def __init__(self, value: float = 1.0) -> None:
+    def __init__(self, value: float = 1.0, ident: str = "a") -> None:
         self.value = value
+        self.ident = ident
         self.calls: list[float] = []
         self.hang = False
         self.hang_value = 999.0
@@ -47,8 +48,9 @@ class Fake:
             raise RuntimeError(self.fail)
         if self.hang:
             self.release.wait(30)
-            return Collection((Sample.of("fake_value", self.hang_value, id="a"),))
-        return Collection((Sample.of("fake_value", self.value, id="a"), Sample.of("fake_ops", len(self.calls), id="a")))
+            return Collection((Sample.of("fake_value", self.hang_value, id=self.ident),))
+        return Collection((Sample.of("fake_value", self.value, id=self.ident),
+                           Sample.of("fake_ops", len(self.calls), id=self.ident)))
 
     def close(self) -> None:
         self.closed = True
@@ -118,7 +120,7 @@ async def test_each_collector_keeps_its_own_interval() -> None:
 
 
 async def test_hung_collector_goes_stale_and_metrics_keep_answering_fast() -> None:
-    hung, other = Fake(value=42.0), Fake(value=7.0)
+    hung, other = Fake(value=42.0, ident="h"), Fake(value=7.0, ident="o")
     agent = Agent(cfg_with(nvml=(0.1, 0.3), nfs=(0.1, 0.3)), node="n1",
                   factories={"nvml": lambda c: hung, "nfs": lambda c: other})
     seen: list[float] = []
@@ -157,7 +159,7 @@ async def test_hung_collector_goes_stale_and_metrics_keep_answering_fast() -> No
 
 
 async def test_failing_collector_does_not_affect_others() -> None:
-    bad, good = Fake(), Fake(value=3.0)
+    bad, good = Fake(ident="b"), Fake(value=3.0, ident="g")
     bad.fail = "source exploded"
     agent = Agent(cfg_with(nvml=(0.1, 0.5), nfs=(0.1, 0.5)), node="n1",
                   factories={"nvml": lambda c: bad, "nfs": lambda c: good})
@@ -201,7 +203,7 @@ async def test_factory_problems_disable_only_that_collector() -> None:
 
     never_called: list[int] = []
     good = Fake()
-    cfg = config.loads("listen: {address: 127.0.0.1, port: 0}\ncollectors:\n  nvml: {interval: 0.1}\n"
+    cfg = config.loads("listen: {address: 127.0.0.1, port: 0}\ncollectors:\n  nvml: {interval: 0.1, timeout: 0.5}\n"
                        "  kmsg: {enabled: false}\n")
     agent = Agent(cfg, node="n1", factory_timeout=0.5, factories={
         "dcgm": disabled, "infiniband": broken, "nfs": hangs, "nvml": lambda c: good,

@@ -344,7 +344,12 @@ def test_a_hung_gpu_costs_one_slow_call_and_holds_no_session_lock(node: SimNode,
         inject(node, "fault=nvml-hang", "gpu=2", "seconds=1.0")
         result: list[tuple[float, Collection]] = []
         t0 = time.monotonic()
-        worker = threading.Thread(target=lambda: result.append((time.monotonic() - t0, collector.collect())))
+
+        def run() -> None:
+            col = collector.collect()
+            result.append((time.monotonic() - t0, col))
+
+        worker = threading.Thread(target=run)
         worker.start()
         answered_while_hung = 0
         try:
