@@ -3,7 +3,8 @@
 Existing Grafana dashboards built on dcgm-exporter keep working. Values are converted to
 dcgm-exporter's units (percent, MiB, MHz, millijoules). dcgm-exporter declares a few of these
 counters without a `_total` suffix; they are typed gauge here so the names stay exactly what the
-dashboards query and `promtool check metrics` stays clean.
+dashboards query. dcgm-exporter's label names (UUID, modelName, Hostname) are camelCase, which
+`promtool check metrics` flags; that is the price of compatibility and only applies in this mode.
 """
 
 from __future__ import annotations

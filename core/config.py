@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Mapping
 
 from podhealth.aggregator.config import AggregatorConfig
 from podhealth.configload import (
-    AbsPath, ConfigError, Ge, Gt, NonEmpty, Percent, Port, Seconds, doc, load_file, load_text,
+    AbsPath, ConfigError, Ge, Gt, Le, NonEmpty, Percent, Port, Seconds, doc, load_file, load_text,
     render_default,
 )
 
@@ -154,6 +154,48 @@ class ChecksConfig:
 
 
 @dataclass(frozen=True)
+class BurninConfig:
+    duration: Seconds = doc("Seconds of GEMM stress (split between bf16 and fp32).", 60.0)
+    size: Annotated[int, Ge(0, "a matrix size")] = doc("Matrix size n (0 = 8192 on a GPU, 160 on CPU stand-ins).", 0)
+    watcher: Literal["nvml", "metrics", "none"] = doc(
+        "Telemetry during the run: NVML directly, or the local agent's /metrics.", "nvml")
+    metrics_url: str = doc("Agent /metrics URL for watcher: metrics.", "http://127.0.0.1:9410/metrics")
+
+
+@dataclass(frozen=True)
+class DcgmDiagConfig:
+    dcgmi: str = doc("dcgmi binary (name on PATH or absolute path).", "dcgmi")
+    level: Annotated[int, Ge(1, "a run level"), Le(4, "a run level")] = doc("Default `dcgmi diag -r` level.", 1)
+    timeout_r1: Seconds = doc("Seconds `dcgmi diag -r 1` may take.", 120.0)
+    timeout_r2: Seconds = doc("Seconds `dcgmi diag -r 2` may take.", 900.0)
+    timeout_r3: Seconds = doc("Seconds `dcgmi diag -r 3` may take.", 3600.0)
+    timeout_r4: Seconds = doc("Seconds `dcgmi diag -r 4` may take.", 7200.0)
+
+
+@dataclass(frozen=True)
+class NcclCheckConfig:
+    all_reduce_perf: str = doc("nccl-tests all_reduce_perf binary; empty = podhealth's torch.distributed runner.", "")
+    min_bytes: Annotated[int, Gt(0, "bytes")] = doc("Smallest all-reduce size.", 1 << 20)
+    max_bytes: Annotated[int, Gt(0, "bytes")] = doc("Largest all-reduce size (the gate reads the top sizes).", 1 << 30)
+    timeout: Seconds = doc("Seconds one all-reduce run (or one pair test) may take.", 600.0)
+    fleet_median_gbps: Annotated[float, Ge(0, "GB/s")] = doc(
+        "In-node bus bandwidth fleet median for the WARN rule (0 = no median).", 0.0)
+    fleet_slow_pct: Percent = doc("WARN (and, for pairs, suspect) when this % below the median.", 10.0)
+    pair_busbw_gbps: Annotated[float, Ge(0, "GB/s")] = doc(
+        "Two-node bus bandwidth gate for pair tests (0 = judge pairs only against their median).", 0.0)
+    srun: str = doc("srun binary for multi-node pair tests.", "srun")
+    partition: str = doc("Slurm partition for pair tests (empty = the default).", "")
+    python: str = doc("Python on the compute nodes for the runner (empty = this interpreter's path).", "")
+
+
+@dataclass(frozen=True)
+class ActiveConfig:
+    burnin: BurninConfig = doc("GPU burn-in (`podhealth burnin`).", factory=BurninConfig)
+    dcgm: DcgmDiagConfig = doc("DCGM diagnostics (`podhealth dcgm-diag`).", factory=DcgmDiagConfig)
+    nccl: NcclCheckConfig = doc("NCCL all-reduce tests (`podhealth nccl`).", factory=NcclCheckConfig)
+
+
+@dataclass(frozen=True)
 class AuthConfig:
     token: str = doc("Bearer token required by mutating agent endpoints and `check --node`; empty = none.", "")
 
@@ -168,6 +210,7 @@ class Config:
     exporters: ExportersConfig = doc("Where samples are pushed besides /metrics.", factory=ExportersConfig)
     publish: PublishConfig = doc("Pushing verdict transitions and XID events to the aggregator.", factory=PublishConfig)
     checks: ChecksConfig = doc("Health checks.", factory=ChecksConfig)
+    active: ActiveConfig = doc("Active tests run on demand: burn-in, DCGM diagnostics, NCCL.", factory=ActiveConfig)
     auth: AuthConfig = doc("Agent API authentication.", factory=AuthConfig)
     aggregator: AggregatorConfig = doc("The central aggregator (podhealth aggregator).", factory=AggregatorConfig)
 

@@ -661,6 +661,12 @@ def _retired_v2(h: int, cause: int, count_ptr: int, pages: int, times: int) -> N
     _retired(h, cause, count_ptr, pages, times)
 
 
+# pynvml's size query calls the _v2 function with 4 arguments (the timestamps pointer left out;
+# harmless in C, where pages=NULL means "count only"). A CFUNCTYPE insists on its arity, so this
+# one entry point dispatches on the argument count to a 4- or 5-parameter C callback.
+_ARITY_VARIANTS = {"nvmlDeviceGetRetiredPages_v2": ((P, c_uint, P, P), _retired_v1)}
+
+
 @_impl("nvmlDeviceGetRetiredPagesPendingStatus", args=[P, P])
 def _retired_pending(h: int, ptr: int) -> None:
     g = _b().device(h).spec
@@ -973,6 +979,19 @@ def _wrap(name: str, fn: Callable[..., None]) -> Callable[..., int]:
     return call
 
 
+class _ByArity:
+    """Calls one of several C callbacks of the same function, chosen by the number of arguments."""
+
+    def __init__(self, by_count: dict[int, Any]) -> None:
+        self._by_count = by_count
+
+    def __call__(self, *args: Any) -> int:
+        fn = self._by_count.get(len(args))
+        if fn is None:
+            raise TypeError(f"simulated NVML function takes {sorted(self._by_count)} arguments, got {len(args)}")
+        return int(fn(*args))
+
+
 class SimulatedNvmlLibrary:
     """What `pynvml.nvmlLib` points to while installed: one CFUNCTYPE attribute per C function."""
 
@@ -980,6 +999,10 @@ class SimulatedNvmlLibrary:
         for name, (argtypes, fn) in _IMPLS.items():
             proto = CFUNCTYPE(c_int, *argtypes)
             setattr(self, name, proto(_wrap(name, fn)))
+        for name, (argtypes, fn) in _ARITY_VARIANTS.items():
+            full = getattr(self, name)
+            short = CFUNCTYPE(c_int, *argtypes)(_wrap(name, fn))
+            setattr(self, name, _ByArity({len(argtypes): short, len(_IMPLS[name][0]): full}))
         # restype void*: pynvml sets restype = c_char_p on the function object before calling.
         self.nvmlErrorString = CFUNCTYPE(c_void_p, c_int)(_error_string)
 

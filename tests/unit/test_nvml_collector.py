@@ -22,6 +22,7 @@ from podhealth.sim import faults, nvml_lib
 from podhealth.sim.node import SimNode
 from podhealth.sim.state import default_state
 from podhealth.vocab import Sample
+from tests.harness.proc import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -130,7 +131,6 @@ def value_of(col: Collection, name: str) -> float:
 def test_energy_is_a_counter_in_joules_that_grows(node: SimNode, collector: NvmlCollector) -> None:
     first = value(collector.collect(), "gpu_energy_joules", 0)
     # The simulator integrates power over wall time; poll until it has moved.
-    from tests.harness.proc import wait_until
     wait_until(lambda: value(collector.collect(), "gpu_energy_joules", 0) > first, timeout=5, what="energy to grow")
     g = node.state.gpu(0)
     assert first <= g.power_w * (time.time() - node.state.t0) + 1

@@ -1,0 +1,757 @@
+"""The aggregator's loops: pull agents, run decide(), carry out its actions, keep the store honest.
+
+Restart safety: every fence/release is recorded as a pending action BEFORE any fencer is
+called, and marked done after. On start, pending actions are completed by first re-reading the
+fencers (a fence that already happened is only marked done, never made twice), then the store
+is reconciled with what the fencers show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
+
+import aiohttp
+
+from podhealth import log as plog
+from podhealth.vocab import Status
+
+from podhealth.aggregator import ingest
+from podhealth.aggregator.config import AggregatorConfig
+from podhealth.aggregator.fence import DryRunFencer, FenceOutcome, FenceReason, FenceState, Fencer, render_reason
+from podhealth.aggregator.metrics import Metrics
+from podhealth.aggregator.model import BreakerState, Decision, FenceMode, Planned
+from podhealth.aggregator.policy import RATE_WINDOW, Policy, decide, partition_limit
+from podhealth.aggregator.state import Memory
+from podhealth.aggregator.store import ActionRow, Op, Store, reason_to_json
+from podhealth.aggregator.writer import Writer
+
+T = TypeVar("T")
+log = plog.get("podhealth.aggregator")
+RECONCILE_INTERVAL = 60.0
+HOUSEKEEPING_INTERVAL = 5.0
+MIN_DECIDE_GAP = 0.05
+
+
+class OperatorError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Pending:
+    """A recorded, unfinished fence/release/handover."""
+
+    id: int
+    node: str
+    kind: str
+    who: str
+    why: str
+    reason: FenceReason | None = None
+    rule: str = ""
+    dry_run: bool = False
+    attempts: int = 0
+    next_attempt: float = 0.0
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    result: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, row: ActionRow) -> "Pending":
+        return cls(id=row.id, node=row.node, kind=row.kind, who=row.who, why=row.why, reason=row.reason,
+                   rule=row.rule, dry_run=row.dry_run, attempts=row.attempts, next_attempt=row.next_attempt)
+
+
+class TransientError(Exception):
+    """A fencer could not answer (timeout, slurmctld down): try again later."""
+
+
+def build_fencers(cfg: AggregatorConfig) -> list[Fencer]:
+    """The fencers the config turns on; dry run replaces them all with the dry-run fencer."""
+    if cfg.dry_run:
+        return [DryRunFencer()]
+    out: list[Fencer] = []
+    f = cfg.fencers
+    if f.slurm.enabled:
+        from podhealth.aggregator import slurm
+        out.append(slurm.from_config(f.slurm))  # type: ignore[attr-defined]
+    if f.kubernetes.enabled:
+        from podhealth.aggregator import kube
+        out.append(kube.from_config(f.kubernetes))  # type: ignore[attr-defined]
+    if f.file.enabled:
+        from podhealth.aggregator.filefence import FileFencer
+        out.append(FileFencer(f.file.path, f.file.gate or None, f.file.gate_after))
+    if f.dryrun.enabled or not out:
+        out.append(DryRunFencer())
+    return out
+
+
+class Aggregator:
+    def __init__(self, cfg: AggregatorConfig, fencers: Sequence[Fencer] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.policy = Policy.from_config(cfg)
+        self.fencers: list[Fencer] = list(fencers) if fencers is not None else build_fencers(cfg)
+        self.metrics = Metrics()
+        self.store: Store | None = None
+        self.writer: Writer | None = None
+        self.mem: Memory | None = None
+        self.pending: dict[int, Pending] = {}
+        self.last_decision = Decision()
+        self.last_decision_at = 0.0
+        self.wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._action_tasks: set[asyncio.Task[Any]] = set()
+        self._node_locks: dict[str, asyncio.Lock] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._running = False
+        self._sem = asyncio.Semaphore(32)
+        self.reconcile_report: list[str] = []
+        self.metrics.add_fleet(lambda: self.mem, cfg.caps.max_fenced, lambda: len(self.pending), self._held)
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        now = self.clock()
+        self.store = await asyncio.to_thread(Store, self.cfg.db)
+        store = self.store
+        loaded = await asyncio.to_thread(store.load, now, self.cfg.event_retention)
+        self.mem = Memory.from_loaded(loaded)
+        self.writer = Writer(store)
+        self.writer.start()
+        ops: list[Op] = []
+        for n in self.cfg.nodes:
+            ops += self.mem.configure_node(n.name, n.agent_url, n.slurm_name, n.k8s_name, n.partition, now)
+        await self.writer.write(ops)
+        self._session = aiohttp.ClientSession()
+        self._running = True
+        fencer_names = ", ".join(f.name for f in self.fencers)
+        log.info("aggregator starting", db=str(self.cfg.db), nodes=len(self.mem.nodes), fencers=fencer_names,
+                 dry_run=self.cfg.dry_run, pending=len(loaded.pending))
+        await self._recover([Pending.of(r) for r in loaded.pending])
+        await self.reconcile(initial=True)
+        self._tasks = [asyncio.create_task(self._decide_loop(), name="decide"),
+                       asyncio.create_task(self._pull_loop(), name="pull"),
+                       asyncio.create_task(self._housekeeping_loop(), name="housekeeping")]
+
+    async def stop(self) -> None:
+        self._running = False
+        for t in self._tasks:
+            t.cancel()
+        for t in list(self._action_tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, *self._action_tasks, return_exceptions=True)
+        self._tasks = []
+        if self.mem is not None and self.writer is not None:
+            self.writer.write_nowait(self.mem.flush_seen())
+        if self.writer is not None:
+            await self.writer.stop()
+        if self._session is not None:
+            await self._session.close()
+        if self.store is not None:
+            self.store.close()
+
+    def _held(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for n in self.last_decision.notes:
+            if n.node and n.kind in ("breaker_holding", "cap_reached", "partition_cap_reached", "rate_limited",
+                                     "opted_out", "fenced_by_other", "waiting_min_duration", "held_since_reset"):
+                out[n.kind] = out.get(n.kind, 0) + 1
+        return out
+
+    def poke(self) -> None:
+        """Something changed: run the policy soon."""
+        self.wake.set()
+
+    async def commit(self, ops: Sequence[Op]) -> None:
+        assert self.writer is not None
+        await self.writer.write(ops)
+
+    # ---- the decide loop -----------------------------------------------------------------------
+
+    async def _decide_loop(self) -> None:
+        while self._running:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), self.cfg.decide_interval)
+            self.wake.clear()
+            try:
+                self.run_decide()
+            except Exception:  # noqa: BLE001 - the loop must outlive one bad run; it is logged
+                log.exception("decide failed")
+            await asyncio.sleep(MIN_DECIDE_GAP)  # coalesce bursts of ingest into one run
+
+    def run_decide(self) -> Decision:
+        mem = self.mem
+        assert mem is not None and self.writer is not None
+        now = self.clock()
+        d = decide(mem.open_conditions(), mem.fleet(), now, self.policy)
+        self.metrics.decisions.inc()
+        self.last_decision, self.last_decision_at = d, now
+        if d.breaker != mem.breaker:
+            tripped = d.breaker.tripped and not mem.breaker.tripped
+            ops = mem.set_breaker(d.breaker)
+            if tripped:
+                self.metrics.breaker_trips.inc()
+                log.error("circuit breaker tripped: fencing stopped", reason=d.breaker.reason)
+                ops.append(Store.op_audit(now, "*", "podhealth", "breaker tripped", d.breaker.reason))
+            self.writer.write_nowait(ops)
+        for a in d.actions:
+            self._dispatch(a, now)
+        return d
+
+    def _dispatch(self, a: Planned, now: float) -> None:
+        mem = self.mem
+        assert mem is not None and self.writer is not None
+        if a.kind == "notify":
+            assert a.condition is not None
+            c = mem.conditions.get(a.condition)
+            ops = mem.mark_notified(a.condition)
+            if c is not None:
+                log.warning("node condition", node=a.node, check=c.check, entity=c.entity, status=c.status.value,
+                            action=c.action.value, summary=c.summary)
+                ops.append(Store.op_audit(now, a.node, "podhealth", "notify", a.why))
+            self.metrics.actions.labels("notify", "done").inc()
+            self.writer.write_nowait(ops)
+            return
+        if a.kind == "fence":
+            assert a.reason is not None
+            mem.recent_fences.append(now)
+            self._spawn(self._begin(a.node, "fence", "policy", a.why, now, a.reason, a.rule,
+                                    mem.set_node(a.node, fence=FenceMode.FENCING, fence_reason=render_reason(a.reason),
+                                                 hold=False)))
+        elif a.kind == "handover":
+            self._spawn(self._begin(a.node, "handover", "policy", a.why, now, None, "",
+                                    mem.set_node(a.node, handover="running", handover_at=now)))
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        t = asyncio.ensure_future(coro)
+        self._action_tasks.add(t)
+        t.add_done_callback(self._action_tasks.discard)
+        return t
+
+    async def _begin(self, node: str, kind: str, who: str, why: str, now: float, reason: FenceReason | None,
+                     rule: str, extra: list[Op]) -> Pending:
+        """Record the action as pending (durably) and only then carry it out."""
+        assert self.writer is not None
+        aid = await self.writer.call(lambda s: s.begin_action(node, kind, who, why, now, reason, rule,
+                                                              self.cfg.dry_run, extra))
+        p = Pending(id=aid, node=node, kind=kind, who=who, why=why, reason=reason, rule=rule, dry_run=self.cfg.dry_run)
+        self.pending[aid] = p
+        log.info("action recorded", id=aid, node=node, kind=kind, who=who, why=why)
+        await self._execute(p)
+        return p
+
+    # ---- executing actions ---------------------------------------------------------------------
+
+    def _lock(self, node: str) -> asyncio.Lock:
+        return self._node_locks.setdefault(node, asyncio.Lock())
+
+    def _target(self, fencer: Fencer, node: str) -> str:
+        rec = self.mem.nodes.get(node) if self.mem else None
+        if rec is None:
+            return node
+        if fencer.name == "slurm":
+            return rec.slurm_name or node
+        if fencer.name in ("kubernetes", "kube", "k8s"):
+            return rec.k8s_name or node
+        return node
+
+    async def _call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """One fencer call under the retry policy: transient failures are retried with backoff."""
+        r = self.cfg.retries
+        delay = r.backoff
+        for attempt in range(r.attempts):
+            try:
+                return await asyncio.wait_for(fn(), timeout=max(self.cfg.fencers.slurm.timeout,
+                                                                 self.cfg.fencers.kubernetes.timeout) * 2)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - any fencer failure is retried, then left pending
+                err = e
+            if attempt + 1 < r.attempts:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, r.max_backoff)
+        raise TransientError(f"{what}: {type(err).__name__}: {err}")
+
+    async def _execute(self, p: Pending) -> None:
+        async with self._lock(p.node), self._sem:
+            try:
+                if p.kind == "fence":
+                    await self._do_fence(p)
+                elif p.kind == "release":
+                    await self._do_release(p)
+                elif p.kind == "handover":
+                    await self._do_handover(p)
+            except TransientError as e:
+                await self._postpone(p, str(e))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a bug must not lose the pending record
+                log.exception("action failed unexpectedly", id=p.id, node=p.node)
+                await self._postpone(p, f"{type(e).__name__}: {e}")
+
+    async def _postpone(self, p: Pending, error: str) -> None:
+        now = self.clock()
+        p.attempts += 1
+        p.next_attempt = now + min(self.cfg.retries.max_backoff, self.cfg.retries.backoff * (2 ** min(p.attempts, 16)))
+        log.warning("action still pending", id=p.id, node=p.node, kind=p.kind, error=error, attempts=p.attempts)
+        self.metrics.actions.labels(p.kind, "retry").inc()
+        await self.commit([Store.op_action_attempt(p.id, now, p.attempts, p.next_attempt, error),
+                           Store.op_audit(now, p.node, p.who, f"{p.kind} attempt failed", p.why, (), error, False, p.id)])
+
+    async def _finish(self, p: Pending, state: str, result: str, ops: list[Op]) -> None:
+        now = self.clock()
+        await self.commit(ops + [Store.op_action_finish(p.id, state, now, result),
+                                 Store.op_audit(now, p.node, p.who, f"{p.kind} {state}", p.why, (), result,
+                                                state != "failed", p.id)])
+        self.pending.pop(p.id, None)
+        p.result = {"id": p.id, "node": p.node, "kind": p.kind, "state": state, "result": result}
+        p.done.set()
+        self.metrics.actions.labels(p.kind, state).inc()
+        log.info("action finished", id=p.id, node=p.node, kind=p.kind, state=state, result=result)
+        self.poke()
+
+    def _audit_outcome(self, p: Pending, fencer: Fencer, what: str, o: FenceOutcome) -> Op:
+        return Store.op_audit(self.clock(), p.node, p.who, f"{what} via {fencer.name}", p.why, o.command,
+                              o.output if o.ok else (o.error or o.output), o.ok, p.id)
+
+    async def _read_all(self, node: str) -> list[tuple[Fencer, FenceState]]:
+        out = []
+        for f in self.fencers:
+            target = self._target(f, node)
+            st = await self._call(f"{f.name} read {target}", lambda f=f, t=target: f.read(t))  # type: ignore[misc]
+            out.append((f, st))
+        return out
+
+    async def _do_fence(self, p: Pending) -> None:
+        mem = self.mem
+        assert mem is not None and p.reason is not None
+        states = await self._read_all(p.node)
+        present = [(f, st) for f, st in states if st.exists]
+        if not present:
+            await self._finish(p, "failed", "node is unknown to every fencer",
+                               mem.set_node(p.node, fence=FenceMode.NONE, fence_reason=""))
+            return
+        if any(st.opted_out for _, st in present):
+            who = ", ".join(f.name for f, st in present if st.opted_out)
+            await self._finish(p, "skipped", f"opted out in {who}",
+                               mem.set_node(p.node, fence=FenceMode.NONE, fence_reason="", opted_out=True))
+            return
+        foreign = [(f, st) for f, st in present if st.fenced and not st.ours]
+        if foreign:
+            f, st = foreign[0]
+            await self._finish(p, "skipped", f"already fenced by someone else in {f.name}: {st.reason}",
+                               mem.set_node(p.node, fence=FenceMode.EXTERNAL, fence_reason=st.reason))
+            return
+        ops: list[Op] = []
+        changed = False
+        for f, st in present:
+            if st.fenced and st.ours:
+                ops.append(Store.op_audit(self.clock(), p.node, p.who, f"fence via {f.name}", p.why, (),
+                                          f"already fenced: {st.reason}", True, p.id))
+                continue
+            target = self._target(f, p.node)
+            reason = p.reason
+            o = await self._call(f"{f.name} fence {target}", lambda f=f, t=target: f.fence(t, reason))  # type: ignore[misc]
+            ops.append(self._audit_outcome(p, f, "fence", o))
+            if not o.ok:
+                await self.commit(ops)
+                raise TransientError(f"{f.name} fence {target}: {o.error or o.output}")
+            changed = changed or o.changed
+        now = self.clock()
+        if changed:
+            self.metrics.fences.labels(p.reason.check, p.reason.action).inc()
+        await self._finish(p, "done", "fenced" if changed else "was already fenced",
+                           ops + mem.set_node(p.node, fence=FenceMode.FENCED, fenced_at=now, opted_out=False,
+                                              handover="", handover_at=0.0))
+
+    async def _do_release(self, p: Pending) -> None:
+        mem = self.mem
+        assert mem is not None
+        states = await self._read_all(p.node)
+        ops: list[Op] = []
+        foreign = ""
+        for f, st in states:
+            if not (st.exists and st.fenced):
+                continue
+            if not st.ours:
+                foreign = f"{f.name}: {st.reason}"
+                ops.append(Store.op_audit(self.clock(), p.node, p.who, f"release via {f.name}", p.why, (),
+                                          f"left alone, fenced by someone else: {st.reason}", True, p.id))
+                continue
+            target = self._target(f, p.node)
+            o = await self._call(f"{f.name} release {target}", lambda f=f, t=target: f.release(t))  # type: ignore[misc]
+            ops.append(self._audit_outcome(p, f, "release", o))
+            if not o.ok:
+                await self.commit(ops)
+                raise TransientError(f"{f.name} release {target}: {o.error or o.output}")
+        mode = FenceMode.EXTERNAL if foreign else FenceMode.NONE
+        await self._finish(p, "done", "released" + (f" (still fenced by someone else in {foreign})" if foreign else ""),
+                           ops + mem.set_node(p.node, fence=mode, fence_reason=foreign, hold=False, handover="",
+                                              handover_at=0.0))
+
+    async def _do_handover(self, p: Pending) -> None:
+        mem = self.mem
+        assert mem is not None and self._session is not None
+        rec = mem.nodes[p.node]
+        url = rec.agent_url.rstrip("/") + "/v1/handover"
+        headers = {"Authorization": f"Bearer {self.cfg.auth.agent_token}"} if self.cfg.auth.agent_token else {}
+        passed, detail = False, ""
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.cfg.handover_timeout)
+            async with self._session.post(url, headers=headers, json={"reason": p.why}, timeout=timeout) as resp:
+                body = await resp.text()
+                detail = f"HTTP {resp.status}: {body[:2000]}"
+                if resp.status == 200:
+                    with contextlib.suppress(ValueError):
+                        data = json.loads(body)
+                        passed = isinstance(data, dict) and data.get("status") == "OK"
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            detail = f"unreachable: {type(e).__name__}: {e}"
+        now = self.clock()
+        state = "passed" if passed else "failed"
+        await self._finish(p, "done" if passed else "failed", f"handover {state}: {detail}",
+                           [Store.op_audit(now, p.node, p.who, "handover suite", p.why, ("POST", url), detail, passed,
+                                           p.id)]
+                           + mem.set_node(p.node, handover=state, handover_at=now))
+        if passed and rec.fence is FenceMode.FENCED:
+            await self._release_after_handover(p.node, now)
+
+    async def _release_after_handover(self, node: str, now: float) -> None:
+        assert self.mem is not None
+        extra = self.mem.set_node(node, fence=FenceMode.RELEASING)
+        # Not awaited under this node's lock (we hold it): run as its own task.
+        self._spawn(self._begin(node, "release", "podhealth", "handover suite passed", now, None, "", extra))
+
+    # ---- restart: pending actions, then reconcile ------------------------------------------------
+
+    async def _recover(self, pending: list[Pending]) -> None:
+        mem = self.mem
+        assert mem is not None
+        for p in pending:
+            self.pending[p.id] = p
+            if p.node not in mem.nodes:
+                await self._finish(p, "failed", "node no longer known", [])
+                continue
+            if p.kind == "handover":
+                # The agent's answer died with the previous process; ask again soon.
+                await self._finish(p, "failed", "interrupted by a restart",
+                                   mem.set_node(p.node, handover="", handover_at=0.0))
+                continue
+            log.info("completing pending action", id=p.id, node=p.node, kind=p.kind)
+            await self._execute(p)
+
+    async def reconcile(self, initial: bool = False) -> list[str]:
+        """Compare the store with every fencer's list of fenced nodes; report and fix.
+
+        At start the store wins where podhealth owns the fence: our fence missing in a backend is
+        made again, and our mark on a node the store says is free is removed (unless the store has
+        never heard of the node: then it is adopted, since a fresh database cannot overrule the
+        cluster). Fences that are not ours are only recorded (`drained`), never touched.
+        """
+        mem = self.mem
+        assert mem is not None
+        lines: list[str] = []
+        busy = {p.node for p in self.pending.values()}
+        listed: dict[str, list[tuple[Fencer, FenceState]]] = {}
+        for f in self.fencers:
+            try:
+                fenced = await self._call(f"{f.name} list", f.list_fenced)
+            except TransientError as e:
+                lines.append(f"{f.name}: cannot list fenced nodes ({e}); reconcile skipped for it")
+                continue
+            back = {self._target(f, n): n for n in mem.nodes}
+            for target, st in fenced.items():
+                listed.setdefault(back.get(target, target), []).append((f, st))
+        now = self.clock()
+        ops: list[Op] = []
+        for node, sts in sorted(listed.items()):
+            if node in busy:
+                continue
+            ours = [(f, st) for f, st in sts if st.ours]
+            foreign = [(f, st) for f, st in sts if not st.ours]
+            rec = mem.nodes.get(node)
+            if rec is None:
+                if ours:
+                    _, o = mem.ensure_node(node, now)
+                    ops += o + mem.set_node(node, fence=FenceMode.FENCED, fence_reason=ours[0][1].reason, fenced_at=now)
+                    lines.append(f"{node}: fenced by podhealth in {ours[0][0].name} but unknown to the store: adopted")
+                elif foreign:
+                    _, o = mem.ensure_node(node, now)
+                    ops += o + mem.set_node(node, fence=FenceMode.EXTERNAL, fence_reason=foreign[0][1].reason)
+                    lines.append(f"{node}: fenced by someone else in {foreign[0][0].name}: recorded as drained")
+                continue
+            if foreign and not rec.fence.ours and rec.fence is not FenceMode.EXTERNAL:
+                ops += mem.set_node(node, fence=FenceMode.EXTERNAL, fence_reason=foreign[0][1].reason)
+                lines.append(f"{node}: fenced by someone else in {foreign[0][0].name} ({foreign[0][1].reason}): "
+                             "recorded as drained")
+            elif foreign and rec.fence.ours and not ours:
+                ops += mem.set_node(node, fence=FenceMode.EXTERNAL, fence_reason=foreign[0][1].reason, hold=False)
+                lines.append(f"{node}: podhealth's fence was replaced by someone else's ({foreign[0][1].reason}): "
+                             "now theirs")
+            elif ours and rec.fence is FenceMode.NONE:
+                if initial and not self.cfg.dry_run:
+                    lines.append(f"{node}: fenced by podhealth in {ours[0][0].name} but free in the store: releasing")
+                    self._spawn(self._begin(node, "release", "reconcile", "store says not fenced", now, None, "",
+                                            mem.set_node(node, fence=FenceMode.RELEASING)))
+                else:
+                    ops += mem.set_node(node, fence=FenceMode.FENCED, fence_reason=ours[0][1].reason)
+                    lines.append(f"{node}: fenced by podhealth in {ours[0][0].name}: adopted")
+        # The reverse: the store says fenced (by us, or by someone) but no backend lists it.
+        for node, rec in sorted(mem.nodes.items()):
+            if node in listed or node in busy:
+                continue
+            if rec.fence is FenceMode.EXTERNAL:
+                ops += mem.set_node(node, fence=FenceMode.NONE, fence_reason="")
+                lines.append(f"{node}: no longer fenced by anyone: recorded as free")
+            elif rec.fence is FenceMode.FENCED and self.fencers:
+                if initial:
+                    reason = _reason_from_text(rec.fence_reason, node)
+                    lines.append(f"{node}: fenced in the store but not in any backend: fencing again")
+                    self._spawn(self._begin(node, "fence", "reconcile", "store says fenced", now, reason, "",
+                                            mem.set_node(node, fence=FenceMode.FENCING)))
+                else:
+                    ops += mem.set_node(node, fence=FenceMode.NONE, fence_reason="", hold=False)
+                    lines.append(f"{node}: podhealth's fence was removed by someone else: recorded as free")
+        for line in lines:
+            log.warning("reconcile", detail=line)
+            ops.append(Store.op_audit(now, line.split(":", 1)[0], "reconcile", "reconcile", line))
+        if ops:
+            await self.commit(ops)
+        self.reconcile_report = lines
+        return lines
+
+    # ---- pulling agents --------------------------------------------------------------------------
+
+    async def _pull_loop(self) -> None:
+        sem = asyncio.Semaphore(self.cfg.pull_concurrency)
+        while self._running:
+            started = self.clock()
+            mem = self.mem
+            assert mem is not None
+            targets = [r.name for r in mem.nodes.values() if r.agent_url]
+            if targets:
+                await asyncio.gather(*(self._pull_one(n, sem) for n in targets), return_exceptions=True)
+            await asyncio.sleep(max(0.05, self.cfg.pull_interval - (self.clock() - started)))
+
+    async def _pull_one(self, node: str, sem: asyncio.Semaphore) -> None:
+        mem = self.mem
+        assert mem is not None and self._session is not None
+        rec = mem.nodes.get(node)
+        if rec is None or not rec.agent_url:
+            return
+        url = rec.agent_url.rstrip("/") + "/health"
+        headers = {"Authorization": f"Bearer {self.cfg.auth.agent_token}"} if self.cfg.auth.agent_token else {}
+        async with sem:
+            try:
+                timeout = aiohttp.ClientTimeout(total=self.cfg.pull_timeout)
+                async with self._session.get(url, headers=headers, timeout=timeout) as resp:
+                    raw = await resp.read()
+                    status = resp.status
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                self.metrics.pulls.labels("unreachable").inc()
+                now = self.clock()
+                await self.commit(mem.mark_unreachable(node, now, self.cfg.unreachable_after,
+                                                       f"GET /health: {type(e).__name__} {e}"))
+                self.poke()
+                return
+        now = self.clock()
+        try:
+            if status not in (200, 503):
+                raise ingest.BadRequest(f"HTTP {status}")
+            obj = ingest.loads(raw)
+            if isinstance(obj, dict):
+                obj = {**obj, "node": node}  # the configured name wins over what the agent calls itself
+            rep = ingest.parse_report(obj, raw.decode("utf-8", "replace"))
+        except ingest.BadRequest as e:
+            self.metrics.pulls.labels("bad").inc()
+            await self.commit(mem.mark_unreachable(node, now, self.cfg.unreachable_after, f"bad /health: {e}"))
+            return
+        self.metrics.pulls.labels("ok").inc()
+        _, ops = ingest.apply_report(mem, rep, now)
+        if ops:
+            await self.commit(ops)
+            self.poke()
+
+    # ---- housekeeping ----------------------------------------------------------------------------
+
+    async def _housekeeping_loop(self) -> None:
+        last_reconcile = self.clock()
+        last_prune = 0.0
+        while self._running:
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL)
+            mem, writer = self.mem, self.writer
+            assert mem is not None and writer is not None
+            now = self.clock()
+            try:
+                writer.write_nowait(mem.flush_seen())
+                ops: list[Op] = []
+                quiet = max(3 * self.cfg.pull_interval, 30.0)
+                for rec in list(mem.nodes.values()):
+                    # Push-only nodes: silence is how they go missing.
+                    if not rec.agent_url and rec.last_seen and now - rec.last_seen >= min(quiet, self.cfg.unreachable_after):
+                        ops += mem.mark_unreachable(rec.name, now, self.cfg.unreachable_after,
+                                                    f"silent for {now - rec.last_seen:.0f}s", since=rec.last_seen)
+                    elif rec.agent_url and rec.unreachable_since is not None:
+                        ops += mem.mark_unreachable(rec.name, now, self.cfg.unreachable_after, "still unreachable")
+                if now - last_prune > 3600:
+                    ops += mem.prune_ids(now - self.cfg.event_retention)
+                    last_prune = now
+                if ops:
+                    writer.write_nowait(ops)
+                    self.poke()
+                for p in list(self.pending.values()):
+                    if p.next_attempt and p.next_attempt <= now and not self._lock(p.node).locked():
+                        self._spawn(self._execute(p))
+                if now - last_reconcile >= RECONCILE_INTERVAL:
+                    last_reconcile = now
+                    await self.reconcile()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - keep the loop alive; the failure is logged
+                log.exception("housekeeping failed")
+
+    # ---- operator actions ------------------------------------------------------------------------
+
+    async def operator_fence(self, node: str, reason: str, who: str, wait: float = 30.0) -> dict[str, Any]:
+        mem = self.mem
+        assert mem is not None
+        rec = mem.nodes.get(node)
+        if rec is None:
+            raise OperatorError(404, f"unknown node {node}")
+        if node in self.policy.opt_out:
+            raise OperatorError(409, f"{node} is in opt_out: podhealth never fences it")
+        if rec.fence.ours:
+            return {"node": node, "state": "unchanged", "result": f"already {rec.fence.value} by podhealth"}
+        if rec.fence is FenceMode.EXTERNAL:
+            return {"node": node, "state": "unchanged", "result": f"already fenced by someone else: {rec.fence_reason}"}
+        now = self.clock()
+        fr = FenceReason(check="operator", entity="node", action="DRAIN", id=_slug(who))
+        mem.recent_fences.append(now)
+        extra = mem.set_node(node, fence=FenceMode.FENCING, fence_reason=render_reason(fr), hold=True)
+        t = self._spawn(self._begin(node, "fence", f"operator:{who}", reason, now, fr, "operator", extra))
+        return await self._await_action(t, wait)
+
+    async def operator_release(self, node: str, reason: str, who: str, wait: float = 30.0) -> dict[str, Any]:
+        mem = self.mem
+        assert mem is not None
+        rec = mem.nodes.get(node)
+        if rec is None:
+            raise OperatorError(404, f"unknown node {node}")
+        if rec.fence is FenceMode.EXTERNAL:
+            raise OperatorError(409, f"{node} is fenced by someone else ({rec.fence_reason}); "
+                                "podhealth only releases its own fences")
+        if rec.fence is FenceMode.NONE:
+            return {"node": node, "state": "unchanged", "result": "not fenced"}
+        if rec.fence is not FenceMode.FENCED:
+            raise OperatorError(409, f"{node} has a {rec.fence.value} action in flight; try again")
+        now = self.clock()
+        extra = mem.set_node(node, fence=FenceMode.RELEASING)
+        t = self._spawn(self._begin(node, "release", f"operator:{who}", reason, now, None, "operator", extra))
+        return await self._await_action(t, wait)
+
+    async def operator_handover(self, node: str, who: str, wait: float = 30.0) -> dict[str, Any]:
+        mem = self.mem
+        assert mem is not None
+        rec = mem.nodes.get(node)
+        if rec is None:
+            raise OperatorError(404, f"unknown node {node}")
+        if not rec.agent_url:
+            raise OperatorError(409, f"{node} has no agent_url to run the handover suite on")
+        if rec.handover == "running":
+            raise OperatorError(409, f"a handover of {node} is already running")
+        now = self.clock()
+        extra = mem.set_node(node, handover="running", handover_at=now)
+        t = self._spawn(self._begin(node, "handover", f"operator:{who}", "operator asked", now, None, "", extra))
+        return await self._await_action(t, wait)
+
+    async def breaker_reset(self, who: str, reason: str) -> dict[str, Any]:
+        mem = self.mem
+        assert mem is not None
+        now = self.clock()
+        was = mem.breaker
+        ops = mem.set_breaker(BreakerState(tripped=False, tripped_at=0.0, reset_at=now))
+        ops.append(Store.op_audit(now, "*", f"operator:{who}", "breaker reset", reason or "operator reset",
+                                  (), f"was tripped: {was.tripped} ({was.reason})"))
+        await self.commit(ops)
+        log.warning("circuit breaker reset; observations before now must be seen again", who=who)
+        self.poke()
+        return {"tripped": False, "reset_at": now, "was_tripped": was.tripped, "was_reason": was.reason}
+
+    async def _await_action(self, t: "asyncio.Task[Any]", wait: float) -> dict[str, Any]:
+        try:
+            p: Pending = await asyncio.wait_for(asyncio.shield(t), wait)
+        except asyncio.TimeoutError:
+            return {"state": "pending", "result": "still running; see the node's history"}
+        if p.done.is_set():
+            return p.result
+        return {"id": p.id, "node": p.node, "kind": p.kind, "state": "pending", "result": "will be retried"}
+
+    # ---- views for the API -----------------------------------------------------------------------
+
+    def fleet_json(self) -> dict[str, Any]:
+        mem = self.mem
+        assert mem is not None
+        now = self.clock()
+        partitions: dict[str, dict[str, int]] = {}
+        for rec in mem.nodes.values():
+            p = partitions.setdefault(rec.partition, {"nodes": 0, "fenced": 0})
+            p["nodes"] += 1
+            if rec.fence is not FenceMode.NONE:
+                p["fenced"] += 1
+        for p in partitions.values():
+            p["limit"] = partition_limit(p["nodes"], self.cfg.caps.max_percent_per_partition)
+        b = mem.breaker
+        return {
+            "time": now,
+            "nodes": len(mem.nodes),
+            "counts": mem.counts(),
+            "breaker": {"tripped": b.tripped, "tripped_at": b.tripped_at, "reset_at": b.reset_at, "reason": b.reason},
+            "fence_budget": {"used": sum(1 for r in mem.nodes.values() if r.fence.ours),
+                             "limit": self.cfg.caps.max_fenced},
+            "rate_limit": {"used": sum(1 for t in mem.recent_fences if now - RATE_WINDOW < t <= now),
+                           "limit": self.cfg.rate_limit.fences_per_minute},
+            "partitions": partitions,
+            "pending_actions": len(self.pending),
+            "dry_run": self.cfg.dry_run,
+            "manual_release": self.cfg.manual_release,
+            "fencers": [f.name for f in self.fencers],
+            "last_decision": {"time": self.last_decision_at,
+                              "notes": [{"kind": n.kind, "node": n.node, "detail": n.detail}
+                                        for n in self.last_decision.notes[:200]]},
+        }
+
+    def node_json(self, name: str) -> dict[str, Any] | None:
+        mem = self.mem
+        assert mem is not None
+        rec = mem.nodes.get(name)
+        if rec is None:
+            return None
+        out = rec.to_json()
+        out["conditions"] = [c.to_json() for c in mem.conditions_of(name)]
+        out["pending_actions"] = [{"id": p.id, "kind": p.kind, "who": p.who, "why": p.why, "attempts": p.attempts,
+                                   "reason": reason_to_json(p.reason)}
+                                  for p in self.pending.values() if p.node == name]
+        out["notes"] = [{"kind": n.kind, "detail": n.detail} for n in self.last_decision.notes if n.node == name]
+        return out
+
+    def status_of(self, name: str) -> Status | None:
+        rec = self.mem.nodes.get(name) if self.mem else None
+        return rec.status if rec else None
+
+
+def _slug(text: str) -> str:
+    return "".join(ch for ch in text if ch.isalnum() or ch in "-_.")[:16] or "operator"
+
+
+def _reason_from_text(text: str, node: str) -> FenceReason:
+    """Rebuild a FenceReason from a stored `podhealth: check entity action [id]` line."""
+    parts = text.removeprefix("podhealth:").strip().split()
+    if len(parts) >= 4 and parts[-1].startswith("[") and parts[-1].endswith("]"):
+        return FenceReason(check=parts[0], entity=parts[1], action=parts[2], id=parts[-1][1:-1])
+    return FenceReason(check="reconcile", entity="node", action="DRAIN", id=_slug(node))

@@ -1,0 +1,170 @@
+"""`--compat dcgm-exporter`: the pure mapping from podhealth samples to DCGM_FI_* series."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from podhealth.collectors.compat_dcgm import FIELDS, METRICS, dcgm_pci_bus_id, to_dcgm
+from podhealth.vocab import Event, Sample
+
+GPU0 = {"gpu": 0, "uuid": "GPU-aaaa", "pci_bus_id": "0000:18:00.0", "model": "NVIDIA H100 80GB HBM3"}
+GPU1 = {"gpu": 1, "uuid": "GPU-bbbb", "pci_bus_id": "0000:db:00.0", "model": "NVIDIA H100 80GB HBM3"}
+MIB = 1 << 20
+
+
+def nvml_samples() -> list[Sample]:
+    out: list[Sample] = []
+    for g in (GPU0, GPU1):
+        out += [
+            Sample.of("gpu_up", 1, **g),
+            Sample.of("gpu_info", 1, driver_version="565.57.01", cuda_driver_version="12.7",
+                      vbios_version="96.00.74.00.01", serial="1654", **g),
+            Sample.of("gpu_temperature_celsius", 40 + g["gpu"], **g),  # type: ignore[operator]
+            Sample.of("gpu_sm_clock_hertz", 1_980_000_000, **g),
+            Sample.of("gpu_memory_clock_hertz", 2_619_000_000, **g),
+            Sample.of("gpu_utilization_ratio", 0.25, **g),
+            Sample.of("gpu_memory_utilization_ratio", 0.5, **g),
+            Sample.of("gpu_power_watts", 106.5, **g),
+            Sample.of("gpu_energy_joules", 12.345, **g),
+            Sample.of("gpu_memory_total_bytes", 81559 * MIB, **g),
+            Sample.of("gpu_memory_used_bytes", 1000 * MIB, **g),
+            Sample.of("gpu_memory_free_bytes", 80000 * MIB, **g),
+            Sample.of("gpu_ecc_errors", 7, type="corrected", scope="volatile", **g),
+            Sample.of("gpu_ecc_errors", 2, type="uncorrected", scope="volatile", **g),
+            Sample.of("gpu_ecc_errors", 70, type="corrected", scope="aggregate", **g),
+            Sample.of("gpu_ecc_errors", 20, type="uncorrected", scope="aggregate", **g),
+            Sample.of("gpu_remapped_rows", 3, type="correctable", **g),
+            Sample.of("gpu_remapped_rows", 1, type="uncorrectable", **g),
+            Sample.of("gpu_remapped_rows_failure", 0, **g),
+            Sample.of("gpu_pcie_replay", 15, **g),
+        ]
+        for link in range(3):
+            ids = {"gpu": g["gpu"], "uuid": g["uuid"], "link": link}
+            out += [Sample.of("nvlink_errors", link * 10, type="crc_flit", **ids),
+                    Sample.of("nvlink_errors", 1, type="replay", **ids),
+                    Sample.of("nvlink_up", 1, **ids)]
+    return out
+
+
+def get(out: tuple[Sample, ...], name: str, gpu: int) -> Sample:
+    found = [s for s in out if s.name == name and s.label("gpu") == str(gpu)]
+    assert len(found) == 1, f"{name} gpu {gpu}: {found}"
+    return found[0]
+
+
+def test_names_units_and_labels() -> None:
+    out = to_dcgm(nvml_samples(), hostname="dgx01")
+    temp = get(out, "DCGM_FI_DEV_GPU_TEMP", 1)
+    assert temp.value == 41
+    assert dict(temp.labels) == {
+        "gpu": "1", "UUID": "GPU-bbbb", "device": "nvidia1", "modelName": "NVIDIA H100 80GB HBM3",
+        "Hostname": "dgx01", "pci_bus_id": "00000000:DB:00.0", "DCGM_FI_DRIVER_VERSION": "565.57.01",
+    }
+    assert get(out, "DCGM_FI_DEV_SM_CLOCK", 0).value == 1980  # MHz
+    assert get(out, "DCGM_FI_DEV_MEM_CLOCK", 0).value == 2619
+    assert get(out, "DCGM_FI_DEV_GPU_UTIL", 0).value == 25  # percent
+    assert get(out, "DCGM_FI_DEV_MEM_COPY_UTIL", 0).value == 50
+    assert get(out, "DCGM_FI_DEV_POWER_USAGE", 0).value == 106.5
+    assert get(out, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 0).value == pytest.approx(12345)  # mJ
+    assert get(out, "DCGM_FI_DEV_FB_USED", 0).value == 1000  # MiB
+    assert get(out, "DCGM_FI_DEV_FB_FREE", 0).value == 80000
+    assert get(out, "DCGM_FI_DEV_FB_RESERVED", 0).value == 559
+    assert get(out, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", 0).value == 15
+
+
+def test_ecc_remap_and_nvlink_totals() -> None:
+    out = to_dcgm(nvml_samples(), hostname="dgx01")
+    assert get(out, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", 0).value == 7
+    assert get(out, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 0).value == 2
+    assert get(out, "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", 0).value == 70
+    assert get(out, "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", 0).value == 20
+    assert get(out, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", 1).value == 3
+    assert get(out, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", 1).value == 1
+    assert get(out, "DCGM_FI_DEV_ROW_REMAP_FAILURE", 1).value == 0
+    # Per-link counters add up per GPU, as DCGM's *_TOTAL fields do.
+    assert get(out, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", 0).value == 0 + 10 + 20
+    assert get(out, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", 1).value == 3
+
+
+def test_absent_stays_absent() -> None:
+    samples = [s for s in nvml_samples() if s.name != "gpu_ecc_errors" and not s.name.startswith("nvlink")]
+    out = to_dcgm(samples, hostname="dgx01")
+    names = {s.name for s in out}
+    assert not any(n.startswith("DCGM_FI_DEV_ECC_") for n in names)
+    assert not any(n.startswith("DCGM_FI_DEV_NVLINK_") for n in names)
+    assert "DCGM_FI_DEV_RETIRED_SBE" not in names and "DCGM_FI_DEV_MEMORY_TEMP" not in names
+    assert "DCGM_FI_DEV_XID_ERRORS" not in names  # no event source given
+    # Samples of GPUs the nvml collector does not identify are not guessed at.
+    assert to_dcgm([Sample.of("gpu_temperature_celsius", 40, gpu=9)], hostname="x") == ()
+
+
+def test_last_xid_per_gpu_by_index_or_pci_address() -> None:
+    now = time.time()
+    events = [
+        Event("xid", 31, now - 10, gpu=0),
+        Event("xid", 79, now - 5, gpu=0),
+        Event("xid", 13, now - 20, pci_bus_id="0000:db:00.0"),  # resolved by address
+        Event("sxid", 20034, now, device="nvswitch0"),
+    ]
+    out = to_dcgm(nvml_samples(), hostname="dgx01", events=events)
+    assert get(out, "DCGM_FI_DEV_XID_ERRORS", 0).value == 79
+    assert get(out, "DCGM_FI_DEV_XID_ERRORS", 1).value == 13
+    none = to_dcgm(nvml_samples(), hostname="dgx01", events=[])
+    assert get(none, "DCGM_FI_DEV_XID_ERRORS", 0).value == 0
+
+
+def test_every_output_name_has_a_spec_and_pci_ids_round_trip() -> None:
+    out = to_dcgm(nvml_samples(), hostname="h", events=[])
+    assert {s.name for s in out} <= set(METRICS)
+    assert dcgm_pci_bus_id("0000:18:00.0") == "00000000:18:00.0"
+    assert dcgm_pci_bus_id("0001:b1:00.0") == "00000001:B1:00.0"
+
+
+def test_types_and_names_agree_with_dcgm_exporters_counters_file(shared_fixtures: Path) -> None:
+    """Every field both we and dcgm-exporter's default-counters.csv define has the same type."""
+    declared: dict[str, str] = {}
+    for line in (shared_fixtures / "dcgm" / "dcgm-exporter_default-counters.csv").read_text().splitlines():
+        text = line.lstrip("# ").strip()
+        parts = [p.strip() for p in text.split(",")]
+        if len(parts) >= 3 and parts[0].startswith("DCGM_FI_") and parts[1] in ("gauge", "counter", "label"):
+            declared[parts[0]] = parts[1]
+    assert len(declared) > 30
+    mapped_dev = {f.field for f in FIELDS if f.field.startswith("DCGM_FI_DEV_")} | {
+        "DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_DEV_XID_ERRORS"}
+    unknown = mapped_dev - set(declared)
+    assert not unknown, f"not dcgm-exporter field names: {sorted(unknown)}"
+    for name in mapped_dev:
+        assert METRICS[name].kind == declared[name], name
+
+
+@pytest.fixture
+def sim_samples(tmp_path: Path) -> Iterator[list[Sample]]:
+    from podhealth.collectors import nvlink, nvml
+    from podhealth.collectors.nvml_session import NvmlSession
+    from podhealth.config import Config
+    from podhealth.sim import nvml_lib
+    from podhealth.sim.node import SimNode
+
+    nvml_lib.install(SimNode.create(tmp_path, "dgx01", "dgx-h100"))
+    session = NvmlSession()
+    try:
+        a = nvml.create(Config(), session=session).collect()
+        b = nvlink.create(Config(), session=session).collect()
+        yield list(a.samples + b.samples)
+    finally:
+        session.shutdown()
+        nvml_lib.uninstall()
+
+
+def test_on_the_collectors_output(sim_samples: list[Sample]) -> None:
+    out = to_dcgm(sim_samples, hostname="dgx01", events=[])
+    temps = [s for s in out if s.name == "DCGM_FI_DEV_GPU_TEMP"]
+    assert sorted(int(s.label("gpu")) for s in temps) == list(range(8))
+    assert all(s.label("pci_bus_id").startswith("00000000:") and s.label("UUID").startswith("GPU-") for s in temps)
+    assert all(s.label("DCGM_FI_DRIVER_VERSION") for s in temps)
+    assert not [s for s in out if s.name.startswith("DCGM_FI_DEV_RETIRED")]  # H100: not supported
+    assert len([s for s in out if s.name == "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"]) == 8
