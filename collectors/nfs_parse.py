@@ -277,12 +277,22 @@ def parse_operation(s: str) -> NfsOperation:
     return NfsOperation(name.strip(), *vals[:8], errors=vals[8] if len(vals) == 9 else None)
 
 
+def _complete_lines(text: str) -> tuple[list[str], int]:
+    """The file's lines, minus a last line with no newline: the kernel ends every line with one,
+    so that line was cut short (a bounded read) and its last number may be a prefix."""
+    lines = text.split("\n")
+    tail = lines.pop()  # "" when the text ends with a newline
+    return lines, 1 if tail.strip() else 0
+
+
 def parse_mountstats(text: str) -> Mountstats:
     mounts: list[NfsMount] = []
     problems: list[str] = []
-    malformed = 0
     cur: _MountBuilder | None = None
-    for lineno, raw in enumerate(text.splitlines(), 1):
+    lines, malformed = _complete_lines(text)
+    if malformed:
+        problems.append(f"mountstats:{len(lines) + 1}: cut short (no newline)")
+    for lineno, raw in enumerate(lines, 1):
         s = raw.strip()
         if not s:
             continue
@@ -317,8 +327,10 @@ def parse_rpc_nfs(text: str) -> RpcNfs:
     rpc: RpcCalls | None = None
     procs: list[ProcedureCounts] = []
     problems: list[str] = []
-    malformed = 0
-    for lineno, raw in enumerate(text.splitlines(), 1):
+    lines, malformed = _complete_lines(text)
+    if malformed:
+        problems.append(f"rpc/nfs:{len(lines) + 1}: cut short (no newline)")
+    for lineno, raw in enumerate(lines, 1):
         parts = raw.split()
         if not parts:
             continue

@@ -351,7 +351,7 @@ class LineAssembler:
 
     def __init__(self) -> None:
         self._n = 0
-        self._gpu_at: tuple[int, str] | None = None
+        self._gpu_at: tuple[int, str, float | None, float | None] | None = None
         self._headers: dict[tuple[str, int], int] = {}
 
     def feed(self, line: str, *, year: int | None = None) -> ParsedLine | Malformed | None:
@@ -360,12 +360,17 @@ class LineAssembler:
         if p is None:
             g = gpu_mention(line)
             if g:
-                self._gpu_at = (self._n, g)
+                start = line.find("NVRM:")
+                self._gpu_at = (self._n, g, *_timestamps(line[: max(start, 0)], year))
             return None
         if isinstance(p, Malformed):
             return p
         if p.kind == "fallen_off_bus" and not p.pci_bus_id and self._gpu_at and self._n - self._gpu_at[0] <= 3:
-            return _replace_pci(p, self._gpu_at[1])
+            # Continuation lines carry no timestamp of their own: they share the first line's.
+            _, pci, wall, mono = self._gpu_at
+            if p.wall_time is None and p.mono_time is None:
+                return replace(p, pci_bus_id=pci, wall_time=wall, mono_time=mono)
+            return replace(p, pci_bus_id=pci)
         if p.kind == "sxid":
             key = (p.device, p.code)
             if p.continuation:
@@ -379,6 +384,3 @@ class LineAssembler:
                         del self._headers[k]
         return p
 
-
-def _replace_pci(p: ParsedLine, pci: str) -> ParsedLine:
-    return replace(p, pci_bus_id=pci)

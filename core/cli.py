@@ -21,6 +21,8 @@ COMMANDS: dict[str, str] = {
     "check": "podhealth.checks.cmd_check",
     "install-units": "podhealth.cmd_install",
     "simulate": "podhealth.sim.cmd",
+    "aggregator": "podhealth.aggregator.cmd",
+    "fleet": "podhealth.aggregator.cmd_fleet",
 }
 
 

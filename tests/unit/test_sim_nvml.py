@@ -420,7 +420,7 @@ def test_events_only_for_registered_gpus(node: SimNode) -> None:
 
 def test_nvml_hang_blocks_the_calling_thread(node: SimNode) -> None:
     h5 = pynvml.nvmlDeviceGetHandleByIndex(5)
-    inject(node, "fault=nvml-hang", "seconds=30", "gpu=5")
+    inject(node, "fault=nvml-hang", "seconds=5", "gpu=5")
     done = threading.Event()
     t = threading.Thread(target=lambda: (pynvml.nvmlDeviceGetPowerUsage(h5), done.set()), daemon=True)
     t.start()

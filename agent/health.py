@@ -1,0 +1,168 @@
+"""Verdicts inside the agent: /health, the check_status/node_health series, the handover endpoint.
+
+`install(agent)` wires the checks engine into a built (not yet started) Agent:
+- after every snapshot change the Evaluator judges it (damped), and the latest results become
+  the node report served at GET /health and rendered as `check_status` / `node_health`;
+- POST /v1/handover (bearer token when auth.token is set) collects every source afresh, runs
+  the handover suite undamped and streams progress as NDJSON (or answers one JSON report when
+  the client does not ask for a stream);
+- verdict transitions and new XID/SXid events go to the optional `on_transition` / publisher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from aiohttp import web
+
+from podhealth import log
+from podhealth.agent.family import Family
+from podhealth.checks import profiles
+from podhealth.checks.engine import Evaluator
+from podhealth.checks.handover import ActiveTest, run_suite
+from podhealth.checks.report import SuiteReport
+from podhealth.snapshot import Snapshot
+from podhealth.vocab import Action, CheckResult, MetricSpec, NodeReport, Sample, Status
+
+if TYPE_CHECKING:
+    from podhealth.agent.agent import Agent
+
+_log = log.get("podhealth.agent.health")
+
+CHECK_STATUS = MetricSpec("check_status", "gauge",
+                          "Verdict of one check about one entity: 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN.")
+NODE_HEALTH = MetricSpec("node_health", "gauge",
+                         "The node's verdict (worst check): 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN; `action` is the worst FAIL action.")
+HEALTH_KEY: web.AppKey["Health"] = web.AppKey("podhealth_health")
+Transition = Callable[[CheckResult | None, CheckResult], None]
+
+
+class Health:
+    def __init__(self, agent: "Agent", active_tests: Callable[[], list[ActiveTest]] | None = None) -> None:
+        self.agent = agent
+        cfg = agent.cfg
+        self.profile = profiles.load(cfg.node.profile, cfg.checks.overrides)
+        self.mounts = [m.path for m in cfg.collectors.nfs.mounts] if cfg.collectors.nfs.enabled else []
+        self.evaluator: Evaluator | None = None
+        self.results: tuple[CheckResult, ...] = ()
+        self.evaluated_at = 0.0
+        self.on_transition: list[Transition] = []
+        self.active_tests = active_tests or (lambda: [])
+        self._handover_lock = asyncio.Lock()
+
+    # ---- continuous judgement -------------------------------------------------------------------
+
+    def _ensure_evaluator(self, snap: Snapshot) -> Evaluator:
+        if self.evaluator is None:
+            enabled = [n for n, st in snap.collectors.items() if st.enabled or n in self.agent.collectors]
+            self.evaluator = Evaluator(self.profile, self.agent.cfg.checks, mounts=self.mounts, enabled=enabled)
+        return self.evaluator
+
+    def on_snapshot(self, snap: Snapshot) -> None:
+        now = time.time()
+        try:
+            results = self._ensure_evaluator(snap).evaluate(snap, now)
+        except Exception as e:  # noqa: BLE001 - a bug in a rule must not take the agent down
+            _log.error("check evaluation failed", error=repr(e))
+            return
+        old = {(r.check, r.entity): r for r in self.results}
+        for r in results:
+            prev = old.get((r.check, r.entity))
+            if prev is None or prev.status is not r.status or prev.action is not r.action:
+                if prev is not None or r.status is not Status.OK:
+                    _log.info("check transition", check=r.check, entity=r.entity,
+                              old=prev.status.value if prev else None, new=r.status.value,
+                              action=r.action.value, summary=r.summary)
+                for cb in self.on_transition:
+                    try:
+                        cb(prev, r)
+                    except Exception as e:  # noqa: BLE001
+                        _log.warning("transition callback failed", error=repr(e))
+        self.results = results
+        self.evaluated_at = now
+
+    def report(self) -> NodeReport:
+        snap = self.agent.snapshot
+        stale = tuple((n, round(time.time() - st.last_success, 3) if st.last_success else -1.0)
+                      for n, st in sorted(snap.collectors.items()) if st.enabled)
+        return NodeReport(self.agent.node, self.agent.version, self.profile.name, self.results, stale, self.evaluated_at)
+
+    def families(self, snap: Snapshot) -> Iterable[Family]:
+        results = self.results  # replaced whole on the loop; safe to read from the render thread
+        samples = tuple(Sample.of("check_status", r.status.metric_value, check=r.check, entity=r.entity,
+                                  action=r.action.value) for r in results)
+        yield Family(CHECK_STATUS, samples)
+        worst = Status.worst([r.status for r in results]) if results else Status.UNKNOWN
+        action = Action.worst([r.action for r in results if r.status is Status.FAIL])
+        yield Family(NODE_HEALTH, (Sample.of("node_health", worst.metric_value, action=action.value),))
+
+    # ---- HTTP -----------------------------------------------------------------------------------
+
+    async def get_health(self, request: web.Request) -> web.Response:
+        body: dict[str, Any] = self.report().to_json()
+        body["evaluated_at"] = self.evaluated_at
+        return web.json_response(body)
+
+    def _authorized(self, request: web.Request) -> bool:
+        token = self.agent.cfg.auth.token
+        if not token:
+            return True
+        got = request.headers.get("Authorization", "")
+        return hmac.compare_digest(got.encode(), f"Bearer {token}".encode())
+
+    async def post_handover(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorized(request):
+            return web.json_response({"error": "missing or wrong bearer token"}, status=401)
+        if self._handover_lock.locked():
+            return web.json_response({"error": "a handover suite is already running"}, status=409)
+        stream = "application/x-ndjson" in request.headers.get("Accept", "")
+        async with self._handover_lock:
+            if not stream:
+                rep = await self.run_handover()
+                return web.json_response(rep.to_json())
+            resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+            await resp.prepare(request)
+            queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+            def progress(step: str, done: int, total: int) -> None:
+                queue.put_nowait({"type": "progress", "step": step, "done": done, "total": total})
+            task = asyncio.get_running_loop().create_task(self.run_handover(progress))
+            while not task.done() or not queue.empty():
+                getter = asyncio.ensure_future(queue.get())
+                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    await resp.write(json.dumps(getter.result()).encode() + b"\n")
+                else:
+                    getter.cancel()
+            try:
+                rep = task.result()
+                await resp.write(json.dumps({"type": "report", "report": rep.to_json()}).encode() + b"\n")
+            except Exception as e:  # noqa: BLE001
+                await resp.write(json.dumps({"type": "error", "error": f"{type(e).__name__}: {e}"}).encode() + b"\n")
+            await resp.write_eof()
+            return resp
+
+    async def run_handover(self, progress: Callable[[str, int, int], None] | None = None) -> SuiteReport:
+        return await run_suite(self.agent.cfg, _AgentSource(self.agent), self.agent.node, progress, self.active_tests())
+
+
+class _AgentSource:
+    """Fresh data for the handover suite from the agent's own scheduler."""
+
+    def __init__(self, agent: "Agent") -> None:
+        self.agent = agent
+
+    async def collect_now(self) -> Snapshot:
+        return await self.agent.scheduler.collect_now()
+
+
+def install(agent: "Agent", active_tests: Callable[[], list[ActiveTest]] | None = None) -> Health:
+    h = Health(agent, active_tests)
+    agent.on_snapshot.append(h.on_snapshot)
+    agent.add_metric_source(h.families)
+    agent.add_routes([web.get("/health", h.get_health), web.post("/v1/handover", h.post_handover)])
+    return h

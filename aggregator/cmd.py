@@ -1,0 +1,61 @@
+"""`podhealth aggregator [--config FILE] [--listen HOST:PORT] [--db PATH] [--dry-run]`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from podhealth import config
+
+
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+    p = sub.add_parser("aggregator", help="run the central aggregator (ingest, policy, fencing, API)")
+    p.add_argument("--config", default=os.environ.get("PODHEALTH_CONFIG"),
+                   help="config file (default: $PODHEALTH_CONFIG, else built-in defaults)")
+    p.add_argument("--listen", help="HOST:PORT to bind (overrides aggregator.listen)")
+    p.add_argument("--db", help="SQLite state file (overrides aggregator.db)")
+    p.add_argument("--dry-run", action="store_true", help="decide and log, touch nothing")
+    p.set_defaults(func=run)
+    return p
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "", text
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f'--listen: expected HOST:PORT, got "{text}"')
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def effective_config(args: argparse.Namespace) -> Any:
+    cfg = config.load(args.config) if args.config else config.Config()
+    agg = cfg.aggregator
+    if args.listen:
+        host, port = parse_listen(args.listen)
+        agg = dataclasses.replace(agg, listen=dataclasses.replace(agg.listen, address=host, port=port))
+    if args.db:
+        if not os.path.isabs(args.db):
+            raise ValueError(f'--db: expected an absolute path, got "{args.db}"')
+        agg = dataclasses.replace(agg, db=Path(args.db))
+    if args.dry_run:
+        agg = dataclasses.replace(agg, dry_run=True)
+    return cfg, agg
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg, agg = effective_config(args)
+    except (config.ConfigError, ValueError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    from podhealth import log
+    log.setup(args.log_level or cfg.log.level, cfg.log.format)
+    import asyncio
+
+    from podhealth.aggregator.serve import serve
+    return asyncio.run(serve(agg))

@@ -1,0 +1,335 @@
+"""The aggregator's HTTP surface: ingest (/v1/*), the JSON API (/api/v1/*), /metrics, /healthz.
+
+Bad input never changes state: authentication is checked before the body is read (401), the
+size before it is parsed (413), and the whole body is validated before anything is applied
+(400 with the reason). Reads are open (the UI is read-only without a token); mutations need the
+admin token in an Authorization header, which browsers never send on their own, so they are
+CSRF-safe without cookies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from typing import Any, Awaitable, Callable, Sequence
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from podhealth.aggregator import ingest
+from podhealth.aggregator.config import node_name_problem
+from podhealth.aggregator.service import Aggregator, OperatorError
+
+AGG = web.AppKey("aggregator", Aggregator)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MAX_REASON = 500
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+class _Reject(Exception):
+    def __init__(self, status: int, result: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.result, self.message = status, result, message
+
+
+def _bearer(request: web.Request) -> str | None:
+    h = request.headers.get("Authorization", "")
+    return h[7:].strip() if h.startswith("Bearer ") else None
+
+
+def _eq(a: str, b: str) -> bool:
+    return bool(a) and hmac.compare_digest(a.encode(), b.encode())
+
+
+class Auth:
+    def __init__(self, agg: Aggregator) -> None:
+        a = agg.cfg.auth
+        self.cluster = a.cluster_token
+        self.admin = a.admin_token
+        self.by_token = {tok: node for node, tok in a.node_tokens.items()}
+        self.open = not self.cluster and not self.by_token
+
+    def ingest(self, request: web.Request, allow_admin: bool = False) -> str | None:
+        """None = may speak for any node; a name = may speak only for that node. Raises 401."""
+        if self.open:
+            return None
+        tok = _bearer(request)
+        if tok is None:
+            raise _Reject(401, "unauthorized", "missing bearer token")
+        if _eq(self.cluster, tok) or (allow_admin and _eq(self.admin, tok)):
+            return None
+        node = self.by_token.get(tok)
+        if node is None:
+            raise _Reject(401, "unauthorized", "invalid token")
+        return node
+
+    def require_admin(self, request: web.Request) -> None:
+        if not self.admin:
+            raise _Reject(403, "forbidden", "admin actions are disabled: no admin token is configured")
+        tok = _bearer(request)
+        if tok is None or not _eq(self.admin, tok):
+            raise _Reject(401, "unauthorized", "admin token required")
+
+
+async def _body(request: web.Request, limit: int) -> tuple[Any, bytes]:
+    if request.content_length is not None and request.content_length > limit:
+        raise _Reject(413, "too_large", f"body of {request.content_length} bytes exceeds {limit}")
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise _Reject(413, "too_large", f"body exceeds {limit} bytes") from None
+    try:
+        return ingest.loads(raw), raw
+    except ingest.BadRequest as e:
+        raise _Reject(400, "bad_request", str(e)) from None
+
+
+def _ingest_endpoint(name: str, fn: Callable[[Aggregator, web.Request, str | None], Awaitable[dict[str, Any]]],
+                     allow_admin: bool = False) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        agg = request.app[AGG]
+        auth: Auth = request.app[AUTH]
+        t0 = time.perf_counter()
+        try:
+            bound = auth.ingest(request, allow_admin)
+            out = await fn(agg, request, bound)
+        except _Reject as r:
+            agg.metrics.ingest_requests.labels(name, r.result).inc()
+            return _error(r.status, r.message)
+        finally:
+            agg.metrics.ingest_latency.labels(name).observe(time.perf_counter() - t0)
+        agg.metrics.ingest_requests.labels(name, "ok").inc()
+        return web.json_response(out)
+    return handler
+
+
+def _check_node(agg: Aggregator, node: str, bound: str | None) -> None:
+    if bound is not None and node != bound:
+        raise _Reject(401, "unauthorized", f"this token speaks for {bound}, not {node}")
+    assert agg.mem is not None
+    if node not in agg.mem.nodes and not agg.cfg.learn_nodes:
+        raise _Reject(403, "forbidden", f"unknown node {node} (learn_nodes is off)")
+
+
+async def _commit(agg: Aggregator, ops: list[Any], new_ids: Sequence[str] = ()) -> None:
+    try:
+        await agg.commit(ops)
+    except Exception as e:  # noqa: BLE001 - the client retries; say why
+        assert agg.mem is not None
+        agg.mem.forget_ids(new_ids)
+        raise _Reject(503, "unavailable", f"could not store: {e}") from None
+    agg.poke()
+
+
+async def _reports(agg: Aggregator, request: web.Request, bound: str | None) -> dict[str, Any]:
+    obj, raw = await _body(request, agg.cfg.max_body_bytes)
+    try:
+        rep = ingest.parse_report(obj, raw.decode("utf-8"))
+    except ingest.BadRequest as e:
+        raise _Reject(400, "bad_request", str(e)) from None
+    _check_node(agg, rep.node, bound)
+    assert agg.mem is not None
+    applied, ops = ingest.apply_report(agg.mem, rep, agg.clock())
+    _count(agg, applied)
+    if ops:
+        await _commit(agg, ops)
+    return applied.to_json()
+
+
+async def _events(agg: Aggregator, request: web.Request, bound: str | None) -> dict[str, Any]:
+    obj, _ = await _body(request, agg.cfg.max_body_bytes)
+    try:
+        batch = ingest.parse_events(obj)
+    except ingest.BadRequest as e:
+        raise _Reject(400, "bad_request", str(e)) from None
+    _check_node(agg, batch.node, bound)
+    assert agg.mem is not None
+    applied, ops, new_ids = ingest.apply_events(agg.mem, batch, agg.clock())
+    _count(agg, applied)
+    await _commit(agg, ops, new_ids)
+    return applied.to_json()
+
+
+async def _alertmanager(agg: Aggregator, request: web.Request, bound: str | None) -> dict[str, Any]:
+    if bound is not None:
+        raise _Reject(401, "unauthorized", "a node token cannot post alerts; use the cluster token")
+    obj, _ = await _body(request, agg.cfg.max_body_bytes)
+    now = agg.clock()
+    try:
+        alerts = ingest.parse_alertmanager(obj, now, ingest.parse_rfc3339)
+    except ingest.BadRequest as e:
+        raise _Reject(400, "bad_request", str(e)) from None
+    assert agg.mem is not None
+    applied, ops = ingest.apply_alerts(agg.mem, alerts, now, agg.cfg.learn_nodes)
+    _count(agg, applied)
+    await _commit(agg, ops)
+    return applied.to_json()
+
+
+def _count(agg: Aggregator, a: ingest.Applied) -> None:
+    for k, v in a.to_json().items():
+        if v:
+            agg.metrics.ingest_events.labels(k).inc(v)
+
+
+# ---- the JSON API -------------------------------------------------------------------------------
+
+
+async def api_nodes(request: web.Request) -> web.Response:
+    agg = request.app[AGG]
+    assert agg.mem is not None
+    state = request.query.get("state")
+    check = request.query.get("check")
+    partition = request.query.get("partition")
+    out = []
+    for name in sorted(agg.mem.nodes):
+        rec = agg.mem.nodes[name]
+        if state and rec.state != state:
+            continue
+        if partition is not None and rec.partition != partition:
+            continue
+        conds = agg.mem.conditions_of(name)
+        if check and not any(c.check == check for c in conds):
+            continue
+        out.append({"name": name, "state": rec.state, "status": rec.status.value, "partition": rec.partition,
+                    "fence": rec.fence.value, "last_seen": rec.last_seen,
+                    "checks": sorted({c.check for c in conds})})
+    return web.json_response({"nodes": out, "count": len(out)})
+
+
+async def api_node(request: web.Request) -> web.Response:
+    agg = request.app[AGG]
+    name = request.match_info["name"]
+    out = agg.node_json(name)
+    if out is None:
+        return _error(404, f"unknown node {name}")
+    assert agg.store is not None
+    report = await asyncio.to_thread(agg.store.node_report, name)
+    out["report"] = json.loads(report) if report else None
+    return web.json_response(out)
+
+
+async def api_history(request: web.Request) -> web.Response:
+    agg = request.app[AGG]
+    name = request.match_info["name"]
+    assert agg.mem is not None and agg.store is not None
+    if name not in agg.mem.nodes:
+        return _error(404, f"unknown node {name}")
+    try:
+        limit = min(1000, max(1, int(request.query.get("limit", "100"))))
+        before = float(request.query["before"]) if "before" in request.query else None
+    except ValueError:
+        return _error(400, "limit must be an integer and before a number")
+    items = await asyncio.to_thread(agg.store.history, name, limit, before)
+    return web.json_response({"node": name, "items": items})
+
+
+async def api_fleet(request: web.Request) -> web.Response:
+    return web.json_response(request.app[AGG].fleet_json())
+
+
+async def _admin_body(request: web.Request, agg: Aggregator, need_reason: bool) -> tuple[str, str]:
+    request.app[AUTH].require_admin(request)
+    if request.content_length:
+        obj, _ = await _body(request, agg.cfg.max_body_bytes)
+    else:
+        obj = {}
+    if not isinstance(obj, dict):
+        raise _Reject(400, "bad_request", "expected a JSON object")
+    reason = obj.get("reason", "")
+    who = obj.get("who", "api")
+    if not isinstance(reason, str) or not isinstance(who, str):
+        raise _Reject(400, "bad_request", "reason and who must be strings")
+    reason, who = reason.strip(), who.strip() or "api"
+    if need_reason and not reason:
+        raise _Reject(400, "bad_request", "a reason is required")
+    if len(reason) > MAX_REASON or len(who) > 64:
+        raise _Reject(400, "bad_request", f"reason longer than {MAX_REASON} or who longer than 64 characters")
+    return reason, who
+
+
+def _admin(fn: Callable[[Aggregator, web.Request], Awaitable[dict[str, Any]]]) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        agg = request.app[AGG]
+        try:
+            return web.json_response(await fn(agg, request))
+        except _Reject as r:
+            return _error(r.status, r.message)
+        except OperatorError as e:
+            return _error(e.status, str(e))
+    return handler
+
+
+def _node_arg(request: web.Request) -> str:
+    name = request.match_info["name"]
+    problem = node_name_problem(name)
+    if problem:
+        raise _Reject(400, "bad_request", problem)
+    return name
+
+
+async def _fence(agg: Aggregator, request: web.Request) -> dict[str, Any]:
+    reason, who = await _admin_body(request, agg, True)
+    return await agg.operator_fence(_node_arg(request), reason, who)
+
+
+async def _release(agg: Aggregator, request: web.Request) -> dict[str, Any]:
+    reason, who = await _admin_body(request, agg, True)
+    return await agg.operator_release(_node_arg(request), reason, who)
+
+
+async def _handover(agg: Aggregator, request: web.Request) -> dict[str, Any]:
+    _, who = await _admin_body(request, agg, False)
+    return await agg.operator_handover(_node_arg(request), who)
+
+
+async def _breaker_reset(agg: Aggregator, request: web.Request) -> dict[str, Any]:
+    reason, who = await _admin_body(request, agg, False)
+    return await agg.breaker_reset(who, reason)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[AGG].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    agg = request.app[AGG]
+    ok = agg.mem is not None and agg.writer is not None
+    return web.json_response({"status": "ok" if ok else "starting", "pending_actions": len(agg.pending)},
+                             status=200 if ok else 503)
+
+
+AUTH = web.AppKey("auth", Auth)
+
+
+def make_app(agg: Aggregator, *, manage: bool = True) -> web.Application:
+    """The aiohttp app; with `manage`, the aggregator starts and stops with it (cleanup_ctx)."""
+    app = web.Application(client_max_size=agg.cfg.max_body_bytes)
+    app[AGG] = agg
+    app[AUTH] = Auth(agg)
+    if manage:
+        async def lifecycle(app: web.Application) -> Any:
+            await agg.start()
+            yield
+            await agg.stop()
+        app.cleanup_ctx.append(lifecycle)
+    app.router.add_post("/v1/reports", _ingest_endpoint("reports", _reports))
+    app.router.add_post("/v1/events", _ingest_endpoint("events", _events))
+    app.router.add_post("/v1/alertmanager", _ingest_endpoint("alertmanager", _alertmanager, allow_admin=True))
+    app.router.add_get("/api/v1/nodes", api_nodes)
+    app.router.add_get("/api/v1/nodes/{name}", api_node)
+    app.router.add_get("/api/v1/nodes/{name}/history", api_history)
+    app.router.add_post("/api/v1/nodes/{name}/fence", _admin(_fence))
+    app.router.add_post("/api/v1/nodes/{name}/release", _admin(_release))
+    app.router.add_post("/api/v1/nodes/{name}/handover", _admin(_handover))
+    app.router.add_post("/api/v1/breaker/reset", _admin(_breaker_reset))
+    app.router.add_get("/api/v1/fleet", api_fleet)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    return app
