@@ -83,6 +83,7 @@ class NodeView:
     handover: str = ""  # "", "running", "passed", "failed"
     handover_at: float = 0.0  # last handover attempt
     can_handover: bool = False  # has an agent URL to ask
+    released_at: float = 0.0  # an operator released it: conditions older than this do not fence again
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +120,7 @@ class Planned:
 NoteKind = Literal[
     "dry_run", "breaker_tripped", "breaker_holding", "cap_reached", "partition_cap_reached",
     "rate_limited", "opted_out", "fenced_by_other", "waiting_min_duration", "held_since_reset",
-    "awaiting_manual_release", "no_agent_url", "operator_hold",
+    "awaiting_manual_release", "no_agent_url", "operator_hold", "operator_released",
 ]
 
 

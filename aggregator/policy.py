@@ -8,6 +8,7 @@ to touch is left alone; then the caps; then the rate limit.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -120,6 +121,10 @@ def decide(observations: Iterable[Condition], fleet: FleetState, now: float, pol
         what = f"{cand.cond.check} {cand.cond.entity} {cand.cond.status.value} {cand.cond.action.value}"
         if view.fence.ours:
             continue  # already fenced or being fenced: fencing is idempotent, planning is too
+        if view.released_at and cand.cond.since <= view.released_at:
+            notes.append(Note("operator_released", cand.node,
+                              f"{what}: an operator released the node after this began; waits for a new failure"))
+            continue
         if view.fence is FenceMode.EXTERNAL:
             notes.append(Note("fenced_by_other", cand.node, f"{what}: already fenced by someone else; left alone"))
             continue
@@ -193,6 +198,9 @@ def _returns(views: Iterable[NodeView], now: float, policy: Policy, notes: list[
 
 
 def _reason_id(c: Condition) -> str:
-    """A short id that ties a Slurm reason back to the event that opened the condition."""
-    ref = c.ref or f"{c.node}-{c.check}-{c.entity}-{int(c.since)}"
-    return "".join(ch for ch in ref if ch.isalnum() or ch in "-_.")[:16]
+    """A short id that ties a Slurm reason back to the event (or condition) behind the fence."""
+    if c.ref:
+        clean = "".join(ch for ch in c.ref if ch.isalnum() or ch in "-_.")
+        if clean:
+            return clean[:16]
+    return hashlib.sha1(f"{c.node}|{c.check}|{c.entity}|{c.since}".encode()).hexdigest()[:12]

@@ -651,7 +651,8 @@ class Aggregator:
         if rec.fence is not FenceMode.FENCED:
             raise OperatorError(409, f"{node} has a {rec.fence.value} action in flight; try again")
         now = self.clock()
-        extra = mem.set_node(node, fence=FenceMode.RELEASING)
+        # The operator has seen what is open now: only a failure that starts later fences again.
+        extra = mem.set_node(node, fence=FenceMode.RELEASING, released_at=now)
         t = self._spawn(self._begin(node, "release", f"operator:{who}", reason, now, None, "operator", extra))
         return await self._await_action(t, wait)
 

@@ -58,12 +58,14 @@ class NodeRec:
     handover: str = ""
     handover_at: float = 0.0
     unreachable_since: float | None = None
+    released_at: float = 0.0
     seen_dirty: bool = False
 
     def view(self) -> NodeView:
         return NodeView(name=self.name, partition=self.partition, fence=self.fence, hold=self.hold,
                         opted_out=self.opted_out, ok_since=self.ok_since, handover=self.handover,
-                        handover_at=self.handover_at, can_handover=bool(self.agent_url))
+                        handover_at=self.handover_at, can_handover=bool(self.agent_url),
+                        released_at=self.released_at)
 
     @property
     def state(self) -> str:
@@ -85,6 +87,7 @@ class NodeRec:
             "fence_reason": self.fence_reason, "fenced_at": self.fenced_at, "hold": self.hold,
             "opted_out": self.opted_out, "ok_since": self.ok_since, "handover": self.handover,
             "handover_at": self.handover_at, "unreachable_since": self.unreachable_since,
+            "released_at": self.released_at,
         }
 
 
@@ -114,7 +117,7 @@ class Memory:
                 partition=r.partition, learned=r.learned, first_seen=r.first_seen, last_seen=r.last_seen,
                 status=Status(r.status), report_time=r.report_time, fence=r.fence, fence_reason=r.fence_reason,
                 fenced_at=r.fenced_at, hold=r.hold, opted_out=r.opted_out, ok_since=r.ok_since, handover=r.handover,
-                handover_at=r.handover_at, unreachable_since=r.unreachable_since)
+                handover_at=r.handover_at, unreachable_since=r.unreachable_since, released_at=r.released_at)
         for c in loaded.conditions:
             m.conditions[c.key] = c
             m.by_node.setdefault(c.node, set()).add(c.key)

@@ -52,7 +52,8 @@ MIGRATIONS: tuple[str, ...] = (
         ok_since REAL,
         handover TEXT NOT NULL DEFAULT '',
         handover_at REAL NOT NULL DEFAULT 0,
-        unreachable_since REAL
+        unreachable_since REAL,
+        released_at REAL NOT NULL DEFAULT 0
     );
     CREATE TABLE conditions (
         node TEXT NOT NULL, check_name TEXT NOT NULL, entity TEXT NOT NULL,
@@ -122,6 +123,7 @@ class NodeRow:
     handover: str = ""
     handover_at: float = 0.0
     unreachable_since: float | None = None
+    released_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -174,13 +176,13 @@ def _reason_from(text: str) -> FenceReason | None:
 
 _NODE_COLS = ("name, agent_url, slurm_name, k8s_name, partition, learned, first_seen, last_seen, status, "
               "report_time, fence, fence_reason, fenced_at, hold, opted_out, ok_since, handover, handover_at, "
-              "unreachable_since")
+              "unreachable_since, released_at")
 _ACTION_COLS = "id, node, kind, state, who, why, reason, rule, dry_run, created, updated, attempts, next_attempt, result"
 
 
 def _node_row(r: Sequence[Any]) -> NodeRow:
     return NodeRow(r[0], r[1], r[2], r[3], r[4], bool(r[5]), r[6], r[7], r[8], r[9], FenceMode(r[10]), r[11],
-                   r[12], bool(r[13]), bool(r[14]), r[15], r[16], r[17], r[18])
+                   r[12], bool(r[13]), bool(r[14]), r[15], r[16], r[17], r[18], r[19])
 
 
 def _action_row(r: Sequence[Any]) -> ActionRow:
@@ -454,4 +456,4 @@ class Store:
 
 _NODE_FIELDS = frozenset(
     "agent_url slurm_name k8s_name partition learned first_seen last_seen status report report_time fence "
-    "fence_reason fenced_at hold opted_out ok_since handover handover_at unreachable_since".split())
+    "fence_reason fenced_at hold opted_out ok_since handover handover_at unreachable_since released_at".split())

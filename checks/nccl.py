@@ -127,6 +127,12 @@ def parse(text: str) -> NcclRun:
         if line.startswith("#"):
             if line.startswith("# nThread"):
                 started = True
+            elif line.startswith("# podhealth nccl_runner failure"):
+                # Our runner ran on the node and failed there (rendezvous, CUDA, NCCL): not a
+                # launch problem, so it counts as started.
+                started = True
+                if len(errors) < MAX_ERROR_LINES:
+                    errors.append(line[:240])
             elif line.startswith("# nccl-tests version"):
                 tests_version = line.split()[3] if len(line.split()) > 3 else ""
             elif line.startswith("# Collective test concluded"):

@@ -67,6 +67,7 @@ class KmsgDeviceReader:
         self._from_start = from_start
         self._read = read_fn
         self._fd: int | None = None
+        self._last_seq = -1  # after a reopen, records up to this sequence number were already read
 
     def _open(self) -> int:
         fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -101,7 +102,13 @@ class KmsgDeviceReader:
             if not rec:
                 break
             # The first line is the record; " KEY=value" dictionary lines follow it.
-            lines.append(rec.split(b"\n", 1)[0].decode("utf-8", "replace"))
+            head = rec.split(b"\n", 1)[0]
+            seq = _record_seq(head)
+            if seq is not None:
+                if seq <= self._last_seq:
+                    continue
+                self._last_seq = seq
+            lines.append(head.decode("utf-8", "replace"))
         return ReadBatch(tuple(lines), lost)
 
     def close(self) -> None:
@@ -110,6 +117,12 @@ class KmsgDeviceReader:
                 os.close(self._fd)
             finally:
                 self._fd = None
+
+
+def _record_seq(head: bytes) -> int | None:
+    """Sequence number of a /dev/kmsg record ("pri,SEQ,usec,flags;text")."""
+    parts = head.split(b";", 1)[0].split(b",")
+    return int(parts[1]) if len(parts) >= 3 and parts[1].isdigit() else None
 
 
 # ---- a followed file ----------------------------------------------------------------------------

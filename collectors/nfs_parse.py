@@ -179,9 +179,15 @@ def unescape(field: str) -> str:
 
 
 def _ints(parts: list[str]) -> list[int]:
-    out = [int(p, 10) for p in parts]
-    if any(v < 0 for v in out):
-        raise ValueError("negative counter")
+    out = []
+    for p in parts:
+        try:
+            v = int(p, 10)
+        except ValueError:
+            raise ValueError(f"not a number: {p[:24]!r}") from None
+        if v < 0:
+            raise ValueError(f"negative counter: {p[:24]!r}")
+        out.append(v)
     return out
 
 
@@ -316,7 +322,8 @@ def parse_mountstats(text: str) -> Mountstats:
         except (ValueError, IndexError) as e:
             malformed += 1
             if len(problems) < MAX_PROBLEMS:
-                problems.append(f"mountstats:{lineno}: {cur.mountpoint}: {e}")
+                key = s.split(":", 1)[0][:24]
+                problems.append(f"mountstats:{lineno}: {cur.mountpoint}: {key}: {e}")
     if cur is not None:
         mounts.append(cur.build())
     return Mountstats(tuple(mounts), malformed, tuple(problems))

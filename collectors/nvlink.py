@@ -100,7 +100,7 @@ class NvlinkCollector:
         h = dev.handle
         up = 0
         for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
-            state = calls.get(f"link{link}", lambda n=link: pynvml.nvmlDeviceGetNvLinkState(h, n),  # type: ignore[misc]
+            state = calls.get(f"link{link}", lambda n=link: pynvml.nvmlDeviceGetNvLinkState(h, n),
                               absent=NO_SUCH_LINK)
             if state is None:
                 continue
@@ -109,7 +109,7 @@ class NvlinkCollector:
             out.append(Sample.of("nvlink_up", active, link=link, **gpu))
             for name, counter in ERROR_COUNTERS:
                 v = calls.get(f"link{link}_{name}",
-                              lambda n=link, c=counter: pynvml.nvmlDeviceGetNvLinkErrorCounter(h, n, c))  # type: ignore[misc]
+                              lambda n=link, c=counter: pynvml.nvmlDeviceGetNvLinkErrorCounter(h, n, c))
                 if v is not None:
                     out.append(Sample.of("nvlink_errors", v, link=link, type=name, **gpu))
         if not calls.down:

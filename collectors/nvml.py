@@ -20,7 +20,7 @@ from podhealth.collectors.nvml_session import (
     error_text, shared,
 )
 from podhealth.config import Config
-from podhealth.vocab import MetricSpec, Sample
+from podhealth.vocab import MetricKind, MetricSpec, Sample
 
 GPU_LABELS = "labels gpu, uuid, pci_bus_id, model"
 
@@ -53,8 +53,8 @@ RETIREMENT_CAUSES: tuple[tuple[str, int], ...] = (
 _FALLBACK = frozenset({pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_NOT_SUPPORTED})
 
 
-def _spec(name: str, kind: str, help: str, unit: str = "") -> MetricSpec:
-    return MetricSpec(name, kind, help, unit)  # type: ignore[arg-type]
+def _spec(name: str, kind: MetricKind, help: str, unit: str = "") -> MetricSpec:
+    return MetricSpec(name, kind, help, unit)
 
 
 METRICS: Mapping[str, MetricSpec] = specs(
@@ -218,9 +218,9 @@ class NvmlCollector:
             lambda: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2),
             lambda: pynvml.nvmlDeviceGetMemoryInfo(h)))
         if mem is not None:
-            put("gpu_memory_used_bytes", mem.used)  # type: ignore[attr-defined]
-            put("gpu_memory_free_bytes", mem.free)  # type: ignore[attr-defined]
-            put("gpu_memory_total_bytes", mem.total)  # type: ignore[attr-defined]
+            put("gpu_memory_used_bytes", mem.used)
+            put("gpu_memory_free_bytes", mem.free)
+            put("gpu_memory_total_bytes", mem.total)
         put("gpu_temperature_celsius", calls.get(
             "temperature", lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)))
         put("gpu_memory_temperature_celsius", self._field(calls, h, "memory_temperature",
@@ -260,12 +260,12 @@ class NvmlCollector:
             for scope, ctype in ECC_SCOPES:
                 put("gpu_ecc_errors", calls.get(
                     f"ecc_{kind}_{scope}",
-                    lambda e=etype, c=ctype: pynvml.nvmlDeviceGetTotalEccErrors(h, e, c)),  # type: ignore[misc]
+                    lambda e=etype, c=ctype: pynvml.nvmlDeviceGetTotalEccErrors(h, e, c)),
                     type=kind, scope=scope)
 
         for cause, ccode in RETIREMENT_CAUSES:
             pages = calls.get(f"retired_{cause}",
-                              lambda c=ccode: pynvml.nvmlDeviceGetRetiredPages(h, c))  # type: ignore[misc]
+                              lambda c=ccode: pynvml.nvmlDeviceGetRetiredPages(h, c))
             put("gpu_retired_pages", None if pages is None else len(pages), cause=cause)
         put("gpu_retired_pages_pending", calls.get(
             "retired_pending", lambda: pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h)))

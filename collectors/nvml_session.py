@@ -263,7 +263,7 @@ class NvmlSession:
             cuda = text(pynvml.nvmlSystemGetCudaDriverVersion_v2)
         info = SystemInfo(
             driver_version=str(drv) if drv is not None else None,
-            cuda_driver_version=cuda_version_text(int(cuda)) if isinstance(cuda, int) else None,  # type: ignore[arg-type]
+            cuda_driver_version=cuda_version_text(int(cuda)) if isinstance(cuda, int) else None,
         )
         self._system = info
         return info

@@ -23,6 +23,9 @@ COMMANDS: dict[str, str] = {
     "simulate": "podhealth.sim.cmd",
     "aggregator": "podhealth.aggregator.cmd",
     "fleet": "podhealth.aggregator.cmd_fleet",
+    "burnin": "podhealth.checks.cmd_burnin",
+    "dcgm-diag": "podhealth.checks.cmd_dcgm",
+    "nccl": "podhealth.checks.cmd_nccl",
 }
 
 

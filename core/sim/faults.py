@@ -100,16 +100,16 @@ def parse(tokens: Sequence[str], now: float) -> Fault:
 
 
 def _convert(key: str, raw: str) -> object:
-    tok = f"{key}={raw}"
+    tok = f"{'xid' if key == 'code' else key}={raw}"
     if key in _INT_PARAMS:
         try:
             v = int(raw, 10)
         except ValueError:
-            raise ValueError(f"bad token {tok!r}: {key} must be a whole number") from None
+            raise ValueError(f"bad token {tok!r}: {tok.split('=')[0]} must be a whole number") from None
         if v < 0:
             raise ValueError(f"bad token {tok!r}: {key} must be >= 0")
         if key == "code" and not 1 <= v <= 999:
-            raise ValueError(f"bad token 'xid={raw}': XID codes are 1..999")
+            raise ValueError(f"bad token {tok!r}: XID codes are 1..999")
         if key == "width" and v not in (1, 2, 4, 8, 16, 32):
             raise ValueError(f"bad token {tok!r}: PCIe width is one of 1, 2, 4, 8, 16, 32")
         if key == "gen" and not 1 <= v <= 6:

@@ -154,20 +154,35 @@ def test_metric_sources_and_compat_names() -> None:
         raise RuntimeError("source bug")
 
     ev = Event(kind="xid", code=79, time=1.0, gpu=0)
-    snap = snapshot(*BASIC, Sample.of("gpu_memory_used_bytes", 2 * 1024**3, **GPU), events=(ev,))
+    gpu_up = Sample.of("gpu_up", 1, **GPU)
+    used = Sample.of("gpu_memory_used_bytes", 2 * 1024**3, **GPU)
+    snap = snapshot(*BASIC, gpu_up, used, events=(ev,))
+    snap = Snapshot(time=snap.time, events=snap.events, collectors=MappingProxyType(
+        {**snap.collectors, "kmsg": CollectorState(name="kmsg", stale=False)}))
     body = text(snap, ctx(sources=(checks, broken, compat.source("dcgm-exporter", "dgx01"))))
     assert 'podhealth_check_status{action="DRAIN",check="gpu_ecc",entity="gpu0",node="dgx01"} 2.0' in body
-    dcgm_labels = ('Hostname="dgx01",UUID="GPU-1",device="nvidia0",gpu="0",modelName="NVIDIA H100 80GB HBM3",'
-                   'node="dgx01",pci_bus_id="00000000:18:00.0"')
-    assert f"DCGM_FI_DEV_GPU_TEMP{{{dcgm_labels}}} 41.0" in body
-    assert f"DCGM_FI_DEV_GPU_UTIL{{{dcgm_labels}}} 50.0" in body
-    assert f"DCGM_FI_DEV_FB_USED{{{dcgm_labels}}} 2048.0" in body
-    assert f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{dcgm_labels}}} 1.23455e+07" in body
-    assert f"DCGM_FI_DEV_XID_ERRORS{{{dcgm_labels}}} 79.0" in body
+
+    def dcgm(name: str) -> dict[str, str]:
+        lines = [ln for ln in body.splitlines() if ln.startswith(name + "{")]
+        assert len(lines) == 1, (name, lines)
+        labels, value = lines[0][len(name) + 1:].rsplit("} ", 1)
+        d = dict(kv.split("=", 1) for kv in labels.split('",'))
+        return {k: v.strip('"') for k, v in d.items()} | {"value": value}
+
+    temp = dcgm("DCGM_FI_DEV_GPU_TEMP")
+    assert temp["value"] == "41.0" and temp["UUID"] == "GPU-1" and temp["device"] == "nvidia0"
+    assert temp["Hostname"] == "dgx01" and temp["node"] == "dgx01" and temp["gpu"] == "0"
+    assert dcgm("DCGM_FI_DEV_FB_USED")["value"] == "2048.0"
+    assert dcgm("DCGM_FI_DEV_XID_ERRORS")["value"] == "79.0"
+    assert "# TYPE DCGM_FI_DEV_GPU_TEMP gauge" in body
+    assert "_total" not in "".join(ln for ln in body.splitlines() if ln.startswith("DCGM_"))
     # dcgm-exporter's own label names (UUID, modelName, Hostname) are camelCase: that is the one
     # lint finding compat mode accepts, since dashboards query exactly those names.
     problems = promtool_problems(body)
     assert problems and all(p.startswith("DCGM_FI_") and "camelCase" in p for p in problems), problems
+    # Without a kernel-log collector there is no XID series at all.
+    body = text(snapshot(*BASIC, gpu_up), ctx(sources=(compat.source("dcgm-exporter", "dgx01"),)))
+    assert "DCGM_FI_DEV_XID_ERRORS" not in body and "DCGM_FI_DEV_GPU_TEMP{" in body
     with pytest.raises(ValueError, match="unknown compat mode"):
         compat.source("nvidia-smi", "x")
 

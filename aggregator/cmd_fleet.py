@@ -1,0 +1,190 @@
+"""`podhealth fleet status|history NODE|release NODE --reason|fence NODE --reason|breaker-reset`.
+
+A thin client of the aggregator's API (stdlib only, so the CLI starts fast). The URL comes from
+--url, $PODHEALTH_AGGREGATOR_URL, or the config's aggregator.listen; the admin token from
+--token, $PODHEALTH_ADMIN_TOKEN, or the config's aggregator.auth.admin_token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from podhealth import config
+
+
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+    p = sub.add_parser("fleet", help="operate the fleet through the aggregator (status, history, fence, release)")
+    p.add_argument("--url", default=os.environ.get("PODHEALTH_AGGREGATOR_URL"), help="aggregator base URL")
+    p.add_argument("--token", default=os.environ.get("PODHEALTH_ADMIN_TOKEN"), help="admin token")
+    p.add_argument("--config", default=os.environ.get("PODHEALTH_CONFIG"), help="config file for URL and token")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the aggregator")
+    p.add_argument("--json", action="store_true", help="print the raw JSON answer")
+    fs = p.add_subparsers(dest="fleet_cmd", metavar="ACTION", required=True)
+    s = fs.add_parser("status", help="fleet counts, breaker, fence budget, and the nodes that are not OK")
+    s.add_argument("--all", action="store_true", help="list every node")
+    s.set_defaults(func=_status)
+    h = fs.add_parser("history", help="a node's verdicts, events and audited actions, newest first")
+    h.add_argument("node")
+    h.add_argument("--limit", type=int, default=50)
+    h.set_defaults(func=_history)
+    for name, helptext in (("release", "release a node podhealth fenced (needs a reason)"),
+                           ("fence", "fence a node now (needs a reason; waits for `release` to return)")):
+        a = fs.add_parser(name, help=helptext)
+        a.add_argument("node")
+        a.add_argument("--reason", required=True)
+        a.set_defaults(func=_release if name == "release" else _fence)
+    b = fs.add_parser("breaker-reset", help="reset a tripped circuit breaker (held observations are NOT replayed)")
+    b.add_argument("--reason", default="")
+    b.set_defaults(func=_breaker_reset)
+    return p
+
+
+class ApiError(Exception):
+    pass
+
+
+def _target(args: argparse.Namespace) -> tuple[str, str]:
+    url, token = args.url, args.token
+    if not url or not token:
+        cfg = config.load(args.config) if args.config else None
+        if cfg is not None:
+            listen = cfg.aggregator.listen
+            host = "127.0.0.1" if listen.address in ("0.0.0.0", "::", "") else listen.address
+            url = url or f"http://{host}:{listen.port}"
+            token = token or cfg.aggregator.auth.admin_token
+    return (url or "http://127.0.0.1:9420").rstrip("/"), token or ""
+
+
+def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None,
+          admin: bool = False) -> Any:
+    url, token = _target(args)
+    headers = {"Accept": "application/json"}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    if admin:
+        if not token:
+            raise ApiError("an admin token is needed (--token, $PODHEALTH_ADMIN_TOKEN, or aggregator.auth.admin_token)")
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url + path, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=args.timeout) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        try:
+            msg = json.loads(e.read()).get("error", "")
+        except ValueError:
+            msg = ""
+        raise ApiError(f"{method} {path}: HTTP {e.code} {msg}".rstrip()) from None
+    except (urllib.error.URLError, OSError) as e:
+        raise ApiError(f"cannot reach the aggregator at {url}: {getattr(e, 'reason', e)}") from None
+
+
+def _run(fn: Any) -> Any:
+    def wrapped(args: argparse.Namespace) -> int:
+        try:
+            return int(fn(args))
+        except (ApiError, config.ConfigError) as e:
+            print(f"podhealth fleet: {e}", file=sys.stderr)
+            return 1
+    return wrapped
+
+
+def _when(t: float | None) -> str:
+    if not t:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+@_run
+def _status(args: argparse.Namespace) -> int:
+    fleet = _call(args, "GET", "/api/v1/fleet")
+    nodes = _call(args, "GET", "/api/v1/nodes")
+    if args.json:
+        print(json.dumps({"fleet": fleet, "nodes": nodes["nodes"]}, indent=2))
+        return 0
+    counts = " ".join(f"{k}={v}" for k, v in fleet["counts"].items() if v)
+    b = fleet["breaker"]
+    print(f"nodes: {fleet['nodes']}  {counts}")
+    print(f"breaker: {'TRIPPED since ' + _when(b['tripped_at']) + ': ' + b['reason'] if b['tripped'] else 'ok'}")
+    fb, rl = fleet["fence_budget"], fleet["rate_limit"]
+    print(f"fence budget: {fb['used']}/{fb['limit']}  rate: {rl['used']}/{rl['limit']} per minute  "
+          f"pending actions: {fleet['pending_actions']}{'  DRY RUN' if fleet['dry_run'] else ''}")
+    rows = [n for n in nodes["nodes"] if args.all or n["state"] != "OK"]
+    if rows:
+        print(f"\n{'NODE':<20} {'STATE':<10} {'PARTITION':<12} CHECKS")
+        for n in rows:
+            print(f"{n['name']:<20} {n['state']:<10} {n['partition'] or '-':<12} {','.join(n['checks']) or '-'}")
+    return 0
+
+
+@_run
+def _history(args: argparse.Namespace) -> int:
+    q = urllib.parse.urlencode({"limit": args.limit})
+    h = _call(args, "GET", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/history?{q}")
+    if args.json:
+        print(json.dumps(h, indent=2))
+        return 0
+    for it in h["items"]:
+        when = _when(it["time"])
+        if it["type"] == "verdict":
+            print(f"{when}  verdict  {it['check']} {it['entity']} -> {it['status']} {it['action']} "
+                  f"({it['source']}) {it['summary']}".rstrip())
+        elif it["type"] == "event":
+            print(f"{when}  event    {it['kind']} {json.dumps(it['event'].get('event', it['event']))[:120]}")
+        else:
+            ok = "" if it["ok"] else "  FAILED"
+            cmd = " ".join(it["command"])
+            print(f"{when}  action   {it['what']} by {it['who']}: {it['why']}{ok}"
+                  + (f"\n{'':21}$ {cmd}" if cmd else "") + (f"\n{'':21}{it['output'][:200]}" if it["output"] else ""))
+    return 0
+
+
+def _who() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "cli"
+
+
+def _print_action(args: argparse.Namespace, out: dict[str, Any]) -> int:
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{out.get('node', '')}: {out.get('kind', '')} {out.get('state', '')}: {out.get('result', '')}".strip())
+    return 0 if out.get("state") in ("done", "unchanged") else 1
+
+
+@_run
+def _release(args: argparse.Namespace) -> int:
+    out = _call(args, "POST", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/release",
+                {"reason": args.reason, "who": _who()}, admin=True)
+    return _print_action(args, out)
+
+
+@_run
+def _fence(args: argparse.Namespace) -> int:
+    out = _call(args, "POST", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/fence",
+                {"reason": args.reason, "who": _who()}, admin=True)
+    return _print_action(args, out)
+
+
+@_run
+def _breaker_reset(args: argparse.Namespace) -> int:
+    out = _call(args, "POST", "/api/v1/breaker/reset", {"reason": args.reason, "who": _who()}, admin=True)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print("breaker reset" + (f" (was tripped: {out['was_reason']})" if out["was_tripped"] else " (was not tripped)")
+              + "; observations from before now must be seen again before anything is fenced")
+    return 0

@@ -1,0 +1,62 @@
+"""`podhealth agent` command line: config errors, argument errors, and a real run on this machine."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from podhealth.agent.cmd import parse_listen
+from tests.harness.proc import free_port, http_get, service
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "podhealth", "agent", *args],
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_bad_config_names_file_line_key_and_exits_2(tmp_path: Path) -> None:
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text("collectors:\n  nfs:\n    interval: 10\n    timeout: abc\n")
+    p = run_cli("--config", str(cfg))
+    assert p.returncode == 2
+    assert p.stderr.strip() == 'agent.yaml:4: collectors.nfs.timeout: expected seconds > 0, got "abc"'
+
+
+def test_bad_arguments_exit_2(tmp_path: Path) -> None:
+    p = run_cli("--listen", "nonsense")
+    assert p.returncode == 2 and "--listen: expected ADDR:PORT" in p.stderr
+    p = run_cli("--node", "bad name;rm")
+    assert p.returncode == 2 and "invalid node name" in p.stderr
+
+
+def test_parse_listen() -> None:
+    assert parse_listen("127.0.0.1:9410") == ("127.0.0.1", 9410)
+    assert parse_listen("[::1]:0") == ("::1", 0)
+    for bad in ("9410", ":9410", "host:", "host:70000", "host:x"):
+        with pytest.raises(ValueError):
+            parse_listen(bad)
+
+
+def test_real_mode_on_this_machine(tmp_path: Path) -> None:
+    """No GPU, no DCGM, no HCA here: those collectors say why they are off; the agent serves anyway."""
+    port = free_port()
+    argv = [sys.executable, "-m", "podhealth", "agent", "--listen", f"127.0.0.1:{port}", "--node", "ci01"]
+    with service("agent", argv, tmp_path, port=port,
+                 ready=lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200) as svc:
+        status, body = http_get(svc.url + "/healthz")
+        assert json.loads(body)["node"] == "ci01"
+        status, body = http_get(svc.url + "/metrics")
+        text = body.decode()
+        assert status == 200
+        assert 'podhealth_collector_enabled{collector="host",node="ci01"} 1.0' in text
+        assert 'podhealth_collector_disabled_info{collector="dcgm",node="ci01",reason="DCGM Python bindings not found' in text
+        svc.proc.send_signal(signal.SIGTERM)
+        assert svc.proc.wait(10) == 0
+        assert "podhealth agent serving http://127.0.0.1:" in svc.log.read_text()

@@ -1,0 +1,213 @@
+"""The nfs collector: mountstats + rpc/nfs series, configured mounts, and the killable stat probe."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+
+from podhealth.collectors import REGISTRY, factory
+from podhealth.collectors.nfs import NfsCollector, create, default_probe_argv
+from podhealth.collectors.probe import Probe, run_probe
+from podhealth.config import CollectorsConfig, Config, NfsConfig, NfsMount, PathsConfig
+from podhealth.vocab import Sample
+from tests.harness.proc import wait_until
+
+TRUE = shutil.which("true") or "/bin/true"
+SLEEP = shutil.which("sleep") or "/bin/sleep"
+
+
+def _cfg(proc: Path, *mounts: tuple[str, float]) -> Config:
+    return Config(paths=PathsConfig(procfs_root=proc),
+                  collectors=CollectorsConfig(nfs=NfsConfig(mounts=tuple(NfsMount(p, t) for p, t in mounts))))
+
+
+@pytest.fixture
+def dgx_proc(own_fixtures: Path, tmp_path: Path) -> Path:
+    proc = tmp_path / "proc"
+    (proc / "77").mkdir(parents=True)
+    shutil.copy(own_fixtures / "nfs" / "mountstats_dgx.txt", proc / "77" / "mountstats")
+    (proc / "self").symlink_to("77")
+    (proc / "net" / "rpc").mkdir(parents=True)
+    shutil.copy(own_fixtures / "nfs" / "rpc_nfs_dgx.txt", proc / "net" / "rpc" / "nfs")
+    return proc
+
+
+def _v(samples: tuple[Sample, ...], name: str, **labels: str) -> float | None:
+    want = set(labels.items())
+    hits = [s.value for s in samples if s.name == name and want <= set(s.labels)]
+    assert len(hits) <= 1, f"{name}{labels}: {hits}"
+    return hits[0] if hits else None
+
+
+def _argv_by_mount(table: dict[str, Sequence[str]]):  # type: ignore[no-untyped-def]
+    return lambda mp: list(table[mp])
+
+
+def test_registered() -> None:
+    assert REGISTRY["nfs"] == "podhealth.collectors.nfs:create"
+
+
+def test_dgx_mounts(dgx_proc: Path) -> None:
+    col = factory("nfs")(_cfg(dgx_proc, ("/home", 5.0), ("/cm/shared", 5.0), ("/scratch", 5.0)),
+                         probe_argv=lambda mp: [TRUE])
+    try:
+        r = col.collect()
+    finally:
+        col.close()
+    s = r.samples
+    assert len({(x.name, x.labels) for x in s}) == len(s)  # no duplicate series
+    assert {x.name for x in s} <= set(col.metrics)
+    assert _v(s, "nfs_mount_present", mountpoint="/home") == 1
+    assert _v(s, "nfs_mount_present", mountpoint="/cm/shared") == 1
+    assert _v(s, "nfs_mount_present", mountpoint="/scratch") == 0
+    for mp in ("/home", "/cm/shared", "/scratch"):
+        assert _v(s, "nfs_probe_ok", mountpoint=mp) == 1
+        assert 0 < _v(s, "nfs_probe_seconds", mountpoint=mp) < 5  # type: ignore[operator]
+    home = {"mountpoint": "/home", "export": "10.141.255.254:/home"}
+    assert _v(s, "nfs_read_bytes", **home) == 137171591168
+    assert _v(s, "nfs_write_bytes", **home) == 38085361664
+    assert _v(s, "nfs_operation_requests", operation="READ", **home) == 2093117
+    assert _v(s, "nfs_operation_transmissions", operation="READ", **home) == 2093190
+    assert _v(s, "nfs_operation_major_timeouts", operation="READ", **home) == 2
+    assert _v(s, "nfs_operation_sent_bytes", operation="WRITE", **home) == 38099342808
+    assert _v(s, "nfs_operation_received_bytes", operation="READ", **home) == 137177843308
+    assert _v(s, "nfs_operation_queue_seconds", operation="WRITE", **home) == 1882.316
+    assert _v(s, "nfs_operation_rtt_seconds", operation="READ", **home) == 2412.391
+    assert _v(s, "nfs_operation_execute_seconds", operation="READ", **home) == 2514.72
+    assert _v(s, "nfs_transport_sends", protocol="tcp", **home) == 9352345
+    assert _v(s, "nfs_transport_receives", protocol="tcp", **home) == 9352245
+    shared = {"mountpoint": "/cm/shared", "export": "10.141.255.254:/cm/shared"}
+    assert _v(s, "nfs_transport_bad_xids", protocol="rdma", **shared) == 0
+    assert _v(s, "nfs_transport_sends", protocol="rdma", **shared) == 12190882
+    assert _v(s, "nfs_rpc_calls") == 21542007
+    assert _v(s, "nfs_rpc_retransmissions") == 176
+    assert _v(s, "nfs_rpc_procedure_requests", version="3", procedure="GETATTR") == 4182265
+    assert _v(s, "nfs_net_packets", protocol="tcp") == 0
+    assert r.errors == ()
+
+
+def test_missing_files_give_errors_not_zeros(tmp_path: Path) -> None:
+    col = NfsCollector(tmp_path, [("/home", 2.0)], probe_argv=lambda mp: [TRUE])
+    r = col.collect()
+    col.close()
+    assert [x.name for x in r.samples] == ["nfs_probe_ok", "nfs_probe_seconds"]  # presence unknown
+    assert len(r.errors) == 2 and "mountstats" in r.errors[0] and "rpc/nfs" in r.errors[1]
+
+
+def test_malformed_mountstats_lines_reported(dgx_proc: Path) -> None:
+    ms = dgx_proc / "77" / "mountstats"
+    ms.write_text(ms.read_text().replace("READ: 2093117", "READ: x2093117"))
+    col = create(_cfg(dgx_proc, ("/home", 2.0)), probe_argv=lambda mp: [TRUE])
+    r = col.collect()
+    col.close()
+    assert _v(r.samples, "nfs_operation_requests", mountpoint="/home", operation="READ") is None
+    assert _v(r.samples, "nfs_operation_requests", mountpoint="/home", operation="WRITE") == 581133
+    assert len(r.errors) == 1 and "READ" in r.errors[0]
+
+
+def test_hung_probe_reports_timeout(dgx_proc: Path) -> None:
+    col = create(_cfg(dgx_proc, ("/home", 0.5), ("/cm/shared", 5.0)),
+                 probe_argv=_argv_by_mount({"/home": [SLEEP, "30"], "/cm/shared": [TRUE]}))
+    try:
+        r = col.collect()
+    finally:
+        col.close()
+    assert _v(r.samples, "nfs_probe_ok", mountpoint="/home") == 0
+    assert _v(r.samples, "nfs_probe_seconds", mountpoint="/home") == 0.5
+    assert _v(r.samples, "nfs_probe_ok", mountpoint="/cm/shared") == 1
+    assert _v(r.samples, "nfs_mount_present", mountpoint="/home") == 1  # listed, but not answering
+    assert any("probe /home: timed out" in e for e in r.errors)
+
+
+def test_failing_probe_reports_exit_and_stderr(dgx_proc: Path) -> None:
+    col = create(_cfg(dgx_proc, ("/home", 5.0)),
+                 probe_argv=lambda mp: [sys.executable, "-c", "import sys; sys.exit('Stale file handle')"])
+    r = col.collect()
+    col.close()
+    assert _v(r.samples, "nfs_probe_ok", mountpoint="/home") == 0
+    assert any("exit 1: Stale file handle" in e for e in r.errors)
+
+
+def test_hung_probes_run_concurrently(dgx_proc: Path) -> None:
+    """Three hung mounts with 1.5 s timeouts cost one timeout, not three (4.5 s)."""
+    mounts = [("/home", 1.5), ("/cm/shared", 1.5), ("/scratch", 1.5)]
+    col = create(_cfg(dgx_proc, *mounts), probe_argv=lambda mp: [SLEEP, "30"])
+    try:
+        t = time.monotonic()
+        r = col.collect()
+        elapsed = time.monotonic() - t
+    finally:
+        col.close()
+    assert [_v(r.samples, "nfs_probe_ok", mountpoint=m) for m, _ in mounts] == [0, 0, 0]
+    assert elapsed < 3.0, f"probes ran one after another ({elapsed:.2f}s)"
+
+
+def test_default_probe_is_a_real_statfs(tmp_path: Path) -> None:
+    argv = default_probe_argv(str(tmp_path))
+    assert argv[-1] == str(tmp_path)
+    ok, seconds, detail = run_probe(argv, 10.0)
+    assert ok and detail == "" and seconds > 0
+    ok, _, detail = run_probe(default_probe_argv(str(tmp_path / "absent")), 10.0)
+    assert not ok and detail.startswith("exit ")
+
+
+def test_probe_kills_the_whole_process_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    argv = ["/bin/sh", "-c", f"{SLEEP} 30 & echo $! > {pidfile}; wait"]
+    ok, seconds, detail = run_probe(argv, 1.0)
+    assert (ok, seconds) == (False, 1.0) and "timed out" in detail
+    pid = int(pidfile.read_text())
+
+    def gone() -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # reaped later by init
+        except FileNotFoundError:
+            return True
+    wait_until(gone, 5.0, what="the probe's grandchild to be killed")
+
+
+def test_unstartable_probe(tmp_path: Path) -> None:
+    ok, _, detail = run_probe([str(tmp_path / "no-such-binary")], 1.0)
+    assert not ok and detail.startswith("cannot start")
+
+
+class _StuckProc:
+    """Stands in for a child stuck in uninterruptible sleep: SIGKILL cannot reap it yet."""
+
+    pid = 2**22 + 1
+    stderr = None
+
+    def __init__(self) -> None:
+        self.exited = False
+
+    def poll(self) -> int | None:
+        return -9 if self.exited else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        return -9
+
+
+def test_stuck_probe_is_not_piled_up(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    p = Probe(["/bin/sh", "-c", f"echo x >> {marker}"])
+    stuck = _StuckProc()
+    p._lingering = stuck  # type: ignore[assignment]
+    r = p.run(2.0)
+    assert (r.ok, r.seconds, r.detail) == (False, 2.0, "previous probe still hung")
+    assert not marker.exists()  # no new process was started
+    stuck.exited = True  # the kernel finally let it go
+    r = p.run(5.0)
+    assert r.ok and marker.read_text() == "x\n"
+
+
+def test_collector_close_stops_hung_probes(dgx_proc: Path) -> None:
+    col = create(_cfg(dgx_proc, ("/home", 0.3)), probe_argv=lambda mp: [SLEEP, "30"])
+    col.collect()
+    col.close()
+    assert all(p._proc is None and p._lingering is None for p in col._probes.values())
