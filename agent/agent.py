@@ -77,8 +77,7 @@ class Agent:
                  factories: Mapping[str, Factory] | None = None,
                  seams: Mapping[str, Mapping[str, Any]] | None = None,
                  notifier: Notifier | None = None, version: str = __version__,
-                 factory_timeout: float | None = None, stale_after: float = 3.0,
-                 render_debounce: float = 0.05) -> None:
+                 factory_timeout: float | None = None, stale_after: float = 3.0) -> None:
         self.cfg = cfg
         self.node = node or cfg.node.name or default_node_name()
         if not valid_node_name(self.node):
@@ -93,7 +92,7 @@ class Agent:
         self.collectors: dict[str, Collector] = {}
         self.specs: dict[str, Mapping[str, MetricSpec]] = {}
         self.exposition = ExpositionCache(
-            RenderContext(self.node, version, cfg.node.profile, {}), self.store.snapshot, render_debounce)
+            RenderContext(self.node, version, cfg.node.profile, {}), self.store.snapshot)
         self.started_monotonic = time.monotonic()
         self.port = 0
         self._routes: list[web.AbstractRouteDef] = []
@@ -129,7 +128,7 @@ class Agent:
 
     def invalidate(self) -> None:
         """Re-render /metrics for the current snapshot (a metric source's data changed)."""
-        self.exposition.update(self.store.snapshot, self.store.version)
+        self.exposition.update(self.store.snapshot)
 
     @property
     def url(self) -> str:
@@ -145,7 +144,7 @@ class Agent:
         await self._build_collectors()
         self.exposition.ctx = RenderContext(
             self.node, self.version, self.cfg.node.profile, dict(self.specs), tuple(self._sources))
-        self.store.on_snapshot.insert(0, lambda snap: self.exposition.update(snap, self.store.version))
+        self.store.on_snapshot.insert(0, self.exposition.update)
         self.store.on_snapshot.append(self._update_status)
         self.invalidate()
         self.scheduler.start()

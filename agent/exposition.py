@@ -1,10 +1,14 @@
-"""Snapshot -> Prometheus exposition, through a prometheus-client custom collector.
+"""Snapshot -> metric families, and the prometheus-client custom collector over them.
 
-Names: `podhealth_` + the sample name; prometheus-client adds `_total` to counters; info metrics
-keep their `_info` name. Every series gets the constant `node` label. Help text and type come
-from each collector's MetricSpec. One collector producing a bad name or label is skipped (and
-logged once) instead of breaking the whole scrape: dcgm-exporter's single-error-means-HTTP-500
-registry is the counter-example.
+Names: `podhealth_` + the sample name; counters get `_total` on their samples (prometheus-client
+convention: the OpenMetrics family name has no suffix); info metrics keep their `_info` sample
+name. Every series gets the constant `node` label. Help text and type come from each
+collector's MetricSpec. A sample with a bad name or label is dropped (and logged once) instead of
+breaking the whole scrape: dcgm-exporter's one-error-means-HTTP-500 registry is the
+counter-example.
+
+`families()` does the validation once; `SnapshotCollector` (prometheus-client's custom collector
+protocol) and the cached encoder in agent/encode.py both render its output, byte for byte alike.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from podhealth import log
 from podhealth.agent.family import Family, MetricSource
 from podhealth.agent.selfmetrics import self_families
 from podhealth.snapshot import Snapshot
-from podhealth.vocab import MetricSpec, Sample
+from podhealth.vocab import Labels, MetricSpec, Sample
+
+__all__ = ["PREFIX", "Family", "MetricSource", "RenderContext", "Rendered", "SnapshotCollector", "families", "with_node"]
 
 PREFIX = "podhealth_"
 
@@ -39,12 +45,30 @@ class RenderContext:
     sources: tuple[MetricSource, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """One validated family, ready for any encoder. `series` labels do not carry `node` yet."""
+
+    name: str  # family name (OpenMetrics), e.g. podhealth_gpu_energy_joules
+    sample_name: str  # e.g. podhealth_gpu_energy_joules_total
+    type: str  # gauge | counter | info
+    help: str
+    unit: str
+    series: tuple[tuple[Labels, float], ...]
+
+
+def with_node(labels: Labels, node: str) -> dict[str, str]:
+    d = dict(labels)
+    d.setdefault("node", node)
+    return d
+
+
 class _Checked:
-    """Validation results cached by name, so a scrape of thousands of samples checks each name once."""
+    """Validation results cached by name, so a render of thousands of samples checks each name once."""
 
     def __init__(self) -> None:
         self.names: dict[str, bool] = {}
-        self.labels: dict[str, bool] = {}
+        self.labels: dict[Labels, str | None] = {}  # label set -> first invalid label name
         self.warned: set[str] = set()
 
     def name_ok(self, name: str) -> bool:
@@ -53,11 +77,16 @@ class _Checked:
             ok = self.names[name] = bool(_NAME.match(name)) and not name.startswith("__")
         return ok
 
-    def label_ok(self, label: str) -> bool:
-        ok = self.labels.get(label)
-        if ok is None:
-            ok = self.labels[label] = bool(_LABEL.match(label)) and not label.startswith("__")
-        return ok
+    def bad_label(self, labels: Labels) -> str | None:
+        try:
+            return self.labels[labels]
+        except KeyError:
+            pass
+        bad = next((k for k, _ in labels if not _LABEL.match(k) or k.startswith("__")), None)
+        if len(self.labels) > 200_000:  # label sets churn (e.g. a reason text): keep the cache bounded
+            self.labels.clear()
+        self.labels[labels] = bad
+        return bad
 
     def warn_once(self, key: str, msg: str, **kw: object) -> None:
         if key not in self.warned:
@@ -68,78 +97,45 @@ class _Checked:
 _checked = _Checked()
 
 
-def _family_name(spec: MetricSpec, prefixed: bool) -> tuple[str, str, str]:
-    """(family name, sample name, prometheus type) for a spec."""
+def _names(spec: MetricSpec, prefixed: bool) -> tuple[str, str, str, str]:
+    """(family name, sample name, type, unit) for a spec."""
     base = PREFIX + spec.name if prefixed else spec.name
     if spec.kind == "counter":
         base = base.removesuffix("_total")
-        return base, base + "_total", "counter"
-    if spec.kind == "info":
+        sample, typ = base + "_total", "counter"
+    elif spec.kind == "info":
         base = base.removesuffix("_info")
-        return base, base + "_info", "info"
-    return base, base, "gauge"
+        sample, typ = base + "_info", "info"
+    else:
+        sample, typ = base, "gauge"
+    # OpenMetrics requires the family name to end with its unit; otherwise leave the unit out.
+    unit = spec.unit if spec.unit and base.endswith("_" + spec.unit) else ""
+    return base, sample, typ, unit
 
 
-def _metric(spec: MetricSpec, prefixed: bool) -> tuple[Metric, str]:
-    fam, sample_name, typ = _family_name(spec, prefixed)
-    unit = spec.unit if spec.unit and fam.endswith("_" + spec.unit) else ""
-    return Metric(fam, spec.help or spec.name, typ, unit), sample_name
-
-
-def _add_samples(metric: Metric, sample_name: str, samples: Iterable[Sample], node: str,
-                 info: bool, origin: str) -> int:
-    """Add samples (last value wins on duplicate label sets); returns how many were rejected."""
-    seen: dict[tuple[tuple[str, str], ...], int] = {}
-    rejected = 0
+def _series(samples: Iterable[Sample], typ: str, origin: str) -> tuple[tuple[Labels, float], ...]:
+    """Validated series; the last value wins on a duplicate label set."""
+    out: dict[Labels, float] = {}
+    info = typ == "info"
     for s in samples:
-        bad = next((k for k, _ in s.labels if not _checked.label_ok(k)), None)
+        bad = _checked.bad_label(s.labels)
         if bad is not None:
-            rejected += 1
-            _checked.warn_once(f"{origin}:{s.name}:{bad}", "invalid label name dropped a sample",
-                               origin=origin, metric=s.name, label=bad)
+            _checked.warn_once(f"{origin}:{bad}", "invalid label name dropped a sample", metric=origin, label=bad)
             continue
-        labels = dict(s.labels)
-        labels.setdefault("node", node)
-        value = 1.0 if info else s.value
-        if not isinstance(value, float):
+        value = s.value
+        if info:
+            value = 1.0
+        elif type(value) is not float:
             try:
                 value = float(value)
             except (TypeError, ValueError):
-                rejected += 1
                 continue
-        if metric.type == "counter" and (value < 0 or math.isnan(value)):
-            # A negative counter breaks rate(); it is a collector bug, not data.
-            rejected += 1
-            _checked.warn_once(f"{origin}:{s.name}:neg", "negative counter dropped", origin=origin, metric=s.name)
+        if typ == "counter" and (value < 0 or math.isnan(value)):
+            # A negative counter breaks rate(): a collector bug, not data.
+            _checked.warn_once(f"{origin}:neg", "negative counter dropped", metric=origin)
             continue
-        key = tuple(sorted(labels.items()))
-        if key in seen:
-            metric.samples[seen[key]] = metric.samples[seen[key]]._replace(value=value)
-            continue
-        seen[key] = len(metric.samples)
-        metric.add_sample(sample_name, labels, value)
-    return rejected
-
-
-def _families(groups: Iterable[tuple[str, MetricSpec, Sequence[Sample], bool]], node: str) -> Iterator[Metric]:
-    """Merge (origin, spec, samples, prefixed) groups by metric name into prometheus-client families."""
-    by_name: dict[str, tuple[Metric, str, list[Sample]]] = {}
-    order: list[str] = []
-    for origin, spec, samples, prefixed in groups:
-        if not _checked.name_ok(spec.name):
-            _checked.warn_once(f"{origin}:{spec.name}", "invalid metric name skipped", origin=origin, metric=spec.name)
-            continue
-        key = (PREFIX if prefixed else "") + spec.name
-        if key not in by_name:
-            metric, sample_name = _metric(spec, prefixed)
-            by_name[key] = (metric, sample_name, [])
-            order.append(key)
-        by_name[key][2].extend(samples)
-    for key in order:
-        metric, sample_name, samples = by_name[key]
-        _add_samples(metric, sample_name, samples, node, metric.type == "info", key)
-        if metric.samples:
-            yield metric
+        out[s.labels] = value
+    return tuple(out.items())
 
 
 def _collector_groups(snapshot: Snapshot, ctx: RenderContext) -> Iterator[tuple[str, MetricSpec, Sequence[Sample], bool]]:
@@ -149,7 +145,10 @@ def _collector_groups(snapshot: Snapshot, ctx: RenderContext) -> Iterator[tuple[
         specs = ctx.specs.get(cname, {})
         by_name: dict[str, list[Sample]] = {}
         for s in st.samples:
-            by_name.setdefault(s.name, []).append(s)
+            lst = by_name.get(s.name)
+            if lst is None:
+                lst = by_name[s.name] = []
+            lst.append(s)
         for name, samples in by_name.items():
             spec = specs.get(name)
             if spec is None:
@@ -159,26 +158,55 @@ def _collector_groups(snapshot: Snapshot, ctx: RenderContext) -> Iterator[tuple[
             yield cname, spec, samples, True
 
 
+def _source_groups(snapshot: Snapshot, ctx: RenderContext) -> Iterator[tuple[str, MetricSpec, Sequence[Sample], bool]]:
+    for fam in self_families(snapshot, ctx.version, ctx.profile):
+        yield "self", fam.spec, fam.samples, True
+    for source in ctx.sources:
+        origin = getattr(source, "__qualname__", "source")
+        try:
+            extra = list(source(snapshot))
+        except Exception:  # noqa: BLE001 - a broken metric source drops only its own families
+            _log.exception("metric source failed", source=origin)
+            continue
+        for fam in extra:
+            yield origin, fam.spec, fam.samples, fam.prefixed
+
+
+def families(snapshot: Snapshot, ctx: RenderContext) -> list[Rendered]:
+    """Every family of the snapshot (collector samples, self-metrics, metric sources), merged by name."""
+    merged: dict[str, tuple[tuple[str, str, str, str, str], list[Sample]]] = {}
+    groups = list(_collector_groups(snapshot, ctx)) + list(_source_groups(snapshot, ctx))
+    for origin, spec, samples, prefixed in groups:
+        if not _checked.name_ok(spec.name):
+            _checked.warn_once(f"{origin}:{spec.name}", "invalid metric name skipped", origin=origin, metric=spec.name)
+            continue
+        name, sample, typ, unit = _names(spec, prefixed)
+        entry = merged.get(name)
+        if entry is None:
+            merged[name] = ((name, sample, typ, spec.help or spec.name, unit), list(samples))
+        else:
+            entry[1].extend(samples)
+    out = []
+    for (name, sample, typ, help_, unit), samples in merged.values():
+        series = _series(samples, typ, name)
+        if series:
+            out.append(Rendered(name, sample, typ, help_, unit, series))
+    return out
+
+
 class SnapshotCollector:
-    """A prometheus-client custom collector over one immutable snapshot."""
+    """prometheus-client's custom collector protocol over one immutable snapshot."""
 
     def __init__(self, snapshot: Snapshot, ctx: RenderContext) -> None:
         self.snapshot = snapshot
         self.ctx = ctx
 
     def describe(self) -> list[Metric]:
-        return []  # no describe-time collection: the registry must not call collect() on register
+        return []  # registering must not trigger a collection
 
     def collect(self) -> Iterator[Metric]:
-        groups = list(_collector_groups(self.snapshot, self.ctx))
-        for fam in self_families(self.snapshot, self.ctx.version, self.ctx.profile):
-            groups.append(("self", fam.spec, fam.samples, True))
-        for source in self.ctx.sources:
-            try:
-                extra = list(source(self.snapshot))
-            except Exception:  # noqa: BLE001 - a broken metric source drops only its own families
-                _log.exception("metric source failed", source=getattr(source, "__qualname__", repr(source)))
-                continue
-            for fam in extra:
-                groups.append((getattr(source, "__qualname__", "source"), fam.spec, fam.samples, fam.prefixed))
-        yield from _families(groups, self.ctx.node)
+        for fam in families(self.snapshot, self.ctx):
+            m = Metric(fam.name, fam.help, fam.type, fam.unit)
+            for labels, value in fam.series:
+                m.add_sample(fam.sample_name, with_node(labels, self.ctx.node), value)
+            yield m

@@ -1,10 +1,8 @@
-"""Exposition bytes built once per snapshot change, off the event loop, and served from a cache.
+"""Exposition bytes built at most once per snapshot change, off the event loop, and cached.
 
-A scrape never renders in the common case: the scheduler's updates mark the cache dirty, a
-debounced background task renders every variant that has been asked for (text or OpenMetrics,
-plain or gzip) in a thread, and requests get the newest finished bytes. Only the first request
-for a new variant renders on demand. Changes that land together (collectors sharing an interval)
-coalesce into one render, which keeps the agent's CPU per cycle low.
+No collection ever happens on the request path: a scrape gets the cached bytes of the latest
+snapshot, or, for the first scrape after a change, waits for that snapshot to be rendered (in a
+thread; a few milliseconds). Variants: text or OpenMetrics, plain or gzip.
 """
 
 from __future__ import annotations
@@ -14,12 +12,11 @@ import enum
 import gzip
 from typing import Iterable
 
-from prometheus_client import exposition as text_exposition
-from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics import exposition as om_exposition
 
 from podhealth import log
-from podhealth.agent.exposition import RenderContext, SnapshotCollector
+from podhealth.agent.encode import Encoder
+from podhealth.agent.exposition import RenderContext, Rendered, families
 from podhealth.snapshot import Snapshot
 
 _log = log.get("podhealth.agent.render")
@@ -58,85 +55,75 @@ def wants_gzip(accept_encoding: str) -> bool:
     return any(p.split(";")[0].strip().lower() == "gzip" for p in accept_encoding.split(","))
 
 
-class _Families:
-    """A registry-shaped wrapper so prometheus-client renders families built once for all variants."""
-
-    def __init__(self, families: list[Metric]) -> None:
-        self._families = families
-
-    def collect(self) -> Iterable[Metric]:
-        return self._families
-
-
-def render(snapshot: Snapshot, ctx: RenderContext, variants: Iterable[Variant]) -> dict[Variant, bytes]:
+def render(snapshot: Snapshot, ctx: RenderContext, variants: Iterable[Variant],
+           encoder: Encoder | None = None) -> dict[Variant, bytes]:
     """Pure: the exposition of `snapshot` in each requested variant."""
-    fams = _Families(list(SnapshotCollector(snapshot, ctx).collect()))
+    return _encode(families(snapshot, ctx), encoder or Encoder(ctx.node), variants)
+
+
+def _encode(fams: list[Rendered], encoder: Encoder, variants: Iterable[Variant]) -> dict[Variant, bytes]:
     plain: dict[Format, bytes] = {}
     out: dict[Variant, bytes] = {}
     for fmt, gz in variants:
         if fmt not in plain:
-            gen = om_exposition.generate_latest if fmt is Format.OPENMETRICS else text_exposition.generate_latest
-            plain[fmt] = gen(fams)  # type: ignore[arg-type]
+            plain[fmt] = encoder.encode(fams, fmt is Format.OPENMETRICS)
         # Level 1: loopback and LAN scrapes gain little from tighter compression; CPU matters more.
         out[(fmt, gz)] = gzip.compress(plain[fmt], compresslevel=1, mtime=0) if gz else plain[fmt]
     return out
 
 
 class ExpositionCache:
-    def __init__(self, ctx: RenderContext, snapshot: Snapshot, debounce: float = 0.05) -> None:
+    """Bytes per (snapshot version, variant), built at most once per snapshot change.
+
+    Rendering happens when a scrape asks for a version not yet rendered, in a thread, and
+    concurrent scrapes share that one render. Building eagerly on every collector update would
+    render several times per cycle (collectors finish at different moments) for a single scrape.
+    """
+
+    def __init__(self, ctx: RenderContext, snapshot: Snapshot) -> None:
         self.ctx = ctx
-        self.debounce = debounce
+        self.encoder = Encoder(ctx.node)
         self._snapshot = snapshot
         self._version = 0
         self._cache: dict[Variant, tuple[int, bytes]] = {}
-        self._wanted: set[Variant] = {(Format.TEXT, False)}
-        self._task: asyncio.Task[None] | None = None
+        self._fams: tuple[int, list[Rendered]] | None = None
+        self._lock = asyncio.Lock()
         self.renders = 0
 
-    def update(self, snapshot: Snapshot, version: int) -> None:
-        """Called on the loop after each snapshot change: schedule a (coalesced) background render."""
-        self._snapshot, self._version = snapshot, version
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._render_loop(), name="render-metrics")
-
-    async def _render_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.debounce)
-            version, snapshot, wanted = self._version, self._snapshot, sorted(self._wanted, key=str)
-            try:
-                out = await asyncio.to_thread(render, snapshot, self.ctx, wanted)
-            except Exception:  # noqa: BLE001 - keep serving the last good bytes
-                _log.exception("rendering /metrics failed")
-                return
-            self.renders += 1
-            for variant, data in out.items():
-                self._cache[variant] = (version, data)
-            if self._version == version:
-                return
+    def update(self, snapshot: Snapshot) -> None:
+        """Called on the loop after each snapshot change (or a metric source's): the next scrape renders it."""
+        self._snapshot = snapshot
+        self._version += 1
 
     async def get(self, variant: Variant) -> bytes:
         hit = self._cache.get(variant)
-        if hit is not None:
-            return hit[1]
-        self._wanted.add(variant)
-        version, snapshot = self._version, self._snapshot
-        out = await asyncio.to_thread(render, snapshot, self.ctx, [variant])
-        hit = self._cache.get(variant)
-        if hit is None or hit[0] < version:
-            self._cache[variant] = (version, out[variant])
-        return self._cache[variant][1]
-
-    async def current(self, variant: Variant = (Format.TEXT, False)) -> bytes:
-        """The bytes for the latest snapshot, waiting for a pending render (tests and benchmarks)."""
-        while self._task is not None and not self._task.done():
-            await asyncio.shield(self._task)
-        hit = self._cache.get(variant)
         if hit is not None and hit[0] == self._version:
             return hit[1]
-        out = await asyncio.to_thread(render, self._snapshot, self.ctx, [variant])
-        return out[variant]
+        async with self._lock:
+            hit = self._cache.get(variant)
+            version, snapshot = self._version, self._snapshot
+            if hit is not None and hit[0] == version:
+                return hit[1]
+            fams = self._fams[1] if self._fams is not None and self._fams[0] == version else None
+            try:
+                fams, out = await asyncio.to_thread(self._render, snapshot, fams, variant)
+            except Exception:  # noqa: BLE001 - serve the last good bytes rather than fail the scrape
+                _log.exception("rendering /metrics failed")
+                if hit is None:
+                    raise
+                return hit[1]
+            self.renders += 1
+            self._fams = (version, fams)
+            self._cache[variant] = (version, out)
+            return out
+
+    def _render(self, snapshot: Snapshot, fams: list[Rendered] | None, variant: Variant) -> tuple[list[Rendered], bytes]:
+        if fams is None:
+            fams = families(snapshot, self.ctx)
+        return fams, _encode(fams, self.encoder, [variant])[variant]
+
+    async def current(self, variant: Variant = (Format.TEXT, False)) -> bytes:
+        return await self.get(variant)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        pass

@@ -332,4 +332,6 @@ def make_app(agg: Aggregator, *, manage: bool = True) -> web.Application:
     app.router.add_get("/api/v1/fleet", api_fleet)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+    from podhealth.aggregator import ui  # the web UI: /, /ui/*, and a guard refusing cross-origin POSTs
+    ui.setup(app, agg)
     return app

@@ -112,14 +112,16 @@ class Aggregator:
         self._running = False
         self._sem = asyncio.Semaphore(32)
         self.reconcile_report: list[str] = []
+        self.housekeeping_interval = HOUSEKEEPING_INTERVAL
+        self.reconcile_interval = RECONCILE_INTERVAL
         self.metrics.add_fleet(lambda: self.mem, cfg.caps.max_fenced, lambda: len(self.pending), self._held)
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
         now = self.clock()
-        self.store = await asyncio.to_thread(Store, self.cfg.db)
-        store = self.store
+        store: Store = await asyncio.to_thread(Store, self.cfg.db)
+        self.store = store
         loaded = await asyncio.to_thread(store.load, now, self.cfg.event_retention)
         self.mem = Memory.from_loaded(loaded)
         self.writer = Writer(store)
@@ -337,16 +339,16 @@ class Aggregator:
             await self._finish(p, "failed", "node is unknown to every fencer",
                                mem.set_node(p.node, fence=FenceMode.NONE, fence_reason=""))
             return
-        if any(st.opted_out for _, st in present):
-            who = ", ".join(f.name for f, st in present if st.opted_out)
-            await self._finish(p, "skipped", f"opted out in {who}",
-                               mem.set_node(p.node, fence=FenceMode.NONE, fence_reason="", opted_out=True))
-            return
         foreign = [(f, st) for f, st in present if st.fenced and not st.ours]
         if foreign:
             f, st = foreign[0]
             await self._finish(p, "skipped", f"already fenced by someone else in {f.name}: {st.reason}",
                                mem.set_node(p.node, fence=FenceMode.EXTERNAL, fence_reason=st.reason))
+            return
+        if any(st.opted_out for _, st in present):
+            who = ", ".join(f.name for f, st in present if st.opted_out)
+            await self._finish(p, "skipped", f"opted out in {who}",
+                               mem.set_node(p.node, fence=FenceMode.NONE, fence_reason="", opted_out=True))
             return
         ops: list[Op] = []
         changed = False
@@ -526,6 +528,19 @@ class Aggregator:
         self.reconcile_report = lines
         return lines
 
+    async def _refresh_opt_outs(self) -> None:
+        """A backend opt-out (a label) can be lifted: look again at the nodes we remember as opted out."""
+        mem = self.mem
+        assert mem is not None
+        for rec in [r for r in mem.nodes.values() if r.opted_out]:
+            try:
+                states = await self._read_all(rec.name)
+            except TransientError:
+                continue
+            if not any(st.opted_out for _, st in states if st.exists):
+                await self.commit(mem.set_node(rec.name, opted_out=False))
+                log.info("backend opt-out lifted", node=rec.name)
+
     # ---- pulling agents --------------------------------------------------------------------------
 
     async def _pull_loop(self) -> None:
@@ -584,7 +599,7 @@ class Aggregator:
         last_reconcile = self.clock()
         last_prune = 0.0
         while self._running:
-            await asyncio.sleep(HOUSEKEEPING_INTERVAL)
+            await asyncio.sleep(self.housekeeping_interval)
             mem, writer = self.mem, self.writer
             assert mem is not None and writer is not None
             now = self.clock()
@@ -608,9 +623,10 @@ class Aggregator:
                 for p in list(self.pending.values()):
                     if p.next_attempt and p.next_attempt <= now and not self._lock(p.node).locked():
                         self._spawn(self._execute(p))
-                if now - last_reconcile >= RECONCILE_INTERVAL:
+                if now - last_reconcile >= self.reconcile_interval:
                     last_reconcile = now
                     await self.reconcile()
+                    await self._refresh_opt_outs()
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - keep the loop alive; the failure is logged

@@ -201,7 +201,7 @@ class Memory:
                 if c.source == "agent":
                     self.conditions[key] = replace(c, observed=now)
             rec.seen_dirty = True
-            return "unchanged", ops
+            return "unchanged", ops + self._status(rec, now)
         rec.fp = fp
         bad = {(v.check, v.entity): v for v in verdicts if v.status is not Status.OK}
         for (check, entity), v in bad.items():

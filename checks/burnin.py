@@ -187,8 +187,8 @@ def run_burnin(opts: BurninOptions, thresholds: Thresholds, watcher: Watcher | N
             if msg is None:          # the worker's stdout closed
                 done.add(g)
             elif "progress" in msg and progress is not None:
-                frac, dt = msg["progress"]  # type: ignore[misc]
-                progress(g, str(dt), float(frac))
+                frac_dt: list[object] = msg["progress"]  # type: ignore[assignment]
+                progress(g, str(frac_dt[1]), float(frac_dt[0]))  # type: ignore[arg-type]
             elif "result" in msg:
                 got[g] = result_from_json(msg["result"])  # type: ignore[arg-type]
     finally:

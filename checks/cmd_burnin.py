@@ -74,7 +74,7 @@ class _progress:
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
-        self.bar = None
+        self.bar: object = None
         self.tasks: dict[int, object] = {}
 
     def __enter__(self) -> Callable[[int, str, float], None] | None:

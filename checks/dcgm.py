@@ -110,7 +110,7 @@ def parse_json(text: str) -> DiagReport:
         body, fmt = doc["DCGM GPU Diagnostic"], "legacy-json"
     else:
         raise DiagParseError("no 'DCGM Diagnostic' or 'DCGM GPU Diagnostic' object")
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    meta: dict[str, Any] = doc["metadata"] if isinstance(doc.get("metadata"), dict) else {}
     version = str(meta.get("version") or body.get("version") or "")
     driver = str(meta.get("Driver Version Detected") or body.get("Driver Version Detected") or "")
     entries: list[DiagEntry] = []

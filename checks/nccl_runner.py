@@ -159,14 +159,16 @@ def _bench(args: argparse.Namespace, rank: int, world: int, local: int, addr: st
         torch.cuda.set_device(local)
         dev = torch.device("cuda", local)
         backend = "nccl"
-        model, bus = torch.cuda.get_device_name(local), f"0x{torch.cuda.get_device_properties(local).pci_bus_id:02x}"
+        # pci_bus_id is absent from older torch builds; the bus only labels the device line.
+        bus_id = getattr(torch.cuda.get_device_properties(local), "pci_bus_id", None)
+        model, bus = torch.cuda.get_device_name(local), f"0x{bus_id:02x}" if isinstance(bus_id, int) else f"cuda:{local}"
     else:
         torch.set_num_threads(1)
         dev, backend, model, bus = torch.device("cpu"), "gloo", "CPU (gloo)", "cpu"
     timeout = timedelta(seconds=args.timeout)
     dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world, timeout=timeout)
     try:
-        info = [None] * world
+        info: list[object] = [None] * world
         dist.all_gather_object(info, (rank, os.getpid(), _node_name(), local, bus, model))
 
         def sync() -> None:
@@ -218,13 +220,14 @@ def _one(dist: object, inp: object, out: object, in_place: bool) -> None:
         dist.all_reduce(out)  # type: ignore[attr-defined]
 
 
-def _print_table(args: argparse.Namespace, world: int, info: list[object], rows: list[tuple[int, int, list[float], int]],
+def _print_table(args: argparse.Namespace, world: int, info: Sequence[object], rows: list[tuple[int, int, list[float], int]],
                  backend: str, torch_version: str) -> None:
     w = sys.stdout.write
     w(f"# podhealth nccl_runner: torch {torch_version}, backend {backend}, {world} ranks\n")
     w(f"# nThread 1 nGpus 1 minBytes {args.min_bytes} maxBytes {args.max_bytes} step: {args.factor}(factor) "
       f"warmup iters: {args.warmup} iters: {args.iters} agg iters: 1 validation: 1 graph: 0\n#\n# Using devices\n")
-    for rank, pid, node, local, bus, model in sorted(info):  # type: ignore[misc]
+    devices: list[tuple[int, int, str, int, str, str]] = sorted(info)  # type: ignore[arg-type]
+    for rank, pid, node, local, bus, model in devices:
         w(f"#  Rank {rank:2d} Group  0 Pid {pid:6d} on {node:>10s} device {local:2d} [{bus}] {model}\n")
     if backend == "nccl":
         import torch

@@ -18,7 +18,7 @@ from podhealth.collectors.base import Collection, specs
 from podhealth.collectors.nfs_parse import (
     Mountstats, NfsMount, RpcNfs, parse_mountstats, parse_rpc_nfs,
 )
-from podhealth.collectors.probe import Probe, ProbeResult
+from podhealth.collectors.probe import Probe
 from podhealth.config import Config
 from podhealth.vocab import MetricSpec, Sample
 
@@ -130,7 +130,12 @@ class NfsCollector:
 
     def __init__(self, procfs_root: Path, mounts: Sequence[tuple[str, float]],
                  probe_argv: ProbeArgv | None = None) -> None:
-        """mounts: (mount point, probe timeout seconds) of every configured mount."""
+        """mounts: (mount point, probe timeout seconds) of every configured mount.
+
+        A collection lasts as long as the slowest probe (at most its mount's timeout). When that
+        exceeds the collector's own timeout, the agent abandons the collection and the whole
+        collector goes stale instead of reporting nfs_probe_ok 0: give the nfs collector a
+        timeout above its mounts' timeouts when the verdict "hung" is wanted."""
         argv = probe_argv or _stat_argv()
         self.procfs_root = procfs_root
         self.mounts = tuple(mounts)

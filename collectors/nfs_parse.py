@@ -280,7 +280,9 @@ def parse_operation(s: str) -> NfsOperation:
     vals = _ints(rest.split())
     if len(vals) not in (8, 9):
         raise ValueError(f"{name}: {len(vals)} numbers, expected 8 or 9")
-    return NfsOperation(name.strip(), *vals[:8], errors=vals[8] if len(vals) == 9 else None)
+    req, trans, timeouts, sent, recv, queue, rtt, execute = vals[:8]
+    return NfsOperation(name.strip(), req, trans, timeouts, sent, recv, queue, rtt, execute,
+                        errors=vals[8] if len(vals) == 9 else None)
 
 
 def _complete_lines(text: str) -> tuple[list[str], int]:

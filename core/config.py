@@ -71,7 +71,17 @@ class NfsMount:
 
 @dataclass(frozen=True)
 class NfsConfig(CollectorConfig):
+    timeout: Seconds = doc("Seconds one collection may take; must exceed every mount's probe timeout.", 10.0)
     mounts: tuple[NfsMount, ...] = doc("NFS mounts this node needs.", factory=lambda: (NfsMount("/home"), NfsMount("/cm/shared")))
+
+    def validate(self) -> tuple[str, str] | None:
+        # A probe that outlives the collection would turn a hung mount (FAIL, fences) into a stale
+        # collector (UNKNOWN, never fences): the hang must be reported within the collection.
+        for i, m in enumerate(self.mounts):
+            if m.timeout >= self.timeout:
+                return ("timeout", f"expected seconds > mounts[{i}].timeout ({m.timeout:g}), got {self.timeout:g}: "
+                        "a hung mount must be reported as hung, not as a stale collector")
+        return super().validate()
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,7 @@ def parse(tokens: Sequence[str], now: float) -> Fault:
     args: dict[str, object] = {k: v for k, v in spec.optional.items() if v is not None}
     for key, raw in values.items():
         args[key] = _convert(key, raw)
-    return Fault(kind=kind, injected_at=now, **args)  # type: ignore[arg-type]
+    return Fault(kind=kind, injected_at=now, **args)
 
 
 def _convert(key: str, raw: str) -> object:

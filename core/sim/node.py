@@ -81,7 +81,7 @@ class SimNode:
         self.dir = directory
         self._lock = threading.Lock()
         self._state = state
-        self._mtime_ns = self._stat_mtime()
+        self._file_sig = self._file_signature()
         self._checked = time.monotonic()
 
     # --- construction -------------------------------------------------------------------------
@@ -111,7 +111,9 @@ class SimNode:
         if not path.is_file():
             raise FileNotFoundError(f"no simulated node {name!r} under {root} (create it with "
                                     f"`podhealth simulate node {name}`)")
-        return cls(directory, NodeState.loads(path.read_text(encoding="utf-8")))
+        node = cls(directory, NodeState.loads(path.read_text(encoding="utf-8")))
+        node._reload_now()  # pairs the content with its file signature, race-free
+        return node
 
     # --- paths --------------------------------------------------------------------------------
 
@@ -144,11 +146,13 @@ class SimNode:
 
     # --- state --------------------------------------------------------------------------------
 
-    def _stat_mtime(self) -> int:
+    def _file_signature(self) -> tuple[int, int, int]:
+        # mtime alone can miss a rewrite within one timer tick; every write is a new inode (rename).
         try:
-            return self.state_path.stat().st_mtime_ns
+            st = self.state_path.stat()
         except FileNotFoundError:
-            return 0
+            return (0, 0, 0)
+        return (st.st_mtime_ns, st.st_ino, st.st_size)
 
     @property
     def state(self) -> NodeState:
@@ -157,19 +161,20 @@ class SimNode:
         with self._lock:
             if now - self._checked >= _RELOAD_INTERVAL_S:
                 self._checked = now
-                mtime = self._stat_mtime()
-                if mtime != self._mtime_ns:
+                sig = self._file_signature()
+                if sig != self._file_sig:
                     try:
                         self._state = NodeState.loads(self.state_path.read_text(encoding="utf-8"))
-                        self._mtime_ns = mtime
+                        self._file_sig = sig
                     except (OSError, ValueError, KeyError, TypeError):
                         pass  # a half-visible or broken file: keep the last good state
             return self._state
 
     def _reload_now(self) -> NodeState:
         with self._lock:
+            sig = self._file_signature()  # before reading: a later rewrite then shows as a change
             self._state = NodeState.loads(self.state_path.read_text(encoding="utf-8"))
-            self._mtime_ns = self._stat_mtime()
+            self._file_sig = sig
             self._checked = time.monotonic()
             return self._state
 
@@ -177,7 +182,7 @@ class SimNode:
         with self._lock:
             _atomic_write(self.state_path, state.dumps())
             self._state = state
-            self._mtime_ns = self._stat_mtime()
+            self._file_sig = self._file_signature()
             self._checked = time.monotonic()
 
     @contextlib.contextmanager

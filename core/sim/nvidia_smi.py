@@ -234,7 +234,8 @@ def _parse_gpu(bus: str, root: _Node, warnings: list[str]) -> CapturedGpu:
     maxc = root.get("Max Clocks")
     max_clocks: tuple[int | None, int | None, int | None, int | None] = (None, None, None, None)
     if maxc is not None:
-        max_clocks = tuple(_int(maxc.value_of(k)) for k in ("Graphics", "SM", "Memory", "Video"))  # type: ignore[assignment]
+        max_clocks = (_int(maxc.value_of("Graphics")), _int(maxc.value_of("SM")),
+                      _int(maxc.value_of("Memory")), _int(maxc.value_of("Video")))
     return CapturedGpu(
         pci_bus_id=bus.upper().replace("0X", "0x"),
         name=_na(root.value_of("Product Name")),
@@ -321,19 +322,16 @@ def to_state(capture: Capture, name: str, profile: str | None = None) -> NodeSta
         if arch not in ARCHITECTURES:
             arch = tmpl.architecture if tmpl else sku.architecture
         retires = ARCHITECTURES[arch] < ARCHITECTURES["ampere"]
-
-        def pick(v: object, default: object) -> object:
-            return default if v is None else v
-
+        idle = tmpl or GpuSpec(i, "", "", "", "", 0, 0, 0, "", 0, 0, 0, 0, 0, 0, 0, 0, arch)
         g = GpuSpec(
             index=i,
             name=c.name or prof.gpu_model or "NVIDIA GPU",
             uuid=c.uuid or gpu_uuid(name, i),
             serial=c.serial or gpu_serial(name, i),
             pci_bus_id=c.pci_bus_id,
-            pci_device_id=int(pick(c.pci_device_id, sku.pci_device_id)),  # type: ignore[call-overload]
-            pci_subsystem_id=int(pick(c.pci_subsystem_id, sku.pci_subsystem_id)),  # type: ignore[call-overload]
-            memory_total_mib=int(pick(c.memory_total_mib, prof.gpu_memory_mib)),  # type: ignore[call-overload]
+            pci_device_id=sku.pci_device_id if c.pci_device_id is None else c.pci_device_id,
+            pci_subsystem_id=sku.pci_subsystem_id if c.pci_subsystem_id is None else c.pci_subsystem_id,
+            memory_total_mib=prof.gpu_memory_mib if c.memory_total_mib is None else c.memory_total_mib,
             vbios=c.vbios or sku.vbios,
             power_limit_w=int(round(c.power_limit_w)) if c.power_limit_w else prof.power_limit_w,
             max_graphics_clock_mhz=c.max_clocks[0] or sku.max_graphics_clock_mhz,
@@ -359,9 +357,9 @@ def to_state(capture: Capture, name: str, profile: str | None = None) -> NodeSta
             retired_pages_pending=bool(c.retired_pending),
             clocks_event_reasons=0x1 if c.clocks_event_reasons is None else c.clocks_event_reasons,
             pcie_replay=c.pcie_replay or 0,
-            temperature_c=pick(c.temperature_c, tmpl.temperature_c if tmpl else 33),  # type: ignore[arg-type]
-            mem_temperature_c=pick(c.mem_temperature_c, tmpl.mem_temperature_c if tmpl else 38),  # type: ignore[arg-type]
-            power_w=pick(c.power_draw_w, tmpl.power_w if tmpl else 72.0),  # type: ignore[arg-type]
+            temperature_c=idle.temperature_c if c.temperature_c is None else c.temperature_c,
+            mem_temperature_c=idle.mem_temperature_c if c.mem_temperature_c is None else c.mem_temperature_c,
+            power_w=idle.power_w if c.power_draw_w is None else c.power_draw_w,
             temp_shutdown_c=c.temp_shutdown_c or 92,
             temp_slowdown_c=c.temp_slowdown_c or 89,
             temp_max_operating_c=c.temp_max_operating_c or 87,

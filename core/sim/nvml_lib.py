@@ -26,10 +26,12 @@ Pointer parameters are declared `c_void_p` and cast inside: typed POINTER argtyp
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import threading
 import time
+import traceback
 from ctypes import (CFUNCTYPE, POINTER, c_char, c_int, c_uint, c_uint64, c_ulonglong, c_void_p,
-                    cast, memmove, sizeof)
+                    cast, memmove)
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -821,9 +823,8 @@ def _fabric(v: GpuView, info: Any) -> None:
 
 
 def _cluster_uuid(v: GpuView) -> bytes:
-    import hashlib
-    b = _b()
-    return hashlib.sha256(("cluster/" + b.node.state.name).encode()).digest()[:16]
+    # One NVLink domain per node on HGX/DGX: every GPU of the node shares the cluster UUID.
+    return hashlib.sha256(("cluster/" + _b().node.state.name).encode()).digest()[:16]
 
 
 @_impl("nvmlDeviceGetGpuFabricInfo", args=[P, P])
@@ -972,7 +973,6 @@ def _wrap(name: str, fn: Callable[..., None]) -> Callable[..., int]:
         except _Fail as f:
             return f.code
         except Exception:  # an exception must not cross the C boundary: report it, answer UNKNOWN
-            import traceback
             traceback.print_exc()
             return UNKNOWN
     call.__name__ = name

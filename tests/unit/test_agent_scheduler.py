@@ -133,8 +133,10 @@ async def test_hung_collector_goes_stale_and_metrics_keep_answering_fast() -> No
         hung.hang = True
         await until(lambda: agent.snapshot.collectors["nvml"].stale, what="nvml stale")
         calls_when_hung = len(hung.calls)
-        body = await scrape_until(agent, lambda b: series(b, "podhealth_collector_stale", collector="nvml") == [1.0],
-                                  "collector_stale 1")
+        # Stale (by age or by the timeout, whichever comes first), then the timeout counts as a failed run.
+        body = await scrape_until(agent, lambda b: series(b, "podhealth_collector_stale", collector="nvml") == [1.0]
+                                  and series(b, "podhealth_collector_success", collector="nvml") == [0.0],
+                                  "collector_stale 1, success 0")
         # The hung collector's samples are gone; the other collector's stay and keep updating.
         assert series(body, "podhealth_fake_value") == [7.0]
         assert series(body, "podhealth_collector_stale", collector="nfs") == [0.0]

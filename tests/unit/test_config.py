@@ -68,3 +68,9 @@ def test_cli_broken_config_exit_2(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "podhealth", "config", "check", str(bad)], capture_output=True, text=True)
     assert r.returncode == 2
     assert r.stderr.strip() == 'agent.yaml:2: listen.port: expected a port >= 0 and a port <= 65535, got "nope"'
+
+
+def test_nfs_probe_must_fit_in_the_collection() -> None:
+    assert _err("collectors:\n  nfs:\n    timeout: 4\n") == (
+        "agent.yaml:3: collectors.nfs.timeout: expected seconds > mounts[0].timeout (5), got 4: "
+        "a hung mount must be reported as hung, not as a stale collector")

@@ -21,9 +21,9 @@ TRUE = shutil.which("true") or "/bin/true"
 SLEEP = shutil.which("sleep") or "/bin/sleep"
 
 
-def _cfg(proc: Path, *mounts: tuple[str, float]) -> Config:
-    return Config(paths=PathsConfig(procfs_root=proc),
-                  collectors=CollectorsConfig(nfs=NfsConfig(mounts=tuple(NfsMount(p, t) for p, t in mounts))))
+def _cfg(proc: Path, *mounts: tuple[str, float], timeout: float = 10.0) -> Config:
+    nfs = NfsConfig(timeout=timeout, mounts=tuple(NfsMount(p, t) for p, t in mounts))
+    return Config(paths=PathsConfig(procfs_root=proc), collectors=CollectorsConfig(nfs=nfs))
 
 
 @pytest.fixture
@@ -122,6 +122,17 @@ def test_hung_probe_reports_timeout(dgx_proc: Path) -> None:
     assert _v(r.samples, "nfs_probe_ok", mountpoint="/cm/shared") == 1
     assert _v(r.samples, "nfs_mount_present", mountpoint="/home") == 1  # listed, but not answering
     assert any("probe /home: timed out" in e for e in r.errors)
+
+
+def test_probe_honours_the_mount_timeout_not_the_collectors(dgx_proc: Path) -> None:
+    """The mount's own timeout decides; a collector timeout below it makes the agent mark the
+    collector stale (tests/integration/test_agent_e2e.py relies on that)."""
+    col = create(_cfg(dgx_proc, ("/home", 1.2), timeout=0.5), probe_argv=lambda mp: [SLEEP, "30"])
+    try:
+        r = col.collect()
+    finally:
+        col.close()
+    assert _v(r.samples, "nfs_probe_seconds", mountpoint="/home") == 1.2
 
 
 def test_failing_probe_reports_exit_and_stderr(dgx_proc: Path) -> None:

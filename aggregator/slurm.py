@@ -1,0 +1,389 @@
+"""The Slurm fencer: drain/resume through `scontrol`, plus a pure parser of `scontrol show node`.
+
+Why scontrol and not slurmrestd: in Slurm 22.05 the REST API can only read nodes, so a drain has
+to go through scontrol anyway. Every call is argv (never a shell) with a timeout, node names are
+validated before any command is built, and the reason is sanitised, so nothing a check reports can
+reach scontrol's parser as syntax.
+
+A node is ours only when its reason starts with `podhealth:`; a node drained (or downed with a
+reason) by anyone else counts as opted out and is never touched: we do not overwrite its reason
+and never resume it (LBNL NHC works the same way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from podhealth.aggregator.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, render_reason
+from podhealth.aggregator.hostnames import validate_node_name
+
+if TYPE_CHECKING:
+    from podhealth.aggregator.config import SlurmFencerConfig
+
+MAX_REASON_CHARS = 200
+MAX_OUTPUT_CHARS = 4000  # what an outcome keeps for the audit log
+_FIELD_LIMITS = (("check", 48), ("entity", 64), ("action", 24), ("id", 64))
+
+# sinfo's one-character suffixes on a compact state (`down*`, `idle~`) and the flag each means.
+_SUFFIX_FLAGS = {"*": "NOT_RESPONDING", "~": "POWERED_DOWN", "#": "POWERING_UP", "!": "POWER_DOWN",
+                 "%": "POWERING_DOWN", "$": "MAINTENANCE", "@": "REBOOT_REQUESTED", "^": "REBOOT_ISSUED",
+                 "-": "PLANNED"}
+# Errors that mean "slurmctld did not answer": worth another try. Anything else (an invalid node,
+# a permission error) will not change by retrying.
+_TRANSIENT = ("unable to contact slurm controller", "socket timed out", "zero bytes were transmitted",
+              "connection refused", "connection timed out", "communication connection failure",
+              "slurm backup controller in standby mode", "timed out after")
+
+_KEY = re.compile(r"(?:(?<=\s)|^)([A-Z][A-Za-z0-9_]*)=")
+# `Reason=<text> [<user>@<time>]` ends at the first [user@time] that is followed by another key or
+# the end of the line: in the one-line form fields like ReservationName= may follow the reason.
+# Without that suffix (it is printed whenever Slurm knows the reason's time) the reason runs to the
+# end of the line, since free text may itself contain "Key=".
+_REASON_ONE_LINE = re.compile(
+    r"(?:(?<=\s)|^)Reason=(?P<text>.*?) \[(?P<user>[^\]\s@]*)@(?P<time>[0-9T:-]+|Unknown)\]"
+    r"(?=\s+[A-Z][A-Za-z0-9_]*=|\s*$)")
+_REASON_TO_EOL = re.compile(r"(?:(?<=\s)|^)Reason=(?P<text>.*)$")
+_REASON_SUFFIX = re.compile(r"^(?P<text>.*?) \[(?P<user>[^\]\s@]*)@(?P<time>[0-9T:-]+|Unknown)\]\s*$")
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    """One node of `scontrol show node` output. `fields` keeps every other key verbatim."""
+
+    name: str
+    state: str = ""                 # as printed, e.g. "IDLE+DRAIN", "DOWN*+NOT_RESPONDING"
+    base_state: str = ""            # "IDLE", "MIXED", "DOWN", ...
+    flags: tuple[str, ...] = ()     # ("DRAIN",), ("NOT_RESPONDING",) ...
+    reason: str = ""                # without the trailing [user@time]
+    reason_user: str = ""
+    reason_time: str = ""
+    partitions: tuple[str, ...] = ()
+    fields: tuple[tuple[str, str], ...] = ()
+
+    def field(self, key: str, default: str = "") -> str:
+        for k, v in self.fields:
+            if k == key:
+                return v
+        return default
+
+    @property
+    def drained(self) -> bool:
+        """DRAIN set (IDLE+DRAIN = drained, MIXED+DRAIN = draining) or FAIL (drain + failing)."""
+        return bool({"DRAIN", "FAIL"} & set(self.flags)) or self.base_state in ("DRAINED", "DRAINING", "FAIL",
+                                                                                 "FAILING")
+
+    @property
+    def down(self) -> bool:
+        return self.base_state == "DOWN"
+
+    @property
+    def not_responding(self) -> bool:
+        return "NOT_RESPONDING" in self.flags
+
+    @property
+    def fenced(self) -> bool:
+        """Out of service on purpose: drained, or down with a reason (someone's, maybe Slurm's)."""
+        return self.drained or (self.down and bool(self.reason))
+
+    @property
+    def ours(self) -> bool:
+        return self.fenced and self.reason.startswith(REASON_PREFIX)
+
+
+def parse_state(state: str) -> tuple[str, tuple[str, ...]]:
+    """`MIXED+DRAIN` -> ("MIXED", ("DRAIN",)); `DOWN*+NOT_RESPONDING` -> ("DOWN", ("NOT_RESPONDING",)).
+
+    Also takes sinfo's lower-case compact forms (`down*`, `drained`). Flags are deduplicated in
+    first-seen order.
+    """
+    parts = [p for p in state.strip().upper().split("+") if p]
+    if not parts:
+        return "", ()
+    flags: list[str] = []
+    base = parts[0]
+    while base and base[-1] in _SUFFIX_FLAGS:
+        flags.append(_SUFFIX_FLAGS[base[-1]])
+        base = base[:-1]
+    for p in parts[1:]:
+        flags.append(p.rstrip("".join(_SUFFIX_FLAGS)))
+    return base, tuple(dict.fromkeys(f for f in flags if f))
+
+
+def _split_reason(value: str) -> tuple[str, str, str]:
+    m = _REASON_SUFFIX.match(value)
+    if m is None:
+        return value.strip(), "", ""
+    return m.group("text").strip(), m.group("user"), m.group("time")
+
+
+def _parse_fields(text: str) -> list[tuple[str, str]]:
+    keys = list(_KEY.finditer(text))
+    out: list[tuple[str, str]] = []
+    for i, m in enumerate(keys):
+        end = keys[i + 1].start() if i + 1 < len(keys) else len(text)
+        out.append((m.group(1), text[m.end():end].strip()))
+    return out
+
+
+def _parse_record(lines: list[str]) -> SlurmNode | None:
+    reason = user = when = ""
+    rest: list[str] = []
+    body = [ln for ln in lines if ln.strip()]
+    if len(body) > 1:
+        # Multi-line form: Reason= owns its whole line, whatever it contains.
+        for ln in body:
+            s = ln.strip()
+            if s.startswith("Reason="):
+                reason, user, when = _split_reason(s[len("Reason="):])
+            else:
+                rest.append(s)
+        text = " ".join(rest)
+    else:
+        text = body[0].strip() if body else ""
+        m = _REASON_ONE_LINE.search(text)
+        if m is not None:
+            reason, user, when = m.group("text").strip(), m.group("user"), m.group("time")
+            text = (text[:m.start()] + " " + text[m.end():]).strip()
+        elif (m2 := _REASON_TO_EOL.search(text)) is not None:
+            reason = m2.group("text").strip()
+            text = text[:m2.start()].strip()
+    fields = _parse_fields(text)
+    name = next((v for k, v in fields if k == "NodeName"), "")
+    if not name:
+        return None
+    state = next((v for k, v in fields if k == "State"), "")
+    base, flags = parse_state(state)
+    parts = next((v for k, v in fields if k == "Partitions"), "")
+    return SlurmNode(name=name, state=state, base_state=base, flags=flags, reason=reason, reason_user=user,
+                     reason_time=when, partitions=tuple(p for p in parts.split(",") if p),
+                     fields=tuple((k, v) for k, v in fields if k not in ("NodeName", "State")))
+
+
+def parse_show_node(text: str) -> list[SlurmNode]:
+    """Parse `scontrol show node [-o]` output (one-line or multi-line records) into nodes.
+
+    Pure: no I/O. Lines before the first `NodeName=` and records without a name are ignored, so
+    a truncated capture yields the nodes that are complete enough to name.
+    """
+    records: list[list[str]] = []
+    for line in text.splitlines():
+        if line.startswith("NodeName="):
+            records.append([line])
+        elif records:
+            records[-1].append(line)
+    out: list[SlurmNode] = []
+    for rec in records:
+        node = _parse_record(rec)
+        if node is not None:
+            out.append(node)
+    return out
+
+
+def _clean_field(value: str, limit: int) -> str:
+    # One token per field, printable ASCII, no quotes or brackets (the id is wrapped in [...]).
+    text = "".join(c if (c.isascii() and c.isprintable() and c not in "\"'`\\[]") else " " for c in value)
+    text = "_".join(text.split())
+    return (text[:limit] or "-")
+
+
+def sanitise_reason(reason: FenceReason) -> str:
+    """The Slurm reason for `reason`: `podhealth: <check> <entity> <action> [<id>]`, bounded and safe."""
+    clean = FenceReason(**{k: _clean_field(getattr(reason, k), n) for k, n in _FIELD_LIMITS})
+    return render_reason(clean)[:MAX_REASON_CHARS]
+
+
+class SlurmUnavailable(RuntimeError):
+    """slurmctld could not be reached (after retries); the caller keeps the action pending."""
+
+
+@dataclass(frozen=True)
+class _Run:
+    argv: tuple[str, ...]
+    rc: int | None   # None: timed out and killed, or could not start
+    out: str
+    err: str
+
+    @property
+    def text(self) -> str:
+        return (self.out + self.err).strip()[:MAX_OUTPUT_CHARS]
+
+    @property
+    def transient(self) -> bool:
+        if self.rc is None:
+            return True
+        low = self.text.lower()
+        return self.rc != 0 and any(t in low for t in _TRANSIENT)
+
+
+class SlurmFencer:
+    """Drains and resumes Slurm nodes with scontrol. Safe to share between tasks."""
+
+    name = "slurm"
+
+    def __init__(self, scontrol: str = "scontrol", slurm_conf: str | os.PathLike[str] | None = None,
+                 timeout: float = 10.0, attempts: int = 3, backoff: float = 0.25,
+                 budget: float | None = None, env: Mapping[str, str] | None = None) -> None:
+        """`timeout` bounds each scontrol run; `budget` (default 1.5 x timeout) bounds one whole
+        public call including retries, so a caller's own deadline of 2 x timeout is never hit."""
+        if attempts < 1 or timeout <= 0:
+            raise ValueError("attempts must be >= 1 and timeout > 0")
+        self.scontrol = scontrol
+        self.timeout = timeout
+        self.attempts = attempts
+        self.backoff = backoff
+        self.budget = budget if budget is not None else timeout * 1.5
+        base = dict(env if env is not None else os.environ)
+        if slurm_conf:
+            base["SLURM_CONF"] = str(slurm_conf)
+        self._env = base
+
+    # ---- Fencer protocol ------------------------------------------------------------------------
+
+    async def read(self, node: str) -> FenceState:
+        """Current state; raises SlurmUnavailable when slurmctld cannot be reached, ValueError for a bad name."""
+        validate_node_name(node)
+        deadline = time.monotonic() + self.budget
+        return await self._read(node, deadline)
+
+    async def fence(self, node: str, reason: FenceReason) -> FenceOutcome:
+        try:
+            validate_node_name(node)
+        except ValueError as e:
+            return FenceOutcome(ok=False, changed=False, error=str(e))
+        text = sanitise_reason(reason)
+        argv = (self.scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={text}")
+        deadline = time.monotonic() + self.budget
+        try:
+            before = await self._read(node, deadline)
+        except SlurmUnavailable as e:
+            return FenceOutcome(ok=False, changed=False, command=argv, error=str(e))
+        if not before.exists:
+            return FenceOutcome(ok=False, changed=False, command=argv, output=before.raw,
+                                error=f"node {node} is not known to Slurm")
+        if before.fenced:
+            who = "podhealth" if before.ours else "someone else; left alone"
+            return FenceOutcome(ok=True, changed=False, command=argv,
+                                output=f"already drained by {who}: {before.reason}")
+        run = await self._run_retrying(argv, deadline)
+        if run.rc != 0:
+            return FenceOutcome(ok=False, changed=False, command=argv, output=run.text,
+                                error=f"scontrol drain failed: {run.text or 'rc ' + str(run.rc)}")
+        try:
+            after = await self._read(node, deadline)
+        except SlurmUnavailable as e:
+            return FenceOutcome(ok=False, changed=True, command=argv, output=run.text,
+                                error=f"drained, but could not read it back: {e}")
+        if not (after.fenced and after.ours):
+            return FenceOutcome(ok=False, changed=True, command=argv, output=after.raw,
+                                error=f"after the drain {node} shows state {after.raw[:200]!r}")
+        return FenceOutcome(ok=True, changed=True, command=argv, output=run.text or f"drained: {after.reason}")
+
+    async def release(self, node: str) -> FenceOutcome:
+        try:
+            validate_node_name(node)
+        except ValueError as e:
+            return FenceOutcome(ok=False, changed=False, error=str(e))
+        argv = (self.scontrol, "update", f"NodeName={node}", "State=RESUME")
+        deadline = time.monotonic() + self.budget
+        try:
+            before = await self._read(node, deadline)
+        except SlurmUnavailable as e:
+            return FenceOutcome(ok=False, changed=False, command=argv, error=str(e))
+        if not before.exists:
+            return FenceOutcome(ok=False, changed=False, command=argv, error=f"node {node} is not known to Slurm")
+        if not before.fenced:
+            return FenceOutcome(ok=True, changed=False, command=argv, output="not drained")
+        if not before.ours:
+            return FenceOutcome(ok=False, changed=False, command=argv,
+                                error=f"drained by someone else ({before.reason!r}); podhealth does not resume it")
+        # Slurm has no compare-and-set: re-reading right before RESUME keeps the window small.
+        run = await self._run_retrying(argv, deadline)
+        if run.rc != 0:
+            return FenceOutcome(ok=False, changed=False, command=argv, output=run.text,
+                                error=f"scontrol resume failed: {run.text or 'rc ' + str(run.rc)}")
+        try:
+            after = await self._read(node, deadline)
+        except SlurmUnavailable as e:
+            return FenceOutcome(ok=False, changed=True, command=argv, output=run.text,
+                                error=f"resumed, but could not read it back: {e}")
+        if after.fenced:
+            return FenceOutcome(ok=False, changed=True, command=argv, output=after.raw,
+                                error=f"after the resume {node} is still fenced: {after.reason!r}")
+        return FenceOutcome(ok=True, changed=True, command=argv, output=run.text or "resumed")
+
+    async def list_fenced(self) -> dict[str, FenceState]:
+        """Every drained/fenced node (ours or not); raises SlurmUnavailable when slurmctld is away."""
+        deadline = time.monotonic() + self.budget
+        run = await self._run_retrying((self.scontrol, "show", "node", "-o"), deadline)
+        if run.rc != 0:
+            raise SlurmUnavailable(f"scontrol show node: {run.text or 'rc ' + str(run.rc)}")
+        return {n.name: _state_of(n, "") for n in parse_show_node(run.out) if n.fenced}
+
+    # ---- internals ------------------------------------------------------------------------------
+
+    async def _read(self, node: str, deadline: float) -> FenceState:
+        run = await self._run_retrying((self.scontrol, "show", "node", "-o", node), deadline)
+        if run.rc != 0:
+            if "not found" in run.text.lower() or "invalid node name" in run.text.lower():
+                return FenceState(node=node, exists=False, fenced=False, ours=False, raw=run.text)
+            raise SlurmUnavailable(f"scontrol show node {node}: {run.text or 'rc ' + str(run.rc)}")
+        nodes = [n for n in parse_show_node(run.out) if n.name == node]
+        if not nodes:
+            return FenceState(node=node, exists=False, fenced=False, ours=False, raw=run.text)
+        return _state_of(nodes[0], run.out.strip())
+
+    async def _run_retrying(self, argv: tuple[str, ...], deadline: float) -> _Run:
+        delay = self.backoff
+        run = _Run(argv, None, "", "not run: no time left")
+        for attempt in range(self.attempts):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            run = await self._run(argv, min(self.timeout, left))
+            if not run.transient:
+                return run
+            if attempt + 1 < self.attempts:
+                await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay *= 2
+        if run.rc is None:
+            raise SlurmUnavailable(run.err)
+        if run.transient:
+            raise SlurmUnavailable(f"{' '.join(argv[1:3])}: {run.text} (after {self.attempts} tries)")
+        return run
+
+    async def _run(self, argv: tuple[str, ...], timeout: float) -> _Run:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=self._env)
+        except OSError as e:
+            return _Run(argv, None, "", f"cannot run {argv[0]}: {e}")
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(proc.wait(), 5)
+            return _Run(argv, None, "", f"{' '.join(argv[:3])} timed out after {timeout:.1f}s (killed)")
+        except asyncio.CancelledError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            raise
+        return _Run(argv, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+def _state_of(n: SlurmNode, raw: str) -> FenceState:
+    return FenceState(node=n.name, exists=True, fenced=n.fenced, ours=n.ours, reason=n.reason,
+                      opted_out=n.fenced and not n.ours, raw=raw[:MAX_OUTPUT_CHARS])
+
+
+def from_config(cfg: "SlurmFencerConfig") -> SlurmFencer:
+    return SlurmFencer(scontrol=cfg.scontrol, slurm_conf=cfg.slurm_conf or None, timeout=cfg.timeout)

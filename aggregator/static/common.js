@@ -1,0 +1,189 @@
+// Shared by the fleet and node pages. Plain ES modules, no framework, nothing loaded from elsewhere.
+// Rule: data from the API only ever reaches the page through textContent / attributes, never as markup.
+
+export const STATES = ["OK", "WARN", "FAIL", "UNKNOWN", "fenced", "returning", "drained"];
+export const STATE_LABEL = {
+  OK: "OK", WARN: "WARN", FAIL: "FAIL", UNKNOWN: "UNKNOWN",
+  fenced: "fenced", returning: "returning", drained: "drained (not podhealth)",
+};
+const TOKEN_KEY = "podhealth.adminToken";
+const WHO_KEY = "podhealth.who";
+
+/** Build an element: el("a", {href: "/x", className: "tile", title: "t"}, "text", child, ...). */
+export function el(tag, props = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(props)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "className") e.className = v;
+    else if (k === "text") e.textContent = String(v);
+    else if (k === "dataset") Object.assign(e.dataset, v);
+    else if (k.startsWith("on") && typeof v === "function") e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children) {
+    if (c === undefined || c === null || c === false) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+export function clear(node) {
+  while (node.firstChild) node.removeChild(node.firstChild);
+}
+
+/** Natural order: dgx2 before dgx10, gpu2 before gpu10. */
+export const natural = new Intl.Collator(undefined, { numeric: true, sensitivity: "base" }).compare;
+
+export const session = {
+  token() { return sessionStorage.getItem(TOKEN_KEY) || ""; },
+  setToken(t) { if (t) sessionStorage.setItem(TOKEN_KEY, t); else sessionStorage.removeItem(TOKEN_KEY); },
+  who() { return sessionStorage.getItem(WHO_KEY) || ""; },
+  setWho(w) { if (w) sessionStorage.setItem(WHO_KEY, w); },
+};
+
+export async function getJSON(path, timeoutMs = 10000) {
+  const ctl = new AbortController();
+  const timer = setTimeout(() => ctl.abort(), timeoutMs);
+  try {
+    const r = await fetch(path, { signal: ctl.signal, credentials: "omit", cache: "no-store" });
+    const body = await r.json().catch(() => ({}));
+    if (!r.ok) throw new Error(body.error || `HTTP ${r.status}`);
+    return body;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** A mutating call: the admin token travels only in the Authorization header, never in a cookie. */
+export async function adminPost(path, body, timeoutMs = 60000) {
+  const ctl = new AbortController();
+  const timer = setTimeout(() => ctl.abort(), timeoutMs);
+  try {
+    const r = await fetch(path, {
+      method: "POST", credentials: "omit", cache: "no-store", signal: ctl.signal,
+      headers: { "Authorization": `Bearer ${session.token()}`, "Content-Type": "application/json" },
+      body: JSON.stringify(body),
+    });
+    const out = await r.json().catch(() => ({}));
+    return { ok: r.ok, status: r.status, body: out };
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+export function fmtTime(t) {
+  if (!t) return "—";
+  const d = new Date(t * 1000);
+  const pad = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+}
+
+export function ago(t, now = Date.now() / 1000) {
+  if (!t) return "never";
+  const s = Math.max(0, Math.round(now - t));
+  if (s < 60) return `${s}s ago`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ago`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m ago`;
+  return `${Math.floor(s / 86400)}d ago`;
+}
+
+export function showMessage(box, kind, text) {
+  box.className = `banner ${kind}`;
+  box.textContent = text;
+  box.hidden = !text;
+}
+
+/** The admin token field in the top bar; `onChange()` runs when it is set or cleared. */
+export function tokenWidget(box, onChange) {
+  const render = () => {
+    clear(box);
+    if (session.token()) {
+      box.append(
+        el("span", { className: "badge admin", title: "admin token kept in this tab only (sessionStorage)" }, "admin"),
+        el("button", { type: "button", id: "token-clear", onclick: () => { session.setToken(""); render(); onChange(); } },
+          "Forget token"));
+    } else {
+      const input = el("input", { type: "password", id: "token-input", placeholder: "admin token",
+        autocomplete: "off", "aria-label": "admin token" });
+      const form = el("form", { className: "token", onsubmit: (ev) => {
+        ev.preventDefault();
+        const v = input.value.trim();
+        if (v) { session.setToken(v); render(); onChange(); }
+      } }, input, el("button", { type: "submit", id: "token-set" }, "Use"));
+      box.append(form);
+    }
+  };
+  render();
+}
+
+/** Ask for a reason (and who) in the page's <dialog>; resolves {reason, who} or null. */
+export function askReason(title, confirmText, needReason = true) {
+  const dlg = document.getElementById("dlg");
+  const reason = document.getElementById("dlg-reason");
+  const who = document.getElementById("dlg-who");
+  document.getElementById("dlg-title").textContent = title;
+  document.getElementById("dlg-ok").textContent = confirmText;
+  reason.value = "";
+  reason.required = needReason;
+  who.value = session.who();
+  return new Promise((resolve) => {
+    const cancel = document.getElementById("dlg-cancel");
+    const onCancel = () => dlg.close("cancel");
+    cancel.addEventListener("click", onCancel, { once: true });
+    dlg.addEventListener("close", () => {
+      cancel.removeEventListener("click", onCancel);
+      if (dlg.returnValue !== "ok") { resolve(null); return; }
+      session.setWho(who.value.trim());
+      resolve({ reason: reason.value.trim(), who: who.value.trim() || "ui" });
+    }, { once: true });
+    dlg.returnValue = "";
+    dlg.showModal();
+    reason.focus();
+  });
+}
+
+/**
+ * Live fleet data: Server-Sent Events from /ui/events, falling back to polling /ui/api/fleet
+ * every 2 s when the stream cannot be opened. `onSnapshot(full)` replaces everything,
+ * `onDelta({upsert, remove, summary?})` patches; `onConn(mode, text)` reports the link.
+ */
+export function openFeed({ node, onSnapshot, onDelta, onConn }) {
+  const q = node ? `?node=${encodeURIComponent(node)}` : "";
+  let pollTimer = null;
+  const poll = async () => {
+    try {
+      onSnapshot(await getJSON(`/ui/api/fleet${q}`, 5000));
+      onConn("polling", `polling · ${new Date().toLocaleTimeString()}`);
+    } catch (e) {
+      onConn("offline", `offline: ${e.message}`);
+    }
+  };
+  const startPolling = () => {
+    if (pollTimer) return;
+    poll();
+    pollTimer = setInterval(poll, 2000);
+  };
+  if (typeof EventSource === "undefined") { startPolling(); return; }
+  const es = new EventSource(`/ui/events${q}`);
+  let failures = 0;
+  es.addEventListener("snapshot", (ev) => {
+    failures = 0;
+    onSnapshot(JSON.parse(ev.data));
+    onConn("live", `live · ${new Date().toLocaleTimeString()}`);
+  });
+  es.addEventListener("delta", (ev) => {
+    onDelta(JSON.parse(ev.data));
+    onConn("live", `live · ${new Date().toLocaleTimeString()}`);
+  });
+  es.addEventListener("error", () => {
+    failures += 1;
+    // CLOSED: the server refused the stream (e.g. 503 too many streams); repeated errors: a proxy
+    // that buffers or drops event streams. Either way, polling still works.
+    if (es.readyState === EventSource.CLOSED || failures >= 3) {
+      es.close();
+      startPolling();
+    } else {
+      onConn("offline", "reconnecting…");
+    }
+  });
+}

@@ -1,0 +1,256 @@
+// The node page: what the agent reports per GPU / NVLink / HCA / mount, events, the audit log,
+// and (with the admin token) fence, release and handover.
+import {
+  STATE_LABEL, el, clear, natural, session, getJSON, adminPost, fmtTime, ago, showMessage, tokenWidget, askReason,
+  openFeed,
+} from "/ui/static/common.js";
+
+const $ = (id) => document.getElementById(id);
+const NAME = decodeURIComponent(location.pathname.split("/").pop());
+const API = `/api/v1/nodes/${encodeURIComponent(NAME)}`;
+const GROUPS = ["GPUs", "NVLink / NVSwitch", "HCAs", "Mounts", "Node"];
+let node = null;
+let busy = false;
+
+function groupOf(r) {
+  const e = r.entity || "node";
+  if (r.check.startsWith("nvlink") || e.startsWith("nvswitch") || r.check === "sxid") return "NVLink / NVSwitch";
+  if (/^gpu\d+$/.test(e) || e.startsWith("pci:")) return "GPUs";
+  if (e.startsWith("mlx") || /^[A-Za-z0-9_]+\/\d+$/.test(e)) return "HCAs";
+  if (e.startsWith("/")) return "Mounts";
+  return "Node";
+}
+
+const pill = (status) => el("span", { className: `cellchip st-${status}` }, status);
+
+function evidenceList(ev) {
+  const entries = Object.entries(ev || {});
+  if (!entries.length) return null;
+  const dl = el("dl", { className: "evidence" });
+  for (const [k, v] of entries) dl.append(el("dt", {}, k), el("dd", {}, v));
+  return dl;
+}
+
+function table(headers, rows, empty) {
+  if (!rows.length) return el("p", { className: "muted" }, empty);
+  const t = el("table", {}, el("thead", {}, el("tr", {}, ...headers.map((h) => el("th", {}, h)))));
+  const body = el("tbody");
+  for (const r of rows) body.append(r);
+  t.append(body);
+  return t;
+}
+
+// ---- header facts and actions -----------------------------------------------------------------
+
+function renderHead(n) {
+  document.title = `podhealth · ${n.name}`;
+  $("name").textContent = n.name;
+  const st = $("state");
+  st.className = `state-pill st-${n.state}`;
+  st.textContent = STATE_LABEL[n.state] || n.state;
+  $("updated").textContent = `report ${ago(n.report_time)} · seen ${ago(n.last_seen)}`;
+  const facts = $("facts");
+  clear(facts);
+  const add = (k, v) => { if (v !== "" && v !== null && v !== undefined) facts.append(el("dt", {}, k), el("dd", {}, v)); };
+  const r = n.report || {};
+  add("verdict", n.status);
+  add("partition", n.partition || "—");
+  add("agent", n.agent_url || "push only");
+  if (r.agent_version) add("agent version / profile", `${r.agent_version} / ${r.profile || "?"}`);
+  add("names", `slurm ${n.slurm_name} · kubernetes ${n.k8s_name}`);
+  const fence = { none: "not fenced", fencing: "fencing (in flight)", fenced: "fenced by podhealth",
+    releasing: "releasing (in flight)", external: "drained by someone else (podhealth will not touch it)" }[n.fence] || n.fence;
+  add("fence", n.fence_reason ? `${fence}: ${n.fence_reason}` : fence);
+  if (n.fenced_at) add("fenced at", fmtTime(n.fenced_at));
+  if (n.hold) add("hold", "operator fence: no automatic return to service");
+  if (n.opted_out) add("opted out", "podhealth.io/managed=false: never fenced");
+  if (n.handover) add("handover", `${n.handover} ${n.handover_at ? `(${fmtTime(n.handover_at)})` : ""}`);
+  if (n.ok_since) add("all OK since", fmtTime(n.ok_since));
+  if (n.unreachable_since) add("unreachable since", fmtTime(n.unreachable_since));
+  for (const p of n.pending_actions || []) add(`pending ${p.kind}`, `#${p.id} by ${p.who}: ${p.why} (attempts ${p.attempts})`);
+  for (const note of n.notes || []) add("policy", `${note.kind}${note.detail ? `: ${note.detail}` : ""}`);
+  renderActions(n);
+}
+
+function renderActions(n) {
+  const admin = !!session.token();
+  const btn = { fence: $("btn-fence"), release: $("btn-release"), handover: $("btn-handover") };
+  for (const b of Object.values(btn)) b.hidden = !admin;
+  $("actions-hint").textContent = admin ? ""
+    : "Read-only. Enter the admin token (top right) to fence, release or re-run the handover suite.";
+  if (!admin) return;
+  btn.fence.disabled = busy || n.fence !== "none" || n.opted_out;
+  btn.release.disabled = busy || n.fence !== "fenced";
+  btn.handover.disabled = busy || !n.agent_url || n.handover === "running";
+  btn.fence.title = n.fence !== "none" ? "already fenced" : "drain in Slurm / cordon in Kubernetes now";
+  btn.release.title = n.fence === "fenced" ? "resume in Slurm / uncordon" : "only nodes podhealth fenced can be released";
+  btn.handover.title = n.agent_url ? "ask the agent to run the handover suite; a pass returns the node" : "no agent URL configured";
+}
+
+async function act(action) {
+  const titles = {
+    fence: [`Fence ${NAME}? It is drained in Slurm / cordoned in Kubernetes and stays out until released.`, "Fence"],
+    release: [`Release ${NAME}? It returns to service (Slurm resume / uncordon).`, "Release"],
+    handover: [`Re-run the handover suite on ${NAME}? A pass returns it to service.`, "Run handover"],
+  };
+  const got = await askReason(titles[action][0], titles[action][1], true);
+  if (!got) return;
+  busy = true;
+  if (node) renderActions(node);
+  showMessage($("message"), "info", `${action}: working…`);
+  try {
+    const r = await adminPost(`${API}/${action}`, got);
+    if (r.status === 401) {
+      session.setToken("");
+      tokenWidget($("token"), onToken);
+      showMessage($("message"), "error", `${action} refused: the admin token was not accepted (${r.body.error || 401}).`);
+    } else if (!r.ok) {
+      showMessage($("message"), "error", `${action} refused (${r.status}): ${r.body.error || "no reason given"}`);
+    } else {
+      const b = r.body;
+      showMessage($("message"), b.state === "failed" ? "error" : "okmsg",
+        `${action}: ${b.state || "done"}${b.result ? ` — ${b.result}` : ""}`);
+    }
+  } catch (e) {
+    showMessage($("message"), "error", `${action} failed: ${e.message}`);
+  } finally {
+    busy = false;
+    await load();
+  }
+}
+
+// ---- results, conditions, events, history -------------------------------------------------------
+
+function renderConditions(conds) {
+  $("cond-count").textContent = conds.length ? `(${conds.length})` : "";
+  const rows = conds.map((c) => el("tr", { className: c.status === "FAIL" ? "bad" : "" },
+    el("td", {}, pill(c.status)), el("td", { className: "mono" }, c.check), el("td", { className: "mono" }, c.entity),
+    el("td", {}, c.action), el("td", {}, c.source), el("td", { className: "when" }, fmtTime(c.since)), el("td", {}, c.summary)));
+  const box = $("conditions");
+  clear(box);
+  box.append(table(["status", "check", "entity", "action", "source", "since", "summary"], rows, "None: every check is OK."));
+}
+
+function renderResults(report) {
+  const box = $("results");
+  clear(box);
+  if (!report || !Array.isArray(report.results)) {
+    $("report-meta").textContent = "";
+    box.append(el("p", { className: "muted" }, "No report from the agent yet."));
+    return;
+  }
+  $("report-meta").textContent = `(${report.results.length} results, agent time ${fmtTime(report.time)})`;
+  const groups = new Map(GROUPS.map((g) => [g, []]));
+  for (const r of report.results) groups.get(groupOf(r)).push(r);
+  for (const [g, results] of groups) {
+    if (!results.length) continue;
+    const entities = [...new Set(results.map((r) => r.entity))].sort(natural);
+    const checks = [...new Set(results.map((r) => r.check))].sort();
+    const at = new Map(results.map((r) => [`${r.entity}\u0000${r.check}`, r]));
+    const head = el("tr", {}, el("th", {}, "entity"), ...checks.map((c) => el("th", { className: "check", title: c }, c)));
+    const body = el("tbody");
+    for (const e of entities) {
+      const tr = el("tr", {}, el("th", { className: "mono", scope: "row" }, e));
+      for (const c of checks) {
+        const r = at.get(`${e}\u0000${c}`);
+        if (!r) { tr.append(el("td", { className: "cell" }, el("span", { className: "cellchip none" }, "·"))); continue; }
+        const ev = Object.entries(r.evidence || {}).map(([k, v]) => `${k}=${v}`).join("\n");
+        const chip = pill(r.status);
+        chip.title = `${c} ${e}: ${r.status}${r.action !== "NONE" ? ` → ${r.action}` : ""}\n${r.summary || ""}${ev ? `\n${ev}` : ""}`;
+        tr.append(el("td", { className: "cell", dataset: { check: c, entity: e, status: r.status } }, chip));
+      }
+      body.append(tr);
+    }
+    const bad = results.filter((r) => r.status !== "OK").sort((a, b) => natural(a.entity, b.entity));
+    const section = el("section", { className: "results", dataset: { group: g } },
+      el("h3", {}, `${g} · ${entities.length} · ${bad.length ? `${bad.length} not OK` : "all OK"}`),
+      el("table", { className: "matrix" }, el("thead", {}, head), body));
+    if (bad.length) {
+      const rows = bad.map((r) => el("tr", { className: r.status === "FAIL" ? "bad finding" : "finding",
+        dataset: { check: r.check, entity: r.entity } },
+      el("td", {}, pill(r.status)), el("td", { className: "mono" }, r.entity), el("td", { className: "mono" }, r.check),
+      el("td", {}, r.action), el("td", { className: "when" }, fmtTime(r.since)),
+      el("td", {}, r.summary || "", evidenceList(r.evidence))));
+      section.append(table(["status", "entity", "check", "action", "since", "summary / evidence"], rows, ""));
+    }
+    box.append(section);
+  }
+}
+
+function eventRow(item) {
+  const body = item.event || {};
+  if (item.kind === "summary") {
+    const counts = Object.entries(body.counts || {}).map(([k, v]) => `${k} ×${v}`).join(", ");
+    return el("tr", {}, el("td", { className: "when" }, fmtTime(item.time)), el("td", {}, "summary"), el("td", {}, ""),
+      el("td", {}, ""), el("td", {}, `${body.count || 0} events held while the aggregator was away, ${fmtTime(body.first)} – ${fmtTime(body.last)}: ${counts}`));
+  }
+  const e = body.event || {};
+  const where = e.gpu !== null && e.gpu !== undefined ? `gpu${e.gpu}` : (e.device || e.pci_bus_id || "");
+  return el("tr", { className: "bad" }, el("td", { className: "when" }, fmtTime(item.time)),
+    el("td", {}, String(e.kind || "").toUpperCase()), el("td", { className: "num" }, e.code ?? ""),
+    el("td", { className: "mono" }, where), el("td", { className: "mono" }, e.text || ""));
+}
+
+function renderHistory(items) {
+  const events = items.filter((i) => i.type === "event" && (i.kind === "summary" || (i.event && i.event.event)));
+  const audit = items.filter((i) => i.type === "audit");
+  const verdicts = items.filter((i) => i.type === "verdict");
+  clear($("events"));
+  $("events").append(table(["time", "kind", "code", "where", "text"], events.map(eventRow), "No XID or SXid events."));
+  clear($("audit"));
+  $("audit").append(table(["time", "who", "what", "why / result"], audit.map((a) => el("tr", { className: a.ok ? "" : "bad" },
+    el("td", { className: "when" }, fmtTime(a.time)), el("td", {}, a.who), el("td", {}, a.what),
+    el("td", {}, a.why, a.command && a.command.length ? el("div", { className: "mono" }, a.command.join(" ")) : null,
+      a.output ? el("pre", { className: "out" }, a.output) : null))), "No actions recorded."));
+  clear($("verdicts"));
+  $("verdicts").append(table(["time", "status", "check", "entity", "action", "source", "summary"], verdicts.map((v) =>
+    el("tr", { className: v.status === "FAIL" ? "bad" : "" }, el("td", { className: "when" }, fmtTime(v.time)),
+      el("td", {}, pill(v.status)), el("td", { className: "mono" }, v.check), el("td", { className: "mono" }, v.entity),
+      el("td", {}, v.action), el("td", {}, v.source), el("td", {}, v.summary))), "No verdict changes recorded."));
+}
+
+// ---- loading ------------------------------------------------------------------------------------
+
+let loading = null;
+let again = false;
+
+async function load() {
+  if (loading) { again = true; return loading; } // one request at a time; coalesce bursts of updates
+  loading = (async () => {
+    try {
+      const [n, h] = await Promise.all([getJSON(API), getJSON(`${API}/history?limit=300`)]);
+      node = n;
+      renderHead(n);
+      renderConditions(n.conditions || []);
+      renderResults(n.report);
+      renderHistory(h.items || []);
+    } catch (e) {
+      showMessage($("message"), "error", `Cannot load ${NAME}: ${e.message}`);
+    }
+  })();
+  await loading;
+  loading = null;
+  if (again) { again = false; await load(); }
+}
+
+function onToken() {
+  if (node) renderActions(node);
+}
+
+function main() {
+  $("name").textContent = NAME;
+  tokenWidget($("token"), onToken);
+  for (const b of document.querySelectorAll("#actions button[data-action]")) {
+    b.addEventListener("click", () => act(b.dataset.action));
+  }
+  load();
+  openFeed({
+    node: NAME,
+    onSnapshot: () => load(),
+    onDelta: () => load(),
+    onConn: (mode, text) => { const c = $("conn"); c.className = `conn ${mode}`; c.textContent = text; },
+  });
+  setInterval(load, 15000); // events and audit lines arrive without a state change
+}
+
+main();

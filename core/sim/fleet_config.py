@@ -1,0 +1,135 @@
+"""What `podhealth simulate fleet` writes before it starts anything: pure functions, no I/O.
+
+The fleet is wired only through the ordinary config files, so what it runs is exactly what a
+site would run: one agent config per node (push to the aggregator, spool under the fleet
+directory), one aggregator config (nodes with their agent URLs and partition, SQLite under the
+fleet directory, the Slurm fencer pointed at the loopback cluster or the dry-run fencer), and a
+Prometheus scrape config for every target. Each is rendered from a dict through YAML and then
+parsed back with the real config loader (`check_*`), so a schema change fails before a process
+is started, with the loader's file:line:key message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class AgentPlan:
+    node: str
+    port: int
+    config: Path
+    spool: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    """Everything the fleet will start, decided before anything runs."""
+
+    root: Path  # the sim root: node directories live here
+    home: Path  # <root>/_fleet: configs, logs, pidfiles, the aggregator's database
+    profile: str
+    cluster: str
+    partition: str
+    agents: tuple[AgentPlan, ...]
+    aggregator_port: int
+    aggregator_config: Path
+    db: Path
+    cluster_token: str
+    admin_token: str
+
+    @property
+    def aggregator_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.aggregator_port}"
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(a.node for a in self.agents)
+
+
+@dataclass(frozen=True)
+class FencerChoice:
+    """The Slurm fencer on a loopback cluster (slurm_conf set), or the dry-run fencer."""
+
+    slurm_conf: Path | None
+    note: str
+
+
+def agent_config(plan: FleetPlan, agent: AgentPlan) -> str:
+    doc: dict[str, Any] = {
+        "log": {"level": "info", "format": "json"},
+        "publish": {"aggregator_url": plan.aggregator_url, "token": plan.cluster_token,
+                    "spool_dir": str(agent.spool)},
+    }
+    return _header(f"agent {agent.node}") + yaml.safe_dump(doc, sort_keys=False)
+
+
+def aggregator_config(plan: FleetPlan, fencer: FencerChoice) -> str:
+    n = len(plan.agents)
+    fencers: dict[str, Any]
+    if fencer.slurm_conf is not None:
+        fencers = {"slurm": {"enabled": True, "slurm_conf": str(fencer.slurm_conf), "timeout": 5.0}}
+    else:
+        fencers = {"dryrun": {"enabled": True}}
+    doc: dict[str, Any] = {
+        "log": {"level": "info", "format": "json"},
+        "aggregator": {
+            "listen": {"address": LOOPBACK, "port": plan.aggregator_port},
+            "db": str(plan.db),
+            "auth": {"cluster_token": plan.cluster_token, "admin_token": plan.admin_token},
+            # A demo wants to see things happen: pull often, return a healed node after 30 s.
+            "pull_interval": 2.0,
+            "pull_timeout": 2.0,
+            "unreachable_after": 30.0,
+            "healthy_for": 30.0,
+            # A quarter of the pod may be fenced, so a few injected faults all show up as drains;
+            # the breaker keeps its defaults, so faults on many nodes at once show it tripping.
+            "caps": {"max_fenced": max(1, n // 4), "max_percent_per_partition": 25.0},
+            "nodes": [{"name": a.node, "agent_url": a.url, "partition": plan.partition} for a in plan.agents],
+            "fencers": fencers,
+        },
+    }
+    return _header("aggregator") + yaml.safe_dump(doc, sort_keys=False)
+
+
+def scrape_config(plan: FleetPlan, scrape_interval: str = "15s") -> str:
+    """A complete prometheus.yml: job `podhealth` (every agent, labelled cluster and partition)
+    and job `podhealth-aggregator`. The agents' series already carry `node`, so no target label
+    of that name is added (it would clash and turn into `exported_node`)."""
+    doc: dict[str, Any] = {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "scrape_configs": [
+            {"job_name": "podhealth",
+             "static_configs": [{"targets": [f"{LOOPBACK}:{a.port}" for a in plan.agents],
+                                 "labels": {"cluster": plan.cluster, "partition": plan.partition}}]},
+            {"job_name": "podhealth-aggregator",
+             "static_configs": [{"targets": [f"{LOOPBACK}:{plan.aggregator_port}"],
+                                 "labels": {"cluster": plan.cluster}}]},
+        ],
+    }
+    return (f"# Prometheus scrape config for the simulated pod {plan.cluster!r} "
+            f"(written by `podhealth simulate fleet`)\n" + yaml.safe_dump(doc, sort_keys=False))
+
+
+def check_agent_config(text: str, source: str) -> None:
+    from podhealth import config
+    config.loads(text, source)
+
+
+def check_aggregator_config(text: str, source: str) -> None:
+    from podhealth import config
+    config.loads(text, source)
+
+
+def _header(what: str) -> str:
+    return f"# {what} of a simulated pod, written by `podhealth simulate fleet`; rewritten on every start\n"

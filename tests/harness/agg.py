@@ -1,0 +1,116 @@
+"""Aggregator test helpers: an in-process aggregator on a free loopback port, and a fencer double.
+
+`MemFencer` is a test double of the Fencer protocol (aggregator/fence.py): it records every call
+so tests can assert "fenced exactly once", can be told to fail, and can hold nodes fenced by a
+human or opted out. The real fencers (Slurm, Kubernetes) have their own tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from aiohttp import web
+
+from podhealth.aggregator.config import AggregatorConfig, NodeEntry
+from podhealth.aggregator.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, render_reason
+from podhealth.aggregator.server import make_app
+from podhealth.aggregator.service import Aggregator
+from tests.harness.proc import free_port
+
+
+@dataclasses.dataclass
+class MemFencer:
+    name: str = "mem"
+    fenced: dict[str, str] = dataclasses.field(default_factory=dict)  # node -> reason
+    opted_out: set[str] = dataclasses.field(default_factory=set)
+    missing: set[str] = dataclasses.field(default_factory=set)
+    fail: int = 0  # the next `fail` calls raise, like a slurmctld that is down
+    calls: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+
+    def _maybe_fail(self, what: str, node: str) -> None:
+        self.calls.append((what, node))
+        if self.fail > 0:
+            self.fail -= 1
+            raise ConnectionError("backend down")
+
+    def count(self, what: str, node: str | None = None) -> int:
+        return sum(1 for w, n in self.calls if w == what and (node is None or n == node))
+
+    async def read(self, node: str) -> FenceState:
+        self._maybe_fail("read", node)
+        if node in self.missing:
+            return FenceState(node=node, exists=False, fenced=False, ours=False)
+        reason = self.fenced.get(node, "")
+        return FenceState(node=node, exists=True, fenced=node in self.fenced, ours=reason.startswith(REASON_PREFIX),
+                          reason=reason, opted_out=node in self.opted_out)
+
+    async def fence(self, node: str, reason: FenceReason) -> FenceOutcome:
+        self._maybe_fail("fence", node)
+        cmd = ("mem", "fence", node)
+        if node in self.fenced:
+            return FenceOutcome(ok=True, changed=False, command=cmd, output="already")
+        self.fenced[node] = render_reason(reason)
+        return FenceOutcome(ok=True, changed=True, command=cmd, output="fenced")
+
+    async def release(self, node: str) -> FenceOutcome:
+        self._maybe_fail("release", node)
+        cmd = ("mem", "release", node)
+        reason = self.fenced.get(node)
+        if reason is None:
+            return FenceOutcome(ok=True, changed=False, command=cmd)
+        if not reason.startswith(REASON_PREFIX):
+            return FenceOutcome(ok=False, changed=False, command=cmd, error="not ours")
+        del self.fenced[node]
+        return FenceOutcome(ok=True, changed=True, command=cmd, output="released")
+
+    async def list_fenced(self) -> dict[str, FenceState]:
+        self.calls.append(("list", ""))
+        return {n: await self.read(n) for n in list(self.fenced)}
+
+
+def config(tmp_path: Path, nodes: int = 4, **kw: Any) -> AggregatorConfig:
+    base: dict[str, Any] = dict(
+        db=tmp_path / "agg.db",
+        nodes=tuple(NodeEntry(name=f"dgx{i:02d}", partition="batch") for i in range(1, nodes + 1)),
+        healthy_for=3600.0, decide_interval=0.05,
+    )
+    base.update(kw)
+    return AggregatorConfig(**base)
+
+
+@contextlib.asynccontextmanager
+async def running(cfg: AggregatorConfig, fencers: list[Any] | None = None,
+                  housekeeping: float = 0.1) -> AsyncIterator[tuple[Aggregator, str]]:
+    """An aggregator with its HTTP server on a free loopback port; always stopped afterwards."""
+    agg = Aggregator(cfg, fencers=fencers)
+    agg.housekeeping_interval = housekeeping
+    app = make_app(agg)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    try:
+        yield agg, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def post(url: str, body: Any, token: str | None = None, raw: bytes | None = None,
+         headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    """A blocking POST for subprocess tests (async tests use aiohttp)."""
+    data = raw if raw is not None else json.dumps(body).encode()
+    h = {"Content-Type": "application/json", **(headers or {})}
+    if token:
+        h["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, method="POST", headers=h)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")

@@ -1,0 +1,239 @@
+"""The service loop: restart recovery, reconcile, retries, return to service, pulls, breaker, dry run."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from podhealth.aggregator.config import AggAuthConfig, BreakerConfig, NodeEntry, RetryConfig
+from podhealth.aggregator.fence import FenceReason, render_reason
+from podhealth.aggregator.model import FenceMode
+from podhealth.aggregator.store import NodeRow, Store
+from podhealth.vocab import Status
+from tests.harness.agg import MemFencer, config, running
+from tests.harness.proc import free_port
+
+pytestmark = pytest.mark.timeout(60)
+R = FenceReason("xid", "GPU0", "RESET_GPU", "abc")
+FAST = RetryConfig(attempts=2, backoff=0.01, max_backoff=0.05)
+
+
+async def until(pred: Any, timeout: float = 15.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not pred():
+        if loop.time() > deadline:
+            raise AssertionError("timed out")
+        await asyncio.sleep(0.02)
+
+
+def fail_report(node: str, t: float, status: str = "FAIL") -> dict[str, Any]:
+    return {"node": node, "time": t, "results": [{"check": "xid", "entity": "GPU0", "status": status,
+                                                  "action": "RESET_GPU" if status != "OK" else "NONE"}]}
+
+
+class FakeAgent:
+    """An agent's /health and /v1/handover, answering what the test says."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.status = "OK"
+        self.handover: tuple[int, dict[str, Any]] = (200, {"status": "OK"})
+        self.handovers: list[str] = []
+        self.t = 1000.0
+
+    async def health(self, request: web.Request) -> web.Response:
+        self.t += 1
+        return web.json_response(fail_report(self.node, self.t, self.status),
+                                 status=200 if self.status == "OK" else 503)
+
+    async def do_handover(self, request: web.Request) -> web.Response:
+        self.handovers.append(request.headers.get("Authorization", ""))
+        code, body = self.handover
+        return web.json_response(body, status=code)
+
+    async def serve(self) -> tuple[web.AppRunner, str]:
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_post("/v1/handover", self.do_handover)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        return runner, f"http://127.0.0.1:{port}"
+
+
+def seed(tmp_path: Path, **nodes: dict[str, Any]) -> Store:
+    s = Store(tmp_path / "agg.db")
+    ops = []
+    for name, fields in nodes.items():
+        ops += [Store.op_node_insert(NodeRow(name, first_seen=1.0)), Store.op_node_fields(name, **fields)]
+    s.apply(ops)
+    return s
+
+
+@pytest.mark.parametrize("already", [True, False])
+async def test_a_pending_fence_is_completed_on_start_without_fencing_twice(tmp_path: Path, already: bool) -> None:
+    s = seed(tmp_path, dgx01={"fence": "fencing", "fence_reason": render_reason(R)})
+    s.begin_action("dgx01", "fence", "policy", "xid", 5.0, R, "fence")
+    s.close()
+    fencer = MemFencer(fenced={"dgx01": render_reason(R)} if already else {})
+    async with running(config(tmp_path), [fencer]) as (agg, _):
+        assert agg.mem.nodes["dgx01"].fence is FenceMode.FENCED and not agg.pending
+        assert fencer.count("fence") == (0 if already else 1)
+        assert fencer.fenced["dgx01"] == render_reason(R)
+
+
+async def test_reconcile_on_start_takes_the_stores_side_only_for_our_fences(tmp_path: Path) -> None:
+    seed(tmp_path, dgx01={"fence": "fenced", "fence_reason": render_reason(R)},  # lost in the backend
+         dgx02={"fence": "none"},                                                # ours in the backend, free here
+         dgx03={"fence": "none"}).close()                                        # a human drained it
+    fencer = MemFencer(fenced={"dgx02": "podhealth: nfs /home DRAIN [x]", "dgx03": "bad fan -- ops",
+                               "dgx77": "podhealth: xid GPU1 DRAIN [y]"})
+    async with running(config(tmp_path, nodes=4), [fencer]) as (agg, _):
+        await until(lambda: not agg.pending and not agg._action_tasks)
+        nodes = agg.mem.nodes
+        assert fencer.fenced.get("dgx01") == render_reason(R) and nodes["dgx01"].fence is FenceMode.FENCED
+        assert "dgx02" not in fencer.fenced and nodes["dgx02"].fence is FenceMode.NONE
+        assert fencer.fenced["dgx03"] == "bad fan -- ops" and nodes["dgx03"].fence is FenceMode.EXTERNAL
+        assert nodes["dgx77"].fence is FenceMode.FENCED  # never heard of: adopted, not released
+        text = "\n".join(agg.reconcile_report)
+        assert "dgx01: fenced in the store but not in any backend" in text and "dgx03: fenced by someone else" in text
+
+
+async def test_a_down_backend_leaves_the_action_pending_and_it_is_retried(tmp_path: Path) -> None:
+    fencer = MemFencer()
+    async with running(config(tmp_path, retries=FAST), [fencer]) as (agg, url), aiohttp.ClientSession() as s:
+        fencer.fail = 5  # 2 attempts per try: pending after the first, done on the third
+        await s.post(f"{url}/v1/reports", json=fail_report("dgx01", 10))
+        await until(lambda: any(p.attempts for p in agg.pending.values()))
+        assert agg.mem.nodes["dgx01"].fence is FenceMode.FENCING
+        assert agg.store.pending_actions()[0].attempts >= 1
+        await until(lambda: "dgx01" in fencer.fenced and not agg.pending)
+        assert agg.mem.nodes["dgx01"].fence is FenceMode.FENCED and fencer.fail == 0
+        audit = [a["what"] for a in agg.store.audit_tail() if a["node"] == "dgx01"]
+        assert audit.count("fence attempt failed") >= 1 and audit.count("fence done") == 1
+
+
+async def test_human_drained_node_is_never_fenced_over_nor_resumed(tmp_path: Path) -> None:
+    fencer = MemFencer(fenced={"dgx02": "ops: RMA"})
+    async with running(config(tmp_path, healthy_for=0.1), [fencer]) as (agg, url), aiohttp.ClientSession() as s:
+        assert agg.mem.nodes["dgx02"].fence is FenceMode.EXTERNAL
+        await s.post(f"{url}/v1/reports", json=fail_report("dgx02", 10))
+        await s.post(f"{url}/v1/reports", json=fail_report("dgx02", 11, "OK"))
+        runs = agg.metrics.decisions._value.get()
+        await until(lambda: agg.metrics.decisions._value.get() > runs + 5)
+        assert fencer.fenced["dgx02"] == "ops: RMA" and fencer.count("fence") == fencer.count("release") == 0
+        r = await s.post(f"{url}/api/v1/nodes/dgx02/release", json={"reason": "x"},
+                         headers={"Authorization": "Bearer a"})
+        assert r.status == 403  # no admin token configured at all
+
+
+@pytest.mark.parametrize("answer, released", [
+    ((200, {"status": "OK", "suite": "handover"}), True),
+    ((200, {"status": "FAIL"}), False),
+    ((200, {"status": "UNKNOWN"}), False),
+    ((404, {"error": "no such endpoint"}), False),
+])
+async def test_return_to_service_only_on_a_passed_handover(tmp_path: Path, answer: Any, released: bool) -> None:
+    agent = FakeAgent("dgx01")
+    agent.handover = answer
+    arunner, aurl = await agent.serve()
+    fencer = MemFencer()
+    cfg = dataclasses.replace(config(tmp_path, healthy_for=0.3, pull_interval=0.1,
+                                     auth=AggAuthConfig(agent_token="agent-secret")),
+                              nodes=(NodeEntry(name="dgx01", agent_url=aurl),))
+    try:
+        agent.status = "FAIL"
+        async with running(cfg, [fencer]) as (agg, _):
+            await until(lambda: "dgx01" in fencer.fenced)
+            agent.status = "OK"
+            await until(lambda: agent.handovers)
+            assert agent.handovers[0] == "Bearer agent-secret"
+            if released:
+                await until(lambda: "dgx01" not in fencer.fenced and agg.mem.nodes["dgx01"].fence is FenceMode.NONE)
+                assert agg.mem.nodes["dgx01"].status is Status.OK
+            else:
+                await until(lambda: agg.mem.nodes["dgx01"].handover == "failed")
+                await asyncio.sleep(0.1)
+                assert "dgx01" in fencer.fenced and agg.mem.nodes["dgx01"].fence is FenceMode.FENCED
+    finally:
+        await arunner.cleanup()
+
+
+async def test_manual_release_waits_for_the_operator(tmp_path: Path) -> None:
+    agent = FakeAgent("dgx01")
+    arunner, aurl = await agent.serve()
+    fencer = MemFencer()
+    cfg = dataclasses.replace(config(tmp_path, healthy_for=0.1, pull_interval=0.1, manual_release=True,
+                                     auth=AggAuthConfig(admin_token="atok")),
+                              nodes=(NodeEntry(name="dgx01", agent_url=aurl),))
+    try:
+        agent.status = "FAIL"
+        async with running(cfg, [fencer]) as (agg, url), aiohttp.ClientSession() as s:
+            await until(lambda: "dgx01" in fencer.fenced)
+            agent.status = "OK"
+            await until(lambda: any(n.kind == "awaiting_manual_release" for n in agg.last_decision.notes))
+            assert agent.handovers == [] and "dgx01" in fencer.fenced
+            r = await s.post(f"{url}/api/v1/nodes/dgx01/release", json={"reason": "checked by hand"},
+                             headers={"Authorization": "Bearer atok"})
+            assert r.status == 200 and (await r.json())["state"] == "done" and "dgx01" not in fencer.fenced
+    finally:
+        await arunner.cleanup()
+
+
+async def test_unreachable_agent_is_unknown_then_node_unreachable_and_never_fenced(tmp_path: Path) -> None:
+    fencer = MemFencer()
+    dead = f"http://127.0.0.1:{free_port()}"
+    cfg = dataclasses.replace(config(tmp_path, pull_interval=0.1, pull_timeout=0.5, unreachable_after=0.5),
+                              nodes=(NodeEntry(name="dgx01", agent_url=dead),))
+    async with running(cfg, [fencer]) as (agg, _):
+        await until(lambda: ("dgx01", "agent_reachable", "node") in agg.mem.conditions)
+        assert agg.mem.nodes["dgx01"].status is Status.UNKNOWN
+        await until(lambda: ("dgx01", "node_unreachable", "node") in agg.mem.conditions)
+        await until(lambda: agg.mem.conditions[("dgx01", "node_unreachable", "node")].notified)
+        assert fencer.count("fence") == 0
+
+
+async def test_storm_trips_the_breaker_and_a_reset_replays_nothing(tmp_path: Path) -> None:
+    fencer = MemFencer()
+    cfg = config(tmp_path, nodes=20, breaker=BreakerConfig(share_percent=10, window=60, min_nodes=3),
+                 auth=AggAuthConfig(admin_token="atok"))
+    async with running(cfg, [fencer]) as (agg, url), aiohttp.ClientSession() as s:
+        batch = [s.post(f"{url}/v1/reports", json=fail_report(f"dgx{i:02d}", 10)) for i in range(1, 11)]
+        await asyncio.gather(*batch)
+        await until(lambda: agg.mem.breaker.tripped)
+        fenced_at_trip = len(fencer.fenced)
+        assert fenced_at_trip <= 2  # 2 of 20 is not more than 10%: the third trips it
+        metrics = await (await s.get(f"{url}/metrics")).text()
+        assert "podhealth_aggregator_breaker_tripped 1.0" in metrics
+        fleet = await (await s.get(f"{url}/api/v1/fleet")).json()
+        assert fleet["breaker"]["tripped"] and "turned bad" in fleet["breaker"]["reason"]
+        r = await s.post(f"{url}/api/v1/breaker/reset", json={"reason": "storage fixed"},
+                         headers={"Authorization": "Bearer atok"})
+        assert r.status == 200 and (await r.json())["was_tripped"]
+        runs = agg.metrics.decisions._value.get()
+        await until(lambda: agg.metrics.decisions._value.get() > runs + 5)
+        assert len(fencer.fenced) == fenced_at_trip and not agg.mem.breaker.tripped  # nothing replayed
+        # a node seen failing again after the reset is judged afresh
+        await s.post(f"{url}/v1/reports", json=fail_report("dgx10", 20, "WARN"))
+        await s.post(f"{url}/v1/reports", json=fail_report("dgx10", 21))
+        await until(lambda: "dgx10" in fencer.fenced)
+
+
+async def test_dry_run_touches_no_real_fencer(tmp_path: Path) -> None:
+    cfg = config(tmp_path, dry_run=True)
+    async with running(cfg) as (agg, url), aiohttp.ClientSession() as s:
+        assert [f.name for f in agg.fencers] == ["dryrun"]
+        await s.post(f"{url}/v1/reports", json=fail_report("dgx01", 10))
+        await until(lambda: agg.mem.nodes["dgx01"].fence is FenceMode.FENCED)
+        hist = await (await s.get(f"{url}/api/v1/nodes/dgx01/history")).json()
+        cmds = [i["command"] for i in hist["items"] if i["type"] == "audit" and i["command"]]
+        assert cmds and all(c[0] == "dryrun" for c in cmds)
+        assert (await (await s.get(f"{url}/api/v1/fleet")).json())["dry_run"] is True

@@ -1,0 +1,178 @@
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from podhealth.aggregator.fence import FenceReason
+from podhealth.aggregator.model import BreakerState, Condition, FenceMode
+from podhealth.aggregator.state import Memory, Verdict
+from podhealth.aggregator.store import MIGRATIONS, SCHEMA_VERSION, NodeRow, Store, StoreError, connect, migrate
+from podhealth.vocab import Action, Status
+
+
+def test_fresh_store_is_wal_at_the_latest_version(tmp_path: Path) -> None:
+    s = Store(tmp_path / "a.db")
+    assert s.version == SCHEMA_VERSION == len(MIGRATIONS)
+    assert s.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert s.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    s.close()
+    assert Store(tmp_path / "a.db").version == SCHEMA_VERSION  # reopening migrates nothing
+
+
+def test_migrates_an_old_database_keeping_its_data(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    conn = connect(db)
+    assert migrate(conn, upto=1) == 1
+    conn.execute("INSERT INTO nodes (name, partition, first_seen) VALUES ('dgx01', 'batch', 5)")
+    conn.execute("INSERT INTO audit (time, node, who, what, why) VALUES (1, 'dgx01', 'me', 'x', 'y')")
+    conn.close()
+    s = Store(db)
+    assert s.version == SCHEMA_VERSION
+    indexes = {r[0] for r in s.conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {"audit_time", "actions_kind_created"} <= indexes  # what migration 2 adds
+    loaded = s.load(now=10, event_retention=100)
+    assert [(n.name, n.partition) for n in loaded.nodes] == [("dgx01", "batch")]
+    assert s.counts()["audit"] == 1
+
+
+def test_refuses_a_database_from_a_newer_podhealth(tmp_path: Path) -> None:
+    db = tmp_path / "new.db"
+    conn = sqlite3.connect(db)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(StoreError, match="newer than this podhealth"):
+        Store(db)
+
+
+def test_a_failed_migration_leaves_the_old_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import podhealth.aggregator.store as store_mod
+    db = tmp_path / "x.db"
+    conn = connect(db)
+    migrate(conn, upto=1)
+    monkeypatch.setattr(store_mod, "MIGRATIONS", MIGRATIONS[:1] + ("CREATE INDEX broken ON nope (x);",))
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
+    with pytest.raises(sqlite3.OperationalError):
+        store_mod.migrate(conn)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+
+
+def test_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
+    p = tmp_path / "junk.db"
+    p.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreError, match="junk.db"):
+        Store(p)
+
+
+def test_audit_log_is_append_only(tmp_path: Path) -> None:
+    s = Store(tmp_path / "a.db")
+    s.apply([Store.op_audit(1.0, "dgx01", "policy", "fence", "xid", ("scontrol", "update"), "ok")])
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        s.apply([("UPDATE audit SET why = 'nothing happened'", ())])
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        s.apply([("DELETE FROM audit", ())])
+    [row] = s.audit_tail()
+    assert row["why"] == "xid" and row["command"] == ["scontrol", "update"]
+
+
+def test_events_are_stored_once_per_id(tmp_path: Path) -> None:
+    s = Store(tmp_path / "a.db")
+    op = Store.op_event("e1", "dgx01", "event", 1.0, 2.0, "{}")
+    s.apply([op, op])
+    s.apply([op])
+    assert s.counts()["events"] == 1
+
+
+def test_a_failing_op_rolls_back_the_whole_transaction(tmp_path: Path) -> None:
+    s = Store(tmp_path / "a.db")
+    with pytest.raises(sqlite3.OperationalError):
+        s.apply([Store.op_event("e1", "dgx01", "event", 1.0, 2.0, "{}"), ("INSERT INTO nope VALUES (1)", ())])
+    assert s.counts()["events"] == 0
+
+
+def test_pending_actions_survive_a_reopen(tmp_path: Path) -> None:
+    s = Store(tmp_path / "a.db")
+    r = FenceReason("xid", "GPU0", "RESET_GPU", "abc")
+    aid = s.begin_action("dgx01", "fence", "policy", "xid 79", 100.0, r, "fence",
+                         extra=[Store.op_node_insert(NodeRow("dgx01", first_seen=1.0)),
+                                Store.op_node_fields("dgx01", fence="fencing")])
+    done = s.begin_action("dgx02", "fence", "policy", "x", 101.0, r)
+    s.apply([Store.op_action_finish(done, "done", 102.0, "fenced")])
+    s.close()
+    s = Store(tmp_path / "a.db")
+    loaded = s.load(now=130.0, event_retention=1000)
+    [p] = loaded.pending
+    assert (p.id, p.node, p.kind, p.reason) == (aid, "dgx01", "fence", r)
+    assert loaded.nodes[0].fence is FenceMode.FENCING
+    assert sorted(loaded.recent_fences) == [100.0, 101.0]  # the rate limit survives a restart
+    assert [a["what"] for a in s.audit_tail()] == ["fence requested", "fence requested"]
+
+
+def test_memory_round_trips_through_the_store(tmp_path: Path) -> None:
+    s = Store(tmp_path / "a.db")
+    m = Memory()
+    ops = m.apply_report("dgx01", (Verdict("xid", "GPU3", Status.FAIL, Action.RESET_GPU, since=50.0),
+                                   Verdict("nfs", "/home", Status.OK)), 60.0, '{"raw": 1}', now=61.0)[1]
+    ops += m.record_event("ev1", "dgx01", "event", 55.0, "{}", 61.0),
+    ops += m.set_node("dgx01", fence=FenceMode.FENCED, fence_reason="podhealth: xid", hold=True)
+    ops += m.set_breaker(BreakerState(tripped=True, tripped_at=61.0, reason="storm"))
+    s.apply(ops)
+    m2 = Memory.from_loaded(s.load(now=62.0, event_retention=100))
+    assert m2.conditions == m.conditions
+    assert m2.breaker == m.breaker and "ev1" in m2.seen_ids
+    r = m2.nodes["dgx01"]
+    assert (r.status, r.fence, r.hold, r.fence_reason) == (Status.FAIL, FenceMode.FENCED, True, "podhealth: xid")
+    assert s.node_report("dgx01") == '{"raw": 1}'
+    hist = s.history("dgx01")
+    assert {h["type"] for h in hist} == {"verdict", "event"}
+
+
+def test_event_ids_older_than_retention_are_forgotten(tmp_path: Path) -> None:
+    s = Store(tmp_path / "a.db")
+    m = Memory()
+    s.apply([m.record_event("old", "dgx01", "event", 1.0, "{}", now=10.0),
+             m.record_event("new", "dgx01", "event", 1.0, "{}", now=500.0)])
+    assert {e for e, _ in s.load(now=600.0, event_retention=200).event_ids} == {"new"}
+    s.apply(m.prune_ids(before=400.0))
+    assert m.seen_ids == {"new"} and s.counts()["events"] == 1
+
+
+def test_conditions_keep_their_start_while_they_persist() -> None:
+    m = Memory()
+    m.apply_report("dgx01", (Verdict("xid", "GPU0", Status.FAIL, Action.RESET_GPU, since=10.0),), 20.0, "", 21.0)
+    m.apply_report("dgx01", (Verdict("xid", "GPU0", Status.FAIL, Action.RESET_GPU, since=10.0),
+                             Verdict("nfs", "/home", Status.WARN),), 30.0, "", 31.0)
+    c = m.conditions[("dgx01", "xid", "GPU0")]
+    assert (c.since, c.observed) == (10.0, 31.0)
+    # an older report is stale and changes nothing
+    assert m.apply_report("dgx01", (), 25.0, "", 32.0) == ("stale", [])
+    assert ("dgx01", "xid", "GPU0") in m.conditions
+    # the same verdicts again only refresh the observation time
+    status, ops = m.apply_report("dgx01", (Verdict("xid", "GPU0", Status.FAIL, Action.RESET_GPU, since=10.0),
+                                           Verdict("nfs", "/home", Status.WARN)), 40.0, "", 41.0)
+    assert status == "unchanged" and ops == [] and m.conditions[("dgx01", "xid", "GPU0")].observed == 41.0
+    # gone from the report: closed, and the node is OK from then on
+    m.apply_report("dgx01", (Verdict("xid", "GPU0", Status.OK),), 50.0, "", 51.0)
+    assert not m.conditions and m.nodes["dgx01"].status is Status.OK and m.nodes["dgx01"].ok_since == 51.0
+
+
+def test_unreachable_is_unknown_first_then_a_separate_condition() -> None:
+    m = Memory()
+    m.apply_report("dgx01", (), 1.0, "", 1.0)
+    m.mark_unreachable("dgx01", 100.0, 60.0, "connection refused")
+    assert set(c.check for c in m.conditions.values()) == {"agent_reachable"}
+    assert m.nodes["dgx01"].status is Status.UNKNOWN and m.nodes["dgx01"].ok_since is None
+    m.mark_unreachable("dgx01", 161.0, 60.0, "connection refused")
+    un = m.conditions[("dgx01", "node_unreachable", "node")]
+    assert un.status is Status.FAIL and un.severity == "warning" and un.action is Action.NONE
+    m.apply_report("dgx01", (), 170.0, "", 170.0)
+    assert not m.conditions and m.nodes["dgx01"].status is Status.OK
+
+
+def test_condition_type_is_the_one_policy_reads() -> None:
+    m = Memory()
+    m.apply_verdict("dgx02", Verdict("GpuXid", "node", Status.FAIL, Action.DRAIN, since=5.0), 5.0, 6.0,
+                    source="alertmanager", ref="fp1", severity="warning")
+    [c] = m.open_conditions()
+    assert isinstance(c, Condition) and c.source == "alertmanager" and c.severity == "warning" and c.ref == "fp1"
