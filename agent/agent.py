@@ -144,7 +144,7 @@ class Agent:
         await self._build_collectors()
         self.exposition.ctx = RenderContext(
             self.node, self.version, self.cfg.node.profile, dict(self.specs), tuple(self._sources))
-        self.store.on_snapshot.insert(0, self.exposition.update)
+        self.store.on_snapshot.insert(0, self._changed)
         self.store.on_snapshot.append(self._update_status)
         self.invalidate()
         self.scheduler.start()
@@ -215,6 +215,15 @@ class Agent:
             return collector, ""
         _log.warning("collector disabled", collector=name, reason=reason)
         return None, reason
+
+    def _changed(self, snap: Snapshot) -> None:
+        self.exposition.update(snap)
+        # The callback runs before the finishing collection's slot is cleared: defer the idle check.
+        asyncio.get_running_loop().call_soon(self._prerender_if_idle)
+
+    def _prerender_if_idle(self) -> None:
+        if self.scheduler.idle():
+            self.exposition.prerender()
 
     # ---- systemd STATUS= ----------------------------------------------------------------------
 

@@ -75,9 +75,11 @@ def _encode(fams: list[Rendered], encoder: Encoder, variants: Iterable[Variant])
 class ExpositionCache:
     """Bytes per (snapshot version, variant), built at most once per snapshot change.
 
-    Rendering happens when a scrape asks for a version not yet rendered, in a thread, and
-    concurrent scrapes share that one render. Building eagerly on every collector update would
-    render several times per cycle (collectors finish at different moments) for a single scrape.
+    Rendering happens in a thread, for the variants scrapers have asked for: in the background
+    once a burst of collector updates is over (`prerender`, called by the agent when no
+    collection is in flight), or when a scrape asks for a version not rendered yet; concurrent
+    scrapes share one render. Rendering on every single update would render several times per
+    cycle, since collectors finish at different moments.
     """
 
     def __init__(self, ctx: RenderContext, snapshot: Snapshot) -> None:
@@ -88,6 +90,8 @@ class ExpositionCache:
         self._cache: dict[Variant, tuple[int, bytes]] = {}
         self._fams: tuple[int, list[Rendered]] | None = None
         self._lock = asyncio.Lock()
+        self._wanted: set[Variant] = set()
+        self._pre: asyncio.Task[None] | None = None
         self.renders = 0
 
     def update(self, snapshot: Snapshot) -> None:
@@ -95,7 +99,21 @@ class ExpositionCache:
         self._snapshot = snapshot
         self._version += 1
 
+    def prerender(self) -> None:
+        """Render the variants scrapers have asked for now, in the background (call when a burst of
+        updates is over, e.g. no collection in flight), so the next scrape finds its bytes ready."""
+        if self._pre is None or self._pre.done():
+            self._pre = asyncio.get_running_loop().create_task(self._prerender(), name="prerender-metrics")
+
+    async def _prerender(self) -> None:
+        for variant in list(self._wanted):
+            try:
+                await self.get(variant)
+            except Exception:  # noqa: BLE001 - already logged; a scrape will retry
+                return
+
     async def get(self, variant: Variant) -> bytes:
+        self._wanted.add(variant)
         hit = self._cache.get(variant)
         if hit is not None and hit[0] == self._version:
             return hit[1]
@@ -104,9 +122,9 @@ class ExpositionCache:
             version, snapshot = self._version, self._snapshot
             if hit is not None and hit[0] == version:
                 return hit[1]
-            fams = self._fams[1] if self._fams is not None and self._fams[0] == version else None
+            known = self._fams[1] if self._fams is not None and self._fams[0] == version else None
             try:
-                fams, out = await asyncio.to_thread(self._render, snapshot, fams, variant)
+                fams, out = await asyncio.to_thread(self._render, snapshot, known, variant)
             except Exception:  # noqa: BLE001 - serve the last good bytes rather than fail the scrape
                 _log.exception("rendering /metrics failed")
                 if hit is None:
@@ -126,4 +144,6 @@ class ExpositionCache:
         return await self.get(variant)
 
     async def close(self) -> None:
-        pass
+        if self._pre is not None:
+            self._pre.cancel()
+            await asyncio.gather(self._pre, return_exceptions=True)

@@ -73,6 +73,10 @@ class Scheduler:
     def in_flight(self, name: str) -> bool:
         return self._slots[name].inflight is not None
 
+    def idle(self) -> bool:
+        """No collection running that has not timed out (a hung one does not hold up rendering)."""
+        return all(s.inflight is None or s.timed_out for s in self._slots.values())
+
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         for slot in self._slots.values():

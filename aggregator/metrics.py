@@ -7,7 +7,7 @@ drift from what the API shows.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -37,6 +37,15 @@ class Metrics:
         self.breaker_trips = Counter(P + "breaker_trips", "Times the circuit breaker tripped.", registry=r)
         self.pulls = Counter(P + "pulls", "Agent /health pulls by result (ok, unreachable, bad).", ["result"], registry=r)
         self.decisions = Counter(P + "decisions", "Policy runs.", registry=r)
+        self._ingest: dict[str, tuple[Any, Any]] = {}
+
+    def ingest_children(self, endpoint: str) -> tuple[Any, Any]:
+        """(latency histogram, ok counter) of an endpoint, looked up once: this is the hot path."""
+        c = self._ingest.get(endpoint)
+        if c is None:
+            c = self._ingest[endpoint] = (self.ingest_latency.labels(endpoint),
+                                          self.ingest_requests.labels(endpoint, "ok"))
+        return c
 
     def add_fleet(self, mem: Callable[[], Memory | None], cap: int, pending: Callable[[], int],
                   held: Callable[[], dict[str, int]]) -> None:

@@ -22,6 +22,7 @@ from podhealth.aggregator.model import (
 )
 
 RATE_WINDOW = 60.0
+_OURS = frozenset(m for m in FenceMode if m.ours)
 
 
 @dataclass(frozen=True)
@@ -107,13 +108,17 @@ def decide(observations: Iterable[Condition], fleet: FleetState, now: float, pol
 
     breaker = _breaker(bad_at, fleet, now, policy, breaker, notes)
     nodes = fleet.nodes
-    ours = sum(1 for v in nodes.values() if v.fence.ours)
+    ours = 0
     part_size: dict[str, int] = {}
     part_fenced: dict[str, int] = {}
-    for v in nodes.values():
-        part_size[v.partition] = part_size.get(v.partition, 0) + 1
-        if v.fence is not FenceMode.NONE:
-            part_fenced[v.partition] = part_fenced.get(v.partition, 0) + 1
+    if ready:  # the fleet-wide counts cost a pass over every node: only when there is something to fence
+        none = FenceMode.NONE
+        for v in nodes.values():
+            part_size[v.partition] = part_size.get(v.partition, 0) + 1
+            if v.fence is not none:
+                part_fenced[v.partition] = part_fenced.get(v.partition, 0) + 1
+                if v.fence in _OURS:
+                    ours += 1
     recent = sum(1 for t in fleet.recent_fences if now - RATE_WINDOW < t <= now)
 
     for cand in sorted(ready.values(), key=lambda k: (k.since, k.node)):
@@ -178,7 +183,8 @@ def _breaker(bad_at: dict[str, float], fleet: FleetState, now: float, policy: Po
 
 def _returns(views: Iterable[NodeView], now: float, policy: Policy, notes: list[Note]) -> list[Planned]:
     out: list[Planned] = []
-    healthy = [v for v in views if v.fence is FenceMode.FENCED and v.ok_since is not None
+    fenced = FenceMode.FENCED
+    healthy = [v for v in views if v.fence is fenced and v.ok_since is not None
                and now - v.ok_since >= policy.healthy_for]
     for v in sorted(healthy, key=lambda v: v.name):
         assert v.ok_since is not None

@@ -34,6 +34,8 @@ async def serve(cfg: AggregatorConfig) -> int:
         return 2
     log.info("aggregator listening", addresses=[f"{a[0]}:{a[1]}" for a in runner.addresses], dry_run=cfg.dry_run,
              fencers=[f.name for f in agg.fencers])
+    if not cfg.auth.cluster_token and not cfg.auth.node_tokens:
+        log.warning("ingest is unauthenticated: set aggregator.auth.cluster_token or node_tokens")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

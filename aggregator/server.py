@@ -94,6 +94,7 @@ def _ingest_endpoint(name: str, fn: Callable[[Aggregator, web.Request, str | Non
     async def handler(request: web.Request) -> web.StreamResponse:
         agg = request.app[AGG]
         auth: Auth = request.app[AUTH]
+        m = agg.metrics.ingest_children(name)
         t0 = time.perf_counter()
         try:
             bound = auth.ingest(request, allow_admin)
@@ -102,9 +103,9 @@ def _ingest_endpoint(name: str, fn: Callable[[Aggregator, web.Request, str | Non
             agg.metrics.ingest_requests.labels(name, r.result).inc()
             return _error(r.status, r.message)
         finally:
-            agg.metrics.ingest_latency.labels(name).observe(time.perf_counter() - t0)
-        agg.metrics.ingest_requests.labels(name, "ok").inc()
-        return web.json_response(out)
+            m[0].observe(time.perf_counter() - t0)
+        m[1].inc()
+        return web.Response(text=json.dumps(out), content_type="application/json")
     return handler
 
 

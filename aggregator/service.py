@@ -70,6 +70,13 @@ class TransientError(Exception):
     """A fencer could not answer (timeout, slurmctld down): try again later."""
 
 
+class PermanentError(Exception):
+    """A fencer refused the request itself (e.g. a node name it cannot accept): retrying won't help."""
+
+
+FAILED_FENCE_COOLDOWN = 600.0  # a fence that failed for good is not planned again for this long
+
+
 def build_fencers(cfg: AggregatorConfig) -> list[Fencer]:
     """The fencers the config turns on; dry run replaces them all with the dry-run fencer."""
     if cfg.dry_run:
@@ -111,6 +118,7 @@ class Aggregator:
         self._session: aiohttp.ClientSession | None = None
         self._running = False
         self._sem = asyncio.Semaphore(32)
+        self._fence_failed: dict[str, float] = {}
         self.reconcile_report: list[str] = []
         self.housekeeping_interval = HOUSEKEEPING_INTERVAL
         self.reconcile_interval = RECONCILE_INTERVAL
@@ -177,10 +185,16 @@ class Aggregator:
     # ---- the decide loop -----------------------------------------------------------------------
 
     async def _decide_loop(self) -> None:
+        seen, last = -1, 0.0
         while self._running:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.cfg.decide_interval)
             self.wake.clear()
+            assert self.mem is not None
+            # Run when something changed, and on the interval (minimum durations, healthy_for).
+            if self.mem.version == seen and self.clock() - last < self.cfg.decide_interval:
+                continue
+            seen, last = self.mem.version, self.clock()
             try:
                 self.run_decide()
             except Exception:  # noqa: BLE001 - the loop must outlive one bad run; it is logged
@@ -222,6 +236,8 @@ class Aggregator:
             return
         if a.kind == "fence":
             assert a.reason is not None
+            if now - self._fence_failed.get(a.node, -FAILED_FENCE_COOLDOWN) < FAILED_FENCE_COOLDOWN:
+                return  # it failed for good a moment ago: do not fill the audit log with retries
             mem.recent_fences.append(now)
             self._spawn(self._begin(a.node, "fence", "policy", a.why, now, a.reason, a.rule,
                                     mem.set_node(a.node, fence=FenceMode.FENCING, fence_reason=render_reason(a.reason),
@@ -273,6 +289,8 @@ class Aggregator:
                                                                  self.cfg.fencers.kubernetes.timeout) * 2)
             except asyncio.CancelledError:
                 raise
+            except ValueError as e:  # the fencer's own validation (a node name it refuses)
+                raise PermanentError(f"{what}: {e}") from None
             except Exception as e:  # noqa: BLE001 - any fencer failure is retried, then left pending
                 err = e
             if attempt + 1 < r.attempts:
@@ -291,6 +309,15 @@ class Aggregator:
                     await self._do_handover(p)
             except TransientError as e:
                 await self._postpone(p, str(e))
+            except PermanentError as e:
+                assert self.mem is not None
+                ops: list[Op] = []
+                if p.kind == "fence":
+                    self._fence_failed[p.node] = self.clock()
+                    ops = self.mem.set_node(p.node, fence=FenceMode.NONE, fence_reason="")
+                elif p.kind == "release":
+                    ops = self.mem.set_node(p.node, fence=FenceMode.FENCED)
+                await self._finish(p, "failed", str(e), ops)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - a bug must not lose the pending record
@@ -336,6 +363,7 @@ class Aggregator:
         states = await self._read_all(p.node)
         present = [(f, st) for f, st in states if st.exists]
         if not present:
+            self._fence_failed[p.node] = self.clock()
             await self._finish(p, "failed", "node is unknown to every fencer",
                                mem.set_node(p.node, fence=FenceMode.NONE, fence_reason=""))
             return
@@ -412,7 +440,10 @@ class Aggregator:
                 if resp.status == 200:
                     with contextlib.suppress(ValueError):
                         data = json.loads(body)
-                        passed = isinstance(data, dict) and data.get("status") == "OK"
+                        # The agent's suite passes on OK, and on WARN with exit code 0 ("PASS (with
+                        # warnings)", checks/report.py); FAIL and UNKNOWN (undecided) never release.
+                        passed = isinstance(data, dict) and (
+                            data.get("status") == "OK" or (data.get("status") == "WARN" and data.get("exit_code") == 0))
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             detail = f"unreachable: {type(e).__name__}: {e}"
         now = self.clock()

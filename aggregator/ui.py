@@ -241,8 +241,8 @@ async def events(request: web.Request) -> web.StreamResponse:
             if time.monotonic() - last_write >= KEEPALIVE:
                 await resp.write(b": keepalive\n\n")
                 last_write = time.monotonic()
-    except (ConnectionResetError, asyncio.CancelledError):
-        pass  # the browser went away, or the server is stopping
+    except ConnectionResetError:
+        pass  # the browser went away
     finally:
         feed.streams -= 1
     return resp

@@ -165,7 +165,9 @@ export function openFeed({ node, onSnapshot, onDelta, onConn }) {
   };
   if (typeof EventSource === "undefined") { startPolling(); return; }
   const es = new EventSource(`/ui/events${q}`);
+  let opened = false;
   let failures = 0;
+  es.addEventListener("open", () => { opened = true; });
   es.addEventListener("snapshot", (ev) => {
     failures = 0;
     onSnapshot(JSON.parse(ev.data));
@@ -177,9 +179,10 @@ export function openFeed({ node, onSnapshot, onDelta, onConn }) {
   });
   es.addEventListener("error", () => {
     failures += 1;
-    // CLOSED: the server refused the stream (e.g. 503 too many streams); repeated errors: a proxy
-    // that buffers or drops event streams. Either way, polling still works.
-    if (es.readyState === EventSource.CLOSED || failures >= 3) {
+    // Never opened, or CLOSED (the server refused it, e.g. 503 too many streams), or failing again
+    // and again (a proxy that buffers or drops event streams): polling still works. A stream that
+    // was live and broke once is left to EventSource's own reconnect (the aggregator restarting).
+    if (!opened || es.readyState === EventSource.CLOSED || failures >= 3) {
       es.close();
       startPolling();
     } else {

@@ -8,13 +8,14 @@ import {
 const $ = (id) => document.getElementById(id);
 const NAME = decodeURIComponent(location.pathname.split("/").pop());
 const API = `/api/v1/nodes/${encodeURIComponent(NAME)}`;
-const GROUPS = ["GPUs", "NVLink / NVSwitch", "HCAs", "Mounts", "Node"];
+const GROUPS = ["GPUs", "NVLink", "NVSwitches", "HCAs", "Mounts", "Node"];
 let node = null;
 let busy = false;
 
 function groupOf(r) {
   const e = r.entity || "node";
-  if (r.check.startsWith("nvlink") || e.startsWith("nvswitch") || r.check === "sxid") return "NVLink / NVSwitch";
+  if (e.startsWith("nvswitch") || r.check === "sxid") return "NVSwitches";
+  if (r.check.startsWith("nvlink")) return "NVLink";
   if (/^gpu\d+$/.test(e) || e.startsWith("pci:")) return "GPUs";
   if (e.startsWith("mlx") || /^[A-Za-z0-9_]+\/\d+$/.test(e)) return "HCAs";
   if (e.startsWith("/")) return "Mounts";
@@ -60,7 +61,7 @@ function renderHead(n) {
   add("names", `slurm ${n.slurm_name} · kubernetes ${n.k8s_name}`);
   const fence = { none: "not fenced", fencing: "fencing (in flight)", fenced: "fenced by podhealth",
     releasing: "releasing (in flight)", external: "drained by someone else (podhealth will not touch it)" }[n.fence] || n.fence;
-  add("fence", n.fence_reason ? `${fence}: ${n.fence_reason}` : fence);
+  add("fence", n.fence_reason ? `${fence} — reason "${n.fence_reason}"` : fence);
   if (n.fenced_at) add("fenced at", fmtTime(n.fenced_at));
   if (n.hold) add("hold", "operator fence: no automatic return to service");
   if (n.opted_out) add("opted out", "podhealth.io/managed=false: never fenced");
@@ -131,6 +132,30 @@ function renderConditions(conds) {
   box.append(table(["status", "check", "entity", "action", "source", "since", "summary"], rows, "None: every check is OK."));
 }
 
+function matrix(g, results) {
+  const entities = [...new Set(results.map((r) => r.entity))].sort(natural);
+  const checks = [...new Set(results.map((r) => r.check))].sort();
+  const at = new Map(results.map((r) => [`${r.entity}\u0000${r.check}`, r]));
+  const head = el("tr", {}, el("th", {}, "entity"), ...checks.map((c) => el("th", { className: "check", title: c }, c)));
+  const body = el("tbody");
+  for (const e of entities) {
+    const tr = el("tr", {}, el("th", { className: "mono", scope: "row" }, e));
+    for (const c of checks) {
+      const r = at.get(`${e}\u0000${c}`);
+      if (!r) { tr.append(el("td", { className: "cell" }, el("span", { className: "cellchip none" }, "·"))); continue; }
+      const ev = Object.entries(r.evidence || {}).map(([k, v]) => `${k}=${v}`).join("\n");
+      const chip = pill(r.status);
+      chip.title = `${c} ${e}: ${r.status}${r.action !== "NONE" ? ` → ${r.action}` : ""}\n${r.summary || ""}${ev ? `\n${ev}` : ""}`;
+      tr.append(el("td", { className: "cell", dataset: { check: c, entity: e, status: r.status } }, chip));
+    }
+    body.append(tr);
+  }
+  const bad = results.filter((r) => r.status !== "OK").length;
+  return el("section", { className: "results", dataset: { group: g } },
+    el("h3", {}, `${g} · ${entities.length} · ${bad ? `${bad} not OK` : "all OK"}`),
+    el("table", { className: "matrix" }, el("thead", {}, head), body));
+}
+
 function renderResults(report) {
   const box = $("results");
   clear(box);
@@ -142,39 +167,19 @@ function renderResults(report) {
   $("report-meta").textContent = `(${report.results.length} results, agent time ${fmtTime(report.time)})`;
   const groups = new Map(GROUPS.map((g) => [g, []]));
   for (const r of report.results) groups.get(groupOf(r)).push(r);
-  for (const [g, results] of groups) {
-    if (!results.length) continue;
-    const entities = [...new Set(results.map((r) => r.entity))].sort(natural);
-    const checks = [...new Set(results.map((r) => r.check))].sort();
-    const at = new Map(results.map((r) => [`${r.entity}\u0000${r.check}`, r]));
-    const head = el("tr", {}, el("th", {}, "entity"), ...checks.map((c) => el("th", { className: "check", title: c }, c)));
-    const body = el("tbody");
-    for (const e of entities) {
-      const tr = el("tr", {}, el("th", { className: "mono", scope: "row" }, e));
-      for (const c of checks) {
-        const r = at.get(`${e}\u0000${c}`);
-        if (!r) { tr.append(el("td", { className: "cell" }, el("span", { className: "cellchip none" }, "·"))); continue; }
-        const ev = Object.entries(r.evidence || {}).map(([k, v]) => `${k}=${v}`).join("\n");
-        const chip = pill(r.status);
-        chip.title = `${c} ${e}: ${r.status}${r.action !== "NONE" ? ` → ${r.action}` : ""}\n${r.summary || ""}${ev ? `\n${ev}` : ""}`;
-        tr.append(el("td", { className: "cell", dataset: { check: c, entity: e, status: r.status } }, chip));
-      }
-      body.append(tr);
-    }
-    const bad = results.filter((r) => r.status !== "OK").sort((a, b) => natural(a.entity, b.entity));
-    const section = el("section", { className: "results", dataset: { group: g } },
-      el("h3", {}, `${g} · ${entities.length} · ${bad.length ? `${bad.length} not OK` : "all OK"}`),
-      el("table", { className: "matrix" }, el("thead", {}, head), body));
-    if (bad.length) {
-      const rows = bad.map((r) => el("tr", { className: r.status === "FAIL" ? "bad finding" : "finding",
-        dataset: { check: r.check, entity: r.entity } },
-      el("td", {}, pill(r.status)), el("td", { className: "mono" }, r.entity), el("td", { className: "mono" }, r.check),
-      el("td", {}, r.action), el("td", { className: "when" }, fmtTime(r.since)),
-      el("td", {}, r.summary || "", evidenceList(r.evidence))));
-      section.append(table(["status", "entity", "check", "action", "since", "summary / evidence"], rows, ""));
-    }
-    box.append(section);
-  }
+  const rank = { FAIL: 0, UNKNOWN: 1, WARN: 2 };
+  const bad = report.results.filter((r) => r.status !== "OK")
+    .sort((a, b) => (rank[a.status] - rank[b.status]) || natural(a.entity, b.entity) || natural(a.check, b.check));
+  const rows = bad.map((r) => el("tr", { className: r.status === "FAIL" ? "bad finding" : "finding",
+    dataset: { check: r.check, entity: r.entity } },
+  el("td", {}, pill(r.status)), el("td", {}, groupOf(r)), el("td", { className: "mono" }, r.entity),
+  el("td", { className: "mono" }, r.check), el("td", {}, r.action), el("td", { className: "when" }, fmtTime(r.since)),
+  el("td", {}, r.summary || "", evidenceList(r.evidence))));
+  box.append(el("h3", {}, "Findings"),
+    table(["status", "kind", "entity", "check", "action", "since", "summary / evidence"], rows, "Every check passes."));
+  const grid = el("div", { className: "matrices" });
+  for (const [g, results] of groups) if (results.length) grid.append(matrix(g, results));
+  box.append(grid);
 }
 
 function eventRow(item) {

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import contextlib
 import signal
@@ -95,14 +95,15 @@ def kill_env_holders(entry: bytes, timeout: float = 5.0) -> list[int]:
     return pids
 
 
-def slurm_fixture(scope: str = "module", **kwargs: Any) -> Any:
+def slurm_fixture(scope: Literal["session", "package", "module", "class", "function"] = "module",
+                  **kwargs: Any) -> Any:
     """A pytest fixture yielding a started SlurmCluster; skips clearly when Slurm is not installed.
 
     In a test module: `slurm = slurm_fixture(nodes=4)` then take `slurm` as an argument.
     """
     import pytest  # only here: the harness itself must import without pytest
 
-    @pytest.fixture(scope=scope)  # type: ignore[misc]
+    @pytest.fixture(scope=scope)
     def _fixture() -> Iterator[SlurmCluster]:
         missing = missing_binaries()
         if missing:

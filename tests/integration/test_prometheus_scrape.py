@@ -27,8 +27,8 @@ collectors:
   host: {interval: 1, timeout: 2}
   nfs:
     interval: 1
-    timeout: 2
-    mounts: [{path: /home}, {path: /cm/shared}]
+    timeout: 3
+    mounts: [{path: /home, timeout: 1}, {path: /cm/shared, timeout: 1}]
 """
 
 

@@ -258,3 +258,30 @@ async def test_routes_hook_and_app_key() -> None:
             agent.add_routes([web.get("/late", health)])
     finally:
         await agent.stop()
+
+
+def test_cached_encoder_is_byte_identical_to_prometheus_client() -> None:
+    from prometheus_client import exposition as text_exposition
+    from prometheus_client.openmetrics import exposition as om_exposition
+
+    from podhealth.agent.encode import Encoder
+    from podhealth.agent.exposition import SnapshotCollector
+
+    tricky = (
+        Sample.of("gpu_temperature_celsius", 41, gpu=0, model='quote " back \\ slash\nnewline', extra="ünïcode"),
+        Sample.of("gpu_temperature_celsius", float("nan"), gpu=1),
+        Sample.of("gpu_temperature_celsius", float("inf"), gpu=2),
+        Sample.of("gpu_temperature_celsius", -1e-7, gpu=3),
+        Sample.of("gpu_energy_joules", 123456789012.5, gpu=0),
+        Sample.of("gpu_energy_joules", 0, gpu=1),
+        Sample.of("gpu_info", 1, gpu=0, driver_version="550"),
+        Sample.of("gpu_memory_used_bytes", 2**40, gpu=0),
+    )
+    snap = snapshot(*tricky)
+    c = ctx(specs={"nvml": {**SPECS, "gpu_temperature_celsius": MetricSpec(
+        "gpu_temperature_celsius", "gauge", 'Help with "quotes", \\ and\nnewline.', "celsius")}})
+    enc = Encoder("dgx01")
+    for _ in range(2):  # the second round is served from the label cache
+        ours = render(snap, c, [(Format.TEXT, False), (Format.OPENMETRICS, False)], enc)
+        assert ours[(Format.TEXT, False)] == text_exposition.generate_latest(SnapshotCollector(snap, c))  # type: ignore[arg-type]
+        assert ours[(Format.OPENMETRICS, False)] == om_exposition.generate_latest(SnapshotCollector(snap, c))

@@ -105,8 +105,8 @@ def series(body: str, name: str, **labels: str) -> list[float]:
 
 async def test_each_collector_keeps_its_own_interval() -> None:
     fast, slow = Fake(), Fake()
-    agent = Agent(cfg_with(nvml=(0.1, 0.5), nfs=(0.3, 0.5)), node="n1",
-                  factories={"nvml": lambda c: fast, "nfs": lambda c: slow})
+    agent = Agent(cfg_with(nvml=(0.1, 0.5), infiniband=(0.3, 0.5)), node="n1",
+                  factories={"nvml": lambda c: fast, "infiniband": lambda c: slow})
     await agent.start()
     try:
         await until(lambda: len(slow.calls) >= 5, what="5 runs of the slow collector")
@@ -121,8 +121,8 @@ async def test_each_collector_keeps_its_own_interval() -> None:
 
 async def test_hung_collector_goes_stale_and_metrics_keep_answering_fast() -> None:
     hung, other = Fake(value=42.0, ident="h"), Fake(value=7.0, ident="o")
-    agent = Agent(cfg_with(nvml=(0.1, 0.3), nfs=(0.1, 0.3)), node="n1",
-                  factories={"nvml": lambda c: hung, "nfs": lambda c: other})
+    agent = Agent(cfg_with(nvml=(0.1, 0.3), infiniband=(0.1, 0.3)), node="n1",
+                  factories={"nvml": lambda c: hung, "infiniband": lambda c: other})
     seen: list[float] = []
     agent.on_snapshot.append(
         lambda snap: seen.extend(s.value for s in snap.collectors.get("nvml", CollectorState(name="none")).samples))
@@ -139,7 +139,7 @@ async def test_hung_collector_goes_stale_and_metrics_keep_answering_fast() -> No
                                   "collector_stale 1, success 0")
         # The hung collector's samples are gone; the other collector's stay and keep updating.
         assert series(body, "podhealth_fake_value") == [7.0]
-        assert series(body, "podhealth_collector_stale", collector="nfs") == [0.0]
+        assert series(body, "podhealth_collector_stale", collector="infiniband") == [0.0]
         assert series(body, "podhealth_collector_success", collector="nvml") == [0.0]
         runs_other = len(other.calls)
         latencies = [(await asyncio.to_thread(scrape, agent.url))[0] for _ in range(20)]
@@ -163,12 +163,12 @@ async def test_hung_collector_goes_stale_and_metrics_keep_answering_fast() -> No
 async def test_failing_collector_does_not_affect_others() -> None:
     bad, good = Fake(ident="b"), Fake(value=3.0, ident="g")
     bad.fail = "source exploded"
-    agent = Agent(cfg_with(nvml=(0.1, 0.5), nfs=(0.1, 0.5)), node="n1",
-                  factories={"nvml": lambda c: bad, "nfs": lambda c: good})
+    agent = Agent(cfg_with(nvml=(0.1, 0.5), infiniband=(0.1, 0.5)), node="n1",
+                  factories={"nvml": lambda c: bad, "infiniband": lambda c: good})
     await agent.start()
     try:
         body = await scrape_until(agent, lambda b: series(b, "podhealth_collector_success", collector="nvml") == [0.0]
-                                  and series(b, "podhealth_collector_success", collector="nfs") == [1.0], "success 0/1")
+                                  and series(b, "podhealth_collector_success", collector="infiniband") == [1.0], "success 0/1")
         assert series(body, "podhealth_fake_value") == [3.0]
         st = agent.snapshot.collectors["nvml"]
         assert st.errors == ("RuntimeError: source exploded",) and not st.samples and not succeeded(st)

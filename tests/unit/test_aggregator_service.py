@@ -137,6 +137,7 @@ async def test_human_drained_node_is_never_fenced_over_nor_resumed(tmp_path: Pat
 
 @pytest.mark.parametrize("answer, released", [
     ((200, {"status": "OK", "suite": "handover"}), True),
+    ((200, {"status": "WARN", "exit_code": 0, "summary": "PASS (with warnings)"}), True),
     ((200, {"status": "FAIL"}), False),
     ((200, {"status": "UNKNOWN"}), False),
     ((404, {"error": "no such endpoint"}), False),
@@ -237,3 +238,15 @@ async def test_dry_run_touches_no_real_fencer(tmp_path: Path) -> None:
         cmds = [i["command"] for i in hist["items"] if i["type"] == "audit" and i["command"]]
         assert cmds and all(c[0] == "dryrun" for c in cmds)
         assert (await (await s.get(f"{url}/api/v1/fleet")).json())["dry_run"] is True
+
+
+async def test_a_node_no_fencer_knows_fails_once_and_is_not_retried_in_a_loop(tmp_path: Path) -> None:
+    fencer = MemFencer(missing={"dgx01"})
+    async with running(config(tmp_path), [fencer]) as (agg, url), aiohttp.ClientSession() as s:
+        await s.post(f"{url}/v1/reports", json=fail_report("dgx01", 10))
+        await until(lambda: any(a["what"] == "fence failed" for a in agg.store.audit_tail()))
+        runs = agg.metrics.decisions._value.get()
+        await s.post(f"{url}/v1/reports", json=fail_report("dgx02", 10, "WARN"))  # wake the policy up
+        await until(lambda: agg.metrics.decisions._value.get() > runs + 3)
+        assert agg.mem.nodes["dgx01"].fence is FenceMode.NONE and not agg.pending
+        assert sum(1 for a in agg.store.audit_tail() if a["what"] == "fence requested") == 1

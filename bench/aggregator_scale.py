@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""One aggregator, 10,000 simulated nodes reporting every 10 s, plus bursts of events (prints figures).
+
+    python bench/aggregator_scale.py [--quick] [--nodes 10000] [--interval 10] [--duration 60]
+                                     [--burst-duration 30] [--concurrency 128]
+
+The nodes are lightweight report generators, not agents: each sends the NodeReport JSON a
+healthy DGX H100 agent sends (~60 verdicts, ~8 KB) to POST /v1/reports every `interval`
+seconds, evenly spread, from this process (asyncio + aiohttp, bounded concurrency), against one
+`podhealth aggregator` subprocess (SQLite in a temp directory, dry-run fencer, cluster token).
+
+Phases: (1) first contact: every node reports once, as fast as the aggregator takes it (each
+one creates its node row); (2) steady: reports at N/interval per second for `duration` s;
+(3) bursts: the same reports, and every 2 s, 1% of the nodes also post a batch of 20 events.
+Printed per phase: achieved rate, aggregator CPU per request (utime+stime deltas from
+/proc/<pid>/stat), client-side latency p50/p99; at the end the SQLite size (db + WAL) and the
+aggregator's RSS. Targets (issue 8): <= 200 us CPU per report, p99 <= 50 ms at 1,000 reports/s,
+RSS <= 300 MiB. This machine's other load shows up in the latency figures: run it on a quiet box.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import aiohttp  # noqa: E402
+
+from benchlib import Aggregator, ReportFactory, event_batch, node_names, percentile, verdict, workdir  # noqa: E402
+
+TOKEN = "bench-cluster-token"
+
+
+@dataclass
+class Phase:
+    name: str
+    latencies: list[float] = field(default_factory=list)
+    event_latencies: list[float] = field(default_factory=list)
+    reports: int = 0
+    event_posts: int = 0
+    events: int = 0
+    errors: int = 0
+    late: int = 0  # sends that started more than one interval-slot late (the generator fell behind)
+    wall: float = 0.0
+    cpu: float = 0.0
+    client_cpu: float = 0.0  # this process (the load generator)
+
+
+class Load:
+    def __init__(self, url: str, nodes: list[str], concurrency: int) -> None:
+        self.url = url
+        self.nodes = nodes
+        self.factory = ReportFactory()
+        self.parts = {n: self.factory.healthy_parts(n) for n in nodes}
+        self.sem = asyncio.Semaphore(concurrency)
+        self.headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+        self.session: aiohttp.ClientSession | None = None
+        self.last_time: dict[str, float] = {}
+        self.event_seq = 0
+        self.idle_cpu_rate = 0.0  # aggregator CPU seconds per second with no requests
+
+    async def __aenter__(self) -> "Load":
+        conn = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+        self.session = aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=30))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.session is not None
+        await self.session.close()
+
+    def _time(self, node: str) -> float:
+        # Report times must increase per node (an equal one is "stale" and skipped).
+        t = max(time.time(), self.last_time.get(node, 0.0) + 1e-3)
+        self.last_time[node] = t
+        return t
+
+    async def report(self, node: str, phase: Phase) -> None:
+        assert self.session is not None
+        async with self.sem:
+            body = ReportFactory.body(self.parts[node], self._time(node))
+            t0 = time.perf_counter()
+            try:
+                async with self.session.post(f"{self.url}/v1/reports", data=body, headers=self.headers) as r:
+                    await r.read()
+                    ok = r.status == 200
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                ok = False
+            phase.latencies.append(time.perf_counter() - t0)
+            phase.reports += 1
+            if not ok:
+                phase.errors += 1
+
+    async def events(self, node: str, count: int, phase: Phase) -> None:
+        assert self.session is not None
+        async with self.sem:
+            self.event_seq += 1
+            body = event_batch(node, self.event_seq, count, time.time())
+            t0 = time.perf_counter()
+            try:
+                async with self.session.post(f"{self.url}/v1/events", data=body, headers=self.headers) as r:
+                    await r.read()
+                    ok = r.status == 200
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                ok = False
+            phase.event_latencies.append(time.perf_counter() - t0)
+            phase.event_posts += 1
+            phase.events += count
+            if not ok:
+                phase.errors += 1
+
+    async def first_contact(self, phase: Phase) -> None:
+        await asyncio.gather(*(self.report(n, phase) for n in self.nodes))
+
+    async def steady(self, phase: Phase, interval: float, duration: float, bursts: bool) -> None:
+        """Node i reports at offset i*interval/N in every interval; a tick loop starts what is due."""
+        n = len(self.nodes)
+        slot = interval / n
+        tasks: set[asyncio.Task[None]] = set()
+        start = time.monotonic()
+        sent = 0
+        next_burst = start + 1.0
+        rng = random.Random(8)
+        while True:
+            now = time.monotonic()
+            if now - start >= duration:
+                break
+            due = int((now - start) / slot) + 1
+            if due - sent > n // 10 + 1:
+                phase.late += due - sent - 1
+            while sent < due:
+                t = asyncio.create_task(self.report(self.nodes[sent % n], phase))
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
+                sent += 1
+            if bursts and now >= next_burst:
+                next_burst += 2.0
+                for node in rng.sample(self.nodes, max(1, n // 100)):
+                    t = asyncio.create_task(self.events(node, 20, phase))
+                    tasks.add(t)
+                    t.add_done_callback(tasks.discard)
+            await asyncio.sleep(0.005)
+        if tasks:
+            await asyncio.gather(*tasks)
+
+
+async def run_phase(load: Load, agg: Aggregator, name: str, coro_factory: object) -> Phase:
+    phase = Phase(name)
+    stats = agg.stats()
+    s0, t0, c0 = stats.sample(), time.monotonic(), time.process_time()
+    await coro_factory(phase)  # type: ignore[operator]
+    s1 = stats.sample()
+    phase.wall = time.monotonic() - t0
+    phase.cpu = s1.cpu_s - s0.cpu_s
+    phase.client_cpu = time.process_time() - c0
+    return phase
+
+
+def show(phase: Phase, target_rate: float | None, idle_rate: float = 0.0) -> None:
+    rate = phase.reports / phase.wall if phase.wall else 0.0
+    requests = phase.reports + phase.event_posts
+    cpu_us = phase.cpu / requests * 1e6 if requests else float("nan")
+    p50, p99 = percentile(phase.latencies, 50) * 1e3, percentile(phase.latencies, 99) * 1e3
+    print(f"\n[{phase.name}] {phase.reports} reports in {phase.wall:.1f} s = {rate:.0f} reports/s"
+          + (f" (asked {target_rate:.0f}/s)" if target_rate else "")
+          + (f", {phase.event_posts} event batches ({phase.events} events)" if phase.event_posts else "")
+          + (f", {phase.errors} errors" if phase.errors else "")
+          + (f", generator fell behind by {phase.late} sends" if phase.late else ""))
+    net_us = (phase.cpu - idle_rate * phase.wall) / requests * 1e6 if requests else float("nan")
+    print(f"  aggregator CPU   {phase.cpu:.2f} s = {cpu_us:.0f} us per request"
+          + (f" ({phase.cpu / phase.wall * 100:.0f}% of one core)" if phase.wall else "")
+          + (f"; {net_us:.0f} us net of the idle loops" if idle_rate else ""))
+    print(f"  report latency   p50 {p50:.1f} ms   p99 {p99:.1f} ms   max {max(phase.latencies, default=0) * 1e3:.1f} ms"
+          f"   (client side; the generator itself used {phase.client_cpu / phase.wall * 100:.0f}% of a core)")
+    if phase.event_latencies:
+        print(f"  events latency   p50 {percentile(phase.event_latencies, 50) * 1e3:.1f} ms   "
+              f"p99 {percentile(phase.event_latencies, 99) * 1e3:.1f} ms (batches of 20)")
+
+
+async def main_async(args: argparse.Namespace, agg: Aggregator) -> list[Phase]:
+    nodes = node_names(args.nodes)
+    rate = args.nodes / args.interval
+    phases: list[Phase] = []
+    async with Load(agg.url, nodes, args.concurrency) as load:
+        phases.append(await run_phase(load, agg, "first contact: every node reports once, flat out",
+                                      load.first_contact))
+        show(phases[-1], None)
+        idle = await run_phase(load, agg, "idle", lambda p: asyncio.sleep(5.0))
+        print(f"\n[idle, {args.nodes} nodes known] aggregator CPU {idle.cpu / idle.wall * 100:.1f}% of one core "
+              "(its decide/housekeeping loops; included in the per-request figures below)")
+        load.idle_cpu_rate = idle.cpu / idle.wall
+        phases.append(await run_phase(load, agg, f"steady: {args.nodes} nodes every {args.interval:g} s",
+                                      lambda p: load.steady(p, args.interval, args.duration, False)))
+        show(phases[-1], rate, load.idle_cpu_rate)
+        if args.burst_duration > 0:
+            phases.append(await run_phase(load, agg, "steady + event bursts (1% of nodes x 20 events every 2 s)",
+                                          lambda p: load.steady(p, args.interval, args.burst_duration, True)))
+            show(phases[-1], rate, load.idle_cpu_rate)
+    return phases
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1,000 nodes, 15 s phases (a smoke run)")
+    ap.add_argument("--nodes", type=int, default=10_000)
+    ap.add_argument("--interval", type=float, default=10.0, help="seconds between a node's reports")
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds of the steady phase")
+    ap.add_argument("--burst-duration", type=float, default=30.0, help="seconds of the burst phase (0 = skip)")
+    ap.add_argument("--concurrency", type=int, default=128, help="requests in flight at most")
+    args = ap.parse_args()
+    if args.quick:
+        args.nodes, args.duration, args.burst_duration = 1000, 15.0, 10.0
+    if args.nodes < 1 or args.interval <= 0 or args.duration <= 0:
+        ap.error("--nodes, --interval and --duration must be positive")
+    print(f"aggregator_scale: {args.nodes} nodes x 1 report / {args.interval:g} s = "
+          f"{args.nodes / args.interval:.0f} reports/s; concurrency {args.concurrency}")
+    with workdir("ph-aggscale-") as wd:
+        settings = {"auth": {"cluster_token": TOKEN}, "learn_nodes": True, "decide_interval": 1.0,
+                    "unreachable_after": 600.0, "fencers": {"dryrun": {"enabled": True}}}
+        with Aggregator(wd, settings) as agg:
+            t0 = time.monotonic()
+            phases = asyncio.run(main_async(args, agg))
+            end = agg.stats().sample()
+            db = agg.db_bytes()
+            wal = sum(p.stat().st_size for p in wd.glob("aggregator.db-wal"))
+            total = time.monotonic() - t0
+        steady = phases[1]
+        requests = steady.reports + steady.event_posts
+        cpu_us = steady.cpu / requests * 1e6 if requests else float("nan")
+        p99 = percentile(steady.latencies, 99) * 1e3
+        rate = steady.reports / steady.wall
+        print(f"\nSQLite {db / 2**20:.1f} MiB (of which WAL {wal / 2**20:.1f} MiB) for {args.nodes} nodes; aggregator RSS {end.rss_mib:.0f} MiB "
+              f"(peak {end.peak_rss_mib:.0f} MiB); run took {total:.0f} s")
+        print("\nSummary (steady phase):")
+        print(f"  CPU per report  {cpu_us:7.0f} us   target <= 200 us    ratio {cpu_us / 200:.2f}  {verdict(cpu_us <= 200)}")
+        print(f"  p99 latency     {p99:7.1f} ms   target <= 50 ms at {rate:.0f}/s   ratio {p99 / 50:.2f}  "
+              f"{verdict(p99 <= 50)}")
+        print(f"  RSS (peak)      {end.peak_rss_mib:7.0f} MiB  target <= 300 MiB   ratio {end.peak_rss_mib / 300:.2f}  "
+              f"{verdict(end.peak_rss_mib <= 300)}")
+        if any(p.errors for p in phases):
+            print(f"  errors: {sum(p.errors for p in phases)} requests failed (see the aggregator log)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

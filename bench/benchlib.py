@@ -1,0 +1,265 @@
+"""Shared pieces of the aggregator benchmarks (bench/aggregator_scale.py, storm.py, fault_to_fence.py).
+
+- `Aggregator`: a real `podhealth aggregator` subprocess on a loopback port with a config built
+  from a dict (checked by the real loader first), stopped by process group.
+- `ProcStats`: CPU seconds (utime + stime from /proc/<pid>/stat) and RSS of a process.
+- `ReportFactory`: lightweight stand-ins for agents: the NodeReport JSON a DGX H100 agent sends
+  (8 GPUs, 8 HCAs, 2 NFS mounts, host checks), rendered once per node as bytes around a time.
+- `percentile()`, `verdict()`: figures and target lines for the printout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclass(frozen=True)
+class ProcSample:
+    cpu_s: float
+    rss_mib: float
+    peak_rss_mib: float
+
+
+class ProcStats:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def sample(self) -> ProcSample:
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        # after the comm: state(0) ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime(11) stime(12)
+        cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK
+        rss = peak = 0.0
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) / 1024
+                elif line.startswith("VmHWM:"):
+                    peak = int(line.split()[1]) / 1024
+        return ProcSample(cpu, rss, peak)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = min(len(s) - 1, max(0, int(round(q / 100 * (len(s) - 1)))))
+    return s[k]
+
+
+def verdict(ok: bool) -> str:
+    return "meets target" if ok else "MISSES target"
+
+
+def http_json(url: str, data: Any = None, token: str = "", timeout: float = 10.0) -> Any:
+    body = json.dumps(data).encode() if data is not None else None
+    req = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+@dataclass
+class Aggregator:
+    """`podhealth aggregator` in its own process group, on 127.0.0.1:<free port>."""
+
+    workdir: Path
+    settings: dict[str, Any]
+    log_level: str = "info"
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    _log: Any = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def db(self) -> Path:
+        return self.workdir / "aggregator.db"
+
+    def db_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.workdir.glob("aggregator.db*") if p.is_file())
+
+    def start(self, timeout: float = 60.0) -> "Aggregator":
+        from podhealth import config
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_ports(1)[0]
+        agg = {"listen": {"address": "127.0.0.1", "port": self.port}, "db": str(self.db), **self.settings}
+        text = yaml.safe_dump({"log": {"level": self.log_level, "format": "json"}, "aggregator": agg}, sort_keys=False)
+        path = self.workdir / "aggregator.yml"
+        config.loads(text, str(path))  # a schema change fails here with file:line:key
+        path.write_text(text)
+        self._log = open(self.workdir / "aggregator.log", "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "podhealth", "aggregator", "--config", str(path)],
+                                     stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, env={**os.environ, **self.extra_env}, cwd=REPO)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"aggregator exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"aggregator not ready after {timeout}s:\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    def stats(self) -> ProcStats:
+        assert self.proc is not None
+        return ProcStats(self.proc.pid)
+
+    def log_tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join((self.workdir / "aggregator.log").read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> "Aggregator":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# ---- lightweight report generators ------------------------------------------------------------
+
+GPUS = 8
+HCAS = 8
+MOUNTS = ("/home", "/cm/shared")
+
+
+def _result(check: str, entity: str, status: str = "OK", action: str = "NONE", summary: str = "",
+            evidence: dict[str, str] | None = None, since: float = 0.0) -> dict[str, Any]:
+    return {"check": check, "status": status, "entity": entity, "evidence": evidence or {}, "action": action,
+            "since": since, "summary": summary}
+
+
+def healthy_results() -> list[dict[str, Any]]:
+    """What a healthy DGX H100 agent reports: about 60 verdicts, ~8 KB of JSON."""
+    out: list[dict[str, Any]] = []
+    for g in range(GPUS):
+        ent = f"gpu{g}"
+        for check in ("gpu_present", "gpu_ecc", "gpu_row_remap", "gpu_thermal", "gpu_clocks", "gpu_pcie", "xid",
+                      "nvlink"):
+            out.append(_result(check, ent, evidence={"uuid": f"GPU-{g:08x}-0000-0000-0000-000000000000"}))
+    for h in range(HCAS):
+        out.append(_result("ib_port", f"mlx5_{h}:1", evidence={"rate": "400 Gb/sec (4X NDR)", "state": "ACTIVE"}))
+    for m in MOUNTS:
+        out.append(_result("nfs_mount", m))
+    for check in ("fabricmanager", "persistenced", "driver_version", "host_units"):
+        out.append(_result(check, "node"))
+    return out
+
+
+class ReportFactory:
+    """Per node, the report JSON split around its time, so a send costs one join, not a dumps."""
+
+    def __init__(self, profile: str = "dgx-h100", version: str = "0.1.0") -> None:
+        self.profile = profile
+        self.version = version
+        self.healthy = healthy_results()
+
+    def _split(self, node: str, results: list[dict[str, Any]], status: str, action: str) -> tuple[bytes, bytes]:
+        marker = 1234567890.123456
+        doc = {"node": node, "agent_version": self.version, "profile": self.profile, "status": status,
+               "action": action, "time": marker, "staleness": {"nvml": 0.4, "kmsg": 0.1}, "results": results}
+        text = json.dumps(doc, separators=(",", ":"))
+        head, tail = text.split(repr(marker), 1)
+        return head.encode(), tail.encode()
+
+    def healthy_parts(self, node: str) -> tuple[bytes, bytes]:
+        return self._split(node, self.healthy, "OK", "NONE")
+
+    def failing_parts(self, node: str, since: float, gpu: int = 3) -> tuple[bytes, bytes]:
+        """XID 79 on one GPU: the check the catalog maps to REBOOT (GPU fell off the bus)."""
+        results = [dict(r) for r in self.healthy]
+        for r in results:
+            if r["check"] == "xid" and r["entity"] == f"gpu{gpu}":
+                r.update(status="FAIL", action="REBOOT", since=since,
+                         summary="XID 79: GPU has fallen off the bus", evidence={"codes": "79", "count": "1"})
+        return self._split(node, results, "FAIL", "REBOOT")
+
+    @staticmethod
+    def body(parts: tuple[bytes, bytes], t: float) -> bytes:
+        return parts[0] + repr(t).encode() + parts[1]
+
+
+def event_batch(node: str, seq: int, count: int, t: float) -> bytes:
+    """A burst of XID 13 events (warning-level application faults): ids unique per node and seq."""
+    events = [{"id": f"{node}-{seq}-{i}", "type": "event", "time": t,
+               "event": {"kind": "xid", "code": 13, "gpu": i % GPUS, "message": "Graphics SM Warp Exception",
+                         "time": t}} for i in range(count)]
+    return json.dumps({"node": node, "events": events}, separators=(",", ":")).encode()
+
+
+def node_names(n: int, prefix: str = "dgx") -> list[str]:
+    width = max(2, len(str(n)))
+    return [f"{prefix}{i:0{width}d}" for i in range(1, n + 1)]
+
+
+@contextlib.contextmanager
+def workdir(prefix: str) -> Iterator[Path]:
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        yield d
+    finally:
+        if os.environ.get("PODHEALTH_BENCH_KEEP"):
+            print(f"(kept {d})")
+        else:
+            shutil.rmtree(d, ignore_errors=True)

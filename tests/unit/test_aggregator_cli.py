@@ -1,0 +1,86 @@
+"""`podhealth fleet ...` and `podhealth aggregator` argument handling, as an operator runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from podhealth.aggregator.cmd import parse_listen
+from podhealth.aggregator.config import AggAuthConfig
+from tests.harness.agg import MemFencer, config, running
+
+pytestmark = pytest.mark.timeout(90)
+
+
+async def fleet(url: str, *args: str, token: str | None = "atok") -> tuple[int, str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODHEALTH_")}
+    if token:
+        env["PODHEALTH_ADMIN_TOKEN"] = token
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "podhealth", "fleet", "--url", url, *args,
+                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_fleet_commands_against_a_running_aggregator(tmp_path: Path) -> None:
+    fencer = MemFencer(fenced={"dgx04": "ops: bad fan"})
+    cfg = config(tmp_path, auth=AggAuthConfig(admin_token="atok"))
+    async with running(cfg, [fencer]) as (agg, url), aiohttp.ClientSession() as s:
+        await s.post(f"{url}/v1/reports", json={"node": "dgx02", "time": 5, "results": [
+            {"check": "nvlink", "entity": "GPU1", "status": "WARN", "action": "NONE"}]})
+        rc, out, err = await fleet(url, "fence", "dgx01", "--reason", "RMA 42")
+        assert rc == 0 and "fence done: fenced" in out, err
+        rc, out, _ = await fleet(url, "status")
+        assert rc == 0 and "fence budget: 1/10" in out and "breaker: ok" in out
+        lines = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.startswith("dgx")}
+        assert lines["dgx01"][1] == "fenced" and lines["dgx02"][1:4] == ["WARN", "batch", "nvlink"]
+        assert lines["dgx04"][1] == "drained" and lines["dgx03"][1] == "UNKNOWN"  # never reported
+        rc, out, err = await fleet(url, "release", "dgx04", "--reason", "mine now")
+        assert rc == 1 and "HTTP 409" in err and "only releases its own fences" in err
+        rc, out, err = await fleet(url, "release", "dgx01", "--reason", "repaired", token="wrong")
+        assert rc == 1 and "HTTP 401" in err and "dgx01" in fencer.fenced
+        rc, out, err = await fleet(url, "release", "dgx01", "--reason", "repaired", token=None)
+        assert rc == 1 and "admin token is needed" in err
+        rc, out, _ = await fleet(url, "release", "dgx01", "--reason", "repaired")
+        assert rc == 0 and "release done" in out and "dgx01" not in fencer.fenced
+        rc, out, _ = await fleet(url, "history", "dgx01")
+        assert rc == 0 and "release done by operator:" in out and "RMA 42" in out
+        rc, out, _ = await fleet(url, "breaker-reset", "--reason", "test")
+        assert rc == 0 and "was not tripped" in out
+        rc, _, err = await fleet(url, "history", "dgx99")
+        assert rc == 1 and "HTTP 404" in err
+
+
+async def test_fleet_says_when_the_aggregator_is_not_there() -> None:
+    rc, _, err = await fleet("http://127.0.0.1:9", "status")
+    assert rc == 1 and "cannot reach the aggregator" in err
+
+
+def test_aggregator_refuses_a_bad_config_with_file_line_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "agg.yaml"
+    cfg.write_text("aggregator:\n  caps:\n    max_fenced: many\n")
+    r = subprocess.run([sys.executable, "-m", "podhealth", "aggregator", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == 'agg.yaml:3: aggregator.caps.max_fenced: expected a count >= 0, got "many"'
+    r = subprocess.run([sys.executable, "-m", "podhealth", "aggregator", "--db", "rel.db"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--db: expected an absolute path" in r.stderr
+
+
+@pytest.mark.parametrize("text, want", [("127.0.0.1:9420", ("127.0.0.1", 9420)), (":80", ("0.0.0.0", 80)),
+                                        ("9000", ("0.0.0.0", 9000)), ("[::1]:9", ("::1", 9))])
+def test_parse_listen(text: str, want: tuple[str, int]) -> None:
+    assert parse_listen(text) == want
+
+
+@pytest.mark.parametrize("text", ["host:", "host:99999", "x:y"])
+def test_parse_listen_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="--listen"):
+        parse_listen(text)
