@@ -105,6 +105,12 @@ async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None) 
         return _fail(str(e))
     if args.compat:
         agent.add_metric_source(compat.source(args.compat, agent.node))
+    try:
+        from podhealth.agent import health
+    except ImportError as e:  # the checks engine is optional for serving metrics
+        _log.warning("checks engine unavailable; no /health", error=str(e))
+    else:
+        health.install(agent)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -20,7 +20,7 @@ from podhealth import log
 from podhealth.agent.store import SnapshotStore
 from podhealth.agent.worker import Worker
 from podhealth.collectors.base import Collection, Collector
-from podhealth.snapshot import CollectorState
+from podhealth.snapshot import CollectorState, Snapshot
 
 _log = log.get("podhealth.agent.scheduler")
 
@@ -120,6 +120,27 @@ class Scheduler:
                 due = now + slot.interval - ((now - due) % slot.interval)
             await asyncio.sleep(due - now)
 
+    async def collect_now(self) -> Snapshot:
+        """Run every collector once now and return the snapshot (the handover suite wants fresh data).
+
+        A collector already running is not started twice: its current run is awaited instead.
+        Each run is bounded by its own timeout (a hung one comes back marked stale).
+        """
+        if self._loop is None:
+            raise RuntimeError("collect_now() before start()")
+        waits = []
+        for slot in self._slots.values():
+            if slot.inflight is None:
+                self._start(slot)
+            if slot.inflight is not None and not slot.timed_out:
+                waits.append(slot.inflight)
+        if waits:
+            limit = max(s.timeout for s in self._slots.values()) + 0.1
+            # _done()/_timeout() update the store; shield so a hung call's future is never cancelled.
+            await asyncio.wait([asyncio.shield(f) for f in waits], timeout=limit)
+            await asyncio.sleep(0)  # let a timeout callback due at the same moment run
+        return self.store.snapshot
+
     # ---- one tick ---------------------------------------------------------------------------
 
     def _tick(self, slot: _Slot) -> None:
@@ -131,6 +152,9 @@ class Scheduler:
             return
         if aged is not st:
             self.store.put(aged)
+        self._start(slot)
+
+    def _start(self, slot: _Slot) -> None:
         assert self._loop is not None
         slot.started = self._mono()
         slot.timed_out = False

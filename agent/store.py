@@ -20,6 +20,8 @@ EventsCallback = Callable[[tuple[Event, ...]], None]
 
 _log = log.get("podhealth.agent.store")
 
+SLOW_CALLBACK_S = 0.02
+
 
 class SnapshotStore:
     def __init__(self, keep_events: int = 256, clock: Callable[[], float] = time.time) -> None:
@@ -33,6 +35,7 @@ class SnapshotStore:
         self.version = 0
         self.on_snapshot: list[SnapshotCallback] = []
         self.on_events: list[EventsCallback] = []
+        self._slow_warned: set[str] = set()
 
     def get(self, name: str) -> CollectorState | None:
         return self.snapshot.collectors.get(name)
@@ -71,10 +74,18 @@ class SnapshotStore:
             self._events.extend(ordered)
         return tuple(fresh)
 
-    @staticmethod
-    def _call(cb: Callable[..., None], arg: object) -> None:
+    def _call(self, cb: Callable[..., None], arg: object) -> None:
         # A broken hook must not stop collection or the other hooks.
+        t0 = time.perf_counter()
         try:
             cb(arg)
         except Exception:  # noqa: BLE001
             _log.exception("snapshot callback failed", callback=getattr(cb, "__qualname__", repr(cb)))
+        elapsed = time.perf_counter() - t0
+        if elapsed > SLOW_CALLBACK_S:
+            # Hooks run on the event loop: a slow one delays /metrics and the watchdog. Say so, once.
+            name = getattr(cb, "__qualname__", repr(cb))
+            if name not in self._slow_warned:
+                self._slow_warned.add(name)
+                _log.warning("slow snapshot callback blocks the event loop", callback=name,
+                             ms=round(elapsed * 1e3, 1))

@@ -78,8 +78,8 @@ class Watcher:
     async def run(self, until: "asyncio.Event", want_drains: int | None) -> Timeline:
         loop = asyncio.get_running_loop()
         while not until.is_set():
-            now = time.monotonic()
             fleet = await loop.run_in_executor(None, http_json, f"{self.agg_url}/api/v1/fleet")
+            now = time.monotonic()  # after the answer: an upper bound, never early
             if self.tl.first_fencing is None and fleet["fence_budget"]["used"] > 0:
                 self.tl.first_fencing = now - self.t0
             if self.tl.breaker is None and fleet["breaker"]["tripped"]:

@@ -267,3 +267,26 @@ async def test_events_are_bounded_and_deduplicated() -> None:
     store.put(CollectorState(name="kmsg"), evs)
     assert [e.code for e in store.snapshot.events] == [2, 3, 4]
 
+
+
+async def test_collect_now_runs_everything_once_and_bounds_a_hang() -> None:
+    a, b = Fake(value=1.0, ident="a"), Fake(value=2.0, ident="b")
+    agent = Agent(cfg_with(nvml=(30.0, 0.3), infiniband=(30.0, 0.3)), node="n1",
+                  factories={"nvml": lambda c: a, "infiniband": lambda c: b})
+    await agent.start()
+    try:
+        await until(lambda: len(a.calls) == 1 and len(b.calls) == 1, what="the first ticks")
+        await until(lambda: agent.scheduler.idle(), what="idle")
+        b.hang = True
+        t0 = time.monotonic()
+        snap = await agent.scheduler.collect_now()
+        assert time.monotonic() - t0 < 2.0  # bounded by the 0.3 s timeout, not the 30 s hang
+        assert len(a.calls) == 2 and len(b.calls) == 2  # a fresh run of each, long before the 30 s tick
+        assert not snap.collectors["nvml"].stale and snap.collectors["infiniband"].stale
+        assert snap.collectors["infiniband"].errors == ("timed out after 0.3s",)
+        # A second call does not start the hung collector again.
+        await agent.scheduler.collect_now()
+        assert len(b.calls) == 2 and len(a.calls) == 3
+    finally:
+        b.release.set()
+        await agent.stop()
