@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from dataclasses import replace
@@ -72,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             return _fail(str(e))
         cfg = replace(cfg, listen=replace(cfg.listen, address=host, port=port))
-    node = args.node or (cfg.node.name if not args.simulate else cfg.node.name or DEFAULT_SIM_NODE)
+    # PODHEALTH_NODE: the DaemonSet passes spec.nodeName (the pod's hostname is not the node's).
+    node = args.node or cfg.node.name or os.environ.get("PODHEALTH_NODE", "") or (DEFAULT_SIM_NODE if args.simulate else "")
     if node and not config.valid_node_name(node):
         return _fail(f"invalid node name {node!r}")
     try:
@@ -105,12 +107,10 @@ async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None) 
         return _fail(str(e))
     if args.compat:
         agent.add_metric_source(compat.source(args.compat, agent.node))
-    try:
-        from podhealth.agent import health
-    except ImportError as e:  # the checks engine is optional for serving metrics
-        _log.warning("checks engine unavailable; no /health", error=str(e))
-    else:
-        health.install(agent)
+    from podhealth.agent import wiring
+
+    spool = sim.node.dir / "spool" if args.simulate else None
+    extras = wiring.install(agent, spool_dir=spool)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -122,11 +122,13 @@ async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None) 
                    listen=f"{cfg.listen.address}:{cfg.listen.port}")
         await agent.stop()
         return 1
+    await extras.start()
     print(f"podhealth agent serving {agent.url}/metrics (node {agent.node})", flush=True)
     try:
         await stop.wait()
     finally:
         _log.info("stopping")
+        await extras.stop()
         await agent.stop()
         if refresher is not None:
             refresher.cancel()

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hmac
 import json
 import time
@@ -53,6 +54,11 @@ class Health:
         self.on_transition: list[Transition] = []
         self.active_tests = active_tests or (lambda: [])
         self._handover_lock = asyncio.Lock()
+        self._latest: Snapshot | None = None
+        self._judged: Snapshot | None = None
+        self._judging: asyncio.Task[None] | None = None
+        # One thread: evaluations are serial (the Evaluator keeps rate and damping state).
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="health")
 
     # ---- continuous judgement -------------------------------------------------------------------
 
@@ -63,12 +69,30 @@ class Health:
         return self.evaluator
 
     def on_snapshot(self, snap: Snapshot) -> None:
-        now = time.time()
-        try:
-            results = self._ensure_evaluator(snap).evaluate(snap, now)
-        except Exception as e:  # noqa: BLE001 - a bug in a rule must not take the agent down
-            _log.error("check evaluation failed", error=repr(e))
-            return
+        """Called on the loop for every snapshot change: only schedules a judgement.
+
+        Judging runs in a worker thread (a few ms for a DGX node, more on a loaded host), and
+        changes that arrive while it runs are coalesced into one more pass over the newest
+        snapshot, so the event loop never waits on the rules.
+        """
+        self._latest = snap
+        if self._judging is None or self._judging.done():
+            self._judging = asyncio.get_running_loop().create_task(self._judge_loop(), name="health-judge")
+
+    async def _judge_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._latest is not None and self._latest is not self._judged:
+            snap = self._latest
+            self._judged = snap
+            now = time.time()
+            try:
+                results = await loop.run_in_executor(self._pool, self._ensure_evaluator(snap).evaluate, snap, now)
+            except Exception as e:  # noqa: BLE001 - a bug in a rule must not take the agent down
+                _log.error("check evaluation failed", error=repr(e))
+                return
+            self._publish(results, now)
+
+    def _publish(self, results: tuple[CheckResult, ...], now: float) -> None:
         old = {(r.check, r.entity): r for r in self.results}
         for r in results:
             prev = old.get((r.check, r.entity))
@@ -84,6 +108,7 @@ class Health:
                         _log.warning("transition callback failed", error=repr(e))
         self.results = results
         self.evaluated_at = now
+        self.agent.invalidate()  # check_status / node_health changed without a new snapshot
 
     def report(self) -> NodeReport:
         snap = self.agent.snapshot
@@ -161,6 +186,9 @@ class _AgentSource:
 
 
 def install(agent: "Agent", active_tests: Callable[[], list[ActiveTest]] | None = None) -> Health:
+    from podhealth.checks import xid
+
+    xid.load_catalog()  # parse the catalog now, not inside the first evaluation
     h = Health(agent, active_tests)
     agent.on_snapshot.append(h.on_snapshot)
     agent.add_metric_source(h.families)

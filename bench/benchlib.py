@@ -126,7 +126,10 @@ class Aggregator:
         config.loads(text, str(path))  # a schema change fails here with file:line:key
         path.write_text(text)
         self._log = open(self.workdir / "aggregator.log", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "podhealth", "aggregator", "--config", str(path)],
+        # PODHEALTH_BENCH_PROFILE=FILE runs the aggregator under cProfile (written when it stops).
+        prof = os.environ.get("PODHEALTH_BENCH_PROFILE")
+        pre = ["-m", "cProfile", "-o", prof] if prof else []
+        self.proc = subprocess.Popen([sys.executable, *pre, "-m", "podhealth", "aggregator", "--config", str(path)],
                                      stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True, env={**os.environ, **self.extra_env}, cwd=REPO)
         deadline = time.monotonic() + timeout

@@ -363,7 +363,10 @@ def main() -> int:
                                            "--listen", f"127.0.0.1:{p}"], wd / f"agent-{n}.log")
             agg.start()
             for p in agent_ports:
-                wait_for(lambda p=p: (procs.check(), answers(f"http://127.0.0.1:{p}/metrics"))[1], 120, "agents")
+                def up(p: int = p) -> bool:
+                    procs.check()
+                    return answers(f"http://127.0.0.1:{p}/metrics")
+                wait_for(up, 120, "agents")
             prom_url = am_url = None
             if alerts:
                 sink = Sink(sink_port)

@@ -234,7 +234,7 @@ def main() -> int:
     print(f"  breaker tripped           {_ms(tl.breaker)}   ({fleet['breaker']['reason'][:90]}...)")
     print(f"  fenced by podhealth       {used} (aggregator)" + (f", {fenced_slurm} drained in Slurm" if use_slurm else "")
           + f"   cap {cap}: {'equals the cap' if used == cap and (not use_slurm or fenced_slurm == cap) else 'DOES NOT equal the cap'}")
-    held = {}
+    held: dict[str, int] = {}
     for n in fleet["last_decision"]["notes"]:
         held[n["kind"]] = held.get(n["kind"], 0) + 1
     print(f"  last decision's notes     {dict(sorted(held.items()))} (first 200 notes)")

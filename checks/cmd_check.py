@@ -31,6 +31,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--config", help="config file")
     p.add_argument("--token", help="agent token (default: $PODHEALTH_TOKEN, then auth.token from config)")
     p.add_argument("--format", choices=["table", "json", "junit"], default="table")
+    p.add_argument("-v", "--verbose", action="store_true", help="table: one row per entity, OK ones too")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the suite (default 600)")
     p.add_argument("--slurm-health", action="store_true",
                    help="fast mode for Slurm HealthCheckProgram: reads the local agent's verdict")
@@ -146,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"podhealth check: {e}", file=sys.stderr)
         return EXIT_UNKNOWN
     stop()
-    render(rep, args.format, sys.stdout)
+    render(rep, args.format, sys.stdout, args.verbose)
     if args.format != "table":
         print(rep.summary(), file=sys.stderr)
     return rep.exit_code

@@ -62,7 +62,7 @@ CHECKS: dict[str, CheckDef] = {
 }
 
 _COUNTERS = frozenset({
-    "gpu_ecc_errors", "gpu_pcie_replay", "nvlink_errors", "infiniband_port_counter",
+    "gpu_ecc_errors", "gpu_pcie_replay", "nvlink_errors", "infiniband_port_stat",
     "nfs_operation_rtt_seconds", "nfs_operation_requests", "nfs_operation_transmissions",
 })
 

@@ -33,7 +33,7 @@ def _each_gpu(ctx: Context, check: str) -> tuple[list[CheckResult], list[Sample]
 
 def gpu_count(ctx: Context) -> list[CheckResult]:
     p = ctx.profile
-    n = ctx.value("gpu_count")
+    n = ctx.value("gpu_devices")
     if n is None:
         return [unknown("gpu_count", "node", "NVML reported no device count")]
     models = sorted({s.label("model") for s in ctx.samples("gpu_up") if s.value >= 1})

@@ -58,7 +58,7 @@ def ib_errors(ctx: Context) -> list[CheckResult]:
     per_port: dict[tuple[str, str], list[str]] = {}
     fatal: dict[tuple[str, str], list[str]] = {}
     seen: set[tuple[str, str]] = set()
-    for c in ctx.samples("infiniband_port_counter"):
+    for c in ctx.samples("infiniband_port_stat"):
         key = (c.label("device"), c.label("port"))
         seen.add(key)
         name = c.label("counter")

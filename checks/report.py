@@ -71,7 +71,15 @@ class SuiteReport:
 _STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.UNKNOWN: "magenta"}
 
 
-def render_table(rep: SuiteReport, out: IO[str], only_problems: bool = False) -> None:
+def _entities(names: list[str]) -> str:
+    """`gpu0..gpu7` style compaction for a list of OK entities, so a DGX report fits a screen."""
+    if len(names) <= 3:
+        return ", ".join(names)
+    return f"{names[0]} … {names[-1]} ({len(names)})"
+
+
+def render_table(rep: SuiteReport, out: IO[str], verbose: bool = False) -> None:
+    """Problems one per row with their evidence; OK results folded into one row per check."""
     from rich.console import Console
     from rich.table import Table
 
@@ -80,16 +88,27 @@ def render_table(rep: SuiteReport, out: IO[str], only_problems: bool = False) ->
     t = Table(title=f"podhealth handover — {rep.node} ({rep.profile})", show_lines=False)
     for col in ("check", "entity", "status", "action", "evidence", "duration"):
         t.add_column(col, overflow="fold")
+    by_check: dict[str, list[CheckResult]] = {}
     for r in rep.results:
-        if only_problems and r.status is Status.OK:
-            continue
-        ev = r.summary or ", ".join(f"{k}={v}" for k, v in r.evidence)
-        if r.summary and r.evidence:
-            ev += " (" + ", ".join(f"{k}={v}" for k, v in r.evidence[:4]) + ")"
-        t.add_row(r.check, r.entity, f"[{_STYLE[r.status]}]{r.status.value}[/]",
-                  r.action.value if r.status is not Status.OK else "", ev,
-                  f"{durs[r.check]:.2f}s" if r.check in durs else "")
+        by_check.setdefault(r.check, []).append(r)
+    for check, results in by_check.items():
+        dur = f"{durs[check]:.2f}s" if check in durs else ""
+        oks = [r for r in results if r.status is Status.OK]
+        for r in results:
+            if r.status is Status.OK and not verbose:
+                continue
+            ev = r.summary or ", ".join(f"{k}={v}" for k, v in r.evidence)
+            if r.summary and r.evidence:
+                ev += " (" + ", ".join(f"{k}={v}" for k, v in r.evidence[:4]) + ")"
+            t.add_row(check, r.entity, f"[{_STYLE[r.status]}]{r.status.value}[/]",
+                      r.action.value if r.status is not Status.OK else "", ev, dur)
+        if oks and not verbose:
+            sample = oks[0].summary or ", ".join(f"{k}={v}" for k, v in oks[0].evidence[:3])
+            t.add_row(check, _entities([r.entity for r in oks]), f"[{_STYLE[Status.OK]}]OK[/]", "",
+                      sample if len(oks) == 1 else "", dur)
     console.print(t)
+    for note in rep.notes:
+        console.print(f"[dim]note: {note}[/]")
     console.print(f"[{_STYLE[rep.status]}]{rep.summary()}[/]")
 
 
@@ -120,8 +139,11 @@ def render_junit(rep: SuiteReport, out: IO[str]) -> None:
     out.write("\n")
 
 
-def render(rep: SuiteReport, fmt: str, out: IO[str]) -> None:
-    {"table": render_table, "json": render_json, "junit": render_junit}[fmt](rep, out)
+def render(rep: SuiteReport, fmt: str, out: IO[str], verbose: bool = False) -> None:
+    if fmt == "table":
+        render_table(rep, out, verbose)
+    else:
+        {"json": render_json, "junit": render_junit}[fmt](rep, out)
 
 
 def worst_exit(reports: Sequence[SuiteReport]) -> int:

@@ -20,7 +20,7 @@ _DEVICE_ATTRS = ("board_id", "fw_ver", "hca_type")
 _PORT_ATTRS = ("state", "phys_state", "rate", "link_layer")
 _MAX_FILE = 4096  # sysfs attributes are one page at most
 
-# These four have their own series; every other counters/ file goes to infiniband_port_counter.
+# These four have their own series; every other counters/ file goes to infiniband_port_stat.
 # port_xmit_data/port_rcv_data count 4-byte words: the IB spec's PortXmitData is in units of 32
 # bits, and mlx5 reports the per-lane value, so node_exporter/procfs multiply by 4 for every device
 # and so do we (node_exporter is our oracle in tests/integration/test_node_exporter_parity.py).
@@ -39,8 +39,8 @@ METRICS: Mapping[str, MetricSpec] = specs(
     MetricSpec("infiniband_port_data_transmitted_bytes", "counter", "port_xmit_data x 4 (the counter counts 4-byte words).", "bytes"),
     MetricSpec("infiniband_port_packets_received", "counter", "port_rcv_packets."),
     MetricSpec("infiniband_port_packets_transmitted", "counter", "port_xmit_packets."),
-    MetricSpec("infiniband_port_counter", "counter", "Any other file in ports/N/counters/, by file name in label counter."),
-    MetricSpec("infiniband_port_hw_counter", "counter", "A file in ports/N/hw_counters/, by file name in label counter."),
+    MetricSpec("infiniband_port_stat", "counter", "Any other file in ports/N/counters/, by file name in label counter."),
+    MetricSpec("infiniband_port_hw_stat", "counter", "A file in ports/N/hw_counters/, by file name in label counter."),
     MetricSpec("infiniband_info", "info", "HCA board id, firmware version and type."),
 )
 
@@ -146,9 +146,9 @@ def samples_of(devices: Iterable[IbDevice]) -> list[Sample]:
                 elif name in _PACKET_COUNTERS:
                     add(Sample.of(_PACKET_COUNTERS[name], v, **lab))
                 else:
-                    add(Sample.of("infiniband_port_counter", v, counter=name, **lab))
+                    add(Sample.of("infiniband_port_stat", v, counter=name, **lab))
             for name, v in p.hw_counters:
-                add(Sample.of("infiniband_port_hw_counter", v, counter=name, **lab))
+                add(Sample.of("infiniband_port_hw_stat", v, counter=name, **lab))
     return out
 
 

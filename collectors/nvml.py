@@ -58,7 +58,7 @@ def _spec(name: str, kind: MetricKind, help: str, unit: str = "") -> MetricSpec:
 
 
 METRICS: Mapping[str, MetricSpec] = specs(
-    _spec("gpu_count", "gauge", "Number of GPUs NVML reports on this node."),
+    _spec("gpu_devices", "gauge", "Number of GPUs NVML reports on this node."),
     _spec("gpu_up", "gauge", f"1 when the GPU answered NVML, 0 when lost, timed out or erroring ({GPU_LABELS})."),
     _spec("gpu_lost", "gauge", "1 when NVML says the GPU is lost (GPU_IS_LOST, fallen off the bus)."),
     _spec("gpu_utilization_ratio", "gauge", "Fraction of the last sample period a kernel was running (0..1).", "ratio"),
@@ -173,7 +173,7 @@ class NvmlCollector:
         if self._runs % REPROBE_EVERY == 0:
             for st in self._states.values():
                 st.unsupported.clear()
-        samples: list[Sample] = [Sample.of("gpu_count", count)]
+        samples: list[Sample] = [Sample.of("gpu_devices", count)]
         errors: list[str] = []
         for dev in devices:
             s, e = self._gpu(dev, system)

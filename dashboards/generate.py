@@ -154,7 +154,7 @@ def fabric() -> Board:
           w=24, h=6, transformations=[{"id": "labelsToFields", "options": {}}],
           desc="Empty when every port is ACTIVE at NDR rate; rows name the port and state otherwise.")
     b.add("timeseries", "Port rate", [(f"podhealth_infiniband_port_rate_bytes_per_second{{{SEL}}}", "{{node}} {{device}}")], unit="Bps")
-    b.add("timeseries", "Error counters (rate per hour)", [(f'3600 * rate(podhealth_infiniband_port_counter_total{{{SEL},counter=~"symbol_error|link_downed|link_error_recovery|port_rcv_errors|local_link_integrity_errors|excessive_buffer_overrun_errors"}}[5m])', "{{node}} {{device}} {{counter}}")])
+    b.add("timeseries", "Error counters (rate per hour)", [(f'3600 * rate(podhealth_infiniband_port_stat_total{{{SEL},counter=~"symbol_error|link_downed|link_error_recovery|port_rcv_errors|local_link_integrity_errors|excessive_buffer_overrun_errors"}}[5m])', "{{node}} {{device}} {{counter}}")])
     b.add("timeseries", "NVLinks up", [(f"sum by (node) (podhealth_nvlink_links_up{{{SEL}}})", "{{node}}")])
     b.add("timeseries", "NVLink errors (rate per hour)", [(f"3600 * sum by (node, gpu, type) (rate(podhealth_nvlink_errors_total{{{SEL}}}[5m]))", "{{node}} gpu{{gpu}} {{type}}")])
     return b

@@ -259,7 +259,7 @@ def _ours(samples: tuple[Sample, ...], bus: str) -> dict[str, float]:
 def _compare(a: dict[str, float], b: dict[str, float], smi: dict[str, float], gpu: str) -> Iterator[Row]:
     for k in sorted(set(smi) | (set(a) & set(b))):
         name = k.split("{")[0]
-        if name in ("gpu_up", "gpu_lost", "gpu_count", "gpu_energy_joules", "gpu_fabric_healthy"):
+        if name in ("gpu_up", "gpu_lost", "gpu_devices", "gpu_energy_joules", "gpu_fabric_healthy"):
             continue  # nvidia-smi -q -x does not print these
         if k not in smi:
             yield Row(gpu, k, f"{a[k]:g}", "(not printed)", True)

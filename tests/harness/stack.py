@@ -531,3 +531,30 @@ def aggregator(workdir: Path, section: Mapping[str, Any], cluster_token: str = "
     with service("aggregator", argv, workdir, port=port, ready=lambda: http_get(f"{url}/healthz")[0] == 200,
                  ready_timeout=60) as svc:
         yield AggregatorProc(svc, conf, cluster_token, admin_token)
+
+
+def describe(agg: AggregatorProc | None = None, prom: Prometheus | None = None, slurm: Any = None,
+             services: Sequence[Service] = ()) -> str:
+    """What the stack looks like now, for a failing test's message (each part best effort)."""
+    parts: list[str] = []
+
+    def add(title: str, fn: Any) -> None:
+        try:
+            parts.append(f"--- {title} ---\n{fn()}")
+        except Exception as e:  # noqa: BLE001 - a diagnostic must not hide the failure
+            parts.append(f"--- {title} --- (unavailable: {type(e).__name__}: {e})")
+
+    if agg is not None:
+        add("aggregator nodes", lambda: "\n".join(json.dumps(n) for n in get_json(f"{agg.url}/api/v1/nodes")["nodes"]))
+        add("aggregator log", lambda: agg.svc.log_tail(15))
+    if prom is not None:
+        add("failing checks in Prometheus", lambda: "\n".join(
+            f"{r['metric'].get('node')} {r['metric'].get('check')} {r['metric'].get('entity')} "
+            f"{r['metric'].get('action')} = {r['value'][1]}" for r in prom.query("podhealth_check_status > 0")))
+        add("alerts in Prometheus", lambda: "\n".join(
+            f"{a['labels'].get('alertname')} {a['labels'].get('node', '')} {a['state']}" for a in prom.alerts(state=None)))
+    if slurm is not None:
+        add("sinfo", lambda: slurm.run("sinfo", "-N", "-h", "-o", "%N %T %E", check=False).stdout)
+    for svc in services:
+        add(f"{svc.name} log", lambda svc=svc: svc.log_tail(10))
+    return "\n".join(parts)

@@ -141,7 +141,7 @@ def compare_infiniband(ne: Scrape, ours: tuple[Sample, ...]) -> int:
         else:
             m = re.fullmatch(r"node_infiniband_(.+)_total", name)
             assert m and m.group(1) in IB_COUNTER_FILES, f"node_exporter series {name} has no mapping"
-            key = ("infiniband_port_counter", labels | {("counter", IB_COUNTER_FILES[m.group(1)])})
+            key = ("infiniband_port_stat", labels | {("counter", IB_COUNTER_FILES[m.group(1)])})
         if key not in own:
             mismatches.append(f"{name}{dict(labels)}={value}: podhealth has no {key}")
         elif not _close(own[key], value):
@@ -152,7 +152,7 @@ def compare_infiniband(ne: Scrape, ours: tuple[Sample, ...]) -> int:
     ne_keys = set(ne.values)
     reverse = {v: k for k, v in IB_COUNTER_FILES.items()}
     for s in ours:
-        if s.name == "infiniband_port_counter" and s.label("counter") in reverse:
+        if s.name == "infiniband_port_stat" and s.label("counter") in reverse:
             labels = frozenset((k, v) for k, v in s.labels if k != "counter")
             assert (f"node_infiniband_{reverse[s.label('counter')]}_total", labels) in ne_keys, s
     return compared

@@ -119,6 +119,14 @@ def pipeline(tmp_path: Path, slurm: SlurmCluster) -> Iterator[dict[str, Any]]:
 
 def test_xid_drains_once_by_push_and_alert_and_nfs_outage_trips_breaker(
         pipeline: dict[str, Any], slurm: SlurmCluster) -> None:
+    try:
+        run_phases(pipeline, slurm)
+    except AssertionError as e:
+        agents: stack.Agents = pipeline["agents"]
+        raise AssertionError(f"{e}\n{stack.describe(pipeline['agg'], pipeline['prom'], slurm, list(agents.services.values()))}") from None
+
+
+def run_phases(pipeline: dict[str, Any], slurm: SlurmCluster) -> None:
     sink: stack.WebhookSink = pipeline["sink"]
     agg: stack.AggregatorProc = pipeline["agg"]
     am: stack.Alertmanager = pipeline["am"]

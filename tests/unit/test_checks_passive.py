@@ -15,7 +15,7 @@ ALL = ("nvml", "nvlink", "infiniband", "nfs", "host", "kmsg")
 
 
 def gpu_samples(n: int = 8, **over: dict[int, dict[str, float]]) -> list[Sample]:
-    out = [Sample.of("gpu_count", n)]
+    out = [Sample.of("gpu_devices", n)]
     for i in range(n):
         lab = dict(gpu=i, uuid=f"GPU-{i:04d}", pci_bus_id=f"0000:{0x18 + i:02x}:00.0", model=H100.gpu_model)
         vals: dict[str, float] = {
@@ -48,7 +48,7 @@ def ib_samples(down: str = "", rate_gbps: float = 400, link_downed: int = 0) -> 
         out.append(Sample.of("infiniband_port_state", 4 if active else 1, device=dev, port=1, state="ACTIVE" if active else "DOWN"))
         out.append(Sample.of("infiniband_port_physical_state", 5 if active else 3, device=dev, port=1, state="LinkUp" if active else "Disabled"))
         out.append(Sample.of("infiniband_port_rate_bytes_per_second", (rate_gbps if d == 3 else 400) * 1e9 / 8, device=dev, port=1))
-        out.append(Sample.of("infiniband_port_counter", link_downed if d == 5 else 0, device=dev, port=1, counter="link_downed"))
+        out.append(Sample.of("infiniband_port_stat", link_downed if d == 5 else 0, device=dev, port=1, counter="link_downed"))
     return out
 
 

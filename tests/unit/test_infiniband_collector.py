@@ -65,14 +65,14 @@ def test_dgx_fixture(dgx_sys: Path) -> None:
     assert _get(r.samples, "infiniband_port_data_transmitted_bytes", device="mlx5_0") == 48213375190664 * 4
     assert _get(r.samples, "infiniband_port_data_received_bytes", device="mlx5_0") == 47766291045312 * 4
     assert _get(r.samples, "infiniband_port_packets_transmitted", device="mlx5_0") == 47083374211
-    assert _get(r.samples, "infiniband_port_counter", device="mlx5_1", counter="symbol_error") == 65535
-    assert _get(r.samples, "infiniband_port_counter", device="mlx5_1", counter="link_downed") == 4
-    assert _get(r.samples, "infiniband_port_hw_counter", device="mlx5_0", counter="local_ack_timeout_err") == 3
-    # the dedicated data/packet counters are not repeated under infiniband_port_counter
-    assert _get(r.samples, "infiniband_port_counter", device="mlx5_0", counter="port_xmit_data") is None
+    assert _get(r.samples, "infiniband_port_stat", device="mlx5_1", counter="symbol_error") == 65535
+    assert _get(r.samples, "infiniband_port_stat", device="mlx5_1", counter="link_downed") == 4
+    assert _get(r.samples, "infiniband_port_hw_stat", device="mlx5_0", counter="local_ack_timeout_err") == 3
+    # the dedicated data/packet counters are not repeated under infiniband_port_stat
+    assert _get(r.samples, "infiniband_port_stat", device="mlx5_0", counter="port_xmit_data") is None
     # 21 counters = 4 dedicated + 17 generic, 20 hw counters, per port
-    assert len([s for s in r.samples if s.name == "infiniband_port_counter"]) == 3 * 17
-    assert len([s for s in r.samples if s.name == "infiniband_port_hw_counter"]) == 3 * 20
+    assert len([s for s in r.samples if s.name == "infiniband_port_stat"]) == 3 * 17
+    assert len([s for s in r.samples if s.name == "infiniband_port_hw_stat"]) == 3 * 20
     assert {s.name for s in r.samples} <= set(col.metrics)
 
 
@@ -83,13 +83,13 @@ def test_malformed_counter_skips_that_counter_only(dgx_sys: Path) -> None:
     os.unlink(port / "counters/link_downed")
     os.symlink("/nonexistent/podhealth-test", port / "counters/link_downed")  # unreadable
     r = create(_cfg(dgx_sys)).collect()
-    assert _get(r.samples, "infiniband_port_counter", device="mlx5_0", counter="symbol_error") is None
-    assert _get(r.samples, "infiniband_port_counter", device="mlx5_0", counter="link_downed") is None
-    assert _get(r.samples, "infiniband_port_hw_counter", device="mlx5_0", counter="out_of_buffer") is None
+    assert _get(r.samples, "infiniband_port_stat", device="mlx5_0", counter="symbol_error") is None
+    assert _get(r.samples, "infiniband_port_stat", device="mlx5_0", counter="link_downed") is None
+    assert _get(r.samples, "infiniband_port_hw_stat", device="mlx5_0", counter="out_of_buffer") is None
     # the rest of the device, and the other devices, still flow
-    assert _get(r.samples, "infiniband_port_counter", device="mlx5_0", counter="port_xmit_wait") == 1286453357
+    assert _get(r.samples, "infiniband_port_stat", device="mlx5_0", counter="port_xmit_wait") == 1286453357
     assert _get(r.samples, "infiniband_port_state", device="mlx5_0") == 4
-    assert _get(r.samples, "infiniband_port_counter", device="mlx5_1", counter="symbol_error") == 65535
+    assert _get(r.samples, "infiniband_port_stat", device="mlx5_1", counter="symbol_error") == 65535
     assert len(r.errors) == 3
     assert any("mlx5_0/ports/1/counters/symbol_error" in e for e in r.errors)
     assert any("mlx5_0/ports/1/counters/link_downed" in e for e in r.errors)
@@ -107,7 +107,7 @@ def test_missing_port_attributes_and_board_id(dgx_sys: Path) -> None:
     assert _get(r.samples, "infiniband_port_state", device="mlx5_2") is None
     assert _get(r.samples, "infiniband_port_physical_state", device="mlx5_2") == 5
     assert [e for e in r.errors if "mlx5_2/ports/1/state" in e]
-    assert not [s for s in r.samples if s.name == "infiniband_port_hw_counter" and s.label("device") == "mlx5_2"]
+    assert not [s for s in r.samples if s.name == "infiniband_port_hw_stat" and s.label("device") == "mlx5_2"]
 
 
 def test_no_infiniband_class_is_not_an_exception(tmp_path: Path) -> None:

@@ -91,9 +91,9 @@ def test_procfs_tree_values(shared_fixtures: Path) -> None:
     assert _one(s, "infiniband_port_physical_state", device="mlx5_0", state="ACTIVE") == 4
     assert _one(s, "infiniband_port_data_transmitted_bytes", device="mlx5_0") == 2880761508848 * 4
     assert _one(s, "infiniband_port_data_received_bytes", device="hfi1_0") == 345091702026 * 4
-    assert _one(s, "infiniband_port_hw_counter", device="mlx5_0", counter="req_cqe_error") == 3481
-    assert len([x for x in s if x.name == "infiniband_port_hw_counter"]) == 25
-    assert _one(s, "infiniband_port_counter", device="mlx4_0", port="2", counter="port_xmit_wait") == 3846
+    assert _one(s, "infiniband_port_hw_stat", device="mlx5_0", counter="req_cqe_error") == 3481
+    assert len([x for x in s if x.name == "infiniband_port_hw_stat"]) == 25
+    assert _one(s, "infiniband_port_stat", device="mlx4_0", port="2", counter="port_xmit_wait") == 3846
     # mlx4_0 port 2's link_layer file has a blank second line
     assert _one(s, "infiniband_port_link_layer_info", device="mlx4_0", port="2", link_layer="InfiniBand") == 1
 
@@ -102,7 +102,7 @@ def test_node_exporter_tree_values(shared_fixtures: Path) -> None:
     r = InfinibandCollector(shared_fixtures / "infiniband" / "node_exporter_tree" / "sys").collect()
     s = r.samples
     assert _one(s, "infiniband_port_rate_bytes_per_second", device="i40iw0") == 1.25e9  # "10 Gb/sec (4X)"
-    assert _one(s, "infiniband_port_counter", device="mlx4_0", port="1", counter="port_xmit_wait") == 4294967295
+    assert _one(s, "infiniband_port_stat", device="mlx4_0", port="1", counter="port_xmit_wait") == 4294967295
     assert _one(s, "infiniband_port_packets_received", device="mlx4_0", port="1") == 6825908347
     assert _one(s, "infiniband_port_data_transmitted_bytes", device="mlx4_0", port="1") == 3733440 * 4
     # counters_ext/ (mlx4's 64-bit duplicates) is not a counters/ file and is not read

@@ -47,7 +47,7 @@ def test_healthy_dgx_h100_exact_formats(tmp_path: Path) -> None:
     s = _collect(tmp_path)
     assert len([x for x in s if x.name == "infiniband_port_state" and x.value == 4]) == 10
     assert {x.value for x in s if x.name == "infiniband_port_rate_bytes_per_second"} == {5e10}
-    assert _v(s, "infiniband_port_counter", device="mlx5_3", counter="symbol_error") == 0
+    assert _v(s, "infiniband_port_stat", device="mlx5_3", counter="symbol_error") == 0
 
 
 def test_counters_grow_with_time(tmp_path: Path) -> None:
@@ -63,8 +63,8 @@ def test_counters_grow_with_time(tmp_path: Path) -> None:
         # a compute port moves ~6 GB/s on average: a realistic fraction of 50 GB/s
         if name == "infiniband_port_data_transmitted_bytes":
             assert 1e9 < (vb - va) / 60 < 5e10
-    wa = _v(a, "infiniband_port_hw_counter", device="mlx5_0", counter="rx_write_requests")
-    wb = _v(b, "infiniband_port_hw_counter", device="mlx5_0", counter="rx_write_requests")
+    wa = _v(a, "infiniband_port_hw_stat", device="mlx5_0", counter="rx_write_requests")
+    wb = _v(b, "infiniband_port_hw_stat", device="mlx5_0", counter="rx_write_requests")
     assert wa is not None and wb is not None and wb > wa
     assert not (tmp_path / TMP_DIR).exists() or list((tmp_path / TMP_DIR).iterdir()) == []
 
@@ -82,8 +82,8 @@ def test_faults(tmp_path: Path) -> None:
     port3 = tmp_path / "class/infiniband/mlx5_3/ports/1"
     assert (port3 / "state").read_text() == "1: DOWN\n"
     assert (port3 / "phys_state").read_text() == "2: Polling\n"
-    assert _v(after, "infiniband_port_counter", device="mlx5_3", counter="link_downed") == 1
-    assert _v(before, "infiniband_port_counter", device="mlx5_3", counter="link_downed") == 0
+    assert _v(after, "infiniband_port_stat", device="mlx5_3", counter="link_downed") == 1
+    assert _v(before, "infiniband_port_stat", device="mlx5_3", counter="link_downed") == 0
     # no traffic while down: data counters stop at the moment of the fault
     tree_ib.write(st, tmp_path, T0 + 400)
     later = _collect(tmp_path)
@@ -91,17 +91,17 @@ def test_faults(tmp_path: Path) -> None:
         _v(after, "infiniband_port_data_transmitted_bytes", device="mlx5_3")
     assert (tmp_path / "class/infiniband/mlx5_4/ports/1/rate").read_text() == "200 Gb/sec (4X HDR)\n"
     assert _v(after, "infiniband_port_rate_bytes_per_second", device="mlx5_4") == 2.5e10
-    assert _v(after, "infiniband_port_counter", device="mlx5_5", counter="symbol_error") == 600  # 10/s x 60 s
-    assert _v(later, "infiniband_port_counter", device="mlx5_5", counter="symbol_error") == 3000
+    assert _v(after, "infiniband_port_stat", device="mlx5_5", counter="symbol_error") == 600  # 10/s x 60 s
+    assert _v(later, "infiniband_port_stat", device="mlx5_5", counter="symbol_error") == 3000
     # other ports untouched
-    assert _v(later, "infiniband_port_counter", device="mlx5_0", counter="symbol_error") == 0
+    assert _v(later, "infiniband_port_stat", device="mlx5_0", counter="symbol_error") == 0
     assert _v(later, "infiniband_port_state", device="mlx5_0") == 4
 
 
 def test_symbol_error_saturates_at_16_bits(tmp_path: Path) -> None:
     st = _state().with_fault(Fault("ib-symbol-errors", T0, device="mlx5_0", rate=100.0))
     tree_ib.write(st, tmp_path, T0 + 7 * 86400)
-    assert _v(_collect(tmp_path), "infiniband_port_counter", device="mlx5_0", counter="symbol_error") == 65535
+    assert _v(_collect(tmp_path), "infiniband_port_stat", device="mlx5_0", counter="symbol_error") == 65535
 
 
 def test_rewrite_leaves_unchanged_files_alone(tmp_path: Path) -> None:

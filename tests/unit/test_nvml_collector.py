@@ -77,13 +77,13 @@ def value(col: Collection, name: str, gpu: int, **labels: str) -> float:
 
 # --- a healthy node -------------------------------------------------------------------------------
 
-PER_GPU_ALWAYS = sorted(set(METRICS) - {"gpu_count", "gpu_retired_pages", "gpu_retired_pages_pending"})
+PER_GPU_ALWAYS = sorted(set(METRICS) - {"gpu_devices", "gpu_retired_pages", "gpu_retired_pages_pending"})
 
 
 def test_every_contract_metric_for_all_eight_gpus_with_the_simulators_values(node: SimNode, collector: NvmlCollector) -> None:
     col = collector.collect()
     assert col.errors == ()
-    assert value_of(col, "gpu_count") == 8
+    assert value_of(col, "gpu_devices") == 8
     state = node.state
     for g in state.gpus:
         i = g.index
@@ -241,7 +241,7 @@ def test_gpu_lost_before_first_collect_still_reported(node: SimNode, collector: 
     inject(node, "fault=fallen-off-bus", "gpu=0")
     col = collector.collect()
     assert value(col, "gpu_up", 0) == 0 and value(col, "gpu_lost", 0) == 1
-    assert value_of(col, "gpu_count") == 8
+    assert value_of(col, "gpu_devices") == 8
     others_healthy(col, 0)
 
 
@@ -269,7 +269,7 @@ def test_fabric_absent_where_not_supported(tmp_path: Path) -> None:
     finally:
         session.shutdown()
         nvml_lib.uninstall()
-    assert value_of(col, "gpu_count") == 8
+    assert value_of(col, "gpu_devices") == 8
     assert not find(col, "gpu_fabric_state") and not find(col, "gpu_fabric_healthy")
     assert col.errors == ()
 
@@ -283,7 +283,7 @@ def test_reinitialises_after_nvml_loses_its_state(session: NvmlSession, collecto
     pynvml.nvmlShutdown()
     col = collector.collect()
     assert session.generation == gen + 1
-    assert value_of(col, "gpu_count") == 8 and value(col, "gpu_up", 3) == 1
+    assert value_of(col, "gpu_devices") == 8 and value(col, "gpu_up", 3) == 1
 
 
 def test_unavailable_library_is_a_clear_error(tmp_path: Path) -> None:

@@ -1,0 +1,101 @@
+"""What the agent does with its snapshot besides /metrics: verdicts, aggregator push, InfluxDB.
+
+`install(agent)` (before `agent.start()`) installs the checks engine (/health, check_status,
+the handover endpoint) and, when configured, the publisher (verdict transitions, node reports and
+XID/SXid events pushed to the aggregator, spooled on disk while it is away) and the InfluxDB v2
+exporter (each collector's fresh samples, once per collection).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from podhealth import log
+from podhealth.agent import health
+from podhealth.snapshot import CollectorState, Snapshot
+from podhealth.vocab import CheckResult, Event, MetricSpec
+
+if TYPE_CHECKING:
+    from podhealth.agent.agent import Agent
+    from podhealth.agent.export_influx import InfluxExporter
+    from podhealth.agent.publisher import Publisher
+
+_log = log.get("podhealth.agent.wiring")
+
+
+class Extras:
+    def __init__(self, agent: "Agent", h: health.Health) -> None:
+        self.agent = agent
+        self.health = h
+        self.publisher: "Publisher | None" = None
+        self.influx: "InfluxExporter | None" = None
+        self._seen: dict[str, CollectorState] = {}
+
+    # ---- publisher ------------------------------------------------------------------------------
+
+    def _on_transition(self, old: CheckResult | None, new: CheckResult) -> None:
+        assert self.publisher is not None
+        self.publisher.publish_transition(old, new)
+
+    def _on_events(self, events: tuple[Event, ...]) -> None:
+        assert self.publisher is not None
+        for e in events:
+            self.publisher.publish_event(e)
+
+    # ---- influx ---------------------------------------------------------------------------------
+
+    def _specs(self) -> dict[str, MetricSpec]:
+        out: dict[str, MetricSpec] = {}
+        for specs in self.agent.specs.values():
+            out.update(specs)
+        return out
+
+    def _on_snapshot_influx(self, snap: Snapshot) -> None:
+        assert self.influx is not None
+        specs = None
+        for name, st in snap.collectors.items():
+            if self._seen.get(name) is st:
+                continue
+            prev = self._seen.get(name)
+            self._seen[name] = st
+            # Only a new successful collection is new data; staleness flips carry no samples.
+            if st.samples and st.last_success and (prev is None or prev.last_success != st.last_success):
+                specs = specs or self._specs()
+                self.influx.offer(st.samples, specs, st.last_success)
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.publisher is not None:
+            await self.publisher.start()
+        if self.influx is not None:
+            self.influx.start()
+
+    async def stop(self) -> None:
+        if self.publisher is not None:
+            await self.publisher.stop()
+        if self.influx is not None:
+            await self.influx.stop()
+
+
+def install(agent: "Agent", spool_dir: Path | None = None) -> Extras:
+    h = health.install(agent)
+    x = Extras(agent, h)
+    cfg = agent.cfg
+    if cfg.publish.aggregator_url:
+        from podhealth.agent.publisher import Publisher
+
+        pcfg = dataclasses.replace(cfg.publish, spool_dir=spool_dir) if spool_dir is not None else cfg.publish
+        x.publisher = Publisher(pcfg, agent.node)
+        h.on_transition.append(x._on_transition)
+        agent.on_events.append(x._on_events)
+        _log.info("pushing verdicts and events", aggregator=cfg.publish.aggregator_url, spool=str(pcfg.spool_dir))
+    if cfg.exporters.influxdb.enabled:
+        from podhealth.agent.export_influx import InfluxExporter
+
+        x.influx = InfluxExporter(cfg.exporters.influxdb, agent.node)
+        agent.on_snapshot.append(x._on_snapshot_influx)
+        _log.info("exporting to InfluxDB", url=cfg.exporters.influxdb.url, bucket=cfg.exporters.influxdb.bucket)
+    return x
