@@ -1,24 +1,35 @@
 """InfiniBand ports from <sysfs_root>/class/infiniband: state, rate, and every counter.
 
-The reader only gathers file text (one read per file per cycle); ib_parse turns it into typed
-ports. Values are exported raw: what a symbol error rate means is for checks/ib.
+The reader gathers file bytes (one read per file per cycle); ib_parse's pure parsers turn them
+into values. Values are exported raw: what a symbol error rate means is for checks/ib.
+
+A DGX reads ~500 of these files every cycle and most of them (error counters, attributes) hold
+the same text as last time, so the collector remembers, per file, the text it last read and the
+Sample (or the problem) that text gave: an unchanged file costs its read and a bytes compare, and
+an unchanged Sample is handed on as the same object (which lets the exposition reuse its line).
+Directory listings are kept while the directory's inode and mtime stay the same, and re-read at
+least every RELIST_SECONDS in case a filesystem does not update them.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Iterable, Mapping
+from typing import Callable, ClassVar, Mapping
 
 from podhealth.collectors.base import Collection, specs
-from podhealth.collectors.ib_parse import DeviceFiles, IbDevice, PortFiles, parse_device
+from podhealth.collectors.ib_parse import parse_counter, parse_enum, parse_rate
 from podhealth.config import Config
-from podhealth.vocab import MetricSpec, Sample
+from podhealth.vocab import Labels, MetricSpec, Sample, labels_of
 
-_DEVICE_ATTRS = ("board_id", "fw_ver", "hca_type")
 _PORT_ATTRS = ("state", "phys_state", "rate", "link_layer")
 _MAX_FILE = 4096  # sysfs attributes are one page at most
+_O_FILE = os.O_RDONLY | os.O_CLOEXEC
+_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+RELIST_SECONDS = 60.0
 
 # These four have their own series; every other counters/ file goes to infiniband_port_stat.
 # port_xmit_data/port_rcv_data count 4-byte words: the IB spec's PortXmitData is in units of 32
@@ -44,112 +55,268 @@ METRICS: Mapping[str, MetricSpec] = specs(
     MetricSpec("infiniband_info", "info", "HCA board id, firmware version and type."),
 )
 
+# What one file's text gave: (the text, its sample or None, its problem or None).
+_Memo = tuple[bytes, "Sample | None", "str | None"]
+_Make = Callable[[str, bytes], "tuple[Sample | None, str | None]"]
 
-def read_text(path: str) -> str:
-    """One sysfs attribute. os.open/os.read: a few µs cheaper per file than open(), and a cycle
-    reads ~500 of them on a DGX."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+def _read_at(dfd: int, name: str) -> bytes:
+    """One sysfs attribute, opened relative to its directory's fd: the kernel resolves one path
+    component instead of ten, and os.open/os.read skip the io stack of open()."""
+    fd = os.open(name, _O_FILE, dir_fd=dfd)
     try:
-        return os.read(fd, _MAX_FILE).decode("utf-8", "replace")
+        return os.read(fd, _MAX_FILE)
     finally:
         os.close(fd)
 
 
-def _listdir(path: str) -> list[str]:
-    try:
-        return sorted(os.listdir(path))
-    except FileNotFoundError:
-        return []
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
 
 
-def _read_dir_files(path: str, where: str, problems: list[str]) -> tuple[tuple[str, str], ...]:
-    out: list[tuple[str, str]] = []
-    for name in _listdir(path):
-        if name.startswith("."):
-            continue  # an editor's or a writer's temporary, never a kernel counter
+def _strerror(e: OSError) -> str:
+    return e.strerror or str(e)
+
+
+@dataclass
+class _Listing:
+    """A directory's sorted entries (dot files left out), valid while its inode and mtime hold."""
+
+    key: tuple[int, int] = (-1, -1)
+    names: tuple[str, ...] = ()
+    at: float = float("-inf")
+
+    def of(self, dfd: int, now: float) -> tuple[tuple[str, ...], bool]:
+        """(names, changed) for the directory open at `dfd`."""
+        st = os.fstat(dfd)
+        key = (st.st_ino, st.st_mtime_ns)
+        if key == self.key and now - self.at < RELIST_SECONDS:
+            return self.names, False
+        # An editor's or a writer's temporary (".name") is never a kernel counter.
+        names = tuple(sorted(n for n in os.listdir(dfd) if not n.startswith(".")))
+        changed = names != self.names
+        self.key, self.names, self.at = key, names, now
+        return names, changed
+
+    def expire(self) -> None:
+        self.at = float("-inf")
+
+
+@dataclass
+class _CounterDir:
+    """counters/ or hw_counters/ of one port: its listing and a memo per file."""
+
+    sub: str
+    listing: _Listing = field(default_factory=_Listing)
+    memo: dict[str, _Memo] = field(default_factory=dict)
+
+    def read(self, pdfd: int, where: str, make: _Make, now: float,
+             out: list[Sample], read_problems: list[str], parse_problems: list[str]) -> None:
         try:
-            out.append((name, read_text(os.path.join(path, name))))
-        except OSError as e:
-            # e.g. EINVAL from a counter the firmware refuses to read: skip it, keep the port
-            if e.errno != errno.EISDIR:
-                problems.append(f"{where}/{name}: {e.strerror or e}")
-    return tuple(out)
-
-
-def _read_attrs(base: str, names: Iterable[str], where: str, problems: list[str]) -> dict[str, str]:
-    attrs: dict[str, str] = {}
-    for name in names:
-        try:
-            attrs[name] = read_text(os.path.join(base, name))
+            dfd = os.open(self.sub, _O_DIR, dir_fd=pdfd)
         except FileNotFoundError:
-            continue  # optional attribute (hfi1 has no hca_type): absent, not a problem
+            self.memo.clear()
+            return
         except OSError as e:
-            problems.append(f"{where}/{name}: {e.strerror or e}")
-    return attrs
+            read_problems.append(f"{where}/{self.sub}: {_strerror(e)}")
+            return
+        try:
+            names, changed = self.listing.of(dfd, now)
+            memo = self.memo
+            if changed:
+                memo = self.memo = {n: memo[n] for n in names if n in memo}
+            for name in names:
+                try:
+                    raw = _read_at(dfd, name)
+                except OSError as e:
+                    if e.errno == errno.ENOENT:
+                        self.listing.expire()  # gone (or a dangling link): look again next cycle
+                    # e.g. EINVAL from a counter the firmware refuses to read: skip it, keep the port
+                    if e.errno != errno.EISDIR:
+                        read_problems.append(f"{where}/{self.sub}/{name}: {_strerror(e)}")
+                    continue
+                hit = memo.get(name)
+                if hit is None or hit[0] != raw:
+                    sample, problem = make(name, raw)
+                    hit = memo[name] = (raw, sample, problem)
+                if hit[1] is not None:
+                    out.append(hit[1])
+                elif hit[2] is not None:
+                    parse_problems.append(f"{where}/{self.sub}/{name}: {hit[2]}")
+        finally:
+            os.close(dfd)
 
 
-def read_device(class_dir: str, name: str, problems: list[str]) -> DeviceFiles:
-    base = os.path.join(class_dir, name)
-    attrs = _read_attrs(base, _DEVICE_ATTRS, name, problems)
-    ports: list[PortFiles] = []
-    ports_dir = os.path.join(base, "ports")
-    port_names = _listdir(ports_dir)
-    if not port_names:
-        problems.append(f"{name}: no ports")
-    for pn in port_names:
-        pdir = os.path.join(ports_dir, pn)
-        where = f"{name}/ports/{pn}"
-        ports.append(PortFiles(
-            port=pn,
-            attrs=_read_attrs(pdir, _PORT_ATTRS, where, problems),
-            counters=_read_dir_files(os.path.join(pdir, "counters"), f"{where}/counters", problems),
-            hw_counters=_read_dir_files(os.path.join(pdir, "hw_counters"), f"{where}/hw_counters", problems),
-        ))
-    return DeviceFiles(name, attrs, tuple(ports))
-
-
-def read_devices(sysfs_root: Path) -> tuple[tuple[IbDevice, ...], tuple[str, ...]]:
-    """Every HCA under <sysfs_root>/class/infiniband, and the problems met (never raises for one)."""
-    class_dir = os.path.join(sysfs_root, "class", "infiniband")
-    problems: list[str] = []
+def _counter_value(raw: bytes) -> tuple[int | None, str | None]:
+    """(value, problem); (None, None) for 'N/A (no PMA)'. int() reads the bytes directly in the
+    common case; anything else goes through the pure parser for its verdict and message."""
     try:
-        names = sorted(os.listdir(class_dir))
-    except OSError as e:
-        return (), (f"{class_dir}: {e.strerror or e} (no InfiniBand devices)",)
-    devices: list[IbDevice] = []
-    for name in names:
-        parsed = parse_device(read_device(class_dir, name, problems))
-        problems.extend(parsed.problems)
-        devices.append(parsed.device)
-    return tuple(devices), tuple(problems)
+        v = int(raw)
+        if v >= 0:
+            return v, None
+    except ValueError:
+        pass
+    try:
+        return parse_counter(_text(raw)), None
+    except ValueError as e:
+        return None, str(e)
 
 
-def samples_of(devices: Iterable[IbDevice]) -> list[Sample]:
-    out: list[Sample] = []
-    add = out.append
-    for d in devices:
-        add(Sample.of("infiniband_info", 1, device=d.name, board_id=d.board_id or "",
-                      firmware_version=d.fw_ver or "", hca_type=d.hca_type or ""))
-        for p in d.ports:
-            lab = {"device": d.name, "port": p.port}
-            if p.state_id is not None:
-                add(Sample.of("infiniband_port_state", p.state_id, state=p.state, **lab))
-            if p.phys_state_id is not None:
-                add(Sample.of("infiniband_port_physical_state", p.phys_state_id, state=p.phys_state, **lab))
-            if p.rate_bytes_per_second is not None:
-                add(Sample.of("infiniband_port_rate_bytes_per_second", p.rate_bytes_per_second, **lab))
-            if p.link_layer is not None:
-                add(Sample.of("infiniband_port_link_layer_info", 1, link_layer=p.link_layer, **lab))
-            for name, v in p.counters:
-                if name in _DATA_COUNTERS:
-                    add(Sample.of(_DATA_COUNTERS[name], v * DATA_WORD_BYTES, **lab))
-                elif name in _PACKET_COUNTERS:
-                    add(Sample.of(_PACKET_COUNTERS[name], v, **lab))
-                else:
-                    add(Sample.of("infiniband_port_stat", v, counter=name, **lab))
-            for name, v in p.hw_counters:
-                add(Sample.of("infiniband_port_hw_stat", v, counter=name, **lab))
-    return out
+class _Port:
+    """One port's readers and memos; built when the port first appears."""
+
+    def __init__(self, device: str, name: str, number: int) -> None:
+        self.device, self.name, self.number = device, name, number
+        self.where = f"{device}/ports/{name}"
+        self.port_label = str(number)
+        self.attr_memo: dict[str, _Memo] = {}
+        self.counters = _CounterDir("counters")
+        self.hw_counters = _CounterDir("hw_counters")
+
+    def _labels(self, **extra: str) -> Labels:
+        return labels_of(device=self.device, port=self.port_label, **extra)
+
+    def _make_attr(self, attr: str, raw: bytes) -> tuple[Sample | None, str | None]:
+        text = _text(raw)
+        try:
+            if attr == "state" or attr == "phys_state":
+                ident, name = parse_enum(text)
+                metric = "infiniband_port_state" if attr == "state" else "infiniband_port_physical_state"
+                return Sample(metric, float(ident), self._labels(state=name)), None
+            if attr == "rate":
+                return Sample("infiniband_port_rate_bytes_per_second", parse_rate(text), self._labels()), None
+        except ValueError as e:
+            return None, str(e)
+        layer = text.strip()
+        if not layer:
+            return None, None
+        return Sample("infiniband_port_link_layer_info", 1.0, self._labels(link_layer=layer)), None
+
+    def _make_counter(self, name: str, raw: bytes) -> tuple[Sample | None, str | None]:
+        v, problem = _counter_value(raw)
+        if v is None:
+            return None, problem
+        if name in _DATA_COUNTERS:
+            return Sample(_DATA_COUNTERS[name], float(v * DATA_WORD_BYTES), self._labels()), None
+        if name in _PACKET_COUNTERS:
+            return Sample(_PACKET_COUNTERS[name], float(v), self._labels()), None
+        return Sample("infiniband_port_stat", float(v), self._labels(counter=name)), None
+
+    def _make_hw(self, name: str, raw: bytes) -> tuple[Sample | None, str | None]:
+        v, problem = _counter_value(raw)
+        if v is None:
+            return None, problem
+        return Sample("infiniband_port_hw_stat", float(v), self._labels(counter=name)), None
+
+    def read(self, ports_dfd: int, now: float, out: list[Sample],
+             read_problems: list[str], parse_problems: list[str]) -> bool:
+        """False when the port's directory is gone (the caller lists the ports again)."""
+        try:
+            pdfd = os.open(self.name, _O_DIR, dir_fd=ports_dfd)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            read_problems.append(f"{self.where}: {_strerror(e)}")
+            return True
+        try:
+            attr_samples: list[Sample] = []
+            attr_parse: list[str] = []
+            for attr in _PORT_ATTRS:
+                try:
+                    raw = _read_at(pdfd, attr)
+                except FileNotFoundError:
+                    continue  # optional attribute: absent, not a problem
+                except OSError as e:
+                    read_problems.append(f"{self.where}/{attr}: {_strerror(e)}")
+                    continue
+                hit = self.attr_memo.get(attr)
+                if hit is None or hit[0] != raw:
+                    hit = self.attr_memo[attr] = (raw, *self._make_attr(attr, raw))
+                if hit[1] is not None:
+                    attr_samples.append(hit[1])
+                elif hit[2] is not None:
+                    attr_parse.append(f"{self.where}/{attr}: {hit[2]}")
+            out.extend(attr_samples)
+            parse_problems.extend(attr_parse)
+            self.counters.read(pdfd, self.where, self._make_counter, now, out, read_problems, parse_problems)
+            self.hw_counters.read(pdfd, self.where, self._make_hw, now, out, read_problems, parse_problems)
+        finally:
+            os.close(pdfd)
+        return True
+
+
+_DEVICE_ATTRS = ("board_id", "fw_ver", "hca_type")
+
+
+class _Device:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.ports_listing = _Listing()
+        self.ports: dict[str, _Port] = {}
+        self.info: tuple[tuple[bytes | None, ...], Sample] | None = None
+
+    def _info(self, dfd: int, read_problems: list[str]) -> Sample:
+        raws: list[bytes | None] = []
+        for attr in _DEVICE_ATTRS:
+            try:
+                raws.append(_read_at(dfd, attr))
+            except FileNotFoundError:
+                raws.append(None)  # optional attribute (hfi1 has no hca_type): absent, not a problem
+            except OSError as e:
+                raws.append(None)
+                read_problems.append(f"{self.name}/{attr}: {_strerror(e)}")
+        key = tuple(raws)
+        if self.info is None or self.info[0] != key:
+            board, fw, hca = (_text(r).strip() if r is not None else "" for r in raws)
+            self.info = (key, Sample("infiniband_info", 1.0, labels_of(
+                device=self.name, board_id=board, firmware_version=fw, hca_type=hca)))
+        return self.info[1]
+
+    def read(self, class_dfd: int, now: float, out: list[Sample], problems: list[str]) -> None:
+        read_problems: list[str] = []
+        parse_problems: list[str] = []
+        try:
+            dfd = os.open(self.name, _O_DIR, dir_fd=class_dfd)
+        except OSError as e:
+            problems.append(f"{self.name}: {_strerror(e)}")
+            return
+        try:
+            out.append(self._info(dfd, read_problems))
+            try:
+                ports_dfd = os.open("ports", _O_DIR, dir_fd=dfd)
+            except FileNotFoundError:
+                ports_dfd = -1
+            except OSError as e:
+                ports_dfd = -1
+                read_problems.append(f"{self.name}/ports: {_strerror(e)}")
+            try:
+                names: tuple[str, ...] = ()
+                if ports_dfd >= 0:
+                    names, changed = self.ports_listing.of(ports_dfd, now)
+                    if changed:
+                        self.ports = {n: p for n, p in self.ports.items() if n in names}
+                if not names:
+                    read_problems.append(f"{self.name}: no ports")
+                numbered: list[tuple[int, str]] = []
+                for pn in names:
+                    try:
+                        numbered.append((int(pn), pn))
+                    except ValueError:
+                        parse_problems.append(f"{self.name}/ports/{pn}: port directory name is not a number")
+                numbered.sort()
+                for number, pn in numbered:
+                    port = self.ports.get(pn)
+                    if port is None:
+                        port = self.ports[pn] = _Port(self.name, pn, number)
+                    if not port.read(ports_dfd, now, out, read_problems, parse_problems):
+                        self.ports_listing.expire()
+            finally:
+                if ports_dfd >= 0:
+                    os.close(ports_dfd)
+        finally:
+            os.close(dfd)
+        problems.extend(read_problems)
+        problems.extend(parse_problems)
 
 
 class InfinibandCollector:
@@ -158,13 +325,32 @@ class InfinibandCollector:
 
     def __init__(self, sysfs_root: Path) -> None:
         self.sysfs_root = sysfs_root
+        self._class_dir = os.path.join(sysfs_root, "class", "infiniband")
+        self._devices: dict[str, _Device] = {}
 
     def collect(self) -> Collection:
-        devices, problems = read_devices(self.sysfs_root)
-        return Collection(tuple(samples_of(devices)), errors=problems)
+        """Every HCA port's samples, and the problems met (one bad file never fails the rest)."""
+        problems: list[str] = []
+        try:
+            class_dfd = os.open(self._class_dir, _O_DIR)
+        except OSError as e:
+            self._devices = {}
+            return Collection((), errors=(f"{self._class_dir}: {_strerror(e)} (no InfiniBand devices)",))
+        out: list[Sample] = []
+        now = time.monotonic()
+        try:
+            # Listed every cycle: HCAs come and go with driver reloads (sysfs does not bump the mtime).
+            names = sorted(os.listdir(class_dfd))
+            devices = {n: self._devices.get(n) or _Device(n) for n in names}
+            self._devices = devices
+            for dev in devices.values():
+                dev.read(class_dfd, now, out, problems)
+        finally:
+            os.close(class_dfd)
+        return Collection(tuple(out), errors=tuple(problems))
 
     def close(self) -> None:
-        pass
+        self._devices = {}
 
 
 def create(cfg: Config, **_seams: object) -> InfinibandCollector:

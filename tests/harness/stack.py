@@ -372,23 +372,24 @@ def alertmanager(workdir: Path, config_text: str) -> Iterator[Alertmanager]:
 # ---- agents -----------------------------------------------------------------------------------------
 
 
-def agent_config(*, interval: float = 1.0, nfs_interval: float = 2.0, rate_window: float = 300.0,
-                 mounts: Sequence[str] = ("/home",), publish_url: str = "", token: str = "",
-                 spool_dir: Path | None = None) -> str:
-    """An agent config for tests: every collector every `interval` s, NFS probes with 1 s timeouts.
+def agent_config(*, interval: float = 2.0, kmsg_interval: float = 1.0, nfs_interval: float = 5.0,
+                 probe_timeout: float = 5.0, rate_window: float = 300.0, mounts: Sequence[str] = ("/home",),
+                 publish_url: str = "", token: str = "", spool_dir: Path | None = None) -> str:
+    """An agent config for tests: collectors every `interval` s, the kernel log every `kmsg_interval`.
 
-    NFS gets its own, longer interval: each probe of a simulated mount is a Python subprocess,
-    and several agents probing every second would eat a small machine. An empty `publish_url`
-    means the agent does not push to an aggregator.
+    The simulator's NFS probe is a Python subprocess: on this shared 2-core machine its start-up
+    alone can take 3 s, so a shorter probe timeout reports healthy mounts as hung. Hence the long
+    NFS interval and probe timeout. An empty `publish_url` means the agent does not push.
     """
-    c = {"interval": interval, "timeout": max(2.0, interval * 2)}
+    c = {"interval": interval, "timeout": max(4.0, interval * 2)}
     doc: dict[str, Any] = {
         "log": {"level": "info", "format": "json"},
         "collectors": {
-            "nvml": dict(c), "nvlink": dict(c), "infiniband": dict(c), "host": dict(c), "kmsg": dict(c),
+            "nvml": dict(c), "nvlink": dict(c), "infiniband": dict(c), "host": dict(c),
+            "kmsg": {"interval": kmsg_interval, "timeout": 4.0},
             "dcgm": {"enabled": False},
-            "nfs": {"interval": nfs_interval, "timeout": max(3.0, nfs_interval),
-                    "mounts": [{"path": m, "timeout": 1.0} for m in mounts]},
+            "nfs": {"interval": nfs_interval, "timeout": probe_timeout + 3.0,
+                    "mounts": [{"path": m, "timeout": probe_timeout} for m in mounts]},
         },
         "checks": {"rate_window": rate_window},
     }
@@ -416,16 +417,17 @@ class Agents:
 
 @contextlib.contextmanager
 def agents(workdir: Path, sim_root: Path, configs: Mapping[str, str], profile: str = "dgx-h100",
-           ready_timeout: float = 120.0) -> Iterator[Agents]:
+           ports: Mapping[str, int] | None = None, ready_timeout: float = 120.0) -> Iterator[Agents]:
     """`podhealth agent --simulate` for each node in `configs` (node -> config text), started
-    together (they import and initialise in parallel) and ready when each answers /metrics."""
+    together (they import and initialise in parallel) and ready when each answers /metrics.
+    `ports` fixes some nodes' ports (an aggregator configured with their URLs before they start)."""
     workdir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         services: dict[str, Service] = {}
         for node, text in configs.items():
             conf = workdir / f"{node}.yml"
             conf.write_text(text)
-            port = free_port()
+            port = (ports or {}).get(node) or free_port()
             argv = [sys.executable, "-m", "podhealth", "agent", "--simulate", profile, "--node", node,
                     "--sim-root", str(sim_root), "--listen", f"{LOOPBACK}:{port}", "--config", str(conf)]
             services[node] = stack.enter_context(service(f"agent-{node}", argv, workdir, port=port))
@@ -467,12 +469,16 @@ def simulate_all(sim_root: Path, commands: Sequence[Sequence[str]], timeout: flo
     assert not errors, "\n".join(errors)
 
 
-def injected_at(sim_root: Path, node: str, kind: str) -> float:
-    """When the newest fault of `kind` was injected into `node` (from `podhealth simulate show`)."""
-    state = json.loads(simulate(sim_root, "show", node))
-    times = [float(f["injected_at"]) for f in state.get("faults", []) if f.get("kind") == kind]
-    assert times, f"no {kind} fault on {node}: {state.get('faults')}"
-    return max(times)
+def kernel_line_written(sim_root: Path, node: str) -> float:
+    """When the simulated kernel last logged a line on `node` (an injected XID writes one).
+
+    This, not the fault's `injected_at`, is when an agent can first see an XID: `simulate inject`
+    records the fault, then waits for the node's lock (held while the agent's refresher rewrites
+    its trees) before it writes the line, which takes seconds on a loaded machine.
+    """
+    from podhealth.sim.node import SimNode
+
+    return SimNode.open(sim_root, node).kmsg_path.stat().st_mtime
 
 
 # ---- the aggregator ---------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ SCALE = 1 / 30
 XID_WINDOW = 15.0
 # Lasting conditions (NFS, node health alerts) must persist this long before a fence; XIDs fence
 # at once. It also gives the breaker time to see a fleet-wide outage before any node is fenced.
-MIN_DURATION = 10.0
+MIN_DURATION = 15.0
 TIMEOUT = 60.0  # per wait; generous because ~8 engineers share this machine's 2 cores
 NODE_ALERTS = ("PodhealthGPUXidCritical", "PodhealthNodeFailReboot", "PodhealthNodeFailReplace")
 
@@ -155,7 +155,7 @@ def run_phases(pipeline: dict[str, Any], slurm: SlurmCluster) -> None:
         return len(drained_at) == 2
 
     wait_until(both_drained, TIMEOUT, 0.05, f"{DIRECT} and {ALERT_ONLY} drained in Slurm")
-    latency = {n: drained_at[n] - stack.injected_at(sim_root, n, "xid") for n in drained_at}
+    latency = {n: drained_at[n] - stack.kernel_line_written(sim_root, n) for n in drained_at}
     direct, by_alert = slurm_node(slurm, DIRECT), slurm_node(slurm, ALERT_ONLY)
     assert direct.reason.startswith("podhealth: xid gpu3 "), \
         f"{DIRECT} should be drained by the agent's push (check xid), got reason {direct.reason!r}"

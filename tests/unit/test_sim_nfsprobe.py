@@ -1,0 +1,47 @@
+"""The simulated NFS probe blocks on a hung mount, like stat would, but never outlives its parent."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from podhealth.sim import faults
+from podhealth.sim.node import SimNode
+from tests.harness.proc import wait_until
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_hung_probe_exits_when_its_parent_dies(tmp_path: Path) -> None:
+    node = SimNode.create(tmp_path, "dgx01", "dgx-h100")
+    node.inject(faults.parse(["fault=nfs-hung", "mount=/home"], time.time()))
+    # A parent that starts the probe in its own session (as the collector does) and then dies.
+    code = ("import subprocess,sys; p=subprocess.Popen(sys.argv[1:], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid, flush=True)")
+    out = subprocess.run([sys.executable, "-c", code, *node.probe_argv("/home")], capture_output=True, text=True, timeout=30)
+    pid = int(out.stdout.split()[0])
+    try:
+        assert _alive(pid)  # still "hung" right after its parent exited
+        wait_until(lambda: not _alive(pid), timeout=10, what="the orphaned probe to exit")
+    finally:
+        if _alive(pid):
+            os.kill(pid, 9)
+
+
+def test_healthy_and_missing_mounts_answer_at_once(tmp_path: Path) -> None:
+    node = SimNode.create(tmp_path, "dgx01", "dgx-h100")
+    assert subprocess.run(node.probe_argv("/home"), capture_output=True, timeout=30).returncode == 0
+    node.inject(faults.parse(["fault=nfs-missing", "mount=/home"], time.time()))
+    r = subprocess.run(node.probe_argv("/home"), capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "No such file or directory" in r.stderr
