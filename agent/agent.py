@@ -129,6 +129,11 @@ class Agent:
     def invalidate(self) -> None:
         """Re-render /metrics for the current snapshot (a metric source's data changed)."""
         self.exposition.update(self.store.snapshot)
+        if self._started:
+            try:
+                asyncio.get_running_loop().call_soon(self._prerender_if_idle)
+            except RuntimeError:
+                pass  # called off the loop: the next scrape renders it
 
     @property
     def url(self) -> str:

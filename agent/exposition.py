@@ -9,6 +9,8 @@ counter-example.
 
 `families()` does the validation once; `SnapshotCollector` (prometheus-client's custom collector
 protocol) and the cached encoder in agent/encode.py both render its output, byte for byte alike.
+The agent itself renders through agent/blocks.py, which applies the same rules (the helpers
+below) family by family and reuses what did not change; tests hold it to `families()`' output.
 """
 
 from __future__ import annotations
@@ -16,15 +18,16 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping, Sequence
-
-from prometheus_client.metrics_core import Metric
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 from podhealth import log
 from podhealth.agent.family import Family, MetricSource
 from podhealth.agent.selfmetrics import self_families
 from podhealth.snapshot import Snapshot
 from podhealth.vocab import Labels, MetricSpec, Sample
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 __all__ = ["PREFIX", "Family", "MetricSource", "RenderContext", "Rendered", "SnapshotCollector", "families", "with_node"]
 
@@ -94,10 +97,10 @@ class _Checked:
             _log.warning(msg, **kw)
 
 
-_checked = _Checked()
+checked = _Checked()
 
 
-def _names(spec: MetricSpec, prefixed: bool) -> tuple[str, str, str, str]:
+def names_of(spec: MetricSpec, prefixed: bool) -> tuple[str, str, str, str]:
     """(family name, sample name, type, unit) for a spec."""
     base = PREFIX + spec.name if prefixed else spec.name
     if spec.kind == "counter":
@@ -113,52 +116,66 @@ def _names(spec: MetricSpec, prefixed: bool) -> tuple[str, str, str, str]:
     return base, sample, typ, unit
 
 
+def checked_value(s: Sample, typ: str, origin: str) -> float | None:
+    """The value a sample is rendered with, or None when the sample must be dropped."""
+    bad = checked.bad_label(s.labels)
+    if bad is not None:
+        checked.warn_once(f"{origin}:{bad}", "invalid label name dropped a sample", metric=origin, label=bad)
+        return None
+    value = s.value
+    if typ == "info":
+        return 1.0
+    if type(value) is not float:
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            return None
+    if typ == "counter" and (value < 0 or math.isnan(value)):
+        # A negative counter breaks rate(): a collector bug, not data.
+        checked.warn_once(f"{origin}:neg", "negative counter dropped", metric=origin)
+        return None
+    return value
+
+
 def _series(samples: Iterable[Sample], typ: str, origin: str) -> tuple[tuple[Labels, float], ...]:
     """Validated series; the last value wins on a duplicate label set."""
     out: dict[Labels, float] = {}
-    info = typ == "info"
     for s in samples:
-        bad = _checked.bad_label(s.labels)
-        if bad is not None:
-            _checked.warn_once(f"{origin}:{bad}", "invalid label name dropped a sample", metric=origin, label=bad)
-            continue
-        value = s.value
-        if info:
-            value = 1.0
-        elif type(value) is not float:
-            try:
-                value = float(value)
-            except (TypeError, ValueError):
-                continue
-        if typ == "counter" and (value < 0 or math.isnan(value)):
-            # A negative counter breaks rate(): a collector bug, not data.
-            _checked.warn_once(f"{origin}:neg", "negative counter dropped", metric=origin)
-            continue
-        out[s.labels] = value
+        value = checked_value(s, typ, origin)
+        if value is not None:
+            out[s.labels] = value
     return tuple(out.items())
+
+
+def collector_groups(cname: str, samples: Iterable[Sample],
+                     specs: Mapping[str, MetricSpec]) -> list[tuple[MetricSpec, list[Sample]]]:
+    """One collector's samples by metric name, in order of first appearance, with their specs."""
+    by_name: dict[str, list[Sample]] = {}
+    for s in samples:
+        lst = by_name.get(s.name)
+        if lst is None:
+            lst = by_name[s.name] = []
+        lst.append(s)
+    out = []
+    for name, group in by_name.items():
+        spec = specs.get(name)
+        if spec is None:
+            checked.warn_once(f"{cname}:{name}:nospec", "sample without a MetricSpec rendered as gauge",
+                               collector=cname, metric=name)
+            spec = MetricSpec(name, "gauge", f"{name} (undocumented, from collector {cname})")
+        out.append((spec, group))
+    return out
 
 
 def _collector_groups(snapshot: Snapshot, ctx: RenderContext) -> Iterator[tuple[str, MetricSpec, Sequence[Sample], bool]]:
     for cname, st in snapshot.collectors.items():
         if not st.samples:
             continue
-        specs = ctx.specs.get(cname, {})
-        by_name: dict[str, list[Sample]] = {}
-        for s in st.samples:
-            lst = by_name.get(s.name)
-            if lst is None:
-                lst = by_name[s.name] = []
-            lst.append(s)
-        for name, samples in by_name.items():
-            spec = specs.get(name)
-            if spec is None:
-                _checked.warn_once(f"{cname}:{name}:nospec", "sample without a MetricSpec rendered as gauge",
-                                   collector=cname, metric=name)
-                spec = MetricSpec(name, "gauge", f"{name} (undocumented, from collector {cname})")
+        for spec, samples in collector_groups(cname, st.samples, ctx.specs.get(cname, {})):
             yield cname, spec, samples, True
 
 
-def _source_groups(snapshot: Snapshot, ctx: RenderContext) -> Iterator[tuple[str, MetricSpec, Sequence[Sample], bool]]:
+def source_groups(snapshot: Snapshot, ctx: RenderContext) -> Iterator[tuple[str, MetricSpec, Sequence[Sample], bool]]:
     for fam in self_families(snapshot, ctx.version, ctx.profile):
         yield "self", fam.spec, fam.samples, True
     for source in ctx.sources:
@@ -175,12 +192,12 @@ def _source_groups(snapshot: Snapshot, ctx: RenderContext) -> Iterator[tuple[str
 def families(snapshot: Snapshot, ctx: RenderContext) -> list[Rendered]:
     """Every family of the snapshot (collector samples, self-metrics, metric sources), merged by name."""
     merged: dict[str, tuple[tuple[str, str, str, str, str], list[Sample]]] = {}
-    groups = list(_collector_groups(snapshot, ctx)) + list(_source_groups(snapshot, ctx))
+    groups = list(_collector_groups(snapshot, ctx)) + list(source_groups(snapshot, ctx))
     for origin, spec, samples, prefixed in groups:
-        if not _checked.name_ok(spec.name):
-            _checked.warn_once(f"{origin}:{spec.name}", "invalid metric name skipped", origin=origin, metric=spec.name)
+        if not checked.name_ok(spec.name):
+            checked.warn_once(f"{origin}:{spec.name}", "invalid metric name skipped", origin=origin, metric=spec.name)
             continue
-        name, sample, typ, unit = _names(spec, prefixed)
+        name, sample, typ, unit = names_of(spec, prefixed)
         entry = merged.get(name)
         if entry is None:
             merged[name] = ((name, sample, typ, spec.help or spec.name, unit), list(samples))
@@ -201,10 +218,14 @@ class SnapshotCollector:
         self.snapshot = snapshot
         self.ctx = ctx
 
-    def describe(self) -> list[Metric]:
+    def describe(self) -> list["Metric"]:
         return []  # registering must not trigger a collection
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator["Metric"]:
+        # Imported here: the agent renders through agent/blocks.py and never needs
+        # prometheus-client at run time (it costs ~8 MiB of RSS).
+        from prometheus_client.metrics_core import Metric
+
         for fam in families(self.snapshot, self.ctx):
             m = Metric(fam.name, fam.help, fam.type, fam.unit)
             for labels, value in fam.series:

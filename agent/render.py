@@ -2,7 +2,8 @@
 
 No collection ever happens on the request path: a scrape gets the cached bytes of the latest
 snapshot, or, for the first scrape after a change, waits for that snapshot to be rendered (in a
-thread; a few milliseconds). Variants: text or OpenMetrics, plain or gzip.
+thread; a few milliseconds). Variants: text or OpenMetrics, plain or gzip. The agent renders
+through agent/blocks.py, which reuses what did not change since the last render.
 """
 
 from __future__ import annotations
@@ -12,14 +13,20 @@ import enum
 import gzip
 from typing import Iterable
 
-from prometheus_client.openmetrics import exposition as om_exposition
-
 from podhealth import log
+from podhealth.agent.blocks import BlockEncoder
 from podhealth.agent.encode import Encoder
 from podhealth.agent.exposition import RenderContext, Rendered, families
 from podhealth.snapshot import Snapshot
 
 _log = log.get("podhealth.agent.render")
+
+# prometheus-client's openmetrics.exposition.CONTENT_TYPE_LATEST (a test compares them): not
+# imported, so the agent does not load prometheus-client at all.
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+# A burst of snapshot changes (collectors finishing one after the other, then the verdicts they
+# lead to) is rendered once, this long after its last change.
+PRERENDER_DELAY = 0.05
 
 
 class Format(enum.Enum):
@@ -29,7 +36,7 @@ class Format(enum.Enum):
     @property
     def content_type(self) -> str:
         if self is Format.OPENMETRICS:
-            return str(om_exposition.CONTENT_TYPE_LATEST)
+            return OPENMETRICS_CONTENT_TYPE
         return "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -67,31 +74,40 @@ def _encode(fams: list[Rendered], encoder: Encoder, variants: Iterable[Variant])
     for fmt, gz in variants:
         if fmt not in plain:
             plain[fmt] = encoder.encode(fams, fmt is Format.OPENMETRICS)
-        # Level 1: loopback and LAN scrapes gain little from tighter compression; CPU matters more.
-        out[(fmt, gz)] = gzip.compress(plain[fmt], compresslevel=1, mtime=0) if gz else plain[fmt]
+        out[(fmt, gz)] = _compress(plain[fmt]) if gz else plain[fmt]
     return out
+
+
+def _compress(body: bytes) -> bytes:
+    # Level 1: loopback and LAN scrapes gain little from tighter compression; CPU matters more.
+    return gzip.compress(body, compresslevel=1, mtime=0)
 
 
 class ExpositionCache:
     """Bytes per (snapshot version, variant), built at most once per snapshot change.
 
     Rendering happens in a thread, for the variants scrapers have asked for: in the background
-    once a burst of collector updates is over (`prerender`, called by the agent when no
-    collection is in flight), or when a scrape asks for a version not rendered yet; concurrent
-    scrapes share one render. Rendering on every single update would render several times per
-    cycle, since collectors finish at different moments.
+    once a burst of updates is over (`prerender`, called by the agent when no collection is in
+    flight, debounced by PRERENDER_DELAY so that the verdicts following a collection land in the
+    same render), or when a scrape asks for a version not rendered yet; concurrent scrapes share
+    one render. The background render is skipped while nobody has fetched the previous one:
+    with collectors faster than the scrape interval it would mostly render for nobody, and the
+    next scrape renders on demand instead (a few milliseconds).
     """
 
     def __init__(self, ctx: RenderContext, snapshot: Snapshot) -> None:
         self.ctx = ctx
-        self.encoder = Encoder(ctx.node)
+        self._blocks = BlockEncoder(ctx.node)
         self._snapshot = snapshot
         self._version = 0
         self._cache: dict[Variant, tuple[int, bytes]] = {}
-        self._fams: tuple[int, list[Rendered]] | None = None
+        self._plain: dict[Format, tuple[int, bytes]] = {}
         self._lock = asyncio.Lock()
         self._wanted: set[Variant] = set()
         self._pre: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._burst_started = 0.0
+        self._served = True  # the last render was fetched by a scrape (or none happened yet)
         self.renders = 0
 
     def update(self, snapshot: Snapshot) -> None:
@@ -100,20 +116,42 @@ class ExpositionCache:
         self._version += 1
 
     def prerender(self) -> None:
-        """Render the variants scrapers have asked for now, in the background (call when a burst of
-        updates is over, e.g. no collection in flight), so the next scrape finds its bytes ready."""
+        """Render the variants scrapers have asked for in the background, PRERENDER_DELAY after the
+        last call (at most PRERENDER_DELAY x 10 after the first of a burst), so the next scrape
+        finds its bytes ready."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._timer is not None:
+            if now - self._burst_started > PRERENDER_DELAY * 10:
+                return  # a steady stream of changes: let the pending render happen
+            self._timer.cancel()
+        else:
+            self._burst_started = now
+        self._timer = loop.call_later(PRERENDER_DELAY, self._start_prerender)
+
+    def _start_prerender(self) -> None:
+        self._timer = None
+        if not self._served:
+            return
         if self._pre is None or self._pre.done():
             self._pre = asyncio.get_running_loop().create_task(self._prerender(), name="prerender-metrics")
 
     async def _prerender(self) -> None:
         for variant in list(self._wanted):
             try:
-                await self.get(variant)
+                await self._get(variant)
             except Exception:  # noqa: BLE001 - already logged; a scrape will retry
                 return
+        self._served = False
 
     async def get(self, variant: Variant) -> bytes:
+        """The bytes of the latest snapshot in this variant (what a scrape serves)."""
         self._wanted.add(variant)
+        out = await self._get(variant)
+        self._served = True
+        return out
+
+    async def _get(self, variant: Variant) -> bytes:
         hit = self._cache.get(variant)
         if hit is not None and hit[0] == self._version:
             return hit[1]
@@ -122,28 +160,34 @@ class ExpositionCache:
             version, snapshot = self._version, self._snapshot
             if hit is not None and hit[0] == version:
                 return hit[1]
-            known = self._fams[1] if self._fams is not None and self._fams[0] == version else None
             try:
-                fams, out = await asyncio.to_thread(self._render, snapshot, known, variant)
+                out = await asyncio.to_thread(self._render, snapshot, version, variant)
             except Exception:  # noqa: BLE001 - serve the last good bytes rather than fail the scrape
                 _log.exception("rendering /metrics failed")
                 if hit is None:
                     raise
                 return hit[1]
-            self.renders += 1
-            self._fams = (version, fams)
             self._cache[variant] = (version, out)
             return out
 
-    def _render(self, snapshot: Snapshot, fams: list[Rendered] | None, variant: Variant) -> tuple[list[Rendered], bytes]:
-        if fams is None:
-            fams = families(snapshot, self.ctx)
-        return fams, _encode(fams, self.encoder, [variant])[variant]
+    def _render(self, snapshot: Snapshot, version: int, variant: Variant) -> bytes:
+        """In the render thread (one at a time: the caller holds the lock)."""
+        fmt, gz = variant
+        plain = self._plain.get(fmt)
+        if plain is None or plain[0] != version:
+            if self._blocks.node != self.ctx.node:
+                self._blocks = BlockEncoder(self.ctx.node)
+            plain = self._plain[fmt] = (version, self._blocks.render(snapshot, self.ctx, fmt is Format.OPENMETRICS))
+            self.renders += 1
+        return _compress(plain[1]) if gz else plain[1]
 
     async def current(self, variant: Variant = (Format.TEXT, False)) -> bytes:
         return await self.get(variant)
 
     async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._pre is not None:
             self._pre.cancel()
             await asyncio.gather(self._pre, return_exceptions=True)

@@ -224,6 +224,28 @@ class Trial:
     inject_to_line: float
     drain: float | None
     alert: float | None
+    verdict: float | None = None  # the agent logged xid FAIL (from its JSON log)
+
+
+def agent_verdict_time(log: Path, node_gpu: str, after: float) -> float | None:
+    """When the agent logged the xid check turning FAIL for `node_gpu` (first time after `after`)."""
+    from datetime import datetime
+
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if '"check transition"' not in line or '"xid"' not in line:
+            continue
+        try:
+            d = json.loads(line)
+            t = datetime.fromisoformat(d["timestamp"].replace("Z", "+00:00")).timestamp()
+        except (ValueError, KeyError):
+            continue
+        if d.get("entity") == node_gpu and d.get("new") == "FAIL" and t >= after - 0.01:
+            return t
+    return None
 
 
 def slurm_line(env: dict[str, str], node: str) -> str:
@@ -255,7 +277,7 @@ def node_ready(agg_url: str, env: dict[str, str], node: str, prom_url: str | Non
 
 
 def run_trials(args: argparse.Namespace, root: Path, agg: Aggregator, env: dict[str, str], nodes: list[str],
-               sink: Sink | None, prom_url: str | None, am_url: str | None, procs: Procs) -> list[Trial]:
+               sink: Sink | None, prom_url: str | None, am_url: str | None, procs: Procs, logs: Path) -> list[Trial]:
     trials: list[Trial] = []
     for i in range(args.trials):
         node = nodes[i % len(nodes)]
@@ -282,9 +304,11 @@ def run_trials(args: argparse.Namespace, root: Path, agg: Aggregator, env: dict[
                 got = sink.firing_after(node, t0)
                 t_alert = got - t0 if got is not None else None
             time.sleep(0.05)
-        trials.append(Trial(node, t0 - t_cmd, t_drain, t_alert))
-        print(f"  trial {i + 1:2d} {node}: DRAIN {_s(t_drain)}" + (f"   alert webhook {_s(t_alert)}" if sink else ""),
-              flush=True)
+        tv = agent_verdict_time(logs / f"agent-{node}.log", "gpu3", t0)
+        trial = Trial(node, t0 - t_cmd, t_drain, t_alert, tv - t0 if tv is not None else None)
+        trials.append(trial)
+        print(f"  trial {i + 1:2d} {node}: agent verdict {_s(trial.verdict)}   DRAIN {_s(t_drain)}"
+              + (f"   alert webhook {_s(t_alert)}" if sink else ""), flush=True)
         subprocess.run([sys.executable, "-m", "podhealth", "simulate", "clear", node, "--root", str(root)],
                        capture_output=True, timeout=60, cwd=REPO)
         if t_drain is not None:
@@ -390,7 +414,7 @@ def main() -> int:
                 print("Alertmanager timings from alerts/alertmanager.yml, scaled: " + "; ".join(changes))
             print(f"fault_to_fence: {args.trials} trials over {args.nodes} simulated nodes; loopback Slurm "
                   f"{args.nodes} nodes; alerts path {'on' if alerts else 'off'}", flush=True)
-            trials = run_trials(args, root, agg, cluster.env, nodes, sink, prom_url, am_url, procs)
+            trials = run_trials(args, root, agg, cluster.env, nodes, sink, prom_url, am_url, procs, wd)
         finally:
             if sink is not None:
                 sink.close()
@@ -398,6 +422,9 @@ def main() -> int:
             agg.stop()
     print("\nResults (t0 = the XID 79 line is in the node's kernel log):")
     summarise("path 1: kmsg -> DRAIN in Slurm", [t.drain for t in trials], 2.0)
+    summarise("  of which kmsg -> agent's xid FAIL", [t.verdict for t in trials], None)
+    summarise("  of which agent FAIL -> DRAIN", [t.drain - t.verdict if t.drain is not None and t.verdict is not None
+                                              else None for t in trials], None)
     if alerts:
         summarise("path 2: kmsg -> Alertmanager webhook", [t.alert for t in trials], None)
     print(f"  (the simulator took {percentile([t.inject_to_line for t in trials], 50) * 1e3:.0f} ms p50 from "

@@ -8,6 +8,7 @@ and nothing else.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -20,10 +21,11 @@ from podhealth.collectors.nfs_parse import (
 )
 from podhealth.collectors.probe import Probe
 from podhealth.config import Config
-from podhealth.vocab import MetricSpec, Sample
+from podhealth.vocab import Labels, MetricSpec, Sample, labels_of
 
 ProbeArgv = Callable[[str], Sequence[str]]
 _MAX_READ = 16 * 1024 * 1024  # mountstats on a node with hundreds of mounts is a few MB at most
+_CHUNK = 256 * 1024
 
 METRICS: Mapping[str, MetricSpec] = specs(
     MetricSpec("nfs_mount_present", "gauge", "1 when a configured NFS mount is listed in mountstats."),
@@ -65,62 +67,117 @@ def default_probe_argv(mountpoint: str) -> list[str]:
 
 
 def read_text(path: Path) -> str:
-    with open(path, "rb") as f:
-        return f.read(_MAX_READ).decode("utf-8", "replace")
+    """A whole procfs file, at most _MAX_READ bytes (procfs reports size 0: read to EOF)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks: list[bytes] = []
+        total = 0
+        while total < _MAX_READ:
+            b = os.read(fd, min(_CHUNK, _MAX_READ - total))
+            if not b:
+                break
+            chunks.append(b)
+            total += len(b)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "replace")
 
 
-def mount_samples(mounts: Iterable[NfsMount]) -> list[Sample]:
+class SampleCache:
+    """The Samples of the last collection by series, so that a value that did not change is
+    handed on as the same Sample object (no new object, and the exposition reuses its line), and
+    each series' labels are sorted once. Entries not seen in a collection are dropped at its end."""
+
+    def __init__(self) -> None:
+        self._prev: dict[tuple[str, ...], tuple[Sample, ...]] = {}
+        self._next: dict[tuple[str, ...], tuple[Sample, ...]] = {}
+
+    def samples(self, key: tuple[str, ...], names: tuple[str, ...], values: tuple[float, ...],
+                labels: Callable[[], Labels]) -> tuple[Sample, ...]:
+        """One Sample per (name, value), all with the same labels (built by `labels()` when new)."""
+        prev = self._prev.get(key)
+        if prev is not None and len(prev) == len(values):
+            if all(p.value == v for p, v in zip(prev, values)):
+                out = prev
+            else:
+                lab = prev[0].labels
+                out = tuple(p if p.value == v else Sample(n, v, lab) for p, n, v in zip(prev, names, values))
+        else:
+            lab = labels()
+            out = tuple(Sample(n, v, lab) for n, v in zip(names, values))
+        self._next[key] = out
+        return out
+
+    def commit(self) -> None:
+        self._prev, self._next = self._next, {}
+
+
+_OP_METRICS = ("nfs_operation_requests", "nfs_operation_transmissions", "nfs_operation_major_timeouts",
+               "nfs_operation_sent_bytes", "nfs_operation_received_bytes", "nfs_operation_queue_seconds",
+               "nfs_operation_rtt_seconds", "nfs_operation_execute_seconds")
+_BYTES_METRICS = ("nfs_read_bytes", "nfs_write_bytes")
+_XPRT_FIELDS = (("sends", "nfs_transport_sends"), ("receives", "nfs_transport_receives"),
+                ("bad_xids", "nfs_transport_bad_xids"))
+
+
+def mount_samples(mounts: Iterable[NfsMount], cache: SampleCache | None = None) -> list[Sample]:
     """Counter series per NFS mount. Two entries for the same (mountpoint, export) (stacked
     mounts) would make duplicate series: the later one, the one on top and visible, wins."""
+    c = cache if cache is not None else SampleCache()
     latest: dict[tuple[str, str], NfsMount] = {}
     for m in mounts:
         latest[(m.mountpoint, m.device)] = m
     out: list[Sample] = []
-    add = out.append
     for (mp, export), m in sorted(latest.items()):
-        lab = {"mountpoint": mp, "export": export}
         if m.bytes is not None:
-            add(Sample.of("nfs_read_bytes", m.bytes.normal_read, **lab))
-            add(Sample.of("nfs_write_bytes", m.bytes.normal_write, **lab))
+            out.extend(c.samples(("bytes", mp, export), _BYTES_METRICS,
+                                 (float(m.bytes.normal_read), float(m.bytes.normal_write)),
+                                 lambda: labels_of(mountpoint=mp, export=export)))
         for op in m.operations:
-            ol = {**lab, "operation": op.name}
-            add(Sample.of("nfs_operation_requests", op.requests, **ol))
-            add(Sample.of("nfs_operation_transmissions", op.transmissions, **ol))
-            add(Sample.of("nfs_operation_major_timeouts", op.major_timeouts, **ol))
-            add(Sample.of("nfs_operation_sent_bytes", op.bytes_sent, **ol))
-            add(Sample.of("nfs_operation_received_bytes", op.bytes_received, **ol))
-            add(Sample.of("nfs_operation_queue_seconds", op.queue_ms / 1000.0, **ol))
-            add(Sample.of("nfs_operation_rtt_seconds", op.rtt_ms / 1000.0, **ol))
-            add(Sample.of("nfs_operation_execute_seconds", op.execute_ms / 1000.0, **ol))
+            out.extend(c.samples(
+                ("op", mp, export, op.name), _OP_METRICS,
+                (float(op.requests), float(op.transmissions), float(op.major_timeouts), float(op.bytes_sent),
+                 float(op.bytes_received), op.queue_ms / 1000.0, op.rtt_ms / 1000.0, op.execute_ms / 1000.0),
+                lambda: labels_of(mountpoint=mp, export=export, operation=op.name)))  # noqa: B023 - called at once
         # nconnect=N prints N xprt lines of one protocol: one series per protocol, summed.
         sums: dict[str, dict[str, int]] = {}
         for t in m.transports:
             acc = sums.setdefault(t.protocol, {})
-            for field in ("sends", "receives", "bad_xids"):
+            for field, _ in _XPRT_FIELDS:
                 v = t.get(field)
                 if v is not None:
                     acc[field] = acc.get(field, 0) + v
         for proto, acc in sorted(sums.items()):
-            for field, metric in (("sends", "nfs_transport_sends"), ("receives", "nfs_transport_receives"),
-                                  ("bad_xids", "nfs_transport_bad_xids")):
-                if field in acc:
-                    add(Sample.of(metric, acc[field], protocol=proto, **lab))
+            present = tuple((metric, float(acc[field])) for field, metric in _XPRT_FIELDS if field in acc)
+            if present:
+                out.extend(c.samples(("xprt", mp, export, proto, *(n for n, _ in present)),
+                                     tuple(n for n, _ in present), tuple(v for _, v in present),
+                                     lambda: labels_of(protocol=proto, mountpoint=mp, export=export)))  # noqa: B023
+    if cache is None:
+        c.commit()
     return out
 
 
-def rpc_samples(rpc: RpcNfs) -> list[Sample]:
+def rpc_samples(rpc: RpcNfs, cache: SampleCache | None = None) -> list[Sample]:
+    c = cache if cache is not None else SampleCache()
     out: list[Sample] = []
     if rpc.rpc is not None:
-        out.append(Sample.of("nfs_rpc_calls", rpc.rpc.calls))
-        out.append(Sample.of("nfs_rpc_retransmissions", rpc.rpc.retransmissions))
-        out.append(Sample.of("nfs_rpc_auth_refreshes", rpc.rpc.auth_refreshes))
+        out.extend(c.samples(("rpc",), ("nfs_rpc_calls", "nfs_rpc_retransmissions", "nfs_rpc_auth_refreshes"),
+                             (float(rpc.rpc.calls), float(rpc.rpc.retransmissions), float(rpc.rpc.auth_refreshes)),
+                             lambda: ()))
     if rpc.net is not None:
-        out.append(Sample.of("nfs_net_packets", rpc.net.udp_packets, protocol="udp"))
-        out.append(Sample.of("nfs_net_packets", rpc.net.tcp_packets, protocol="tcp"))
-        out.append(Sample.of("nfs_net_tcp_connections", rpc.net.tcp_connections))
+        out.extend(c.samples(("net", "udp"), ("nfs_net_packets",), (float(rpc.net.udp_packets),),
+                             lambda: labels_of(protocol="udp")))
+        out.extend(c.samples(("net", "tcp"), ("nfs_net_packets",), (float(rpc.net.tcp_packets),),
+                             lambda: labels_of(protocol="tcp")))
+        out.extend(c.samples(("net",), ("nfs_net_tcp_connections",), (float(rpc.net.tcp_connections),),
+                             lambda: ()))
     for pc in rpc.procedures:
         for name, v in pc.counts:
-            out.append(Sample.of("nfs_rpc_procedure_requests", v, version=pc.version, procedure=name))
+            out.extend(c.samples(("proc", pc.version, name), ("nfs_rpc_procedure_requests",), (float(v),),
+                                 lambda: labels_of(version=pc.version, procedure=name)))  # noqa: B023
+    if cache is None:
+        c.commit()
     return out
 
 
@@ -142,6 +199,20 @@ class NfsCollector:
         self._probes = {mp: Probe(argv(mp)) for mp, _ in self.mounts}
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.mounts)),
                                         thread_name_prefix="nfs-probe") if len(self.mounts) > 1 else None
+        self._cache = SampleCache()
+        # parse_* are pure: the same text gives the same result, so an idle mount costs a compare.
+        self._mountstats: tuple[str, Mountstats] | None = None
+        self._rpc: tuple[str, RpcNfs] | None = None
+
+    def _parse_mountstats(self, text: str) -> Mountstats:
+        if self._mountstats is None or self._mountstats[0] != text:
+            self._mountstats = (text, parse_mountstats(text))
+        return self._mountstats[1]
+
+    def _parse_rpc(self, text: str) -> RpcNfs:
+        if self._rpc is None or self._rpc[0] != text:
+            self._rpc = (text, parse_rpc_nfs(text))
+        return self._rpc[1]
 
     def collect(self) -> Collection:
         problems: list[str] = []
@@ -151,7 +222,7 @@ class NfsCollector:
             pending = {mp: self._pool.submit(self._probes[mp].run, t) for mp, t in self.mounts}
         stats: Mountstats | None = None
         try:
-            stats = parse_mountstats(read_text(self.procfs_root / "self" / "mountstats"))
+            stats = self._parse_mountstats(read_text(self.procfs_root / "self" / "mountstats"))
             problems.extend(stats.problems)
             if stats.malformed > len(stats.problems):
                 problems.append(f"mountstats: {stats.malformed} malformed lines in all")
@@ -159,7 +230,7 @@ class NfsCollector:
             problems.append(f"mountstats: {e.strerror or e} ({self.procfs_root}/self/mountstats)")
         rpc: RpcNfs | None = None
         try:
-            rpc = parse_rpc_nfs(read_text(self.procfs_root / "net" / "rpc" / "nfs"))
+            rpc = self._parse_rpc(read_text(self.procfs_root / "net" / "rpc" / "nfs"))
             problems.extend(rpc.problems)
         except OSError as e:
             # absent until the nfs module is loaded: reported, but the mounts' series still flow
@@ -170,19 +241,22 @@ class NfsCollector:
             results = {mp: self._probes[mp].run(t) for mp, t in self.mounts}
 
         samples: list[Sample] = []
+        cache = self._cache
         present = {m.mountpoint for m in stats.mounts} if stats is not None else None
         for mp, _ in self.mounts:
-            if present is not None:
-                samples.append(Sample.of("nfs_mount_present", 1 if mp in present else 0, mountpoint=mp))
             r = results[mp]
-            samples.append(Sample.of("nfs_probe_ok", 1 if r.ok else 0, mountpoint=mp))
-            samples.append(Sample.of("nfs_probe_seconds", r.seconds, mountpoint=mp))
+            if present is not None:
+                samples.extend(cache.samples(("present", mp), ("nfs_mount_present",),
+                                             (1.0 if mp in present else 0.0,), lambda: labels_of(mountpoint=mp)))  # noqa: B023
+            samples.extend(cache.samples(("probe", mp), ("nfs_probe_ok", "nfs_probe_seconds"),
+                                         (1.0 if r.ok else 0.0, float(r.seconds)), lambda: labels_of(mountpoint=mp)))  # noqa: B023
             if not r.ok:
                 problems.append(f"probe {mp}: {r.detail}")
         if stats is not None:
-            samples.extend(mount_samples(stats.mounts))
+            samples.extend(mount_samples(stats.mounts, cache))
         if rpc is not None:
-            samples.extend(rpc_samples(rpc))
+            samples.extend(rpc_samples(rpc, cache))
+        cache.commit()
         return Collection(tuple(samples), errors=tuple(problems))
 
     def close(self) -> None:

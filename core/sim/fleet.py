@@ -114,7 +114,9 @@ class Fleet:
             self._spawn(f"agent-{a.node}", [sys.executable, "-m", "podhealth", "agent", "--config", str(a.config),
                                             "--simulate", self.opts.profile, "--node", a.node,
                                             "--sim-root", str(plan.root), "--listen", f"127.0.0.1:{a.port}"])
-        self.say(f"  started {len(plan.agents)} agents (ports {plan.agents[0].port}..{plan.agents[-1].port})")
+        ports = (f"ports {plan.agents[0].port}..{plan.agents[-1].port}" if self.opts.base_port
+                 else "on free loopback ports")
+        self.say(f"  started {len(plan.agents)} agents ({ports})")
         self.fencer = self._start_slurm(plan)
         text = aggregator_config(plan, self.fencer)
         check_aggregator_config(text, str(plan.aggregator_config))
@@ -526,9 +528,12 @@ def run(args: argparse.Namespace) -> int:
     except _Interrupted:
         rc = 130
     finally:
-        fleet.say("\npodhealth: stopping the pod ...")
+        started = bool(fleet.children or fleet.slurm)
+        if started:
+            fleet.say("\npodhealth: stopping the pod ...")
         fleet.stop()
-        fleet.say("podhealth: stopped")
+        if started:
+            fleet.say("podhealth: stopped")
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return rc

@@ -211,7 +211,19 @@ class SlurmCluster:
         return self
 
     def stop(self, failed: bool = False) -> None:
-        """Stop every daemon by PID: ours first (slurmds, slurmctld, munged), then pidfiles."""
+        """Stop every daemon by PID: ours first (slurmds, slurmctld, munged), then pidfiles.
+
+        Then a sweep: slurmstepd calls setsid() (so it is in no daemon's session) and blocks
+        SIGTERM, and job tasks live in the stepd's session; every process still carrying this
+        cluster's SLURM_CONF in its environment is one of ours and gets SIGKILL.
+        """
+        try:
+            self._stop_daemons(failed)
+        finally:
+            if self.conf != Path():
+                kill_env_holders(b"SLURM_CONF=" + bytes(self.conf))
+
+    def _stop_daemons(self, failed: bool) -> None:
         slurmds = [k for k in self._procs if k.startswith("slurmd-")]
         self._stop_many(slurmds)
         for name in sorted(self._procs, key=lambda k: k == "munged"):
@@ -437,3 +449,47 @@ def slurm_cluster(**kwargs: Any) -> Iterator[SlurmCluster]:
     """`with slurm_cluster(nodes=4) as c:` — the same as `with SlurmCluster(nodes=4) as c:`."""
     with SlurmCluster(**kwargs) as c:
         yield c
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _ancestors() -> set[int]:
+    out: set[int] = set()
+    pid = os.getpid()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return out
+
+
+def kill_env_holders(entry: bytes, timeout: float = 5.0) -> list[int]:
+    """SIGKILL live processes whose environment holds `entry` exactly (never us or our parents)."""
+    skip = _ancestors()
+    pids: list[int] = []
+    for d in os.scandir("/proc"):
+        if not d.name.isdigit() or int(d.name) in skip:
+            continue
+        try:
+            with open(f"/proc/{d.name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if entry in env and _alive(int(d.name)):
+            pids.append(int(d.name))
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return pids

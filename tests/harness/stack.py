@@ -498,6 +498,9 @@ class AggregatorProc:
     def node(self, name: str) -> dict[str, Any]:
         return dict(get_json(f"{self.url}/api/v1/nodes/{name}"))
 
+    def fleet(self) -> dict[str, Any]:
+        return dict(get_json(f"{self.url}/api/v1/fleet"))
+
     def history(self, name: str, limit: int = 1000) -> list[dict[str, Any]]:
         return list(get_json(f"{self.url}/api/v1/nodes/{name}/history?limit={limit}")["items"])
 

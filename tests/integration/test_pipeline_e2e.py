@@ -5,10 +5,10 @@
       └─ /metrics ─► Prometheus (shipped rules) ─► Alertmanager (shipped  ├─► aggregator ─► loopback Slurm
                      config) ─► pager/ticket sinks + /v1/alertmanager ──┘
 
-dgx01..dgx03 push to the aggregator; dgx04 does not (a node the aggregator only hears about
-through the site's Prometheus), so each path has a node that only it can drain and the test can
-time both. The aggregator has no agent URLs, so it does not pull /health: the direct path is
-the agents' push and nothing else.
+dgx01..dgx03 push to the aggregator (publish.aggregator_url) and are pulled by it (agent_url, the
+design's backstop that also closes conditions the pushes leave open); dgx04 does neither (a node
+the aggregator only hears about through the site's Prometheus), so each path has a node that only
+it can drain, and the test times both.
 
 Phase A: XID 79 on dgx02 and dgx04 at once. dgx02 is drained by the push (its Slurm reason
 names the agent's `xid` check), dgx04 by the alert (the reason names the alert); the alerts for
@@ -22,6 +22,7 @@ production settings times 1/30 (1m -> 2s), on copies written to tmp, never the s
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -30,7 +31,7 @@ import pytest
 
 from podhealth.aggregator.slurm import SlurmNode, parse_show_node
 from tests.harness import stack
-from tests.harness.proc import wait_until
+from tests.harness.proc import free_port, wait_until
 from tests.harness.slurm import SlurmCluster, slurm_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -47,17 +48,20 @@ XID_WINDOW = 15.0
 # Lasting conditions (NFS, node health alerts) must persist this long before a fence; XIDs fence
 # at once. It also gives the breaker time to see a fleet-wide outage before any node is fenced.
 MIN_DURATION = 15.0
+PULL_INTERVAL = 15.0
 TIMEOUT = 60.0  # per wait; generous because ~8 engineers share this machine's 2 cores
 NODE_ALERTS = ("PodhealthGPUXidCritical", "PodhealthNodeFailReboot", "PodhealthNodeFailReplace")
 
 slurm = slurm_fixture(scope="module", nodes=len(NODES))
 
 
-def aggregator_section(slurm_conf: Path) -> dict[str, Any]:
+def aggregator_section(slurm_conf: Path, agent_urls: dict[str, str]) -> dict[str, Any]:
     fence_actions = ["RESET_GPU", "DRAIN", "REBOOT", "REPLACE"]
     return {
         "decide_interval": 0.2,
-        "unreachable_after": 3600.0,  # no pulls here; silence is not a failure in this test
+        # Pulls are the backstop; slow enough that the push is what brings an XID in first.
+        "pull_interval": PULL_INTERVAL,
+        "unreachable_after": 3600.0,
         "rules": [
             {"check": "xid", "min_severity": "critical", "do": "fence", "min_duration": 0.0},
             {"check": "PodhealthGPUXid*", "min_severity": "critical", "do": "fence", "min_duration": 0.0},
@@ -69,7 +73,8 @@ def aggregator_section(slurm_conf: Path) -> dict[str, Any]:
         # 3 of 4 nodes turning bad within a minute is an outage: > 50 %, and at least 2 nodes.
         "breaker": {"share_percent": 50.0, "window": 60.0, "min_nodes": 2},
         "manual_release": True,
-        "nodes": [{"name": n, "partition": PARTITION} for n in NODES],
+        "nodes": [{"name": n, "partition": PARTITION, **({"agent_url": agent_urls[n]} if n in agent_urls else {})}
+                  for n in NODES],
         "fencers": {"slurm": {"enabled": True, "slurm_conf": str(slurm_conf), "timeout": 10.0}},
     }
 
@@ -95,8 +100,10 @@ def pipeline(tmp_path: Path, slurm: SlurmCluster) -> Iterator[dict[str, Any]]:
     rules.write_text(stack.scale_rule_durations(stack.RULES.read_text(), SCALE))
     token_file = tmp_path / "aggregator-token"
     sim_root = tmp_path / "sim"
+    ports = {n: free_port() for n in PUSHING}
+    urls = {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}
     with stack.WebhookSink() as sink, \
-            stack.aggregator(tmp_path / "aggregator", aggregator_section(slurm.conf)) as agg:
+            stack.aggregator(tmp_path / "aggregator", aggregator_section(slurm.conf, urls)) as agg:
         token_file.write_text(agg.cluster_token)
         configs = {n: stack.agent_config(rate_window=XID_WINDOW, publish_url=agg.url, token=agg.cluster_token,
                                          spool_dir=tmp_path / "spool" / n) for n in PUSHING}
@@ -106,7 +113,7 @@ def pipeline(tmp_path: Path, slurm: SlurmCluster) -> Iterator[dict[str, Any]]:
             {"pager": sink.url("pager"), "ticket": sink.url("ticket"),
              "podhealth-aggregator": f"{agg.url}/v1/alertmanager"},
             factor=SCALE, credentials_file=token_file)
-        with stack.agents(tmp_path / "agents", sim_root, configs) as agents, \
+        with stack.agents(tmp_path / "agents", sim_root, configs, ports=ports) as agents, \
                 stack.alertmanager(tmp_path / "alertmanager", am_config) as am, \
                 stack.prometheus(tmp_path / "prometheus",
                                  [stack.ScrapeJob("podhealth", agents.targets(), {"cluster": CLUSTER,
@@ -161,6 +168,12 @@ def run_phases(pipeline: dict[str, Any], slurm: SlurmCluster) -> None:
         f"{DIRECT} should be drained by the agent's push (check xid), got reason {direct.reason!r}"
     assert by_alert.reason.startswith("podhealth: Podhealth"), \
         f"{ALERT_ONLY} pushes nothing, so only an alert can drain it; got reason {by_alert.reason!r}"
+    # The agent pushed the XID itself (an event) and the verdict; say whether the push or the
+    # backstop pull opened the condition behind the fence (a pushed verdict carries its event id).
+    pushed = [h["event"].get("event", {}) for h in agg.history(DIRECT) if h["type"] == "event"]
+    assert [e for e in pushed if e.get("kind") == "xid" and e.get("code") == 79], f"{DIRECT} pushed no XID 79: {pushed}"
+    xid_cond = [c for c in agg.node(DIRECT)["conditions"] if c["check"] == "xid"]
+    opened_by = "push" if xid_cond and xid_cond[0]["ref"] else "pull"
 
     # The alert about dgx02 fires in Prometheus, reaches Alertmanager, the pager, and the aggregator.
     wait_until(lambda: set(node_alerts(prom, DIRECT)) & set(NODE_ALERTS), TIMEOUT, 0.2,
@@ -204,6 +217,8 @@ def run_phases(pipeline: dict[str, Any], slurm: SlurmCluster) -> None:
     stack.simulate_all(sim_root, [("inject", n, "fault=nfs-hung", "mount=/home") for n in NODES])
     wait_until(lambda: agg.metric("podhealth_aggregator_breaker_tripped") == 1, TIMEOUT, 0.1, "the breaker to trip")
     tripped_after = time.time() - t_b
+    why = agg.fleet()["breaker"]["reason"]
+    assert len(re.findall(r"\bdgx0\d\b", why)) >= 3, f"the breaker should name the nodes that turned bad: {why!r}"
     wait_until(lambda: prom.alerts("PodhealthBreakerTripped"), TIMEOUT, 0.2, "PodhealthBreakerTripped to fire")
     wait_until(lambda: sink.alerts("/pager", "PodhealthBreakerTripped", "firing"), TIMEOUT, 0.2,
                "the breaker page to reach the pager sink")
@@ -216,6 +231,6 @@ def run_phases(pipeline: dict[str, Any], slurm: SlurmCluster) -> None:
     new = {n: [f for f in fences(agg, n) if f["time"] >= t_b] for n in NODES}
     assert not any(new.values()), new
 
-    print(f"\ninjection -> drain: direct push {latency[DIRECT]:.2f} s ({DIRECT}); "
+    print(f"\ninjection -> drain: direct {latency[DIRECT]:.2f} s ({DIRECT}, condition opened by the {opened_by}); "
           f"Prometheus -> Alertmanager -> webhook {latency[ALERT_ONLY]:.2f} s ({ALERT_ONLY}); "
-          f"NFS outage on {len(NODES)} nodes -> breaker tripped in {tripped_after:.2f} s")
+          f"NFS outage on {len(NODES)} nodes -> breaker tripped in {tripped_after:.2f} s ({why})")

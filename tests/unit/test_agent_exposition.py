@@ -285,3 +285,79 @@ def test_cached_encoder_is_byte_identical_to_prometheus_client() -> None:
         ours = render(snap, c, [(Format.TEXT, False), (Format.OPENMETRICS, False)], enc)
         assert ours[(Format.TEXT, False)] == text_exposition.generate_latest(SnapshotCollector(snap, c))  # type: ignore[arg-type]
         assert ours[(Format.OPENMETRICS, False)] == om_exposition.generate_latest(SnapshotCollector(snap, c))
+
+
+def test_value_format_and_content_type_match_prometheus_client() -> None:
+    import math
+    import random
+
+    from prometheus_client.openmetrics import exposition as om_exposition
+    from prometheus_client.utils import floatToGoString
+
+    from podhealth.agent.encode import format_value
+
+    rnd = random.Random(7)
+    values = [0.0, -0.0, 1.0, 0.5, float("inf"), float("-inf"), float("nan"), 999999.5, 1234567.0, 1e6,
+              100000000.0, 9999999999999998.0, 1e16, 1.5e300, 5e-324, -1234567.0, 123456789012.5]
+    for _ in range(20_000):
+        values += [float(rnd.randrange(2**64)), rnd.uniform(-1e18, 1e18), math.ldexp(rnd.random(), rnd.randrange(-60, 80)),
+                   rnd.randrange(10 ** rnd.randrange(1, 19)) / 1000.0]
+    assert [format_value(v) for v in values] == [floatToGoString(v) for v in values]
+    assert Format.OPENMETRICS.content_type == om_exposition.CONTENT_TYPE_LATEST
+
+
+def test_block_encoder_matches_a_full_render_as_snapshots_change() -> None:
+    """The agent's incremental renderer (agent/blocks.py) gives exactly the bytes of a render from
+    scratch, whatever changed: values, series appearing and going, duplicates, invalid samples,
+    families shared by two origins, a failing source, a collector going stale."""
+    from podhealth.agent.blocks import BlockEncoder
+    from podhealth.agent.encode import Encoder
+    from podhealth.agent.exposition import families
+
+    ib_specs = specs(MetricSpec("infiniband_port_stat", "counter", "IB counter."),
+                     MetricSpec("infiniband_info", "info", "HCA."),
+                     MetricSpec("gpu_temperature_celsius", "gauge", "Shared with nvml.", "celsius"))
+    shared_spec = MetricSpec("gpu_temperature_celsius", "gauge", "From a source.", "celsius")
+    extra: list[Sample] = []
+
+    def source(snap: Snapshot) -> list[Family]:
+        return [Family(shared_spec, tuple(extra))] if extra else []
+
+    def broken(snap: Snapshot) -> list[Family]:
+        raise RuntimeError("source bug")
+
+    c = ctx(specs={"nvml": SPECS, "infiniband": ib_specs}, sources=(source, broken))
+    lab = {d: labels_of(device="mlx5_0", port="1", counter=d) for d in ("a", "b", "c")}
+    ib = [Sample("infiniband_port_stat", float(i), lab[d]) for i, d in enumerate("abc")]
+    ib.append(Sample.of("infiniband_info", 1, device="mlx5_0", board_id="MT_1"))
+    nvml = list(BASIC)
+
+    def snap(ib_samples: list[Sample], nvml_samples: list[Sample], ib_stale: bool = False) -> Snapshot:
+        base = snapshot(*nvml_samples)
+        ib_state = CollectorState(name="infiniband", samples=() if ib_stale else tuple(ib_samples),
+                                  last_success=99.0, last_attempt=100.0, stale=ib_stale)
+        return Snapshot(time=100.0, collectors=MappingProxyType({**base.collectors, "infiniband": ib_state}))
+
+    steps = [snap(ib, nvml)]
+    steps.append(steps[-1])  # nothing changed at all
+    ib = ib[:1] + [Sample("infiniband_port_stat", 7.0, lab["b"])] + ib[2:]  # one value changed
+    steps.append(snap(ib, nvml))
+    nvml = nvml + [Sample.of("gpu_temperature_celsius", 45, gpu=1)]  # a series appears
+    steps.append(snap(ib, nvml))
+    extra.append(Sample.of("gpu_temperature_celsius", 50, gpu=9))  # a source joins a collector's family
+    steps.append(snap(ib, nvml))
+    extra.append(Sample.of("gpu_temperature_celsius", 51, gpu=9))  # duplicate label set: last wins
+    steps.append(snap(ib, nvml))
+    ib = ib + [Sample("infiniband_port_stat", -1.0, lab["c"]),  # negative counter, duplicate of c
+               Sample("infiniband_port_stat", 1.0, (("bad-label", "x"),)),
+               Sample("gpu_temperature_celsius", float("nan"), labels_of(gpu=5))]  # into the shared family
+    steps.append(snap(ib, nvml))
+    steps.append(snap(ib, nvml, ib_stale=True))  # stale: its families go
+    extra.clear()
+    steps.append(snap(ib[:2], nvml[1:]))  # series and families go away
+    steps.append(snap(ib, nvml))
+    enc = BlockEncoder("dgx01")
+    ref = Encoder("dgx01")
+    for i, st in enumerate(steps):
+        for om in (False, True):
+            assert enc.render(st, c, om) == ref.encode(families(st, c), om), f"step {i}, openmetrics={om}"
