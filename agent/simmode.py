@@ -2,7 +2,7 @@
 
 Nothing in the agent or the collectors knows about the simulator: the node's directories become
 `paths.sysfs_root`/`procfs_root`/`kmsg`, pynvml is routed to the simulated NVML library, and the
-two collectors whose sources cannot be pointed at a directory get their seams (the NFS probe's
+collectors whose sources cannot be pointed at a directory get their seams (the NFS probe's
 argv, the host collector's units file). `podhealth simulate inject` in another process changes
 the node; a refresher rewrites its trees every second so the collectors see the change.
 """
@@ -63,6 +63,9 @@ def setup(cfg: Config, profile: str, root: Path, name: str) -> SimSetup:
     seams: dict[str, dict[str, Any]] = {
         "nfs": {"probe_argv": node.probe_argv},
         "host": {"units_source": node.units_path},
+        # The simulated kernel stamps its records against the simulated node's boot (its t0),
+        # not this machine's: without this, every simulated XID would look an hour old.
+        "kmsg": {"boot_time": lambda: node.state.t0},
     }
     return SimSetup(node, cfg, seams)
 

@@ -196,20 +196,37 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.Prometheus
                 yield prom
 
 
-def has_data(prom: stack.Prometheus, target: dict[str, Any], now: float) -> bool:
-    """The target's query, variables as "All", instant or over the last 3 minutes like Grafana."""
+def evaluate(prom: stack.Prometheus, target: dict[str, Any], now: float) -> list[dict[str, Any]]:
+    """The target's series, variables as "All", instant or over the last 3 minutes like Grafana;
+    only series with at least one value."""
     expr = substitute(target["expr"])
     if target.get("instant"):
-        return bool(prom.query(expr, at=now))
-    return any(r.get("values") for r in prom.query_range(expr, now - 180, now, 5))
+        return prom.query(expr, at=now)
+    return [r for r in prom.query_range(expr, now - 180, now, 5) if r.get("values")]
+
+
+def has_data(prom: stack.Prometheus, target: dict[str, Any], now: float) -> bool:
+    return bool(evaluate(prom, target, now))
+
+
+_LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
 def empty_queries(prom: stack.Prometheus, now: float) -> list[str]:
+    """Targets without data, and legends naming a label none of the target's series has."""
     out = []
     for path in BOARD_FILES:
         for panel, target in queries(load(path)):
-            if not has_data(prom, target, now):
-                out.append(f"{path.stem} / {panel['title']} [{target['refId']}]: {substitute(target['expr'])}")
+            where = f"{path.stem} / {panel['title']} [{target['refId']}]"
+            series = evaluate(prom, target, now)
+            if not series:
+                out.append(f"{where}: no data: {substitute(target['expr'])}")
+                continue
+            labels = set().union(*(r["metric"] for r in series))
+            missing = sorted(set(_LEGEND_LABEL.findall(target.get("legendFormat", ""))) - labels)
+            if missing:
+                out.append(f"{where}: legend {target['legendFormat']!r} names {missing}, not on the series "
+                           f"(labels: {sorted(labels)})")
     return out
 
 
@@ -228,7 +245,7 @@ def test_every_panel_query_returns_data(fleet: stack.Prometheus) -> None:
         if not empty or time.monotonic() > deadline:
             break
         time.sleep(2)
-    assert not empty, "panels whose query returns no data:\n" + "\n".join(empty)
+    assert not empty, "panels without data or with a wrong legend:\n" + "\n".join(empty)
 
 
 @LIVE

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Iterator
@@ -182,9 +183,12 @@ def test_hung_nvml_makes_gpu_checks_unknown_not_ok(agent: Service) -> None:
 
 
 def test_xid_fails_then_ages_out(agent: Service) -> None:
+    t0 = time.time()
     inject(agent, "xid=79", "gpu=3")
     h = expect(agent, {("xid", "gpu3"): ("FAIL", "REBOOT")}, timeout=20)
     assert "79" in h[("xid", "gpu3")]["summary"]
+    # The kernel record's own timestamp (simulated boot + usec) dates the failure, not a later read.
+    assert t0 - 1 <= h[("xid", "gpu3")]["since"] <= time.time()
     clear(agent)
     all_ok(agent, timeout=60)  # the 20 s window passes, the XID ages out
 
