@@ -172,7 +172,9 @@ class Health:
             return resp
 
     async def run_handover(self, progress: Callable[[str, int, int], None] | None = None) -> SuiteReport:
-        return await run_suite(self.agent.cfg, _AgentSource(self.agent), self.agent.node, progress, self.active_tests())
+        # Deciding which active tests can run may probe CUDA in a subprocess: not on the loop.
+        tests = await asyncio.get_running_loop().run_in_executor(None, self.active_tests)
+        return await run_suite(self.agent.cfg, _AgentSource(self.agent), self.agent.node, progress, tests)
 
 
 class _AgentSource:

@@ -81,7 +81,9 @@ class Extras:
 
 
 def install(agent: "Agent", spool_dir: Path | None = None) -> Extras:
-    h = health.install(agent)
+    from podhealth.checks.handover_active import active_tests
+
+    h = health.install(agent, active_tests=lambda: active_tests(agent.cfg))
     x = Extras(agent, h)
     cfg = agent.cfg
     if cfg.publish.aggregator_url:
