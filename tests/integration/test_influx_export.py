@@ -73,3 +73,27 @@ async def test_roundtrip_through_victoriametrics(victoria) -> None:  # type: ign
     energy = query("podhealth_gpu_energy_joules_total")
     assert [float(r["value"][1]) for r in energy] == [1000.0]
     await ex.stop()
+
+
+def test_agent_pushes_its_samples(victoria, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The running agent (simulated DGX H100) feeds the exporter once per collection."""
+    import sys
+
+    port = free_port()
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(f"exporters:\n  influxdb: {{enabled: true, url: '{victoria.url}', flush_interval: 1, batch_size: 500}}\n"
+                   "collectors:\n  nvml: {interval: 1, timeout: 2}\n")
+
+    def query(q: str) -> list[dict]:  # type: ignore[type-arg]
+        http_get(f"{victoria.url}/internal/force_flush")
+        code, body = http_get(f"{victoria.url}/api/v1/query?" + urllib.parse.urlencode({"query": q}))
+        return json.loads(body)["data"]["result"] if code == 200 else []
+
+    with service("agent", [sys.executable, "-m", "podhealth", "agent", "--config", str(cfg), "--simulate", "dgx-h100",
+                           "--sim-root", str(tmp_path / "sim"), "--node", "dgx07", "--listen", f"127.0.0.1:{port}"],
+                 tmp_path, port=port, ready=lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200, ready_timeout=60):
+        res = wait_until(lambda: len(query('podhealth_gpu_temperature_celsius{node="dgx07"}')) == 8
+                         and query('podhealth_gpu_temperature_celsius{node="dgx07"}'), 30, 0.3,
+                         "the agent's GPU temperatures in VictoriaMetrics")
+        assert {r["metric"]["gpu"] for r in res} == {str(i) for i in range(8)}  # type: ignore[union-attr]
+        assert query('podhealth_infiniband_port_data_received_bytes_total{node="dgx07"}')
