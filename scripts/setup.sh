@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Install podhealth and what it needs on Debian/Ubuntu. --test adds the real components the test
-# suite starts (Prometheus, Alertmanager, node_exporter, Slurm, VictoriaMetrics, Chromium).
+# suite starts (Prometheus, Alertmanager, node_exporter, Slurm, VictoriaMetrics, Chromium) and the
+# Python test extras. Where the system Python refuses pip installs (PEP 668, Debian 12's
+# python3), everything goes into ./.venv instead; scripts/podhealth and scripts/test.sh find it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-APT_TEST="slurmctld slurmd slurm-client munge prometheus prometheus-alertmanager
-  prometheus-node-exporter victoria-metrics chromium systemd"
-want=(python3-venv)
-if [ "${1:-}" = "--test" ]; then want+=($APT_TEST); fi
+want=(python3-venv python3-pip)
+if [ "${1:-}" = "--test" ]; then
+  want+=(slurmctld slurmd slurm-client munge prometheus prometheus-alertmanager
+         prometheus-node-exporter victoria-metrics chromium systemd)
+fi
 missing=()
 for p in "${want[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 # The real kubectl checks the Kubernetes fencer's work against the in-memory apiserver.
@@ -16,11 +19,19 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
 PY=${PYTHON:-python3}
-extras="."
-[ "${1:-}" = "--test" ] && extras=".[test]"
-$PY -m pip install -q --disable-pip-version-check -e "$extras"
-if [ "${1:-}" = "--test" ]; then
-  # CPU build of PyTorch for the burn-in and NCCL/Gloo runner tests (podhealth[burnin] on a GPU node).
-  $PY -c 'import torch' 2>/dev/null || $PY -m pip install -q --disable-pip-version-check 'torch==2.13.0'
+if [ -z "${VIRTUAL_ENV:-}" ] && [ ! -x .venv/bin/python ] && \
+   $PY -c 'import sys, sysconfig, os; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) else 1)'; then
+  $PY -m venv .venv
 fi
+[ -x .venv/bin/python ] && PY=.venv/bin/python
+pip_install() { $PY -m pip install -q --disable-pip-version-check "$@"; }
+if [ "${1:-}" = "--test" ]; then
+  pip_install -e ".[test]"
+  # CPU build of PyTorch for the burn-in and NCCL/Gloo runner tests (podhealth[burnin] on a GPU node).
+  $PY -c 'import torch' 2>/dev/null || pip_install 'torch==2.13.0' || echo "note: torch not installed; burn-in tests will skip" >&2
+else
+  pip_install -e .
+fi
+echo "podhealth installed: $($PY -m podhealth --version)"
