@@ -60,12 +60,14 @@ class SuiteReport:
         res = d.get("results")
         if not isinstance(res, list):
             raise ValueError("report has no results list")
-        dur = d.get("durations") or {}
+        dur, notes = d.get("durations") or {}, d.get("notes") or []
+        if not isinstance(dur, dict) or not isinstance(notes, list):
+            raise ValueError("durations must be an object and notes a list")
         return cls(node=str(d.get("node", "")), profile=str(d.get("profile", "")),
                    results=tuple(CheckResult.from_json(r) for r in res),
-                   durations=tuple((str(k), float(v)) for k, v in dict(dur).items()),  # type: ignore[arg-type]
+                   durations=tuple((str(k), float(v)) for k, v in dur.items()),
                    started=float(d.get("started", 0.0)), finished=float(d.get("finished", 0.0)),  # type: ignore[arg-type]
-                   notes=tuple(str(n) for n in d.get("notes", []) or []))  # type: ignore[union-attr]
+                   notes=tuple(str(n) for n in notes))
 
 
 _STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.UNKNOWN: "magenta"}
@@ -135,7 +137,7 @@ def render_junit(rep: SuiteReport, out: IO[str]) -> None:
         elif r.status is Status.WARN:
             so = ET.SubElement(case, "system-out")
             so.text = f"WARN: {r.summary}\n{text}"
-    out.write(ET.tostring(ET.ElementTree(suite).getroot(), encoding="unicode", xml_declaration=True))
+    out.write(ET.tostring(suite, encoding="unicode", xml_declaration=True))
     out.write("\n")
 
 

@@ -451,14 +451,6 @@ def slurm_cluster(**kwargs: Any) -> Iterator[SlurmCluster]:
         yield c
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def _ancestors() -> set[int]:
     out: set[int] = set()
     pid = os.getpid()
