@@ -60,7 +60,7 @@ class SuiteReport:
         res = d.get("results")
         if not isinstance(res, list):
             raise ValueError("report has no results list")
-        dur, notes = d.get("durations") or {}, d.get("notes") or []
+        dur, notes = d.get("durations", {}), d.get("notes", [])
         if not isinstance(dur, dict) or not isinstance(notes, list):
             raise ValueError("durations must be an object and notes a list")
         return cls(node=str(d.get("node", "")), profile=str(d.get("profile", "")),
