@@ -453,8 +453,11 @@ class KmsgCollector:
             if p is None:
                 continue
             ev = self._event(p, now, boot, year)
-            if ev.kind == "xid" and nvml is not None and self._matches_pending(ev, source="nvml"):
-                continue  # NVML already reported it (and is being held); the kernel line replaced it
+            if ev.kind == "xid" and nvml is not None:
+                # An NVML event for the same XID may be held waiting for this line: matching marks
+                # it so it is never released, and the kernel line (pid, process, text) stands for
+                # both. Either way this line is the one event reported.
+                self._matches_pending(ev, source="nvml")
             new.append(ev)
         if nvml is not None:
             new.extend(self._nvml_events(nvml, now, errors))

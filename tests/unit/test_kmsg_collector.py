@@ -275,6 +275,25 @@ def test_nvml_and_kernel_line_for_one_xid_count_once(tmp_path: Path) -> None:
     assert value(c.collect().samples, "xid_events", gpu="0", code="79") == 1
 
 
+def test_nvml_event_first_then_kernel_line_counts_once(tmp_path: Path) -> None:
+    """The simulator's (and a busy node's) order: NVML delivers before the kernel line is read."""
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    clock = Clock()
+    src = FakeSource({"0000:18:00.0": 0})
+    c = collector(log, nvml=lambda: src, clock=clock, boot_time=lambda: clock.t - 100.0)
+    src.queue.append(NvmlXid("0000:18:00.0", 0, 79, clock.t))
+    assert c.collect().events == ()  # held, waiting for its kernel line
+    with open(log, "a") as f:
+        f.write(f"[ 100.3] {X79}\n")
+    clock.t += 0.5
+    got = c.collect()
+    assert [(e.code, e.source, e.gpu) for e in got.events] == [(79, "kmsg", 0)]
+    clock.t += 5
+    assert c.collect().events == ()  # the matched NVML event is never released on its own
+    assert value(c.collect().samples, "xid_events", gpu="0", code="79") == 1
+
+
 def test_nvml_only_event_is_released_after_the_hold(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
     log.write_text("")
