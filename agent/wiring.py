@@ -8,6 +8,7 @@ exporter (each collector's fresh samples, once per collection).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from podhealth.agent.publisher import Publisher
 
 _log = log.get("podhealth.agent.wiring")
+REPORT_DEBOUNCE_S = 0.5
 
 
 class Extras:
@@ -32,12 +34,31 @@ class Extras:
         self.publisher: "Publisher | None" = None
         self.influx: "InfluxExporter | None" = None
         self._seen: dict[str, CollectorState] = {}
+        self._report_timer: asyncio.TimerHandle | None = None
+        self._heartbeat_task: asyncio.Task[None] | None = None
 
     # ---- publisher ------------------------------------------------------------------------------
 
     def _on_transition(self, old: CheckResult | None, new: CheckResult) -> None:
         assert self.publisher is not None
         self.publisher.publish_transition(old, new)
+        self._report_soon()
+
+    def _report_soon(self) -> None:
+        """One full report after a burst of transitions, so the aggregator's view is whole."""
+        if self._report_timer is None:
+            loop = asyncio.get_running_loop()
+            self._report_timer = loop.call_later(REPORT_DEBOUNCE_S, self._push_report)
+
+    def _push_report(self) -> None:
+        self._report_timer = None
+        if self.publisher is not None and self.health.evaluated_at:
+            self.publisher.publish_report(self.health.report())
+
+    async def _heartbeat(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            self._push_report()
 
     def _on_events(self, events: tuple[Event, ...]) -> None:
         assert self.publisher is not None
@@ -70,10 +91,17 @@ class Extras:
     async def start(self) -> None:
         if self.publisher is not None:
             await self.publisher.start()
+            self._heartbeat_task = asyncio.get_running_loop().create_task(
+                self._heartbeat(self.agent.cfg.publish.report_interval), name="report-heartbeat")
         if self.influx is not None:
             self.influx.start()
 
     async def stop(self) -> None:
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            await asyncio.gather(self._heartbeat_task, return_exceptions=True)
+        if self._report_timer is not None:
+            self._report_timer.cancel()
         if self.publisher is not None:
             await self.publisher.stop()
         if self.influx is not None:

@@ -80,6 +80,13 @@ class Evaluator:
         self.enabled = tuple(enabled) if enabled is not None else None
         self._events: OrderedDict[str, Event] = OrderedDict()
         self._keep = keep_events
+        self._versions: dict[str, tuple[object, ...]] = {}
+        self._last: dict[str, tuple[CheckResult, ...]] = {}
+
+    @staticmethod
+    def _source_version(snap: Snapshot, source: str) -> tuple[object, ...]:
+        st = snap.collectors.get(source)
+        return (None,) if st is None else (st.last_success, st.stale, st.enabled)
 
     def _remember(self, events: Sequence[Event]) -> None:
         for e in events:
@@ -101,6 +108,13 @@ class Evaluator:
                 continue
             if self.enabled is not None and not set(d.sources) <= set(self.enabled):
                 continue  # the site turned the source off: no verdict rather than UNKNOWN forever
+            # Damping counts observations, not wake-ups: a check whose sources brought nothing new
+            # since its last judgement keeps that judgement (the kmsg collector ticking every
+            # second must not make `fail_after: 2` mean "two seconds of GPU data").
+            version = tuple((s, *self._source_version(snap, s)) for s in d.sources)
+            if damped and only is None and not d.undamped and self._versions.get(name) == version:
+                results.extend(self._last.get(name, ()))
+                continue
             stale = ctx.stale(*d.sources)
             if stale:
                 raw = [unknown(name, "node", f"collector {', '.join(stale)} has no fresh data", stale=",".join(stale))]
@@ -109,9 +123,11 @@ class Evaluator:
                     raw = d.fn(ctx)
                 except Exception as e:  # noqa: BLE001 - one broken rule must not hide the others
                     raw = [unknown(name, "node", f"check failed: {type(e).__name__}: {e}")]
-            for r in raw:
-                results.append(self.damper.apply(r, now, immediate=d.undamped) if damped else
-                               _stamp(r, now))
+            judged = [self.damper.apply(r, now, immediate=d.undamped) if damped else _stamp(r, now) for r in raw]
+            if damped and only is None:
+                self._versions[name] = version
+                self._last[name] = tuple(judged)
+            results.extend(judged)
         if damped and only is None:
             self.damper.prune({(r.check, r.entity) for r in results})
         return tuple(results)

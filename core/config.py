@@ -141,6 +141,9 @@ class PublishConfig:
     spool_dir: Annotated[Path, AbsPath()] = doc("Where events wait while the aggregator is away.", Path("/var/lib/podhealth/spool"))
     spool_max_bytes: Annotated[int, Gt(0, "bytes")] = doc("Spool size bound; when full, oldest events are summarised.", 64 * 1024 * 1024)
     timeout: Seconds = doc("Seconds per push request.", 5.0)
+    report_interval: Seconds = doc(
+        "Seconds between full node reports pushed as a heartbeat (transitions are pushed at once;\n"
+        "a full report also retires checks that disappeared, e.g. start-up placeholders).", 30.0)
 
 
 @dataclass(frozen=True)

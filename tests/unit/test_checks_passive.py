@@ -174,14 +174,25 @@ def test_ecc_corrected_rate_threshold() -> None:
 
 def test_damping_fail_after_and_recover_after() -> None:
     ev = Evaluator(H100, ChecksConfig(damping=DampingConfig(fail_after=2, recover_after=3)))
-    bad, good = snap(gpu_samples(unc={1: 1})), snap(gpu_samples())
     seq = []
-    for t, s in enumerate([bad, bad, good, good, good, bad]):
+    for t, bad in enumerate([True, True, False, False, False, True]):
+        s = snap(gpu_samples(unc={1: 1}) if bad else gpu_samples(), now=float(t))
         res = {(r.check, r.entity): r for r in ev.evaluate(s, float(t))}
         seq.append(res[("ecc", "gpu1")].status)
     assert seq == [Status.OK, Status.FAIL, Status.FAIL, Status.FAIL, Status.OK, Status.OK]
-    res = {(r.check, r.entity): r for r in ev.evaluate(bad, 6.0)}
+    res = {(r.check, r.entity): r for r in ev.evaluate(snap(gpu_samples(unc={1: 1}), now=6.0), 6.0)}
     assert res[("ecc", "gpu1")].status is Status.FAIL and res[("ecc", "gpu1")].since == 5.0
+
+
+def test_damping_counts_new_collections_not_reevaluations() -> None:
+    """Other collectors waking the evaluator must not count as more evidence about the GPUs."""
+    ev = Evaluator(H100, ChecksConfig(damping=DampingConfig(fail_after=2, recover_after=2)))
+    bad = snap(gpu_samples(unc={1: 1}), now=1.0)
+    for t in (1.0, 1.5, 2.0, 2.5):  # the same nvml collection judged four times
+        res = {(r.check, r.entity): r for r in ev.evaluate(bad, t)}
+        assert res[("ecc", "gpu1")].status is Status.OK
+    res = {(r.check, r.entity): r for r in ev.evaluate(snap(gpu_samples(unc={1: 1}), now=3.0), 3.0)}
+    assert res[("ecc", "gpu1")].status is Status.FAIL
 
 
 def test_retired_pages_only_where_reported() -> None:

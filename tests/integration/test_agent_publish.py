@@ -1,0 +1,73 @@
+"""The running agent pushes to the aggregator: every transition, a full report right after a burst
+of transitions and as a heartbeat, and XID events — received here by a real HTTP endpoint."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.proc import free_port, http_get, service, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+class Sink(ThreadingHTTPServer):
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        self.auth: set[str] = set()
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.auth.add(self.headers.get("Authorization", ""))
+                outer.records.extend(body["events"])
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"applied": 1}')
+
+            def log_message(self, *a: object) -> None:
+                pass
+        super().__init__(("127.0.0.1", 0), H)
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in list(self.records) if r.get("type") == kind]
+
+
+def test_transitions_reports_heartbeat_and_events(tmp_path: Path) -> None:
+    sink = Sink()
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    port = free_port()
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(f"publish: {{aggregator_url: 'http://127.0.0.1:{sink.server_address[1]}', token: t0k, "
+                   f"report_interval: 2, spool_dir: {tmp_path / 'spool'}}}\n"
+                   "collectors: {kmsg: {interval: 0.5}}\n")
+    try:
+        with service("agent", [sys.executable, "-m", "podhealth", "agent", "--config", str(cfg), "--simulate", "dgx-h100",
+                               "--sim-root", str(tmp_path / "sim"), "--node", "dgx05", "--listen", f"127.0.0.1:{port}"],
+                     tmp_path, port=port, ready=lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200, ready_timeout=60):
+            wait_until(lambda: any(len(r["report"]["results"]) > 100 for r in sink.of("report")), 30, 0.2,
+                       "a full report of every check")
+            n = len(sink.of("report"))
+            wait_until(lambda: len(sink.of("report")) >= n + 2, 15, 0.2, "heartbeat reports")
+            subprocess.run([sys.executable, "-m", "podhealth", "simulate", "inject", "dgx05", "xid=79", "gpu=2",
+                            "--root", str(tmp_path / "sim")], check=True, capture_output=True, timeout=60)
+            wait_until(lambda: any(r.get("event", {}).get("code") == 79 for r in sink.of("event")), 20, 0.2, "the XID event")
+            wait_until(lambda: any(r.get("new", {}).get("check") == "xid" and r["new"]["status"] == "FAIL"
+                                   for r in sink.of("transition")), 20, 0.2, "the xid FAIL transition")
+            latest = sink.of("report")[-1]["report"]
+            wait_until(lambda: sink.of("report")[-1]["report"]["status"] == "FAIL", 10, 0.2, "a report saying FAIL")
+    finally:
+        sink.shutdown()
+    assert sink.auth == {"Bearer t0k"}
+    assert latest["node"] == "dgx05"
+    ids = [r["id"] for r in sink.records]
+    assert len(ids) == len(set(ids)), "every record carries its own id"
