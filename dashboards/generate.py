@@ -182,8 +182,9 @@ def itself() -> Board:
     b.add("timeseries", "Collector duration", [(f"podhealth_collector_duration_seconds{{{SEL}}}", "{{node}} {{collector}}")], unit="s")
     b.add("timeseries", "Seconds since last success", [(f"time() - podhealth_collector_last_success_timestamp_seconds{{{SEL}}}", "{{node}} {{collector}}")], unit="s")
     b.add("timeseries", "Collector overruns", [(f"increase(podhealth_collector_overruns_total{{{SEL}}}[10m])", "{{node}} {{collector}}")])
-    b.add("timeseries", "Scrape cost", [(f'scrape_duration_seconds{{job="podhealth",{NODE_SEL}}}', "{{node}}"),
-                                        (f'scrape_samples_scraped{{job="podhealth",{NODE_SEL}}} / 1000', "k samples {{node}}")], unit="s")
+    # Prometheus's own scrape series carry target labels only (no `node`): name the target.
+    b.add("timeseries", "Scrape cost", [(f'scrape_duration_seconds{{job="podhealth",{NODE_SEL}}}', "{{instance}}"),
+                                        (f'scrape_samples_scraped{{job="podhealth",{NODE_SEL}}} / 1000', "k samples {{instance}}")], unit="s")
     b.add("timeseries", "Aggregator ingest p99", [("histogram_quantile(0.99, sum by (le, endpoint) (rate(podhealth_aggregator_ingest_duration_seconds_bucket[5m])))", "{{endpoint}}")], unit="s")
     b.add("timeseries", "Aggregator ingest by result", [("sum by (endpoint, result) (rate(podhealth_aggregator_ingest_requests_total[5m]))", "{{endpoint}} {{result}}")], unit="reqps")
     return b

@@ -312,8 +312,13 @@ def prometheus_config(jobs: Sequence[ScrapeJob], rule_files: Sequence[Path] = ()
 
 @contextlib.contextmanager
 def prometheus(workdir: Path, jobs: Sequence[ScrapeJob], rule_files: Sequence[Path] = (),
-               alertmanager: str | None = None, interval: float = 1.0) -> Iterator[Prometheus]:
-    """A Prometheus on a free loopback port; `rule_files` are checked by promtool first."""
+               alertmanager: str | None = None, interval: float = 1.0,
+               resend_delay: float = 60.0) -> Iterator[Prometheus]:
+    """A Prometheus on a free loopback port; `rule_files` are checked by promtool first.
+
+    `resend_delay` is --rules.alert.resend-delay (default 1m): how often alerts, resolved ones
+    included, are sent to Alertmanager again. A time-scaled test scales it too: a resolved alert
+    that Alertmanager held back (inhibited) is only delivered at the next resend."""
     binary = need("prometheus")
     workdir.mkdir(parents=True, exist_ok=True)
     if rule_files:
@@ -324,7 +329,8 @@ def prometheus(workdir: Path, jobs: Sequence[ScrapeJob], rule_files: Sequence[Pa
     conf.write_text(prometheus_config(jobs, rule_files, alertmanager, interval))
     port = free_port()
     argv = [binary, f"--config.file={conf}", f"--storage.tsdb.path={workdir / 'tsdb'}",
-            f"--web.listen-address={LOOPBACK}:{port}", "--log.level=warn"]
+            f"--web.listen-address={LOOPBACK}:{port}", "--log.level=warn",
+            f"--rules.alert.resend-delay={format_duration(resend_delay)}"]
     url = f"http://{LOOPBACK}:{port}"
     with service("prometheus", argv, workdir, port=port, ready=lambda: http_get(f"{url}/-/ready")[0] == 200,
                  ready_timeout=60) as svc:

@@ -38,13 +38,9 @@ _VAR = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)(?::\w+)?\]\]")
 _LABEL_VALUES = re.compile(r"^label_values\((?:(?P<match>.+),\s*)?(?P<label>\w+)\)$")
 _METRIC = re.compile(r"(?<![\w:\"'])((?:podhealth[_:]|scrape_)[A-Za-z0-9_:]*)")
 DATA_TIMEOUT = 90.0
-LIVE = [pytest.mark.integration, pytest.mark.timeout(300)]
-
-
-def _live(fn: Any) -> Any:
-    for mark in LIVE:
-        fn = mark(fn)
-    return fn
+# Grafana's interval variables, as Grafana would set them for a 3-minute range at a 5 s step.
+INTERVALS = {"__interval": "5s", "__interval_ms": "5000", "__rate_interval": "1m", "__range": "3m",
+             "__range_s": "180", "__range_ms": "180000"}
 
 
 def generator() -> ModuleType:
@@ -64,8 +60,9 @@ def variables_used(text: str) -> set[str]:
 
 
 def substitute(expr: str) -> str:
-    """Every dashboard variable as its "All" value (a regex matching anything)."""
-    return _VAR.sub(".*", expr)
+    """Every dashboard variable as its "All" value (a regex matching anything); Grafana's
+    interval variables as durations."""
+    return _VAR.sub(lambda m: INTERVALS.get(m.group(1) or m.group(2) or m.group(3), ".*"), expr)
 
 
 def queries(board: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
@@ -169,6 +166,7 @@ def test_variable_substitution_covers_every_form() -> None:
     expr = 'x{a=~"$cluster",b=~"${node}",c=~"${gpu:regex}",d=~"[[partition]]"}'
     assert variables_used(expr) == {"cluster", "node", "gpu", "partition"}
     assert substitute(expr) == 'x{a=~".*",b=~".*",c=~".*",d=~".*"}'
+    assert substitute("rate(x[$__rate_interval])") == "rate(x[1m])"
 
 
 # ---- (c) every query returns data from a real Prometheus -----------------------------------------
@@ -236,7 +234,8 @@ def problems_of(prom: stack.Prometheus, now: float) -> tuple[list[str], list[str
     return empty, legends
 
 
-@_live
+@pytest.mark.integration
+@pytest.mark.timeout(300)
 def test_every_panel_query_returns_data(fleet: stack.Prometheus) -> None:
     prom = fleet
     prom.wait_scraped("podhealth", len(NODES), samples=3, timeout=DATA_TIMEOUT)
@@ -256,7 +255,8 @@ def test_every_panel_query_returns_data(fleet: stack.Prometheus) -> None:
     assert not legends, "panels whose legend names a label their series lack:\n" + "\n".join(legends)
 
 
-@_live
+@pytest.mark.integration
+@pytest.mark.timeout(300)
 def test_every_metric_a_panel_names_exists(fleet: stack.Prometheus) -> None:
     """`count(x == 0) or vector(0)` always answers: also check that x itself is in Prometheus."""
     prom = fleet
@@ -270,7 +270,8 @@ def test_every_metric_a_panel_names_exists(fleet: stack.Prometheus) -> None:
     assert not missing, f"metrics named by panels but absent from Prometheus: {json.dumps(missing, indent=1)}"
 
 
-@_live
+@pytest.mark.integration
+@pytest.mark.timeout(300)
 def test_every_variable_query_returns_values(fleet: stack.Prometheus) -> None:
     prom = fleet
     prom.wait_scraped("podhealth", len(NODES), samples=3, timeout=DATA_TIMEOUT)
