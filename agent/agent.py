@@ -1,8 +1,12 @@
 """The node agent: builds the collectors, schedules them, serves the snapshot, talks to systemd.
 
 Hooks for modules written later (the checks engine, the publisher):
-- `agent.on_snapshot.append(fn)`: `fn(snapshot)` runs on the event loop after every snapshot
-  change; keep it cheap (no I/O), it delays the loop.
+- `agent.on_snapshot.append(fn)`: `fn(snapshot)` runs on the event loop with the latest snapshot
+  once a burst of changes is over: when no collection is in flight any more (collectors that
+  start together finish one after the other), or HOOK_MAX_DELAY after the first change of the
+  burst, whichever comes first. So the checks judge a cycle's data once, not once per collector
+  that finished (which cost a full evaluation each, and let one collection's data count several
+  times toward flap damping). Keep `fn` cheap (no I/O): it delays the loop.
 - `agent.on_events.append(fn)`: `fn(events)` with only the newly seen events (XID, SXid).
 - `agent.add_routes([web.get("/health", handler), ...])` before `start()`; handlers find the
   agent in `request.app[AGENT_KEY]`.
@@ -46,6 +50,8 @@ _log = log.get("podhealth.agent")
 
 # A factory may open a vendor library (nvmlInit on 8 GPUs takes seconds): give it at least this long.
 MIN_FACTORY_TIMEOUT = 10.0
+# The longest the on_snapshot hooks wait for a burst of snapshot changes to end.
+HOOK_MAX_DELAY = 0.5
 
 
 def _registry_factory(name: str) -> Factory:
@@ -101,12 +107,15 @@ class Agent:
         self._watchdog: asyncio.Task[None] | None = None
         self._status = ""
         self._started = False
+        self._hooks: list[SnapshotCallback] = []
+        self._hooks_pending = False
+        self._hooks_timer: asyncio.TimerHandle | None = None
 
     # ---- hooks ------------------------------------------------------------------------------
 
     @property
     def on_snapshot(self) -> list[SnapshotCallback]:
-        return self.store.on_snapshot
+        return self._hooks
 
     @property
     def on_events(self) -> list[EventsCallback]:
@@ -150,7 +159,7 @@ class Agent:
         self.exposition.ctx = RenderContext(
             self.node, self.version, self.cfg.node.profile, dict(self.specs), tuple(self._sources))
         self.store.on_snapshot.insert(0, self._changed)
-        self.store.on_snapshot.append(self._update_status)
+        self._hooks.append(self._update_status)
         self.invalidate()
         self.scheduler.start()
         app = build_app(self, self._routes)
@@ -170,6 +179,9 @@ class Agent:
 
     async def stop(self) -> None:
         self.notifier.stopping()
+        if self._hooks_timer is not None:
+            self._hooks_timer.cancel()
+            self._hooks_timer = None
         if self._watchdog is not None:
             self._watchdog.cancel()
             await asyncio.gather(self._watchdog, return_exceptions=True)
@@ -223,12 +235,31 @@ class Agent:
 
     def _changed(self, snap: Snapshot) -> None:
         self.exposition.update(snap)
-        # The callback runs before the finishing collection's slot is cleared: defer the idle check.
-        asyncio.get_running_loop().call_soon(self._prerender_if_idle)
+        loop = asyncio.get_running_loop()
+        if not self._hooks_pending:
+            self._hooks_pending = True
+            self._hooks_timer = loop.call_later(HOOK_MAX_DELAY, self._run_hooks)
+        # The callback may run before the finishing collection's slot is cleared: defer the idle check.
+        loop.call_soon(self._after_change)
+
+    def _after_change(self) -> None:
+        if self.scheduler.idle():
+            self._run_hooks()
+            self.exposition.prerender()
 
     def _prerender_if_idle(self) -> None:
         if self.scheduler.idle():
             self.exposition.prerender()
+
+    def _run_hooks(self) -> None:
+        """Hand the latest snapshot to the on_snapshot hooks (once per burst of changes)."""
+        if self._hooks_timer is not None:
+            self._hooks_timer.cancel()
+            self._hooks_timer = None
+        if not self._hooks_pending:
+            return
+        self._hooks_pending = False
+        self.store.call_each(self._hooks, self.store.snapshot)
 
     # ---- systemd STATUS= ----------------------------------------------------------------------
 

@@ -7,8 +7,11 @@ that did not change (collectors/infiniband.py, collectors/nfs.py). So each famil
 kept with the Sample objects it was made from:
 - a collector whose state is the same object as last time is not even regrouped;
 - a family whose samples are all the same objects as last time reuses its block as is;
-- otherwise each series line is looked up by its Sample object, and only new Samples are
-  validated and formatted.
+- a family whose series are the same as last time, in the same order (the usual case: only
+  values moved), reuses the lines of the Samples that did not change and, for those that did,
+  the validated `name{labels} ` prefix at the same position: only their values are formatted;
+- anything else (series came or went) is validated and formatted from the start, with the
+  line prefixes still cached by label set.
 The rules (validation, merging of families that share a name, header text) are exposition's and
 encode's; the output is byte-identical to `Encoder.encode(families(snapshot, ctx))`, which the
 tests check over changing snapshots.
@@ -18,28 +21,73 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Sequence
+from itertools import compress, count
+from types import MappingProxyType
+from typing import Callable, Mapping, Sequence
 
 from podhealth.agent.encode import MAX_CACHED_SERIES, format_value, header, line_prefix
 from podhealth.agent.exposition import (
-    RenderContext, checked, checked_value, collector_groups, names_of, source_groups,
+    RenderContext, checked, checked_number, collector_groups, labels_ok, names_of, source_groups,
 )
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import Labels, MetricSpec, Sample
 
 # (family name, sample name, type, help, unit)
 _Head = tuple[str, str, str, str, str]
-# A Sample and its rendered line (None: the sample is dropped), keyed by id() of the Sample; the
-# entry holds the Sample, so the id cannot be reused while the entry exists.
-_Lines = dict[int, tuple[Sample, "bytes | None"]]
+_Pick = Callable[[Sequence[Sample]], Sequence[Sample]]
+_LABELS = operator.attrgetter("labels")
+_NAME = operator.attrgetter("name")
+_NO_SPECS: Mapping[str, MetricSpec] = MappingProxyType({})
+
+
+def _picker(positions: list[int]) -> _Pick:
+    if len(positions) == 1:
+        i = positions[0]
+        return lambda seq: (seq[i],)
+    return operator.itemgetter(*positions)  # type: ignore[return-value]
+
+
+@dataclass(slots=True)
+class _Grouping:
+    """A collector state's samples split by metric name, and the positions each group takes, so
+    the next state, which almost always lists the same names in the same order, is split by
+    picking positions instead of by a dict lookup per sample."""
+
+    state: CollectorState
+    specs: Mapping[str, MetricSpec]
+    names: list[str]
+    picks: list[_Pick]
+    groups: list[tuple[MetricSpec, Sequence[Sample]]]
+
+    @classmethod
+    def of(cls, cname: str, st: CollectorState, specs: Mapping[str, MetricSpec],
+           prev: "_Grouping | None") -> "_Grouping":
+        names = list(map(_NAME, st.samples))
+        if prev is not None and prev.specs is specs and names == prev.names:
+            picked = [(spec, pick(st.samples)) for (spec, _), pick in zip(prev.groups, prev.picks)]
+            return cls(st, specs, names, prev.picks, picked)
+        groups: list[tuple[MetricSpec, Sequence[Sample]]] = list(collector_groups(cname, st.samples, specs))
+        positions: dict[str, list[int]] = {}
+        for i, n in enumerate(names):
+            lst = positions.get(n)
+            if lst is None:
+                lst = positions[n] = []
+            lst.append(i)
+        # collector_groups orders the groups by first appearance, as this dict is ordered
+        return cls(st, specs, names, [_picker(p) for p in positions.values()], groups)
 
 
 @dataclass(slots=True)
 class _Block:
+    """One family's text and, per sample position, what it was made from."""
+
     head: _Head
     samples: Sequence[Sample]
+    labels: list[Labels]
+    prefixes: list[str | None]  # `name{labels} `; None: an invalid label name drops the sample
+    lines: list[bytes | None]  # None: the sample is dropped
+    unique: bool  # no two valid label sets are equal (else the last value of each wins)
     body: bytes  # the series lines, node label included
-    lines: _Lines
 
 
 class BlockEncoder:
@@ -47,22 +95,22 @@ class BlockEncoder:
 
     def __init__(self, node: str) -> None:
         self.node = node
-        self._groups: dict[str, tuple[CollectorState, list[tuple[MetricSpec, list[Sample]]]]] = {}
+        self._groups: dict[str, _Grouping] = {}
         self._blocks: dict[tuple[str, str], _Block] = {}
         self._prefix: dict[tuple[str, Labels], str] = {}
         self._headers: dict[tuple[_Head, bool], bytes] = {}
 
     def render(self, snapshot: Snapshot, ctx: RenderContext, openmetrics: bool) -> bytes:
         merged: dict[str, tuple[_Head, list[tuple[str, Sequence[Sample]]]]] = {}
-        groups: dict[str, tuple[CollectorState, list[tuple[MetricSpec, list[Sample]]]]] = {}
+        groups: dict[str, _Grouping] = {}
         for cname, st in snapshot.collectors.items():
             if not st.samples:
                 continue
-            hit = self._groups.get(cname)
-            if hit is None or hit[0] is not st:
-                hit = (st, collector_groups(cname, st.samples, ctx.specs.get(cname, {})))
-            groups[cname] = hit
-            for spec, samples in hit[1]:
+            g = self._groups.get(cname)
+            if g is None or g.state is not st:
+                g = _Grouping.of(cname, st, ctx.specs.get(cname, _NO_SPECS), g)
+            groups[cname] = g
+            for spec, samples in g.groups:
                 self._merge(merged, cname, spec, samples, True)
         self._groups = groups
         for origin, spec, fsamples, prefixed in source_groups(snapshot, ctx):
@@ -112,28 +160,50 @@ class BlockEncoder:
 
     def _block(self, key: tuple[str, str], head: _Head, samples: Sequence[Sample]) -> _Block:
         prev = self._blocks.get(key)
-        if (prev is not None and prev.head == head and len(prev.samples) == len(samples)
-                and all(map(operator.is_, prev.samples, samples))):
+        if prev is None or prev.head != head:
+            return self._fresh_block(head, samples)
+        if len(prev.samples) == len(samples) and all(map(operator.is_, prev.samples, samples)):
             return prev
-        old: _Lines = prev.lines if prev is not None and prev.head == head else {}
-        lines: _Lines = {}
-        by_labels: dict[Labels, bytes] = {}  # the last value wins on a duplicate label set
-        name, sname, typ = head[0], head[1], head[2]
-        for s in samples:
-            entry = old.get(id(s))
-            if entry is None or entry[0] is not s:
-                entry = (s, self._line(s, sname, typ, name))
-            lines[id(s)] = entry
-            if entry[1] is not None:
-                by_labels[s.labels] = entry[1]
-        return _Block(head, samples, b"".join(by_labels.values()), lines)
+        labels = list(map(_LABELS, samples))
+        if not prev.unique or labels != prev.labels:  # list == compares each pair by identity first
+            return self._fresh_block(head, samples, labels)
+        name, typ = head[0], head[2]
+        lines = list(prev.lines)
+        prefixes = prev.prefixes
+        # Only the positions whose Sample is a new object (found without a Python-level loop).
+        for i in compress(count(), map(operator.is_not, samples, prev.samples)):
+            prefix = prefixes[i]
+            value = None if prefix is None else checked_number(samples[i].value, typ, name)
+            lines[i] = None if value is None else (prefix + format_value(value) + "\n").encode("utf-8")
+        return _Block(head, samples, labels, prefixes, lines, True, b"".join(filter(None, lines)))
 
-    def _line(self, s: Sample, sname: str, typ: str, origin: str) -> bytes | None:
-        value = checked_value(s, typ, origin)
-        if value is None:
-            return None
-        key = (sname, s.labels)
+    def _fresh_block(self, head: _Head, samples: Sequence[Sample], labels: list[Labels] | None = None) -> _Block:
+        name, sname, typ = head[0], head[1], head[2]
+        labels = labels if labels is not None else list(map(_LABELS, samples))
+        prefixes: list[str | None] = []
+        lines: list[bytes | None] = []
+        for s in samples:
+            prefix = self._prefix_of(sname, s.labels, name)
+            prefixes.append(prefix)
+            value = None if prefix is None else checked_number(s.value, typ, name)
+            lines.append(None if value is None else (prefix + format_value(value) + "\n").encode("utf-8"))
+        valid = [lab for lab, p in zip(labels, prefixes) if p is not None]
+        unique = len(set(valid)) == len(valid)
+        if unique:
+            body = b"".join(filter(None, lines))
+        else:
+            by_labels: dict[Labels, bytes] = {}  # the last value wins, at the first one's place
+            for lab, line in zip(labels, lines):
+                if line is not None:
+                    by_labels[lab] = line
+            body = b"".join(by_labels.values())
+        return _Block(head, samples, labels, prefixes, lines, unique, body)
+
+    def _prefix_of(self, sname: str, labels: Labels, origin: str) -> str | None:
+        key = (sname, labels)
         prefix = self._prefix.get(key)
         if prefix is None:
-            prefix = self._prefix[key] = line_prefix(sname, s.labels, self.node)
-        return (prefix + format_value(value) + "\n").encode("utf-8")
+            if not labels_ok(labels, origin):
+                return None
+            prefix = self._prefix[key] = line_prefix(sname, labels, self.node)
+        return prefix

@@ -116,25 +116,38 @@ def names_of(spec: MetricSpec, prefixed: bool) -> tuple[str, str, str, str]:
     return base, sample, typ, unit
 
 
-def checked_value(s: Sample, typ: str, origin: str) -> float | None:
-    """The value a sample is rendered with, or None when the sample must be dropped."""
-    bad = checked.bad_label(s.labels)
+def labels_ok(labels: Labels, origin: str) -> bool:
+    """Whether every label name is valid (a sample with an invalid one is dropped, and logged once)."""
+    bad = checked.bad_label(labels)
     if bad is not None:
         checked.warn_once(f"{origin}:{bad}", "invalid label name dropped a sample", metric=origin, label=bad)
-        return None
-    value = s.value
+        return False
+    return True
+
+
+def checked_number(value: object, typ: str, origin: str) -> float | None:
+    """The value a sample is rendered with, or None when it must be dropped (labels aside)."""
     if typ == "info":
         return 1.0
-    if type(value) is not float:
+    if type(value) is float:
+        v = value
+    else:
         try:
-            value = float(value)
+            v = float(value)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             return None
-    if typ == "counter" and (value < 0 or math.isnan(value)):
+    if typ == "counter" and (v < 0 or math.isnan(v)):
         # A negative counter breaks rate(): a collector bug, not data.
         checked.warn_once(f"{origin}:neg", "negative counter dropped", metric=origin)
         return None
-    return value
+    return v
+
+
+def checked_value(s: Sample, typ: str, origin: str) -> float | None:
+    """The value a sample is rendered with, or None when the sample must be dropped."""
+    if not labels_ok(s.labels, origin):
+        return None
+    return checked_number(s.value, typ, origin)
 
 
 def _series(samples: Iterable[Sample], typ: str, origin: str) -> tuple[tuple[Labels, float], ...]:

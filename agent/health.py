@@ -69,7 +69,7 @@ class Health:
         return self.evaluator
 
     def on_snapshot(self, snap: Snapshot) -> None:
-        """Called on the loop for every snapshot change: only schedules a judgement.
+        """Called on the loop after a burst of snapshot changes: only schedules a judgement.
 
         Judging runs in a worker thread (a few ms for a DGX node, more on a loaded host), and
         changes that arrive while it runs are coalesced into one more pass over the newest

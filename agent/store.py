@@ -52,10 +52,13 @@ class SnapshotStore:
         )
         self.version += 1
         if fresh:
-            for cb in list(self.on_events):
-                self._call(cb, fresh)
-        for cb in list(self.on_snapshot):
-            self._call(cb, self.snapshot)
+            self.call_each(self.on_events, fresh)
+        self.call_each(self.on_snapshot, self.snapshot)
+
+    def call_each(self, callbacks: list[Callable[..., None]], arg: object) -> None:
+        """Call every callback with `arg`; one that raises is logged and does not stop the rest."""
+        for cb in list(callbacks):
+            self._call(cb, arg)
 
     def _merge_events(self, events: Iterable[Event]) -> tuple[Event, ...]:
         fresh: list[Event] = []

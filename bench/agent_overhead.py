@@ -217,10 +217,11 @@ def cpu_window_end(pid: int, start: tuple[tuple[float, float], dict[int, tuple[s
     for tid, (comm, cpu) in th1.items():
         role = thread_role(pid, tid, comm)
         roles[role] = roles.get(role, 0.0) + (cpu - th0.get(tid, (comm, 0.0))[1]) / n
-    # threads that ended within the window (one-off workers) left their time in the process total
-    ended = (own1 - own0) / n - sum(roles.values())
-    if abs(ended) >= 0.5 / CLK_TCK / n:
-        roles["threads that ended meanwhile"] = ended
+    # The process total less its live threads: threads that ended within the window, and the
+    # rounding of each thread's ticks (the kernel rounds every thread and the total separately).
+    rest = (own1 - own0) / n - sum(roles.values())
+    if abs(rest) >= 0.5 / CLK_TCK / n:
+        roles["unattributed (ended threads, tick rounding)"] = rest
     if ch1 > ch0:
         roles["child processes (NFS stat probes)"] = (ch1 - ch0) / n
     return CpuWindow((own1 - own0 + ch1 - ch0) / n, (ch1 - ch0) / n, roles)
@@ -297,6 +298,8 @@ def main() -> int:
         ag_series = sum(1 for ln in decode(get(agent.url + "/metrics")[1]).splitlines()
                         if ln.startswith(("podhealth_infiniband_", "podhealth_nfs_")))
         rss_start = agent.rss()
+        ib_files = {sub: sum(1 for _ in (node.sys_root / "class" / "infiniband").glob(f"*/ports/*/{sub}/*"))
+                    for sub in ("counters", "hw_counters")}
         cpu = cycles([ne, agent], args.cycles, args.interval)
         lat = latencies([ne, agent], args.latency_scrapes)
         rss = {p.name: p.rss() for p in (ne, agent)}
@@ -342,7 +345,9 @@ def main() -> int:
     print("IB + mountstats + nfs on the simulated DGX H100 tree (10 HCA ports, 2 NFS mounts), "
           "rewritten every interval by a separate process")
     print(f"{'':24}{'node_exporter 1.5':>20}{'podhealth agent':>20}{'ratio':>10}")
-    print(f"{'series':24}{ne_series:>20}{ag_series:>20}")
+    print(f"{'series':24}{ne_series:>20}{ag_series:>20}   (both read the {ib_files['counters']} ports/*/counters "
+          f"files; the agent also reads and exports the {ib_files['hw_counters']} hw_counters files, node_exporter 1.5 "
+          "does not)")
     print(f"{'CPU s / cycle':24}{ne_cpu.total:>20.4f}{ag_cpu.total:>20.4f}"
           f"{ag_cpu.total / ne_cpu.total:>9.2f}x   (target <= 1.0x)")
     no_probe = ag_cpu.total - ag_cpu.children

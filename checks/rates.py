@@ -11,9 +11,13 @@ from typing import Hashable
 
 
 class RateTracker:
-    def __init__(self, window: float, max_points: int = 256) -> None:
+    def __init__(self, window: float, max_points: int = 32) -> None:
         self.window = window
         self.max_points = max_points
+        # Points closer together than this replace the newest one instead of adding another:
+        # a rate over the window needs its ends, not every sample (a DGX node has ~1,000 counter
+        # series; 256 points each cost the agent ~30 MiB).
+        self._spacing = window / max(1, max_points - 2)
         self._h: dict[Hashable, deque[tuple[float, float]]] = {}
 
     def observe(self, key: Hashable, t: float, value: float) -> None:
@@ -22,7 +26,7 @@ class RateTracker:
             h = self._h[key] = deque(maxlen=self.max_points)
         if h and value < h[-1][1]:
             h.clear()  # reset: judge only what happened since
-        if h and h[-1][0] == t:
+        if h and (h[-1][0] == t or (len(h) >= 2 and t - h[-2][0] < self._spacing)):
             h[-1] = (t, value)
         else:
             h.append((t, value))

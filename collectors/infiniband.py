@@ -30,6 +30,7 @@ _MAX_FILE = 4096  # sysfs attributes are one page at most
 _O_FILE = os.O_RDONLY | os.O_CLOEXEC
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 RELIST_SECONDS = 60.0
+RACY_NS = 2_000_000_000
 
 # These four have their own series; every other counters/ file goes to infiniband_port_stat.
 # port_xmit_data/port_rcv_data count 4-byte words: the IB spec's PortXmitData is in units of 32
@@ -80,22 +81,28 @@ def _strerror(e: OSError) -> str:
 
 @dataclass
 class _Listing:
-    """A directory's sorted entries (dot files left out), valid while its inode and mtime hold."""
+    """A directory's sorted entries (dot files left out), valid while its inode and mtime hold.
+
+    A listing taken within RACY_NS of the directory's mtime is not trusted: the kernel stamps
+    mtimes with a coarse clock, so an entry added a moment later can leave the mtime as it was
+    (git's "racily clean" problem). Such a directory is listed again next time."""
 
     key: tuple[int, int] = (-1, -1)
     names: tuple[str, ...] = ()
     at: float = float("-inf")
+    racy: bool = True
 
     def of(self, dfd: int, now: float) -> tuple[tuple[str, ...], bool]:
         """(names, changed) for the directory open at `dfd`."""
         st = os.fstat(dfd)
         key = (st.st_ino, st.st_mtime_ns)
-        if key == self.key and now - self.at < RELIST_SECONDS:
+        if key == self.key and not self.racy and now - self.at < RELIST_SECONDS:
             return self.names, False
         # An editor's or a writer's temporary (".name") is never a kernel counter.
         names = tuple(sorted(n for n in os.listdir(dfd) if not n.startswith(".")))
         changed = names != self.names
         self.key, self.names, self.at = key, names, now
+        self.racy = time.time_ns() - st.st_mtime_ns < RACY_NS  # a future mtime too
         return names, changed
 
     def expire(self) -> None:

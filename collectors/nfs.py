@@ -8,6 +8,7 @@ and nothing else.
 
 from __future__ import annotations
 
+import operator
 import os
 import shutil
 import sys
@@ -97,7 +98,7 @@ class SampleCache:
         """One Sample per (name, value), all with the same labels (built by `labels()` when new)."""
         prev = self._prev.get(key)
         if prev is not None and len(prev) == len(values):
-            if all(p.value == v for p, v in zip(prev, values)):
+            if tuple(map(_VALUE, prev)) == values:
                 out = prev
             else:
                 lab = prev[0].labels
@@ -108,10 +109,25 @@ class SampleCache:
         self._next[key] = out
         return out
 
+    def row(self, key: tuple[str, ...], name: str, values: tuple[float, ...],
+            labels: Callable[[], Sequence[Labels]]) -> tuple[Sample, ...]:
+        """One Sample of `name` per value, each with its own labels (`labels()`, when new)."""
+        prev = self._prev.get(key)
+        if prev is not None and len(prev) == len(values):
+            if tuple(map(_VALUE, prev)) == values:
+                out = prev
+            else:
+                out = tuple(p if p.value == v else Sample(name, v, p.labels) for p, v in zip(prev, values))
+        else:
+            out = tuple(Sample(name, v, lab) for v, lab in zip(values, labels()))
+        self._next[key] = out
+        return out
+
     def commit(self) -> None:
         self._prev, self._next = self._next, {}
 
 
+_VALUE = operator.attrgetter("value")
 _OP_METRICS = ("nfs_operation_requests", "nfs_operation_transmissions", "nfs_operation_major_timeouts",
                "nfs_operation_sent_bytes", "nfs_operation_received_bytes", "nfs_operation_queue_seconds",
                "nfs_operation_rtt_seconds", "nfs_operation_execute_seconds")
@@ -173,9 +189,10 @@ def rpc_samples(rpc: RpcNfs, cache: SampleCache | None = None) -> list[Sample]:
         out.extend(c.samples(("net",), ("nfs_net_tcp_connections",), (float(rpc.net.tcp_connections),),
                              lambda: ()))
     for pc in rpc.procedures:
-        for name, v in pc.counts:
-            out.extend(c.samples(("proc", pc.version, name), ("nfs_rpc_procedure_requests",), (float(v),),
-                                 lambda: labels_of(version=pc.version, procedure=name)))  # noqa: B023
+        procs = tuple(name for name, _ in pc.counts)
+        out.extend(c.row(("proc", pc.version, *procs), "nfs_rpc_procedure_requests",
+                         tuple(float(v) for _, v in pc.counts),
+                         lambda: [labels_of(version=pc.version, procedure=p) for p in procs]))  # noqa: B023
     if cache is None:
         c.commit()
     return out

@@ -7,6 +7,7 @@ a field the kernel did not print stays None, never 0.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -179,16 +180,20 @@ def unescape(field: str) -> str:
 
 
 def _ints(parts: list[str]) -> list[int]:
-    out = []
-    for p in parts:
+    try:
+        out = list(map(int, parts))  # the common case, without a Python-level loop
+    except ValueError:
+        out = None
+    if out is not None and (not out or min(out) >= 0):
+        return out
+    for p in parts:  # find the culprit for the message
         try:
             v = int(p, 10)
         except ValueError:
             raise ValueError(f"not a number: {p[:24]!r}") from None
         if v < 0:
             raise ValueError(f"negative counter: {p[:24]!r}")
-        out.append(v)
-    return out
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _opts(text: str) -> tuple[tuple[str, str], ...]:
@@ -272,6 +277,10 @@ def parse_transport(rest: str) -> NfsTransport:
     return NfsTransport(proto, tuple(zip(names, vals)))
 
 
+# A mount lists every operation of its NFS version and most of them sit idle, so most per-op
+# lines are the same text as in the previous read: the parse of each is kept (it is pure and the
+# result immutable), which makes a re-read cost a lookup per idle operation.
+@functools.lru_cache(maxsize=2048)
 def parse_operation(s: str) -> NfsOperation:
     """'READ: 1298 1298 0 207680 1210292152 6 79386 79407 [errors]'."""
     name, sep, rest = s.partition(":")

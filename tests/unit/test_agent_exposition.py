@@ -352,6 +352,8 @@ def test_block_encoder_matches_a_full_render_as_snapshots_change() -> None:
                Sample("infiniband_port_stat", 1.0, (("bad-label", "x"),)),
                Sample("gpu_temperature_celsius", float("nan"), labels_of(gpu=5))]  # into the shared family
     steps.append(snap(ib, nvml))
+    ib = ib[:4] + [Sample("infiniband_port_stat", 9.0, lab["c"])] + ib[5:]  # the duplicate of c turns valid
+    steps.append(snap(ib, nvml))
     steps.append(snap(ib, nvml, ib_stale=True))  # stale: its families go
     extra.clear()
     steps.append(snap(ib[:2], nvml[1:]))  # series and families go away

@@ -290,3 +290,54 @@ async def test_collect_now_runs_everything_once_and_bounds_a_hang() -> None:
     finally:
         b.release.set()
         await agent.stop()
+
+
+class Slow(Fake):
+    """A collector whose every run takes `seconds` (its work, as an NFS probe's wait would be)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def collect(self) -> Collection:
+        time.sleep(self.seconds)
+        return super().collect()
+
+
+async def test_on_snapshot_hooks_run_once_per_burst_of_collections() -> None:
+    """Two collectors on the same interval finish one after the other: the hooks (the checks)
+    see each cycle once, with both results in, not once per collector that finished."""
+    fast, slow = Fake(), Slow(0.2)
+    agent = Agent(cfg_with(nvml=(0.4, 2.0), infiniband=(0.4, 2.0)), node="n1",
+                  factories={"nvml": lambda c: fast, "infiniband": lambda c: slow})
+    runs: list[tuple[int, int]] = []
+    agent.on_snapshot.append(lambda s: runs.append((s.collectors["nvml"].runs, s.collectors["infiniband"].runs)))
+    await agent.start()
+    try:
+        await until(lambda: len(slow.calls) >= 8, what="8 runs of the slow collector")
+    finally:
+        await agent.stop()
+    # Once per burst, after both finished (a hook per finished collection would give twice as
+    # many calls, half of them between the two). Margins for a loaded machine, where a burst
+    # can split now and then.
+    both = [r for r in runs if r[0] == r[1]]
+    assert len(both) >= 0.65 * len(runs), runs
+    assert len(runs) <= 1.5 * len(slow.calls) + 2, runs
+
+
+async def test_a_hung_collector_does_not_hold_the_hooks_back() -> None:
+    fast, hung = Fake(), Fake()
+    hung.hang = True
+    agent = Agent(cfg_with(nvml=(0.1, 1.0), infiniband=(1.0, 10.0)), node="n1",
+                  factories={"nvml": lambda c: fast, "infiniband": lambda c: hung})
+    seen: list[float] = []
+    agent.on_snapshot.append(lambda s: seen.append(time.monotonic()))
+    await agent.start()
+    try:
+        await until(lambda: len(seen) >= 4, what="hooks while a collection hangs")
+    finally:
+        hung.release.set()
+        await agent.stop()
+    gaps = [b - a for a, b in zip(seen, seen[1:])]
+    from podhealth.agent.agent import HOOK_MAX_DELAY
+    assert max(gaps) < HOOK_MAX_DELAY * 3, gaps

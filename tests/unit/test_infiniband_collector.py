@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,56 @@ def test_device_without_ports(tmp_path: Path) -> None:
     r = create(_cfg(tmp_path)).collect()
     assert [s.name for s in r.samples] == ["infiniband_info"]
     assert r.errors == ("mlx5_9: no ports",)
+
+
+def test_a_long_lived_collector_follows_the_tree(dgx_sys: Path) -> None:
+    """The agent keeps one collector for its lifetime, and it remembers listings and values
+    between collections: whatever changes in the tree, it must report exactly what a new
+    collector reading the tree for the first time reports."""
+    col = create(_cfg(dgx_sys))
+    port = dgx_sys / "class/infiniband/mlx5_0/ports/1"
+    changes = [
+        lambda: (port / "counters/port_xmit_data").write_text("48213375190700\n"),  # in place
+        lambda: (port / "counters/symbol_error").write_text("x\n"),  # malformed
+        lambda: (port / "counters/symbol_error").write_text("7\n"),  # and back
+        lambda: (port / "counters/new_counter").write_text("5\n"),  # a file appears
+        lambda: os.unlink(port / "counters/link_downed"),  # and one goes
+        lambda: (port / "state").write_text("1: DOWN\n"),
+        lambda: shutil.rmtree(port / "hw_counters"),
+        lambda: (dgx_sys / "class/infiniband/mlx5_1/fw_ver").write_text("28.40.1000\n"),
+        lambda: shutil.rmtree(dgx_sys / "class/infiniband/mlx5_2"),  # a device goes
+    ]
+    first = col.collect()
+    for i, change in enumerate([lambda: None, *changes]):
+        change()
+        again, fresh = col.collect(), InfinibandCollector(dgx_sys).collect()
+        assert again.samples == fresh.samples, f"after change {i}"
+        assert again.errors == fresh.errors, f"after change {i}"
+    assert _get(again.samples, "infiniband_port_stat", device="mlx5_0", counter="new_counter") == 5
+    assert _get(again.samples, "infiniband_port_stat", device="mlx5_0", counter="symbol_error") == 7
+    assert _get(again.samples, "infiniband_port_state", device="mlx5_0", state="DOWN") == 1
+    assert first.samples != again.samples
+
+
+def test_unchanged_values_are_handed_on_as_the_same_samples(dgx_sys: Path) -> None:
+    """What lets /metrics reuse the rendered line of a series (agent/blocks.py)."""
+    col = create(_cfg(dgx_sys))
+    a = col.collect().samples
+    (dgx_sys / "class/infiniband/mlx5_0/ports/1/counters/port_xmit_data").write_text("1\n")
+    b = col.collect().samples
+    assert len(a) == len(b)
+    changed = [(x, y) for x, y in zip(a, b) if x is not y]
+    assert [(y.name, y.value) for _, y in changed] == [("infiniband_port_data_transmitted_bytes", 4.0)]
+
+
+def test_a_listing_taken_right_after_a_change_is_checked_again(dgx_sys: Path) -> None:
+    """The kernel's mtime clock is coarse: a counter file added in the same tick as the last
+    change leaves the directory's mtime as it was. A listing that recent is not trusted."""
+    counters = dgx_sys / "class/infiniband/mlx5_0/ports/1/counters"
+    stamp = time.time_ns()
+    os.utime(counters, ns=(stamp, stamp))
+    col = create(_cfg(dgx_sys))
+    col.collect()
+    (counters / "late_counter").write_text("3\n")
+    os.utime(counters, ns=(stamp, stamp))  # as if written within the same tick
+    assert _get(col.collect().samples, "infiniband_port_stat", device="mlx5_0", counter="late_counter") == 3

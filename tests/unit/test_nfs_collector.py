@@ -222,3 +222,54 @@ def test_collector_close_stops_hung_probes(dgx_proc: Path) -> None:
     col.collect()
     col.close()
     assert all(p._proc is None and p._lingering is None for p in col._probes.values())
+
+
+def test_a_long_lived_collector_matches_a_fresh_one(tmp_path: Path) -> None:
+    """The agent keeps one collector, which remembers parses and samples between collections:
+    as the simulated node's counters move and mounts go missing or come back, it must report
+    exactly what a new collector would (probe latencies aside, which are measured each time)."""
+    from podhealth.sim import tree_nfs
+    from podhealth.sim.state import Fault, default_state
+
+    t0 = 1_700_000_000.0
+    st = default_state("dgx01", "dgx-h100", now=t0)
+    mounts = [("/home", 5.0), ("/cm/shared", 5.0)]
+    col = NfsCollector(tmp_path, mounts, probe_argv=lambda mp: [TRUE])
+
+    def same(a: tuple[Sample, ...], b: tuple[Sample, ...]) -> bool:
+        def strip(ss: tuple[Sample, ...]) -> list[Sample]:
+            return [s for s in ss if s.name != "nfs_probe_seconds"]
+        return strip(a) == strip(b)
+
+    try:
+        steps = [(st, t0 + 10), (st, t0 + 10), (st, t0 + 11), (st, t0 + 70),
+                 (st.with_fault(Fault("nfs-missing", t0 + 80, mount="/cm/shared")), t0 + 90),
+                 (st.with_fault(Fault("nfs-hung", t0 + 95, mount="/home")), t0 + 120),
+                 (st, t0 + 130)]
+        seen = []
+        for state, now in steps:
+            tree_nfs.write(state, tmp_path, now)
+            fresh = NfsCollector(tmp_path, mounts, probe_argv=lambda mp: [TRUE])
+            try:
+                a, b = col.collect(), fresh.collect()
+            finally:
+                fresh.close()
+            assert same(a.samples, b.samples) and a.errors == b.errors, f"at {now - t0:g}s"
+            seen.append(_v(a.samples, "nfs_mount_present", mountpoint="/cm/shared"))
+        assert seen == [1, 1, 1, 1, 0, 1, 1]
+    finally:
+        col.close()
+
+
+def test_unchanged_values_are_handed_on_as_the_same_samples(dgx_proc: Path) -> None:
+    """What lets /metrics reuse the rendered line of a series (agent/blocks.py)."""
+    col = NfsCollector(dgx_proc, [], probe_argv=lambda mp: [TRUE])
+    a = col.collect().samples
+    ms = dgx_proc / "77" / "mountstats"
+    ms.write_text(ms.read_text().replace("READ: 2093117", "READ: 2093118"))
+    b = col.collect().samples
+    col.close()
+    changed = [y for x, y in zip(a, b) if x is not y]
+    assert len(a) == len(b)
+    assert [(s.name, s.label("operation"), s.value) for s in changed] == [
+        ("nfs_operation_requests", "READ", 2093118.0)]
