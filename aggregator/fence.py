@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,21 @@ class Fencer(Protocol):
         ...
 
 
+@runtime_checkable
+class BatchFencer(Protocol):
+    """Optional extension of Fencer: read and fence many nodes per backend round trip.
+
+    Per node, the answers mean exactly what `read` and `fence` answer for it (fence_many is
+    idempotent and reads before and after, like fence). A node missing from an answer means
+    "could not say for this one" (a name the backend refuses, an ambiguous error): the caller
+    then uses the single-node call for it, which gives the precise error.
+    """
+
+    async def read_many(self, nodes: Sequence[str]) -> dict[str, FenceState]: ...
+
+    async def fence_many(self, items: Sequence[tuple[str, FenceReason]]) -> dict[str, FenceOutcome]: ...
+
+
 REASON_PREFIX = "podhealth:"
 
 
@@ -121,3 +136,9 @@ class DryRunFencer:
 
     async def list_fenced(self) -> dict[str, FenceState]:
         return {k: await self.read(k) for k, v in self._nodes.items() if v.fenced}
+
+    async def read_many(self, nodes: Sequence[str]) -> dict[str, FenceState]:
+        return {n: await self.read(n) for n in nodes}
+
+    async def fence_many(self, items: Sequence[tuple[str, FenceReason]]) -> dict[str, FenceOutcome]:
+        return {n: await self.fence(n, r) for n, r in items}

@@ -27,7 +27,7 @@ import json
 import re
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -43,6 +43,7 @@ TAINT_EFFECT = "NoSchedule"
 ANNOTATION = "podhealth.io/fenced"
 MANAGED_LABEL = "podhealth.io/managed"
 MAX_WHY_CHARS = 512
+BATCH_CONCURRENCY = 8  # API calls in flight for one batch (each runs in a worker thread)
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*")
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -302,6 +303,33 @@ class KubeFencer:
                                 error=f"gave up after {self.attempts} conflicting updates (409)")
         except KubeUnavailable as e:
             return FenceOutcome(ok=False, changed=False, command=command, error=str(e))
+
+    # ---- BatchFencer: the API has no multi-node patch, so a batch is single calls side by side --
+
+    async def read_many(self, nodes: Sequence[str]) -> dict[str, FenceState]:
+        """read() for many nodes, BATCH_CONCURRENCY at a time; a node whose read fails is left out
+        (the caller's read() then says why)."""
+        sem = asyncio.Semaphore(BATCH_CONCURRENCY)
+
+        async def one(n: str) -> FenceState | None:
+            async with sem:
+                try:
+                    return await self.read(n)
+                except (ValueError, KubeUnavailable):
+                    return None
+
+        states = await asyncio.gather(*(one(n) for n in dict.fromkeys(nodes)))
+        return {st.node: st for st in states if st is not None}
+
+    async def fence_many(self, items: Sequence[tuple[str, FenceReason]]) -> dict[str, FenceOutcome]:
+        """fence() for many nodes, BATCH_CONCURRENCY at a time (fence() answers every failure itself)."""
+        sem = asyncio.Semaphore(BATCH_CONCURRENCY)
+
+        async def one(n: str, r: FenceReason) -> tuple[str, FenceOutcome]:
+            async with sem:
+                return n, await self.fence(n, r)
+
+        return dict(await asyncio.gather(*(one(n, r) for n, r in dict(items).items())))
 
     async def list_fenced(self) -> dict[str, FenceState]:
         """Nodes that carry podhealth's marks; raises KubeUnavailable when the API cannot answer."""

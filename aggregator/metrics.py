@@ -38,6 +38,7 @@ class Metrics:
         self.pulls = Counter(P + "pulls", "Agent /health pulls by result (ok, unreachable, bad).", ["result"], registry=r)
         self.decisions = Counter(P + "decisions", "Policy runs.", registry=r)
         self._ingest: dict[str, tuple[Any, Any]] = {}
+        self._results: dict[str, Any] = {}
 
     def ingest_children(self, endpoint: str) -> tuple[Any, Any]:
         """(latency histogram, ok counter) of an endpoint, looked up once: this is the hot path."""
@@ -45,6 +46,13 @@ class Metrics:
         if c is None:
             c = self._ingest[endpoint] = (self.ingest_latency.labels(endpoint),
                                           self.ingest_requests.labels(endpoint, "ok"))
+        return c
+
+    def ingest_result(self, result: str) -> Any:
+        """The ingest_events child for `result`, looked up once (hot path, like ingest_children)."""
+        c = self._results.get(result)
+        if c is None:
+            c = self._results[result] = self.ingest_events.labels(result)
         return c
 
     def add_fleet(self, mem: Callable[[], Memory | None], cap: int, pending: Callable[[], int],

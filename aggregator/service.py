@@ -22,12 +22,14 @@ from podhealth.vocab import Status
 
 from podhealth.aggregator import ingest
 from podhealth.aggregator.config import AggregatorConfig
-from podhealth.aggregator.fence import DryRunFencer, FenceOutcome, FenceReason, FenceState, Fencer, render_reason
+from podhealth.aggregator.fence import (
+    BatchFencer, DryRunFencer, FenceOutcome, FenceReason, FenceState, Fencer, render_reason,
+)
 from podhealth.aggregator.metrics import Metrics
 from podhealth.aggregator.model import BreakerState, Decision, FenceMode, Planned
 from podhealth.aggregator.policy import RATE_WINDOW, Policy, decide, partition_limit
 from podhealth.aggregator.state import Memory
-from podhealth.aggregator.store import ActionRow, Op, Store, reason_to_json
+from podhealth.aggregator.store import ActionRow, ActionStart, Op, Store, reason_to_json
 from podhealth.aggregator.writer import Writer
 
 T = TypeVar("T")
@@ -120,6 +122,8 @@ class Aggregator:
         self._sem = asyncio.Semaphore(32)
         self._fence_failed: dict[str, float] = {}
         self.reconcile_report: list[str] = []
+        # Each known node's last results text, so an unchanged report skips decoding (ingest.read_report).
+        self.results_memo: dict[str, ingest.ResultsMemo] = {}
         self.housekeeping_interval = HOUSEKEEPING_INTERVAL
         self.reconcile_interval = RECONCILE_INTERVAL
         self.metrics.add_fleet(lambda: self.mem, cfg.caps.max_fenced, lambda: len(self.pending), self._held)
@@ -174,6 +178,11 @@ class Aggregator:
                 out[n.kind] = out.get(n.kind, 0) + 1
         return out
 
+    def remember_results(self, rep: ingest.ParsedReport) -> None:
+        """Keep the memo of an accepted report (only nodes in memory get one: bounded by the fleet)."""
+        if rep.memo is not None and self.mem is not None and rep.node in self.mem.nodes:
+            self.results_memo[rep.node] = rep.memo
+
     def poke(self) -> None:
         """Something changed: run the policy soon."""
         self.wake.set()
@@ -216,11 +225,21 @@ class Aggregator:
                 log.error("circuit breaker tripped: fencing stopped", reason=d.breaker.reason)
                 ops.append(Store.op_audit(now, "*", "podhealth", "breaker tripped", d.breaker.reason))
             self.writer.write_nowait(ops)
+        fences: list[ActionStart] = []
         for a in d.actions:
-            self._dispatch(a, now)
+            start = self._dispatch(a, now)
+            if start is not None:
+                fences.append(start)
+        if len(fences) == 1:
+            f = fences[0]
+            self._spawn(self._begin(f.node, f.kind, f.who, f.why, now, f.reason, f.rule, list(f.extra)))
+        elif fences:
+            self._spawn(self._begin_fences(fences))
         return d
 
-    def _dispatch(self, a: Planned, now: float) -> None:
+    def _dispatch(self, a: Planned, now: float) -> ActionStart | None:
+        """Carry out a notify or a handover; a fence comes back to be recorded with the others
+        of this decision (one transaction, one batch for the fencers)."""
         mem = self.mem
         assert mem is not None and self.writer is not None
         if a.kind == "notify":
@@ -233,18 +252,18 @@ class Aggregator:
                 ops.append(Store.op_audit(now, a.node, "podhealth", "notify", a.why))
             self.metrics.actions.labels("notify", "done").inc()
             self.writer.write_nowait(ops)
-            return
+            return None
         if a.kind == "fence":
             assert a.reason is not None
             if now - self._fence_failed.get(a.node, -FAILED_FENCE_COOLDOWN) < FAILED_FENCE_COOLDOWN:
-                return  # it failed for good a moment ago: do not fill the audit log with retries
+                return None  # it failed for good a moment ago: do not fill the audit log with retries
             mem.recent_fences.append(now)
-            self._spawn(self._begin(a.node, "fence", "policy", a.why, now, a.reason, a.rule,
-                                    mem.set_node(a.node, fence=FenceMode.FENCING, fence_reason=render_reason(a.reason),
-                                                 hold=False)))
-        elif a.kind == "handover":
+            extra = mem.set_node(a.node, fence=FenceMode.FENCING, fence_reason=render_reason(a.reason), hold=False)
+            return ActionStart(a.node, "fence", "policy", a.why, now, a.reason, a.rule, self.cfg.dry_run, tuple(extra))
+        if a.kind == "handover":
             self._spawn(self._begin(a.node, "handover", "policy", a.why, now, None, "",
                                     mem.set_node(a.node, handover="running", handover_at=now)))
+        return None
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         t = asyncio.ensure_future(coro)
@@ -357,33 +376,54 @@ class Aggregator:
             out.append((f, st))
         return out
 
-    async def _do_fence(self, p: Pending) -> None:
+    def _fence_plan(self, p: Pending, states: list[tuple[Fencer, FenceState]]
+                    ) -> tuple[str, str, list[Op]] | list[tuple[Fencer, FenceState]]:
+        """What to do with a fence once every fencer has been read: either finish it now
+        (state, result, ops: unknown node, someone else's fence, an opt-out) or fence it on
+        these fencers (the ones that know the node)."""
         mem = self.mem
-        assert mem is not None and p.reason is not None
-        states = await self._read_all(p.node)
+        assert mem is not None
         present = [(f, st) for f, st in states if st.exists]
         if not present:
             self._fence_failed[p.node] = self.clock()
-            await self._finish(p, "failed", "node is unknown to every fencer",
-                               mem.set_node(p.node, fence=FenceMode.NONE, fence_reason=""))
-            return
+            return "failed", "node is unknown to every fencer", mem.set_node(p.node, fence=FenceMode.NONE,
+                                                                            fence_reason="")
         foreign = [(f, st) for f, st in present if st.fenced and not st.ours]
         if foreign:
             f, st = foreign[0]
-            await self._finish(p, "skipped", f"already fenced by someone else in {f.name}: {st.reason}",
-                               mem.set_node(p.node, fence=FenceMode.EXTERNAL, fence_reason=st.reason))
-            return
+            return ("skipped", f"already fenced by someone else in {f.name}: {st.reason}",
+                    mem.set_node(p.node, fence=FenceMode.EXTERNAL, fence_reason=st.reason))
         if any(st.opted_out for _, st in present):
             who = ", ".join(f.name for f, st in present if st.opted_out)
-            await self._finish(p, "skipped", f"opted out in {who}",
-                               mem.set_node(p.node, fence=FenceMode.NONE, fence_reason="", opted_out=True))
+            return ("skipped", f"opted out in {who}",
+                    mem.set_node(p.node, fence=FenceMode.NONE, fence_reason="", opted_out=True))
+        return present
+
+    def _already_fenced(self, p: Pending, f: Fencer, st: FenceState) -> Op:
+        return Store.op_audit(self.clock(), p.node, p.who, f"fence via {f.name}", p.why, (),
+                              f"already fenced: {st.reason}", True, p.id)
+
+    async def _fenced(self, p: Pending, ops: list[Op], changed: bool) -> None:
+        mem = self.mem
+        assert mem is not None and p.reason is not None
+        now = self.clock()
+        if changed:
+            self.metrics.fences.labels(p.reason.check, p.reason.action).inc()
+        await self._finish(p, "done", "fenced" if changed else "was already fenced",
+                           ops + mem.set_node(p.node, fence=FenceMode.FENCED, fenced_at=now, opted_out=False,
+                                              handover="", handover_at=0.0))
+
+    async def _do_fence(self, p: Pending) -> None:
+        assert p.reason is not None
+        plan = self._fence_plan(p, await self._read_all(p.node))
+        if isinstance(plan, tuple):
+            await self._finish(p, *plan)
             return
         ops: list[Op] = []
         changed = False
-        for f, st in present:
+        for f, st in plan:
             if st.fenced and st.ours:
-                ops.append(Store.op_audit(self.clock(), p.node, p.who, f"fence via {f.name}", p.why, (),
-                                          f"already fenced: {st.reason}", True, p.id))
+                ops.append(self._already_fenced(p, f, st))
                 continue
             target = self._target(f, p.node)
             reason = p.reason
@@ -393,12 +433,126 @@ class Aggregator:
                 await self.commit(ops)
                 raise TransientError(f"{f.name} fence {target}: {o.error or o.output}")
             changed = changed or o.changed
-        now = self.clock()
-        if changed:
-            self.metrics.fences.labels(p.reason.check, p.reason.action).inc()
-        await self._finish(p, "done", "fenced" if changed else "was already fenced",
-                           ops + mem.set_node(p.node, fence=FenceMode.FENCED, fenced_at=now, opted_out=False,
-                                              handover="", handover_at=0.0))
+        await self._fenced(p, ops, changed)
+
+    # ---- fencing many nodes at once ------------------------------------------------------------
+
+    async def _begin_fences(self, starts: list[ActionStart]) -> list[Pending]:
+        """Record every fence as pending (one transaction) and only then carry them out together."""
+        assert self.writer is not None
+        ids = await self.writer.call(lambda s: s.begin_actions(starts))
+        ps = [Pending(id=aid, node=a.node, kind=a.kind, who=a.who, why=a.why, reason=a.reason, rule=a.rule,
+                      dry_run=a.dry_run) for aid, a in zip(ids, starts)]
+        for p in ps:
+            self.pending[p.id] = p
+        log.info("actions recorded", ids=ids, nodes=len(ps), kind="fence", who=starts[0].who)
+        await self._execute_many(ps)
+        return ps
+
+    async def _execute_many(self, ps: list[Pending]) -> None:
+        """Fence `ps` with one read and one fence call per fencer when every fencer can batch
+        (BatchFencer); whatever the batch cannot settle goes the single-node way (_execute)."""
+        mine: list[Pending] = []
+        single: list[Pending] = []
+        for p in ps:
+            lock = self._lock(p.node)
+            if lock.locked() or not all(isinstance(f, BatchFencer) for f in self.fencers):
+                single.append(p)  # someone is working on this node (a retry, an operator): after them
+            else:
+                await lock.acquire()  # free: taken without yielding, so no one slips in between
+                mine.append(p)
+        try:
+            if mine:
+                async with self._sem:
+                    single += await self._fence_batch(mine)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a bug must not lose the pending records
+            log.exception("batch of fences failed unexpectedly", nodes=len(mine))
+            for p in mine:
+                if not p.done.is_set() and not p.next_attempt:
+                    await self._postpone(p, f"{type(e).__name__}: {e}")
+        finally:
+            for p in mine:
+                self._lock(p.node).release()
+        for p in single:
+            if p.id in self.pending and not p.done.is_set():
+                self._spawn(self._execute(p))
+
+    async def _fence_batch(self, ps: list[Pending]) -> list[Pending]:
+        """The batched _do_fence; returns the actions left for the single-node path."""
+        mem = self.mem
+        assert mem is not None
+        states: dict[int, list[tuple[Fencer, FenceState]]] = {p.id: [] for p in ps}
+        left: dict[int, Pending] = {}
+        try:
+            for f in self.fencers:
+                assert isinstance(f, BatchFencer)
+                targets = {p.id: self._target(f, p.node) for p in ps if p.id not in left}
+                names = sorted(set(targets.values()))
+                got = await self._call(f"{f.name} read {len(names)} nodes",
+                                       lambda f=f, names=names: f.read_many(names))  # type: ignore[misc]
+                for p in ps:
+                    st = got.get(targets[p.id]) if p.id in targets else None
+                    if st is None:
+                        left[p.id] = p
+                    else:
+                        states[p.id].append((f, st))
+        except (TransientError, PermanentError):
+            return ps  # each one then tries (and retries, and postpones) on its own, as always
+        todo: dict[int, tuple[Pending, list[tuple[Fencer, FenceState]]]] = {}
+        done: list[Awaitable[None]] = []
+        for p in ps:
+            if p.id in left:
+                continue
+            plan = self._fence_plan(p, states[p.id])
+            if isinstance(plan, tuple):
+                done.append(self._finish(p, *plan))
+            else:
+                todo[p.id] = (p, plan)
+        await asyncio.gather(*done)
+        ops: dict[int, list[Op]] = {pid: [] for pid in todo}
+        changed: dict[int, bool] = dict.fromkeys(todo, False)
+        failed: list[tuple[Pending, str]] = []
+        for f in self.fencers:
+            assert isinstance(f, BatchFencer)
+            items: dict[int, str] = {}
+            for pid, (p, plan) in todo.items():
+                st = next((st for ff, st in plan if ff is f), None)
+                if st is None:
+                    continue  # this fencer does not know the node
+                if st.fenced and st.ours:
+                    ops[pid].append(self._already_fenced(p, f, st))
+                else:
+                    items[pid] = self._target(f, p.node)
+            if not items:
+                continue
+            req = [(t, todo[pid][0].reason) for pid, t in items.items()]
+            try:
+                outcomes = await self._call(f"{f.name} fence {len(req)} nodes",
+                                            lambda f=f, req=req: f.fence_many(req))  # type: ignore[misc]
+            except (TransientError, PermanentError) as e:
+                outcomes, error = {}, str(e)
+                for pid in items:
+                    failed.append((todo.pop(pid)[0], error))
+                continue
+            for pid, target in items.items():
+                p = todo[pid][0]
+                o = outcomes.get(target)
+                if o is None:
+                    left[pid] = todo.pop(pid)[0]
+                    continue
+                ops[pid].append(self._audit_outcome(p, f, "fence", o))
+                if not o.ok:
+                    del todo[pid]
+                    failed.append((p, f"{f.name} fence {target}: {o.error or o.output}"))
+                else:
+                    changed[pid] = changed[pid] or o.changed
+        if failed:
+            await self.commit([op for p, _ in failed for op in ops.get(p.id, [])])
+            await asyncio.gather(*(self._postpone(p, error) for p, error in failed))
+        await asyncio.gather(*(self._fenced(p, ops[pid], changed[pid]) for pid, (p, _) in todo.items()))
+        return list(left.values())
 
     async def _do_release(self, p: Pending) -> None:
         mem = self.mem
@@ -610,16 +764,15 @@ class Aggregator:
         try:
             if status not in (200, 503):
                 raise ingest.BadRequest(f"HTTP {status}")
-            obj = ingest.loads(raw)
-            if isinstance(obj, dict):
-                obj = {**obj, "node": node}  # the configured name wins over what the agent calls itself
-            rep = ingest.parse_report(obj, raw.decode("utf-8", "replace"))
+            # The configured name wins over what the agent calls itself.
+            rep = ingest.read_report(raw, self.results_memo, node=node)
         except ingest.BadRequest as e:
             self.metrics.pulls.labels("bad").inc()
             await self.commit(mem.mark_unreachable(node, now, self.cfg.unreachable_after, f"bad /health: {e}"))
             return
         self.metrics.pulls.labels("ok").inc()
         _, ops = ingest.apply_report(mem, rep, now)
+        self.remember_results(rep)
         if ops:
             await self.commit(ops)
             self.poke()

@@ -217,7 +217,7 @@ class Memory:
             if c.source == "agent" and (c.check, c.entity) not in bad:
                 ops += self._close(key, now)
         ops += self._status(rec, now)
-        ops.append(Store.op_node_report(node, rec.status.value, raw, report_time, now))
+        ops += [Store.op_node_report(node, rec.status.value, report_time, now), Store.op_report(node, raw)]
         rec.seen_dirty = False
         return "applied", ops
 
@@ -347,7 +347,7 @@ class Memory:
         for rec in self.nodes.values():
             if rec.seen_dirty:
                 rec.seen_dirty = False
-                ops.append(Store.op_node_fields(rec.name, last_seen=rec.last_seen, report_time=rec.report_time))
+                ops.append(Store.op_node_seen(rec.name, rec.last_seen, rec.report_time))
         return ops
 
     def set_breaker(self, b: BreakerState) -> list[Op]:

@@ -8,7 +8,9 @@ append-only, enforced by triggers, not by good intentions.
 
 from __future__ import annotations
 
+import itertools
 import json
+import operator
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -98,6 +100,13 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX audit_time ON audit (time);
     CREATE INDEX actions_kind_created ON actions (kind, created);
     """,
+    # 3: the latest report (~12 KB, overflow pages) moves out of `nodes`, so the rows that change
+    # every few seconds (last_seen, status) stay small and rewriting them touches a few pages
+    """
+    CREATE TABLE reports (name TEXT PRIMARY KEY, report TEXT NOT NULL);
+    INSERT INTO reports (name, report) SELECT name, report FROM nodes WHERE report != '';
+    ALTER TABLE nodes DROP COLUMN report;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -149,6 +158,21 @@ class ActionRow:
             "why": self.why, "reason": reason_to_json(self.reason), "rule": self.rule, "dry_run": self.dry_run,
             "created": self.created, "updated": self.updated, "attempts": self.attempts, "result": self.result,
         }
+
+
+@dataclass(frozen=True)
+class ActionStart:
+    """One action to record as pending (Store.begin_actions)."""
+
+    node: str
+    kind: str
+    who: str
+    why: str
+    now: float
+    reason: FenceReason | None = None
+    rule: str = ""
+    dry_run: bool = False
+    extra: tuple[Op, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -262,12 +286,16 @@ class Store:
     # ---- writing -------------------------------------------------------------------------
 
     def apply(self, ops: Iterable[Op]) -> None:
-        """Run ops in one transaction."""
+        """Run ops in one transaction; runs of the same statement go through one executemany."""
         c = self.conn
         c.execute("BEGIN")
         try:
-            for sql, params in ops:
-                c.execute(sql, params)
+            for sql, group in itertools.groupby(ops, key=operator.itemgetter(0)):
+                params = [p for _, p in group]
+                if len(params) == 1:
+                    c.execute(sql, params[0])
+                else:
+                    c.executemany(sql, params)
             c.execute("COMMIT")
         except BaseException:
             c.execute("ROLLBACK")
@@ -276,23 +304,31 @@ class Store:
     def begin_action(self, node: str, kind: str, who: str, why: str, now: float, reason: FenceReason | None = None,
                      rule: str = "", dry_run: bool = False, extra: Sequence[Op] = ()) -> int:
         """Record a pending action (and `extra` ops) in one transaction, BEFORE anything is done."""
+        return self.begin_actions([ActionStart(node, kind, who, why, now, reason, rule, dry_run, tuple(extra))])[0]
+
+    def begin_actions(self, starts: Sequence["ActionStart"]) -> list[int]:
+        """begin_action for many actions in one transaction (a batch of fences); ids in order."""
         c = self.conn
+        ids: list[int] = []
         c.execute("BEGIN")
         try:
-            cur = c.execute(
-                "INSERT INTO actions (node, kind, state, who, why, reason, rule, dry_run, created, updated) "
-                "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?)",
-                (node, kind, who, why, json.dumps(reason_to_json(reason)) if reason else "", rule, int(dry_run), now, now))
-            aid = int(cur.lastrowid or 0)
-            c.execute("INSERT INTO audit (time, node, action_id, who, what, why) VALUES (?, ?, ?, ?, ?, ?)",
-                      (now, node, aid, who, f"{kind} requested", why))
-            for sql, params in extra:
-                c.execute(sql, params)
+            for a in starts:
+                cur = c.execute(
+                    "INSERT INTO actions (node, kind, state, who, why, reason, rule, dry_run, created, updated) "
+                    "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?)",
+                    (a.node, a.kind, a.who, a.why, json.dumps(reason_to_json(a.reason)) if a.reason else "", a.rule,
+                     int(a.dry_run), a.now, a.now))
+                aid = int(cur.lastrowid or 0)
+                c.execute("INSERT INTO audit (time, node, action_id, who, what, why) VALUES (?, ?, ?, ?, ?, ?)",
+                          (a.now, a.node, aid, a.who, f"{a.kind} requested", a.why))
+                for sql, params in a.extra:
+                    c.execute(sql, params)
+                ids.append(aid)
             c.execute("COMMIT")
         except BaseException:
             c.execute("ROLLBACK")
             raise
-        return aid
+        return ids
 
     # ---- op builders (pure; run later by the writer in a group commit) --------------------
 
@@ -309,9 +345,20 @@ class Store:
                 (agent_url, slurm_name, k8s_name, partition, name))
 
     @staticmethod
-    def op_node_report(name: str, status: str, report: str, report_time: float, last_seen: float) -> Op:
-        return ("UPDATE nodes SET status = ?, report = ?, report_time = ?, last_seen = ? WHERE name = ?",
-                (status, report, report_time, last_seen, name))
+    def op_node_report(name: str, status: str, report_time: float, last_seen: float) -> Op:
+        return ("UPDATE nodes SET status = ?, report_time = ?, last_seen = ? WHERE name = ?",
+                (status, report_time, last_seen, name))
+
+    @staticmethod
+    def op_report(name: str, report: str) -> Op:
+        """The node's latest report as the agent sent it (kept apart from `nodes`, see migration 3)."""
+        return ("INSERT INTO reports (name, report) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET report = excluded.report",
+                (name, report))
+
+    @staticmethod
+    def op_node_seen(name: str, last_seen: float, report_time: float) -> Op:
+        """The lazy last-seen flush: one constant statement, so a flush of every node is one executemany."""
+        return ("UPDATE nodes SET last_seen = ?, report_time = ? WHERE name = ?", (last_seen, report_time, name))
 
     @staticmethod
     def op_node_fields(name: str, **fields: Any) -> Op:
@@ -400,7 +447,7 @@ class Store:
     def node_report(self, name: str) -> str:
         """The node's latest report as the agent sent it (JSON text), '' if none."""
         with self._read_lock:
-            row = self._read().execute("SELECT report FROM nodes WHERE name = ?", (name,)).fetchone()
+            row = self._read().execute("SELECT report FROM reports WHERE name = ?", (name,)).fetchone()
         return row[0] if row else ""
 
     def actions_of(self, node: str, limit: int = 50) -> list[ActionRow]:
@@ -455,5 +502,5 @@ class Store:
 
 
 _NODE_FIELDS = frozenset(
-    "agent_url slurm_name k8s_name partition learned first_seen last_seen status report report_time fence "
+    "agent_url slurm_name k8s_name partition learned first_seen last_seen status report_time fence "
     "fence_reason fenced_at hold opted_out ok_since handover handover_at unreachable_since released_at".split())

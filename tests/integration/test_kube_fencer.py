@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from podhealth.aggregator.fence import FenceReason, Fencer
+from podhealth.aggregator.fence import BatchFencer, FenceReason, Fencer
 from podhealth.aggregator.kube import ANNOTATION, TAINT_KEY, FenceRecord, KubeFencer, KubeUnavailable
 from tests.harness.kubeapi import KubeAPI
 
 pytestmark = pytest.mark.integration
 
-NODES = [f"dgx{i:02d}" for i in range(1, 11)]
+NODES = [f"dgx{i:02d}" for i in range(1, 13)]  # dgx10..dgx12: the batch test's own
 XID = FenceReason(check="xid", entity="GPU3", action="DRAIN", id="ev-0001")
 OUR_TAINT = {"key": TAINT_KEY, "value": "xid", "effect": "NoSchedule"}
 
@@ -179,6 +179,24 @@ async def test_opted_out_node_is_left_alone(api: KubeAPI, kubectl: Any, fencer: 
     o = await fencer.fence("dgx07", XID)
     assert not o.ok and "opted out" in o.error
     assert api.node("dgx07")["metadata"]["resourceVersion"] == rv
+
+
+async def test_batch_calls_answer_per_node_like_the_single_calls(api: KubeAPI, kubectl: Any,
+                                                                  fencer: KubeFencer) -> None:
+    assert isinstance(fencer, BatchFencer)
+    assert (await fencer.fence("dgx12", XID)).changed
+    nodes = ["dgx10", "dgx11", "dgx12", "nosuch", "DGX01"]
+    read = await fencer.read_many(nodes)
+    assert sorted(read) == ["dgx10", "dgx11", "dgx12", "nosuch"]  # a bad name is left for read() to refuse
+    assert not read["nosuch"].exists and read["dgx12"].ours and not read["dgx10"].fenced
+    out = await fencer.fence_many([(n, FenceReason("xid", "GPU1", "REBOOT", f"ev-{n}")) for n in nodes])
+    assert out["dgx10"].ok and out["dgx10"].changed and out["dgx11"].ok and out["dgx11"].changed
+    assert out["dgx12"].ok and not out["dgx12"].changed
+    assert not out["nosuch"].ok and "not found" in out["nosuch"].error and not out["DGX01"].ok
+    doc = kget(kubectl, "dgx11")
+    assert doc["spec"]["unschedulable"] is True and "ev-dgx11" in doc["metadata"]["annotations"][ANNOTATION]
+    for n in ("dgx10", "dgx11", "dgx12"):
+        assert (await fencer.release(n)).ok
 
 
 async def test_bad_and_unknown_nodes(api: KubeAPI, fencer: KubeFencer) -> None:

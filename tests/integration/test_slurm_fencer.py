@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from podhealth.aggregator.fence import FenceReason, Fencer
+from podhealth.aggregator.fence import BatchFencer, FenceReason, Fencer
 from podhealth.aggregator.slurm import SlurmFencer, SlurmUnavailable, sanitise_reason
 from tests.harness.slurm import SlurmCluster, slurm_fixture
 
 pytestmark = pytest.mark.integration
 
-slurm = slurm_fixture(nodes=6)
+slurm = slurm_fixture(nodes=10)  # dgx07..dgx10: the batch test's own
 
 XID = FenceReason(check="xid", entity="GPU3", action="DRAIN", id="ev-0001")
 
@@ -166,6 +166,38 @@ async def test_reason_is_sanitised_end_to_end(slurm: SlurmCluster) -> None:
     assert (await f.release("dgx03")).ok
 
 
+async def test_batch_read_and_fence_answer_per_node_like_the_single_calls(slurm: SlurmCluster) -> None:
+    f = fencer(slurm)
+    assert isinstance(f, BatchFencer)
+    slurm.run("scontrol", "update", "NodeName=dgx09", "State=DRAIN", "Reason=hand drain: PSU")
+    assert (await f.fence("dgx10", XID)).changed
+    nodes = ["dgx07", "dgx08", "dgx09", "dgx10", "nosuch01", "dgx[07-08]"]
+    read = await f.read_many(nodes)
+    assert "dgx[07-08]" not in read  # left for read(), which says why
+    for n in nodes[:5]:
+        single = await f.read(n)
+        assert (read[n].exists, read[n].fenced, read[n].ours, read[n].reason) == (
+            single.exists, single.fenced, single.ours, single.reason), n
+    reasons = {n: FenceReason("xid", "GPU3", "REBOOT", f"ev-{n}") for n in nodes}
+    out = await f.fence_many(list(reasons.items()))
+    for n in ("dgx07", "dgx08"):  # drained, each with its own reason, the audit naming the single command
+        assert out[n].ok and out[n].changed, out[n]
+        assert out[n].command == ("scontrol", "update", f"NodeName={n}", "State=DRAIN",
+                                  f"Reason=podhealth: xid GPU3 REBOOT [ev-{n}]")
+        assert sinfo(slurm, n) == ("drained", f"podhealth: xid GPU3 REBOOT [ev-{n}]")
+    assert out["dgx09"].ok and not out["dgx09"].changed and "someone else" in out["dgx09"].output
+    assert sinfo(slurm, "dgx09") == ("drained", "hand drain: PSU")
+    assert out["dgx10"].ok and not out["dgx10"].changed and "already drained by podhealth" in out["dgx10"].output
+    assert sinfo(slurm, "dgx10")[1] == "podhealth: xid GPU3 DRAIN [ev-0001]"  # not overwritten
+    assert not out["nosuch01"].ok and "not known" in out["nosuch01"].error
+    assert not out["dgx[07-08]"].ok and out["dgx[07-08]"].command == ()
+    again = await f.fence_many([("dgx07", reasons["dgx07"])])  # idempotent
+    assert again["dgx07"].ok and not again["dgx07"].changed
+    for n in ("dgx07", "dgx08", "dgx10"):
+        assert (await f.release(n)).ok
+    assert not (await f.release("dgx09")).ok
+
+
 async def test_scontrol_timeout_kills_it(tmp_path: Path) -> None:
     # A hung scontrol (slurmctld wedged) must be killed, not waited on.
     pidfile = tmp_path / "pid"
@@ -181,6 +213,10 @@ async def test_scontrol_timeout_kills_it(tmp_path: Path) -> None:
     assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     with pytest.raises(SlurmUnavailable, match="timed out"):
         await f.read("dgx01")
+    t0 = time.monotonic()
+    many = await f.fence_many([("dgx01", XID), ("dgx02", XID)])
+    assert time.monotonic() - t0 < 3.0
+    assert all(not o.ok and "timed out" in o.error for o in many.values()) and len(many) == 2
 
 
 async def test_missing_scontrol_is_unavailable() -> None:

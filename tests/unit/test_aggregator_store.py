@@ -37,6 +37,26 @@ def test_migrates_an_old_database_keeping_its_data(tmp_path: Path) -> None:
     assert s.counts()["audit"] == 1
 
 
+def test_migration_3_moves_reports_out_of_the_node_rows(tmp_path: Path) -> None:
+    db = tmp_path / "v2.db"
+    conn = connect(db)
+    assert migrate(conn, upto=2) == 2
+    conn.execute("INSERT INTO nodes (name, status, report, last_seen) VALUES ('dgx01', 'OK', '{\"node\": \"dgx01\"}', 7)")
+    conn.execute("INSERT INTO nodes (name) VALUES ('dgx02')")
+    conn.close()
+    s = Store(db)
+    assert s.version == SCHEMA_VERSION >= 3
+    assert "report" not in [r[1] for r in s.conn.execute("PRAGMA table_info(nodes)")]
+    assert s.node_report("dgx01") == '{"node": "dgx01"}' and s.node_report("dgx02") == ""
+    assert [(n.name, n.last_seen) for n in s.load(now=10, event_retention=100).nodes] == [("dgx01", 7.0), ("dgx02", 0.0)]
+    # a newer report replaces the stored one; a flush of last_seen leaves it alone
+    s.apply([Store.op_report("dgx01", '{"v": 2}'), Store.op_node_seen("dgx01", 9.0, 8.0),
+             Store.op_node_seen("dgx02", 9.0, 8.0)])
+    assert s.node_report("dgx01") == '{"v": 2}'
+    assert [(n.name, n.last_seen, n.report_time) for n in s.load(now=10, event_retention=100).nodes] == [
+        ("dgx01", 9.0, 8.0), ("dgx02", 9.0, 8.0)]
+
+
 def test_refuses_a_database_from_a_newer_podhealth(tmp_path: Path) -> None:
     db = tmp_path / "new.db"
     conn = sqlite3.connect(db)
