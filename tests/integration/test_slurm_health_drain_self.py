@@ -62,7 +62,8 @@ def _sim(a: Service, *args: str) -> None:
 
 def _reason(c: SlurmCluster, node: str) -> tuple[str, str]:
     state, reason = c.run("sinfo", "-N", "-h", "-n", node, "-o", "%T|%E").stdout.strip().split("|", 1)
-    return state, reason
+    # A trailing `*` (not responding: a slurmd slow to answer on a loaded host) is not our business.
+    return state.rstrip("*"), reason
 
 
 def test_fail_drains_pass_resumes_only_ours(agent: Service, slurm: SlurmCluster) -> None:
@@ -80,7 +81,7 @@ def test_fail_drains_pass_resumes_only_ours(agent: Service, slurm: SlurmCluster)
     wait_until(lambda: _status(agent) == "OK", 30, 0.2, "the agent to judge OK")
     res = _health_check(agent, slurm)
     assert res.returncode == 0 and "resumed dgx01" in res.stderr
-    wait_until(lambda: _reason(slurm, "dgx01")[0] in ("idle", "idle*"), 10, 0.1, "dgx01 idle again")
+    wait_until(lambda: _reason(slurm, "dgx01")[0] == "idle", 10, 0.1, "dgx01 idle again")
 
 
 def test_hand_drain_is_never_resumed(agent: Service, slurm: SlurmCluster) -> None:
