@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,21 +25,10 @@ from typing import Any, Iterator
 
 import yaml
 
+from podhealth.sim.slurmcluster import free_ports  # noqa: F401 - re-exported for the benches
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass(frozen=True)

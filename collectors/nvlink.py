@@ -15,8 +15,8 @@ import pynvml
 from podhealth.checks import profiles
 from podhealth.collectors.base import Collection, specs
 from podhealth.collectors.nvml_session import (
-    ABSENT_CODES, REPROBE_EVERY, SLOW_CALL_S, Device, DeviceCalls, NvmlReinitNeeded, NvmlSession, NvmlUnavailable,
-    error_text, shared,
+    ABSENT_CODES, REPROBE_EVERY, SLOW_CALL_S, Device, DeviceCalls, NvmlSession,
+    collect_with_reinit, error_text, shared,
 )
 from podhealth.config import Config
 from podhealth.vocab import MetricSpec, Sample
@@ -63,15 +63,7 @@ class NvlinkCollector:
         self._session.release()
 
     def collect(self) -> Collection:
-        try:
-            return self._collect_once()
-        except NvmlReinitNeeded as e:
-            self._session.invalidate(e.generation)
-        try:
-            return self._collect_once()
-        except NvmlReinitNeeded as e:
-            self._session.invalidate(e.generation)
-            raise NvmlUnavailable(str(e)) from e
+        return collect_with_reinit(self._session, self._collect_once)
 
     def _collect_once(self) -> Collection:
         _, devices = self._session.devices()

@@ -16,8 +16,8 @@ import pynvml
 
 from podhealth.collectors.base import Collection, specs
 from podhealth.collectors.nvml_session import (
-    REPROBE_EVERY, SLOW_CALL_S, Device, DeviceCalls, NvmlReinitNeeded, NvmlSession, NvmlUnavailable, SystemInfo,
-    error_text, shared,
+    REPROBE_EVERY, SLOW_CALL_S, Device, DeviceCalls, NvmlSession, SystemInfo,
+    collect_with_reinit, error_text, shared,
 )
 from podhealth.config import Config
 from podhealth.vocab import MetricKind, MetricSpec, Sample
@@ -156,15 +156,7 @@ class NvmlCollector:
         self._session.release()
 
     def collect(self) -> Collection:
-        try:
-            return self._collect_once()
-        except NvmlReinitNeeded as e:
-            self._session.invalidate(e.generation)
-        try:
-            return self._collect_once()
-        except NvmlReinitNeeded as e:
-            self._session.invalidate(e.generation)
-            raise NvmlUnavailable(str(e)) from e
+        return collect_with_reinit(self._session, self._collect_once)
 
     def _collect_once(self) -> Collection:
         count, devices = self._session.devices()

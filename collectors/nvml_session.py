@@ -273,6 +273,19 @@ _shared: NvmlSession | None = None
 _shared_lock = threading.Lock()
 
 
+def collect_with_reinit(session: NvmlSession, once: Callable[[], T]) -> T:
+    """Run one collection; after a driver reload (NvmlReinitNeeded) re-init NVML and retry once."""
+    try:
+        return once()
+    except NvmlReinitNeeded as e:
+        session.invalidate(e.generation)
+    try:
+        return once()
+    except NvmlReinitNeeded as e:
+        session.invalidate(e.generation)
+        raise NvmlUnavailable(str(e)) from e
+
+
 def shared(library_path: str = "") -> NvmlSession:
     """The process-wide session the agent's nvml and nvlink collectors share."""
     global _shared

@@ -359,16 +359,9 @@ def _reset(plan: FleetPlan) -> None:
 
 def _ports(base: int | None, n: int) -> list[int]:
     if base is None:
-        socks = []
-        try:
-            for _ in range(n):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                s.bind(("127.0.0.1", 0))
-                socks.append(s)
-            return [int(s.getsockname()[1]) for s in socks]
-        finally:
-            for s in socks:
-                s.close()
+        from podhealth.sim.slurmcluster import free_ports
+
+        return free_ports(n)
     if not 1024 <= base <= 65535 - n:
         raise ValueError(f"--base-port: expected 1024..{65535 - n} for {n} ports, got {base}")
     taken = []

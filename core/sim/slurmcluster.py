@@ -43,7 +43,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
     # Hold all sockets open until every port is chosen, so the n ports are distinct.
     socks = []
     try:
@@ -342,7 +342,7 @@ class SlurmCluster:
         fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
         with os.fdopen(fd, "wb") as f:
             f.write(os.urandom(1024))
-        ports = _free_ports(2 + len(self.daemon_names))
+        ports = free_ports(2 + len(self.daemon_names))
         self.ctld_port, slurmd_port, node_ports = ports[0], ports[1], ports[2:]
         # Daemon-less nodes share the (unused) default slurmd port: nothing answers there, so
         # slurmctld sees them as not responding, which is all they are for.
