@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -16,32 +15,13 @@ from podhealth.collectors.nvlink import METRICS, NvlinkCollector, create
 from podhealth.collectors.nvml import create as create_nvml
 from podhealth.collectors.nvml_session import NvmlSession
 from podhealth.config import Config, loads
-from podhealth.sim import faults, nvml_lib
 from podhealth.sim.node import SimNode
 from podhealth.vocab import Sample
+from tests.harness.nvmlsim import inject, node, session  # noqa: F401 - fixtures
 from tests.harness.proc import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 ERROR_TYPES = {"crc_flit", "crc_data", "replay", "recovery"}
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[SimNode]:
-    n = SimNode.create(tmp_path, "dgx01", "dgx-h100")
-    nvml_lib.install(n)
-    try:
-        yield n
-    finally:
-        nvml_lib.uninstall()
-
-
-@pytest.fixture
-def session(node: SimNode) -> Iterator[NvmlSession]:
-    s = NvmlSession()
-    try:
-        yield s
-    finally:
-        s.shutdown()
 
 
 @pytest.fixture
@@ -51,10 +31,6 @@ def collector(session: NvmlSession) -> Iterator[NvlinkCollector]:
         yield c
     finally:
         c.close()
-
-
-def inject(node: SimNode, *tokens: str) -> None:
-    node.inject(faults.parse(list(tokens), time.time()))
 
 
 def find(col: Collection, name: str, gpu: int | None = None, **labels: str) -> list[Sample]:

@@ -18,32 +18,14 @@ from podhealth.collectors.base import Collection
 from podhealth.collectors.nvml import CLOCKS_EVENT_REASONS, METRICS, NvmlCollector, create
 from podhealth.collectors.nvml_session import NvmlSession, NvmlUnavailable, normalize_pci_bus_id
 from podhealth.config import Config
-from podhealth.sim import faults, nvml_lib
+from podhealth.sim import nvml_lib
 from podhealth.sim.node import SimNode
 from podhealth.sim.state import default_state
 from podhealth.vocab import Sample
+from tests.harness.nvmlsim import inject, node, session  # noqa: F401 - fixtures
 from tests.harness.proc import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[SimNode]:
-    n = SimNode.create(tmp_path, "dgx01", "dgx-h100")
-    nvml_lib.install(n)
-    try:
-        yield n
-    finally:
-        nvml_lib.uninstall()
-
-
-@pytest.fixture
-def session(node: SimNode) -> Iterator[NvmlSession]:
-    s = NvmlSession()
-    try:
-        yield s
-    finally:
-        s.shutdown()
 
 
 @pytest.fixture
@@ -53,10 +35,6 @@ def collector(session: NvmlSession) -> Iterator[NvmlCollector]:
         yield c
     finally:
         c.close()
-
-
-def inject(node: SimNode, *tokens: str) -> None:
-    node.inject(faults.parse(list(tokens), time.time()))
 
 
 def one(col: Collection, name: str, gpu: int | None = None, **labels: str) -> Sample:
