@@ -275,19 +275,9 @@ class SlurmFencer:
             who = "podhealth" if before.ours else "someone else; left alone"
             return FenceOutcome(ok=True, changed=False, command=argv,
                                 output=f"already drained by {who}: {before.reason}")
-        run = await self._run_retrying(argv, deadline)
-        if run.rc != 0:
-            return FenceOutcome(ok=False, changed=False, command=argv, output=run.text,
-                                error=f"scontrol drain failed: {run.text or 'rc ' + str(run.rc)}")
-        try:
-            after = await self._read(node, deadline)
-        except SlurmUnavailable as e:
-            return FenceOutcome(ok=False, changed=True, command=argv, output=run.text,
-                                error=f"drained, but could not read it back: {e}")
-        if not (after.fenced and after.ours):
-            return FenceOutcome(ok=False, changed=True, command=argv, output=after.raw,
-                                error=f"after the drain {node} shows state {after.raw[:200]!r}")
-        return FenceOutcome(ok=True, changed=True, command=argv, output=run.text or f"drained: {after.reason}")
+        return await self._update_and_confirm(
+            node, argv, deadline, "drain", lambda a: a.fenced and a.ours,
+            lambda a: f"after the drain {node} shows state {a.raw[:200]!r}", lambda a: f"drained: {a.reason}")
 
     async def release(self, node: str) -> FenceOutcome:
         try:
@@ -308,19 +298,27 @@ class SlurmFencer:
             return FenceOutcome(ok=False, changed=False, command=argv,
                                 error=f"drained by someone else ({before.reason!r}); podhealth does not resume it")
         # Slurm has no compare-and-set: re-reading right before RESUME keeps the window small.
+        return await self._update_and_confirm(
+            node, argv, deadline, "resume", lambda a: not a.fenced,
+            lambda a: f"after the resume {node} is still fenced: {a.reason!r}", lambda a: "resumed")
+
+    async def _update_and_confirm(self, node: str, argv: tuple[str, ...], deadline: float, verb: str,
+                                  done: Callable[[FenceState], bool], not_done: Callable[[FenceState], str],
+                                  default_output: Callable[[FenceState], str]) -> FenceOutcome:
+        """Run one `scontrol update` and read the node back: only what Slurm then shows counts."""
         run = await self._run_retrying(argv, deadline)
         if run.rc != 0:
             return FenceOutcome(ok=False, changed=False, command=argv, output=run.text,
-                                error=f"scontrol resume failed: {run.text or 'rc ' + str(run.rc)}")
+                                error=f"scontrol {verb} failed: {run.text or 'rc ' + str(run.rc)}")
+        past = "drained" if verb == "drain" else "resumed"
         try:
             after = await self._read(node, deadline)
         except SlurmUnavailable as e:
             return FenceOutcome(ok=False, changed=True, command=argv, output=run.text,
-                                error=f"resumed, but could not read it back: {e}")
-        if after.fenced:
-            return FenceOutcome(ok=False, changed=True, command=argv, output=after.raw,
-                                error=f"after the resume {node} is still fenced: {after.reason!r}")
-        return FenceOutcome(ok=True, changed=True, command=argv, output=run.text or "resumed")
+                                error=f"{past}, but could not read it back: {e}")
+        if not done(after):
+            return FenceOutcome(ok=False, changed=True, command=argv, output=after.raw, error=not_done(after))
+        return FenceOutcome(ok=True, changed=True, command=argv, output=run.text or default_output(after))
 
     # ---- BatchFencer: many nodes per scontrol process ---------------------------------------
     #
