@@ -55,7 +55,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from podhealth import log
     log.setup(args.log_level or cfg.log.level, cfg.log.format)
-    import asyncio
-
+    from podhealth import aioloop
     from podhealth.aggregator.serve import serve
-    return asyncio.run(serve(agg))
+    try:
+        return aioloop.run(serve(agg))
+    except (ValueError, ImportError) as e:  # PODHEALTH_EVENT_LOOP names a loop that is not there
+        print(f"podhealth aggregator: {e}", file=sys.stderr)
+        return 2

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import secrets
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping
 
@@ -43,7 +44,7 @@ class BadRequest(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ResultsMemo:
-    """What one node's last `results` text parsed to, keyed by that text's length and hash.
+    """What one node's last `results` text parsed to, keyed by the length and hash of its bytes.
 
     A healthy node sends the same ~60 results every interval with only the report's time
     changed; read_report() recognises that text by its hash and skips decoding and validating
@@ -61,7 +62,7 @@ class ParsedReport:
     node: str
     time: float
     verdicts: tuple[Verdict, ...]  # the results that are not OK (OK ones only count for the fingerprint)
-    raw: str
+    raw: str | bytes  # the body as received (bytes: valid UTF-8, left undecoded)
     fp: int = 0  # fingerprint of every (check, entity, status, action): unchanged reports are cheap
     memo: ResultsMemo | None = None  # for read_report() next time (set by read_report only)
 
@@ -190,48 +191,102 @@ _scanstring: Callable[[str, int, bool], tuple[str, int]] = getattr(json.decoder,
 # JSON's whitespace; the pattern matches the empty string too, so a match is never None.
 _ws: Callable[[str, int], "re.Match[str]"] = re.compile(r"[ \t\n\r]*").match  # type: ignore[assignment]
 _SAME = object()  # stands for "the results the memo describes" in a walked report
+# The fast path's landmarks. Either may also match inside a nested object; that is caught below.
+_RESULTS_KEY = re.compile(rb'"results"[ \t\n\r]*:[ \t\n\r]*')
+_NODE_KEY = re.compile(rb'"node"[ \t\n\r]*:[ \t\n\r]*"([A-Za-z0-9._-]{1,128})"')
+# Spliced in place of remembered results text. No client can send it (it is random per process),
+# so finding it as the top-level `results` value proves the splice hit exactly that value.
+_PLACEHOLDER = f"podhealth-memo-{secrets.token_hex(16)}"
+_PLACEHOLDER_JSON = json.dumps(_PLACEHOLDER).encode()
 
 
 def read_report(raw: bytes, memos: Mapping[str, ResultsMemo], node: str | None = None,
                 where: str = "report") -> ParsedReport:
     """parse_report(loads(raw)) for a report body; `node`, when given, replaces the body's node.
 
-    Same answer and same errors, but cheaper for the common case: the top-level object is
-    walked key by key with the json module's own scanner, and a `results` value whose text
-    is byte-identical to the one `memos[node]` describes is neither decoded nor validated
-    again. Any body the walk does not handle (not an object, not UTF-8, not JSON) takes the
-    plain path, so its error message is json.loads's own.
+    Same answer and same errors, but cheaper for the common case, a node sending the results
+    text it sent last time (its memo): that text is found by its length and hash in the raw
+    bytes and only the few bytes around it are decoded (_memo_hit). Otherwise the top-level
+    object is walked key by key with the json module's own scanner, so the results text can be
+    remembered; any body the walk does not handle (not an object, not UTF-8, not JSON) takes
+    the plain path, so its error message is json.loads's own.
     """
-    walked = _walk(raw, memos, node)
-    if walked is None:
-        obj = loads(raw)
-        if node is not None and isinstance(obj, dict):
-            obj = {**obj, "node": node}
-        return parse_report(obj, raw.decode("utf-8", "replace") if node is not None else raw.decode("utf-8"), where)
-    d, text, span, memo = walked
-    if node is not None:
-        d["node"] = node
-    results = d.get("results")
-    if results is not _SAME:
+    hit = _memo_hit(raw, memos, node)
+    text: str | bytes
+    if hit is not None:
+        # Valid UTF-8 (the spliced body decoded, the memo's text did before): the store takes
+        # the bytes as they are, and usually never needs them (an unchanged report is not kept).
+        d, memo = hit
+        text = raw
+    else:
+        walked = _walk(raw)
+        if walked is None:
+            obj = loads(raw)
+            if node is not None and isinstance(obj, dict):
+                obj = {**obj, "node": node}
+            return parse_report(obj, raw.decode("utf-8", "replace") if node is not None else raw.decode("utf-8"),
+                                where)
+        d, text, (start, end) = walked
+        if node is not None:
+            d["node"] = node
+        results = d.get("results")
         if not isinstance(results, list):
             raise BadRequest(f"{where}.results: expected a list")
         bad, fp = _verdicts(results, f"{where}.results")
-        start, end = span
-        memo = ResultsMemo(end - start, hash(text[start:end]), bad, fp)
-    assert memo is not None
+        # The memo describes bytes; offsets in text are offsets in raw only for an ASCII body.
+        seg = raw[start:end] if len(text) == len(raw) else text[start:end].encode("utf-8")
+        memo = ResultsMemo(len(seg), hash(seg), bad, fp)
     return ParsedReport(node=_node(d, where), time=_num(d, "time", where), verdicts=memo.verdicts, raw=text,
                         fp=memo.fp, memo=memo)
 
 
-def _walk(raw: bytes, memos: Mapping[str, ResultsMemo],
-          node: str | None) -> tuple[dict[str, Any], str, tuple[int, int], ResultsMemo | None] | None:
-    """The top-level object of `raw` with `results` either decoded (and its text span given) or
-    _SAME (and its memo given); None when `raw` is not a plain JSON object in UTF-8.
+def _memo_hit(raw: bytes, memos: Mapping[str, ResultsMemo],
+              node: str | None) -> tuple[dict[str, Any], ResultsMemo] | None:
+    """The body's top-level object, less its results, when those are byte for byte the text the
+    node's memo describes; None otherwise (the caller then parses everything).
 
-    Why the memo check is exact: JSON arrays end at their matching bracket, so text that starts
-    with a complete, previously validated array *is* that array; the hash (Python's keyed
-    SipHash, unknown to clients) stands in for keeping 12 KB per node to compare against.
+    Why this is exact: the memo's text is a complete, validated JSON array, so putting the
+    placeholder string in its place keeps a valid body valid and an invalid one invalid; the
+    placeholder then being the top-level `results` (json keeps the last of duplicate keys)
+    shows the text sat exactly there; and the node named in the body must be the one whose
+    memo was used. The hash (Python's keyed SipHash, unknown to clients) stands in for keeping
+    the text itself.
     """
+    if node is None:
+        m = _NODE_KEY.search(raw)
+        if m is None:
+            return None
+        name = m.group(1).decode("ascii")
+    else:
+        name = node
+    memo = memos.get(name)
+    if memo is None:
+        return None
+    m = _RESULTS_KEY.search(raw)
+    if m is None:
+        return None
+    start = m.end()
+    end = start + memo.length
+    if hash(memoryview(raw)[start:end]) != memo.digest:  # a view hashes as its bytes, without a copy
+        return None
+    try:
+        d = json.loads(raw[:start] + _PLACEHOLDER_JSON + raw[end:])
+    except ValueError:
+        return None
+    if type(d) is not dict or d.get("results") != _PLACEHOLDER:
+        return None
+    if node is None:
+        if d.get("node") != name:
+            return None
+    else:
+        d["node"] = node
+    d["results"] = _SAME
+    return d, memo
+
+
+def _walk(raw: bytes) -> tuple[dict[str, Any], str, tuple[int, int]] | None:
+    """The top-level object of `raw` (its `results` decoded), the text, and the span of the
+    last `results` value in it; None when `raw` is not a plain JSON object in UTF-8."""
     try:
         text = raw.decode("utf-8")
         i = _ws(text, 0).end()
@@ -240,7 +295,6 @@ def _walk(raw: bytes, memos: Mapping[str, ResultsMemo],
         i = _ws(text, i + 1).end()
         d: dict[str, Any] = {}
         span = (0, 0)
-        memo: ResultsMemo | None = None
         if text[i:i + 1] == "}":
             i += 1
         else:
@@ -252,19 +306,10 @@ def _walk(raw: bytes, memos: Mapping[str, ResultsMemo],
                 if text[i:i + 1] != ":":
                     return None
                 i = _ws(text, i + 1).end()
+                d[key], end = _DECODER.raw_decode(text, i)
                 if key == "results":
-                    name = node if node is not None else d.get("node")
-                    old = memos.get(name) if type(name) is str else None
-                    if old is not None and hash(text[i:i + old.length]) == old.digest:
-                        d[key], memo = _SAME, old
-                        i += old.length
-                    else:
-                        d[key], end = _DECODER.raw_decode(text, i)
-                        span, memo = (i, end), None
-                        i = end
-                else:
-                    d[key], i = _DECODER.raw_decode(text, i)
-                i = _ws(text, i).end()
+                    span = (i, end)
+                i = _ws(text, end).end()
                 c = text[i:i + 1]
                 if c == ",":
                     i = _ws(text, i + 1).end()
@@ -277,7 +322,7 @@ def _walk(raw: bytes, memos: Mapping[str, ResultsMemo],
             return None
     except ValueError:  # UnicodeDecodeError, JSONDecodeError: the plain path says what is wrong
         return None
-    return d, text, span, memo
+    return d, text, span
 
 
 def parse_events(obj: Any) -> EventBatch:

@@ -7,6 +7,7 @@ import signal
 
 from aiohttp import web
 
+from podhealth import aioloop
 from podhealth import log as plog
 from podhealth.aggregator.config import AggregatorConfig
 from podhealth.aggregator.server import make_app
@@ -33,7 +34,7 @@ async def serve(cfg: AggregatorConfig) -> int:
         await runner.cleanup()
         return 2
     log.info("aggregator listening", addresses=[f"{a[0]}:{a[1]}" for a in runner.addresses], dry_run=cfg.dry_run,
-             fencers=[f.name for f in agg.fencers])
+             fencers=[f.name for f in agg.fencers], event_loop=aioloop.running_loop_name())
     if not cfg.auth.cluster_token and not cfg.auth.node_tokens:
         log.warning("ingest is unauthenticated: set aggregator.auth.cluster_token or node_tokens")
     stop = asyncio.Event()

@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from podhealth.aggregator import ingest
 from podhealth.aggregator.config import node_name_problem
+from podhealth.aggregator.csrf import require_guarded, same_site_only
 from podhealth.aggregator.service import Aggregator, OperatorError
 
 AGG = web.AppKey("aggregator", Aggregator)
@@ -346,19 +347,21 @@ def make_app(agg: Aggregator, *, manage: bool = True) -> web.Application:
             gc.unfreeze()
             await agg.stop()
         app.cleanup_ctx.append(lifecycle)
-    app.router.add_post("/v1/reports", _ingest_endpoint("reports", _reports))
-    app.router.add_post("/v1/events", _ingest_endpoint("events", _events))
-    app.router.add_post("/v1/alertmanager", _ingest_endpoint("alertmanager", _alertmanager, allow_admin=True))
+    app.router.add_post("/v1/reports", same_site_only(_ingest_endpoint("reports", _reports)))
+    app.router.add_post("/v1/events", same_site_only(_ingest_endpoint("events", _events)))
+    app.router.add_post("/v1/alertmanager",
+                        same_site_only(_ingest_endpoint("alertmanager", _alertmanager, allow_admin=True)))
     app.router.add_get("/api/v1/nodes", api_nodes)
     app.router.add_get("/api/v1/nodes/{name}", api_node)
     app.router.add_get("/api/v1/nodes/{name}/history", api_history)
-    app.router.add_post("/api/v1/nodes/{name}/fence", _admin(_fence))
-    app.router.add_post("/api/v1/nodes/{name}/release", _admin(_release))
-    app.router.add_post("/api/v1/nodes/{name}/handover", _admin(_handover))
-    app.router.add_post("/api/v1/breaker/reset", _admin(_breaker_reset))
+    app.router.add_post("/api/v1/nodes/{name}/fence", same_site_only(_admin(_fence)))
+    app.router.add_post("/api/v1/nodes/{name}/release", same_site_only(_admin(_release)))
+    app.router.add_post("/api/v1/nodes/{name}/handover", same_site_only(_admin(_handover)))
+    app.router.add_post("/api/v1/breaker/reset", same_site_only(_admin(_breaker_reset)))
     app.router.add_get("/api/v1/fleet", api_fleet)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
-    from podhealth.aggregator import ui  # the web UI: /, /ui/*, and a guard refusing cross-origin POSTs
+    from podhealth.aggregator import ui  # the web UI: /, /ui/*
     ui.setup(app, agg)
+    require_guarded(app)
     return app

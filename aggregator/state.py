@@ -187,7 +187,7 @@ class Memory:
 
     # ---- observations ------------------------------------------------------------------------
 
-    def apply_report(self, node: str, verdicts: tuple[Verdict, ...], report_time: float, raw: str,
+    def apply_report(self, node: str, verdicts: tuple[Verdict, ...], report_time: float, raw: str | bytes,
                      now: float, fp: int | None = None) -> tuple[str, list[Op]]:
         """A full verdict set from the agent (OK results may be left out when `fp`, the
         fingerprint of all of them, is given). Returns ("applied"|"unchanged"|"stale", ops)."""

@@ -350,10 +350,11 @@ class Store:
                 (status, report_time, last_seen, name))
 
     @staticmethod
-    def op_report(name: str, report: str) -> Op:
-        """The node's latest report as the agent sent it (kept apart from `nodes`, see migration 3)."""
-        return ("INSERT INTO reports (name, report) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET report = excluded.report",
-                (name, report))
+    def op_report(name: str, report: str | bytes) -> Op:
+        """The node's latest report as the agent sent it (kept apart from `nodes`, see migration 3);
+        as str or as UTF-8 bytes, stored as TEXT either way."""
+        return ("INSERT INTO reports (name, report) VALUES (?, CAST(? AS TEXT)) "
+                "ON CONFLICT (name) DO UPDATE SET report = excluded.report", (name, report))
 
     @staticmethod
     def op_node_seen(name: str, last_seen: float, report_time: float) -> Op:

@@ -10,9 +10,9 @@ cannot be opened.
 Security: assets come from the package (no CDN, works offline) and are served with a strict
 Content-Security-Policy (default-src 'self'; no inline script or style), so data rendered with
 textContent cannot turn into code. Mutations stay where they are (/api/v1/..., admin bearer
-token in an Authorization header, which a cross-site form can never carry); on top of that the
-middleware installed here refuses any non-GET request whose Origin (or Sec-Fetch-Site) says it
-comes from another site.
+token in an Authorization header, which a cross-site form can never carry); on top of that
+every mutating route is wrapped in csrf.same_site_only, which refuses a request whose Origin (or
+Sec-Fetch-Site) says it comes from another site.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import json
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from podhealth.aggregator.config import node_name_problem
+from podhealth.aggregator.csrf import Handler
 
 if TYPE_CHECKING:
     from podhealth.aggregator.service import Aggregator
@@ -48,7 +48,6 @@ SECURITY_HEADERS: Mapping[str, str] = {
     "Referrer-Policy": "no-referrer",
     "X-Frame-Options": "DENY",
 }
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 TICK = 0.5  # how often a stream looks for changes: a fault shows within about a second
 KEEPALIVE = 15.0  # a comment line this often keeps proxies from closing an idle stream
 SUMMARY_EVERY = 1.0  # fleet counters that change without a state change (rate limit, pending)
@@ -248,45 +247,30 @@ async def events(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-def _same_site(request: web.Request) -> bool:
-    """False when a browser says the request comes from another origin."""
-    if request.headers.get("Sec-Fetch-Site", "") == "cross-site":
-        return False
-    origin = request.headers.get("Origin")
-    if origin is None:
-        return True  # not a browser (agents, Alertmanager, the CLI), or a browser's same-origin GET
-    parts = urlsplit(origin)
-    return parts.scheme in ("http", "https") and parts.netloc == request.host
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@web.middleware
-async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.method not in SAFE_METHODS and not _same_site(request):
-        return web.json_response({"error": "cross-origin request refused"}, status=403)
-    resp = await handler(request)
-    if not resp.prepared and (request.path == "/" or request.path == "/ui" or request.path.startswith("/ui/")):
-        for k, v in SECURITY_HEADERS.items():
-            resp.headers.setdefault(k, v)
-    return resp
+def with_security_headers(handler: Handler) -> Handler:
+    """`handler` with the CSP and friends on its answer (unless it streams and set its own)."""
+    async def page(request: web.Request) -> web.StreamResponse:
+        resp = await handler(request)
+        if not resp.prepared:
+            for k, v in SECURITY_HEADERS.items():
+                resp.headers.setdefault(k, v)
+        return resp
+    return page
 
 
 def setup(app: web.Application, agg: "Aggregator") -> None:
-    """Add the UI's routes and the cross-origin guard to the aggregator's (not yet started) app."""
+    """Add the UI's routes to the aggregator's (not yet started) app."""
     app[FEED] = Feed(agg)
     app[ASSETS] = load_assets()
-    app.middlewares.append(guard)
 
     async def close_streams(app: web.Application) -> None:
         app[FEED].closing.set()  # open streams end now instead of holding up shutdown
 
     app.on_shutdown.append(close_streams)
-    app.router.add_get("/", root)
-    app.router.add_get("/ui", fleet_page)
-    app.router.add_get("/ui/", root)
-    app.router.add_get("/ui/node/{name}", node_page)
-    app.router.add_get("/ui/static/{file}", static)
-    app.router.add_get("/ui/api/fleet", fleet_view)
+    app.router.add_get("/", with_security_headers(root))
+    app.router.add_get("/ui", with_security_headers(fleet_page))
+    app.router.add_get("/ui/", with_security_headers(root))
+    app.router.add_get("/ui/node/{name}", with_security_headers(node_page))
+    app.router.add_get("/ui/static/{file}", with_security_headers(static))
+    app.router.add_get("/ui/api/fleet", with_security_headers(fleet_view))
     app.router.add_get("/ui/events", events)

@@ -2,7 +2,7 @@
 """One aggregator, 10,000 simulated nodes reporting every 10 s, plus bursts of events (prints figures).
 
     python bench/aggregator_scale.py [--quick] [--nodes 10000] [--interval 10] [--duration 60]
-                                     [--burst-duration 30] [--concurrency 128]
+                                     [--burst-duration 30] [--concurrency 128] [--floor-duration 30]
 
 The nodes are lightweight report generators, not agents: each sends the NodeReport JSON a
 healthy DGX H100 agent sends (~60 verdicts, ~8 KB) to POST /v1/reports every `interval`
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import aiohttp  # noqa: E402
 
-from benchlib import Aggregator, ReportFactory, event_batch, node_names, percentile, verdict, workdir  # noqa: E402
+from benchlib import Aggregator, FloorServer, ReportFactory, event_batch, node_names, percentile, verdict, workdir  # noqa: E402
 
 TOKEN = "bench-cluster-token"
 
@@ -183,6 +183,19 @@ def show(phase: Phase, target_rate: float | None, idle_rate: float = 0.0) -> Non
               f"p99 {percentile(phase.event_latencies, 99) * 1e3:.1f} ms (batches of 20)")
 
 
+async def floor_phase(args: argparse.Namespace, nodes: list[str], when: str) -> Phase:
+    """The same steady load against aiohttp doing nothing (bench/aiohttp_floor.py): the peer.
+
+    Run just before and just after the aggregator's steady phase, because this machine's speed
+    drifts by tens of percent over minutes and only figures taken side by side compare."""
+    with FloorServer() as fl:
+        async with Load(fl.url, nodes, args.concurrency) as load:
+            phase = await run_phase(load, fl, f"peer ({when}): aiohttp doing nothing, same load",  # type: ignore[arg-type]
+                                    lambda p: load.steady(p, args.interval, args.floor_duration / 2, False))
+    show(phase, args.nodes / args.interval)
+    return phase
+
+
 async def main_async(args: argparse.Namespace, agg: Aggregator) -> list[Phase]:
     nodes = node_names(args.nodes)
     rate = args.nodes / args.interval
@@ -199,9 +212,15 @@ async def main_async(args: argparse.Namespace, agg: Aggregator) -> list[Phase]:
         print(f"\n[idle, {args.nodes} nodes known] aggregator CPU {idle.cpu / idle.wall * 100:.1f}% of one core "
               "(its decide/housekeeping loops; included in the per-request figures below)")
         load.idle_cpu_rate = idle.cpu / idle.wall
+        floor: list[Phase] = []
+        if args.floor_duration > 0:
+            floor.append(await floor_phase(args, nodes, "before"))
         phases.append(await run_phase(load, agg, f"steady: {args.nodes} nodes every {args.interval:g} s",
                                       lambda p: load.steady(p, args.interval, args.duration, False)))
         show(phases[-1], rate, load.idle_cpu_rate)
+        if args.floor_duration > 0:
+            floor.append(await floor_phase(args, nodes, "after"))
+            args.floor = floor
         if args.burst_duration > 0:
             phases.append(await run_phase(load, agg, "steady + event bursts (1% of nodes x 20 events every 2 s)",
                                           lambda p: load.steady(p, args.interval, args.burst_duration, True)))
@@ -217,9 +236,11 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of the steady phase")
     ap.add_argument("--burst-duration", type=float, default=30.0, help="seconds of the burst phase (0 = skip)")
     ap.add_argument("--concurrency", type=int, default=128, help="requests in flight at most")
+    ap.add_argument("--floor-duration", type=float, default=30.0,
+                    help="seconds of the peer (aiohttp doing nothing), half before and half after steady (0 = skip)")
     args = ap.parse_args()
     if args.quick:
-        args.nodes, args.duration, args.burst_duration = 1000, 15.0, 10.0
+        args.nodes, args.duration, args.burst_duration, args.floor_duration = 1000, 15.0, 10.0, 10.0
     if args.nodes < 1 or args.interval <= 0 or args.duration <= 0:
         ap.error("--nodes, --interval and --duration must be positive")
     print(f"aggregator_scale: {args.nodes} nodes x 1 report / {args.interval:g} s = "
@@ -243,6 +264,12 @@ def main() -> int:
               f"(peak {end.peak_rss_mib:.0f} MiB); run took {total:.0f} s")
         print("\nSummary (steady phase):")
         print(f"  CPU per report  {cpu_us:7.0f} us   target <= 200 us    ratio {cpu_us / 200:.2f}  {verdict(cpu_us <= 200)}")
+        floor = getattr(args, "floor", [])
+        if floor:
+            f_req = sum(p.reports + p.event_posts for p in floor)
+            f_us = sum(p.cpu for p in floor) / f_req * 1e6 if f_req else float("nan")
+            print(f"  peer: aiohttp doing nothing {f_us:5.0f} us per request (same loop, same load, side by side); "
+                  f"the aggregator costs {cpu_us / f_us:.2f}x that, {cpu_us - f_us:.0f} us of its own work per report")
         print(f"  p99 latency     {p99:7.1f} ms   target <= 50 ms at {rate:.0f}/s   ratio {p99 / 50:.2f}  "
               f"{verdict(p99 <= 50)}")
         print(f"  RSS (peak)      {end.peak_rss_mib:7.0f} MiB  target <= 300 MiB   ratio {end.peak_rss_mib / 300:.2f}  "

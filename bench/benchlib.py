@@ -165,6 +165,47 @@ class Aggregator:
         self.stop()
 
 
+@dataclass
+class FloorServer:
+    """bench/aiohttp_floor.py (aiohttp doing nothing on the same loop) in its own process group."""
+
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stats(self) -> ProcStats:
+        assert self.proc is not None
+        return ProcStats(self.proc.pid)
+
+    def __enter__(self) -> "FloorServer":
+        self.port = self.port or free_ports(1)[0]
+        self.proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "aiohttp_floor.py"), str(self.port)],
+                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO)
+        deadline = time.monotonic() + 30
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"aiohttp_floor.py exited with {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                self.__exit__()
+                raise RuntimeError("aiohttp_floor.py not ready after 30 s")
+            time.sleep(0.05)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+
 # ---- lightweight report generators ------------------------------------------------------------
 
 GPUS = 8

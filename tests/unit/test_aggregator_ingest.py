@@ -33,8 +33,12 @@ def plain(raw: bytes, node: str | None = None) -> ingest.ParsedReport:
     return ingest.parse_report(obj, raw.decode("utf-8"))
 
 
+def text(raw: str | bytes) -> str:
+    return raw.decode("utf-8") if isinstance(raw, bytes) else raw
+
+
 def same(a: ingest.ParsedReport, b: ingest.ParsedReport) -> None:
-    assert (a.node, a.time, a.verdicts, a.raw, a.fp) == (b.node, b.time, b.verdicts, b.raw, b.fp)
+    assert (a.node, a.time, a.verdicts, text(a.raw), a.fp) == (b.node, b.time, b.verdicts, text(b.raw), b.fp)
 
 
 def learn(raw: bytes, memos: dict[str, ingest.ResultsMemo]) -> ingest.ParsedReport:

@@ -53,6 +53,10 @@ def test_migration_3_moves_reports_out_of_the_node_rows(tmp_path: Path) -> None:
     s.apply([Store.op_report("dgx01", '{"v": 2}'), Store.op_node_seen("dgx01", 9.0, 8.0),
              Store.op_node_seen("dgx02", 9.0, 8.0)])
     assert s.node_report("dgx01") == '{"v": 2}'
+    # a report kept as the UTF-8 bytes it arrived in is stored (and read back) as text
+    s.apply([Store.op_report("dgx02", '{"summary": "caf\u00e9"}'.encode())])
+    assert s.node_report("dgx02") == '{"summary": "caf\u00e9"}'
+    assert s.conn.execute("SELECT typeof(report) FROM reports WHERE name = 'dgx02'").fetchone() == ("text",)
     assert [(n.name, n.last_seen, n.report_time) for n in s.load(now=10, event_retention=100).nodes] == [
         ("dgx01", 9.0, 8.0), ("dgx02", 9.0, 8.0)]
 
