@@ -1,17 +1,15 @@
-"""NFS client mounts: <procfs_root>/self/mountstats, <procfs_root>/net/rpc/nfs, and a stat probe.
+"""NFS client mounts: <procfs_root>/self/mountstats, <procfs_root>/net/rpc/nfs, and a statfs probe.
 
 Counters come from the kernel's own bookkeeping (reading them never touches the server). Whether
-a configured mount still answers is a separate question, asked by a stat of the mount point in a
-killable child process per mount, all mounts at once, so one hung mount costs its own timeout
-and nothing else.
+a configured mount still answers is a separate question, asked by a statfs of the mount point in a
+long-lived, killable helper process per mount (collectors/probe.py), all mounts at once, so one
+hung mount costs its own timeout and nothing else.
 """
 
 from __future__ import annotations
 
 import operator
 import os
-import shutil
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, ClassVar, Iterable, Mapping, Sequence
@@ -20,7 +18,7 @@ from podhealth.collectors.base import Collection, specs
 from podhealth.collectors.nfs_parse import (
     Mountstats, NfsMount, RpcNfs, parse_mountstats, parse_rpc_nfs,
 )
-from podhealth.collectors.probe import Probe
+from podhealth.collectors.probe import Probe, statfs_helper_argv
 from podhealth.config import Config
 from podhealth.vocab import Labels, MetricSpec, Sample, labels_of
 
@@ -54,17 +52,11 @@ METRICS: Mapping[str, MetricSpec] = specs(
 )
 
 
-def _stat_argv() -> ProbeArgv:
-    # statfs (stat -f) always asks the server (FSSTAT); a plain stat of the mount root can be
-    # answered from the attribute cache for up to acdirmax seconds and miss a dead server.
-    stat = shutil.which("stat")
-    if stat is not None:
-        return lambda mp: [stat, "-f", "--", mp]
-    return lambda mp: [sys.executable, "-c", "import os,sys; os.statvfs(sys.argv[1])", mp]
-
-
 def default_probe_argv(mountpoint: str) -> list[str]:
-    return list(_stat_argv()(mountpoint))
+    """The statfs helper (collectors/probe.py) for one mount: statfs always asks the server
+    (FSSTAT); a plain stat of the mount root can be answered from the attribute cache for up
+    to acdirmax seconds and miss a dead server."""
+    return statfs_helper_argv(mountpoint)
 
 
 def read_text(path: Path) -> str:
@@ -210,7 +202,7 @@ class NfsCollector:
         exceeds the collector's own timeout, the agent abandons the collection and the whole
         collector goes stale instead of reporting nfs_probe_ok 0: give the nfs collector a
         timeout above its mounts' timeouts when the verdict "hung" is wanted."""
-        argv = probe_argv or _stat_argv()
+        argv = probe_argv or default_probe_argv
         self.procfs_root = procfs_root
         self.mounts = tuple(mounts)
         self._probes = {mp: Probe(argv(mp)) for mp, _ in self.mounts}
@@ -284,7 +276,8 @@ class NfsCollector:
 
 
 def create(cfg: Config, *, probe_argv: ProbeArgv | None = None, **_seams: object) -> NfsCollector:
-    """probe_argv: mount point -> argv (the simulator passes its nfsprobe); default `stat -f`."""
+    """probe_argv: mount point -> the argv of its probe helper (collectors/probe.py speaks to it;
+    the simulator passes its nfsprobe); default the statfs helper."""
     mounts = [(m.path, float(m.timeout)) for m in cfg.collectors.nfs.mounts]
     return NfsCollector(cfg.paths.procfs_root, mounts, probe_argv)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -17,8 +19,11 @@ from podhealth.config import CollectorsConfig, Config, NfsConfig, NfsMount, Path
 from podhealth.vocab import Sample
 from tests.harness.proc import wait_until
 
-TRUE = shutil.which("true") or "/bin/true"
 SLEEP = shutil.which("sleep") or "/bin/sleep"
+# Probe helpers speaking collectors/probe.py's protocol: "ready", then one line per request.
+OK = ["/bin/sh", "-c", "echo ready; while read _; do echo ok; done"]
+HUNG = ["/bin/sh", "-c", f"echo ready; exec {SLEEP} 30"]  # started, then never answers
+STALE = ["/bin/sh", "-c", "echo ready; while read _; do echo 'fail Stale file handle: /home'; done"]
 
 
 def _cfg(proc: Path, *mounts: tuple[str, float], timeout: float = 10.0) -> Config:
@@ -54,7 +59,7 @@ def test_registered() -> None:
 
 def test_dgx_mounts(dgx_proc: Path) -> None:
     col = factory("nfs")(_cfg(dgx_proc, ("/home", 5.0), ("/cm/shared", 5.0), ("/scratch", 5.0)),
-                         probe_argv=lambda mp: [TRUE])
+                         probe_argv=lambda mp: OK)
     try:
         r = col.collect()
     finally:
@@ -92,7 +97,7 @@ def test_dgx_mounts(dgx_proc: Path) -> None:
 
 
 def test_missing_files_give_errors_not_zeros(tmp_path: Path) -> None:
-    col = NfsCollector(tmp_path, [("/home", 2.0)], probe_argv=lambda mp: [TRUE])
+    col = NfsCollector(tmp_path, [("/home", 2.0)], probe_argv=lambda mp: OK)
     r = col.collect()
     col.close()
     assert [x.name for x in r.samples] == ["nfs_probe_ok", "nfs_probe_seconds"]  # presence unknown
@@ -102,7 +107,7 @@ def test_missing_files_give_errors_not_zeros(tmp_path: Path) -> None:
 def test_malformed_mountstats_lines_reported(dgx_proc: Path) -> None:
     ms = dgx_proc / "77" / "mountstats"
     ms.write_text(ms.read_text().replace("READ: 2093117", "READ: x2093117"))
-    col = create(_cfg(dgx_proc, ("/home", 2.0)), probe_argv=lambda mp: [TRUE])
+    col = create(_cfg(dgx_proc, ("/home", 2.0)), probe_argv=lambda mp: OK)
     r = col.collect()
     col.close()
     assert _v(r.samples, "nfs_operation_requests", mountpoint="/home", operation="READ") is None
@@ -112,7 +117,7 @@ def test_malformed_mountstats_lines_reported(dgx_proc: Path) -> None:
 
 def test_hung_probe_reports_timeout(dgx_proc: Path) -> None:
     col = create(_cfg(dgx_proc, ("/home", 0.5), ("/cm/shared", 5.0)),
-                 probe_argv=_argv_by_mount({"/home": [SLEEP, "30"], "/cm/shared": [TRUE]}))
+                 probe_argv=_argv_by_mount({"/home": HUNG, "/cm/shared": OK}))
     try:
         r = col.collect()
     finally:
@@ -127,7 +132,7 @@ def test_hung_probe_reports_timeout(dgx_proc: Path) -> None:
 def test_probe_honours_the_mount_timeout_not_the_collectors(dgx_proc: Path) -> None:
     """The mount's own timeout decides; a collector timeout below it makes the agent mark the
     collector stale (tests/integration/test_agent_e2e.py relies on that)."""
-    col = create(_cfg(dgx_proc, ("/home", 1.2), timeout=0.5), probe_argv=lambda mp: [SLEEP, "30"])
+    col = create(_cfg(dgx_proc, ("/home", 1.2), timeout=0.5), probe_argv=lambda mp: HUNG)
     try:
         r = col.collect()
     finally:
@@ -135,19 +140,51 @@ def test_probe_honours_the_mount_timeout_not_the_collectors(dgx_proc: Path) -> N
     assert _v(r.samples, "nfs_probe_seconds", mountpoint="/home") == 1.2
 
 
-def test_failing_probe_reports_exit_and_stderr(dgx_proc: Path) -> None:
-    col = create(_cfg(dgx_proc, ("/home", 5.0)),
-                 probe_argv=lambda mp: [sys.executable, "-c", "import sys; sys.exit('Stale file handle')"])
+def test_failing_probe_reports_the_helpers_reason(dgx_proc: Path) -> None:
+    col = create(_cfg(dgx_proc, ("/home", 5.0)), probe_argv=lambda mp: STALE)
     r = col.collect()
     col.close()
     assert _v(r.samples, "nfs_probe_ok", mountpoint="/home") == 0
-    assert any("exit 1: Stale file handle" in e for e in r.errors)
+    assert "probe /home: Stale file handle: /home" in r.errors
+
+
+def test_a_helper_that_dies_at_start_reports_exit_and_stderr(dgx_proc: Path) -> None:
+    col = create(_cfg(dgx_proc, ("/home", 5.0)),
+                 probe_argv=lambda mp: [sys.executable, "-c", "import sys; sys.exit('no python here')"])
+    r = col.collect()
+    col.close()
+    assert _v(r.samples, "nfs_probe_ok", mountpoint="/home") == 0
+    assert any("exit 1: no python here" in e for e in r.errors)
+
+
+def test_one_helper_serves_every_probe_and_a_dead_one_is_replaced(tmp_path: Path) -> None:
+    p = Probe(default_probe_argv(str(tmp_path)))
+    try:
+        assert p.run(10.0).ok
+        pid = p.pid
+        assert pid is not None and all(p.run(10.0).ok for _ in range(5)) and p.pid == pid
+        os.kill(pid, signal.SIGKILL)  # OOM killer, an operator: the next probe starts a new helper
+        wait_until(lambda: p._proc is not None and p._proc.poll() is not None, 5.0, what="the helper to die")
+        r = p.run(10.0)
+        assert r.ok and p.pid not in (None, pid)
+    finally:
+        p.close()
+    assert p.pid is None
+
+
+def test_out_of_step_helper_is_replaced(tmp_path: Path) -> None:
+    p = Probe(["/bin/sh", "-c", "echo ready; while read _; do echo maybe; done"])
+    try:
+        r = p.run(5.0)
+        assert not r.ok and "unexpected answer" in r.detail and p.pid is None
+    finally:
+        p.close()
 
 
 def test_hung_probes_run_concurrently(dgx_proc: Path) -> None:
     """Three hung mounts with 1.5 s timeouts cost one timeout, not three (4.5 s)."""
     mounts = [("/home", 1.5), ("/cm/shared", 1.5), ("/scratch", 1.5)]
-    col = create(_cfg(dgx_proc, *mounts), probe_argv=lambda mp: [SLEEP, "30"])
+    col = create(_cfg(dgx_proc, *mounts), probe_argv=lambda mp: HUNG)
     try:
         t = time.monotonic()
         r = col.collect()
@@ -164,12 +201,12 @@ def test_default_probe_is_a_real_statfs(tmp_path: Path) -> None:
     ok, seconds, detail = run_probe(argv, 10.0)
     assert ok and detail == "" and seconds > 0
     ok, _, detail = run_probe(default_probe_argv(str(tmp_path / "absent")), 10.0)
-    assert not ok and detail.startswith("exit ")
+    assert not ok and detail == f"No such file or directory: {tmp_path / 'absent'}"
 
 
 def test_probe_kills_the_whole_process_group(tmp_path: Path) -> None:
     pidfile = tmp_path / "grandchild.pid"
-    argv = ["/bin/sh", "-c", f"{SLEEP} 30 & echo $! > {pidfile}; wait"]
+    argv = ["/bin/sh", "-c", f"{SLEEP} 30 & echo $! > {pidfile}; echo ready; wait"]
     ok, seconds, detail = run_probe(argv, 1.0)
     assert (ok, seconds) == (False, 1.0) and "timed out" in detail
     pid = int(pidfile.read_text())
@@ -192,7 +229,7 @@ class _StuckProc:
     """Stands in for a child stuck in uninterruptible sleep: SIGKILL cannot reap it yet."""
 
     pid = 2**22 + 1
-    stderr = None
+    stdin = stdout = stderr = None
 
     def __init__(self) -> None:
         self.exited = False
@@ -206,19 +243,22 @@ class _StuckProc:
 
 def test_stuck_probe_is_not_piled_up(tmp_path: Path) -> None:
     marker = tmp_path / "started"
-    p = Probe(["/bin/sh", "-c", f"echo x >> {marker}"])
+    p = Probe(["/bin/sh", "-c", f"echo x >> {marker}; echo ready; while read _; do echo ok; done"])
     stuck = _StuckProc()
     p._lingering = stuck  # type: ignore[assignment]
     r = p.run(2.0)
     assert (r.ok, r.seconds, r.detail) == (False, 2.0, "previous probe still hung")
     assert not marker.exists()  # no new process was started
     stuck.exited = True  # the kernel finally let it go
-    r = p.run(5.0)
-    assert r.ok and marker.read_text() == "x\n"
+    try:
+        r = p.run(5.0)
+        assert r.ok and marker.read_text() == "x\n"
+    finally:
+        p.close()
 
 
 def test_collector_close_stops_hung_probes(dgx_proc: Path) -> None:
-    col = create(_cfg(dgx_proc, ("/home", 0.3)), probe_argv=lambda mp: [SLEEP, "30"])
+    col = create(_cfg(dgx_proc, ("/home", 0.3)), probe_argv=lambda mp: HUNG)
     col.collect()
     col.close()
     assert all(p._proc is None and p._lingering is None for p in col._probes.values())
@@ -234,7 +274,7 @@ def test_a_long_lived_collector_matches_a_fresh_one(tmp_path: Path) -> None:
     t0 = 1_700_000_000.0
     st = default_state("dgx01", "dgx-h100", now=t0)
     mounts = [("/home", 5.0), ("/cm/shared", 5.0)]
-    col = NfsCollector(tmp_path, mounts, probe_argv=lambda mp: [TRUE])
+    col = NfsCollector(tmp_path, mounts, probe_argv=lambda mp: OK)
 
     def same(a: tuple[Sample, ...], b: tuple[Sample, ...]) -> bool:
         def strip(ss: tuple[Sample, ...]) -> list[Sample]:
@@ -249,7 +289,7 @@ def test_a_long_lived_collector_matches_a_fresh_one(tmp_path: Path) -> None:
         seen = []
         for state, now in steps:
             tree_nfs.write(state, tmp_path, now)
-            fresh = NfsCollector(tmp_path, mounts, probe_argv=lambda mp: [TRUE])
+            fresh = NfsCollector(tmp_path, mounts, probe_argv=lambda mp: OK)
             try:
                 a, b = col.collect(), fresh.collect()
             finally:
@@ -263,7 +303,7 @@ def test_a_long_lived_collector_matches_a_fresh_one(tmp_path: Path) -> None:
 
 def test_unchanged_values_are_handed_on_as_the_same_samples(dgx_proc: Path) -> None:
     """What lets /metrics reuse the rendered line of a series (agent/blocks.py)."""
-    col = NfsCollector(dgx_proc, [], probe_argv=lambda mp: [TRUE])
+    col = NfsCollector(dgx_proc, [], probe_argv=lambda mp: OK)
     a = col.collect().samples
     ms = dgx_proc / "77" / "mountstats"
     ms.write_text(ms.read_text().replace("READ: 2093117", "READ: 2093118"))

@@ -79,7 +79,7 @@ def test_missing_mount_is_absent(tmp_path: Path) -> None:
     tree_nfs.write(st, tmp_path, T0 + 10)
     assert set(_mounts(tmp_path)) == {"/home"}
     assert "/cm/shared" not in (tmp_path / "self" / "mountinfo").read_text()
-    col = NfsCollector(tmp_path, [("/home", 5.0), ("/cm/shared", 5.0)], probe_argv=lambda mp: ["true"])
+    col = NfsCollector(tmp_path, [("/home", 5.0), ("/cm/shared", 5.0)], probe_argv=lambda mp: ["/bin/sh", "-c", "echo ready; while read _; do echo ok; done"])
     r = col.collect()
     col.close()
     present = {s.label("mountpoint"): s.value for s in r.samples if s.name == "nfs_mount_present"}

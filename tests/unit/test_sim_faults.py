@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from podhealth.collectors.probe import Probe, ProbeResult
 from podhealth.sim import faults, kmsg_lines
 from podhealth.sim.node import SimNode, default_root, list_nodes
 from podhealth.sim.state import NodeState, default_state
@@ -261,23 +261,27 @@ def test_real_xid_lines_share_our_shape(shared_fixtures: Path) -> None:
 # --- NFS probe --------------------------------------------------------------------------------
 
 
-def _probe(node: SimNode, mount: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(node.probe_argv(mount), capture_output=True, text=True, timeout=timeout)
+def _probe(node: SimNode, mount: str, timeout: float) -> ProbeResult:
+    """One probe through the collector's own client, as the agent asks it."""
+    p = Probe(node.probe_argv(mount))
+    try:
+        return p.run(timeout)
+    finally:
+        p.close()
 
 
 def test_nfs_probe_healthy_missing_and_hung(tmp_path: Path) -> None:
     node = SimNode.create(tmp_path, "dgx01")
     argv = node.probe_argv("/home")
     assert argv[:3] == [sys.executable, "-m", "podhealth.sim.nfsprobe"] and argv[3:] == [str(node.dir), "/home"]
-    assert _probe(node, "/home", 30).returncode == 0
+    assert _probe(node, "/home", 30).ok
     unknown = _probe(node, "/scratch", 30)
-    assert unknown.returncode == 1 and "No such file or directory" in unknown.stderr
+    assert not unknown.ok and "No such file or directory" in unknown.detail
     node.inject(faults.parse("fault=nfs-missing mount=/home".split(), time.time()))
-    assert _probe(node, "/home", 30).returncode == 1
-    assert _probe(node, "/cm/shared", 30).returncode == 0
+    assert not _probe(node, "/home", 30).ok
+    assert _probe(node, "/cm/shared", 30).ok
     node.clear()
     node.inject(faults.parse("fault=nfs-hung mount=/home".split(), time.time()))
-    # subprocess.run kills the probe when the timeout expires, as the collector does.
-    with pytest.raises(subprocess.TimeoutExpired):
-        _probe(node, "/home", 3)
-    assert _probe(node, "/cm/shared", 30).returncode == 0
+    hung = _probe(node, "/home", 1.5)
+    assert (hung.ok, hung.seconds, hung.detail) == (False, 1.5, "timed out after 1.5s")
+    assert _probe(node, "/cm/shared", 30).ok

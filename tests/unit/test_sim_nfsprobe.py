@@ -1,4 +1,4 @@
-"""The simulated NFS probe blocks on a hung mount, like stat would, but never outlives its parent."""
+"""The simulated NFS probe helper blocks on a hung mount, like statfs would, but never outlives its parent."""
 
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ def test_hung_probe_exits_when_its_parent_dies(tmp_path: Path) -> None:
     node = SimNode.create(tmp_path, "dgx01", "dgx-h100")
     node.inject(faults.parse(["fault=nfs-hung", "mount=/home"], time.time()))
     # A parent that starts the probe in its own session (as the collector does) and then dies.
-    code = ("import subprocess,sys; p=subprocess.Popen(sys.argv[1:], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid, flush=True)")
+    code = ("import subprocess,sys; p=subprocess.Popen(sys.argv[1:], start_new_session=True, stdin=subprocess.PIPE, "
+            "stdout=subprocess.PIPE, stderr=subprocess.DEVNULL); assert p.stdout.readline() == b'ready\\n'; "
+            "p.stdin.write(b'\\n'); p.stdin.flush(); print(p.pid, flush=True)")
     out = subprocess.run([sys.executable, "-c", code, *node.probe_argv("/home")], capture_output=True, text=True, timeout=30)
     pid = int(out.stdout.split()[0])
     try:
@@ -41,7 +43,10 @@ def test_hung_probe_exits_when_its_parent_dies(tmp_path: Path) -> None:
 
 def test_healthy_and_missing_mounts_answer_at_once(tmp_path: Path) -> None:
     node = SimNode.create(tmp_path, "dgx01", "dgx-h100")
-    assert subprocess.run(node.probe_argv("/home"), capture_output=True, timeout=30).returncode == 0
+    r = subprocess.run(node.probe_argv("/home"), input=b"\n\n", capture_output=True, timeout=30)
+    assert (r.returncode, r.stdout) == (0, b"ready\nok\nok\n")
     node.inject(faults.parse(["fault=nfs-missing", "mount=/home"], time.time()))
-    r = subprocess.run(node.probe_argv("/home"), capture_output=True, text=True, timeout=30)
-    assert r.returncode == 1 and "No such file or directory" in r.stderr
+    r = subprocess.run(node.probe_argv("/home"), input=b"\n", capture_output=True, text=False, timeout=30)
+    lines = r.stdout.decode().splitlines()
+    assert r.returncode == 0 and lines[0] == "ready" and lines[1].startswith("fail ")
+    assert "No such file or directory" in lines[1]
