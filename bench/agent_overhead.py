@@ -311,6 +311,11 @@ def main() -> int:
         f"  nfs: {{interval: {iv}, timeout: {nfs_to}, mounts: [{{path: /home, timeout: {to / 2:g}}}, "
         f"{{path: /cm/shared, timeout: {to / 2:g}}}]}}\n"
         "log: {level: warning}\n")
+    # Like for like: the same agent reading only the files node_exporter 1.5 reads (no hw_counters/).
+    cfg_like = tmp / "agent-ib-nfs-like.yaml"
+    cfg_like.write_text(cfg.read_text().replace(f"infiniband: {{interval: {iv}, timeout: {to}}}",
+                                                f"infiniband: {{interval: {iv}, timeout: {to}, hw_counters: false}}"))
+    assert cfg_like.read_text() != cfg.read_text()
     procs: list[Proc] = []
     refresher: subprocess.Popen[bytes] | None = None
     try:
@@ -326,7 +331,13 @@ def main() -> int:
         agent = start("agent", [sys.executable, "-m", "podhealth", "agent", "--config", str(cfg), "--node", "dgx01",
                                 "--listen", f"127.0.0.1:{ag_port}"], ag_port, tmp / "agent.log", "/healthz")
         procs.append(agent)
+        like_port = free_port()
+        like = start("agent-like", [sys.executable, "-m", "podhealth", "agent", "--config", str(cfg_like), "--node",
+                                    "dgx01", "--listen", f"127.0.0.1:{like_port}"], like_port, tmp / "agent-like.log",
+                     "/healthz")
+        procs.append(like)
         wait_fresh(agent)
+        wait_fresh(like)
         ne_series = sum(1 for ln in decode(get(ne.url + "/metrics")[1]).splitlines()
                         if ln.startswith(("node_infiniband_", "node_mountstats_", "node_nfs_")))
         ag_series = sum(1 for ln in decode(get(agent.url + "/metrics")[1]).splitlines()
@@ -334,7 +345,7 @@ def main() -> int:
         rss_start = agent.rss()
         ib_files = {sub: sum(1 for _ in (node.sys_root / "class" / "infiniband").glob(f"*/ports/*/{sub}/*"))
                     for sub in ("counters", "hw_counters")}
-        cpu = cycles([ne, agent], args.cycles, args.interval)
+        cpu = cycles([ne, agent, like], args.cycles, args.interval)
         lat = latencies([ne, agent], args.latency_scrapes)
         rss = {p.name: p.rss() for p in (ne, agent)}
         helpers_rss = descendants_rss(agent.popen.pid)
@@ -385,6 +396,10 @@ def main() -> int:
           "does not)")
     print(f"{'CPU s / cycle':24}{ne_cpu.total:>20.4f}{ag_cpu.total:>20.4f}"
           f"{ag_cpu.total / ne_cpu.total:>9.2f}x   (target <= 1.0x)")
+    like_cpu = cpu["agent-like"]
+    print(f"{'  like for like':24}{ne_cpu.total:>20.4f}{like_cpu.total:>20.4f}{like_cpu.total / ne_cpu.total:>9.2f}x   "
+          "(a second agent, same cycles, with collectors.infiniband.hw_counters: false: the files node_exporter "
+          "reads, plus its NFS probes)")
     no_probe = ag_cpu.total - ag_cpu.children
     print(f"{'  without NFS probes':24}{ne_cpu.total:>20.4f}{no_probe:>20.4f}{no_probe / ne_cpu.total:>9.2f}x   "
           "(node_exporter does not probe mounts; the agent's statfs helper processes)")

@@ -172,13 +172,13 @@ def _counter_value(raw: bytes) -> tuple[int | None, str | None]:
 class _Port:
     """One port's readers and memos; built when the port first appears."""
 
-    def __init__(self, device: str, name: str, number: int) -> None:
+    def __init__(self, device: str, name: str, number: int, hw_counters: bool = True) -> None:
         self.device, self.name, self.number = device, name, number
         self.where = f"{device}/ports/{name}"
         self.port_label = str(number)
         self.attr_memo: dict[str, _Memo] = {}
         self.counters = _CounterDir("counters")
-        self.hw_counters = _CounterDir("hw_counters")
+        self.hw_counters = _CounterDir("hw_counters") if hw_counters else None
 
     def _labels(self, **extra: str) -> Labels:
         return labels_of(device=self.device, port=self.port_label, **extra)
@@ -246,7 +246,8 @@ class _Port:
             out.extend(attr_samples)
             parse_problems.extend(attr_parse)
             self.counters.read(pdfd, self.where, self._make_counter, now, out, read_problems, parse_problems)
-            self.hw_counters.read(pdfd, self.where, self._make_hw, now, out, read_problems, parse_problems)
+            if self.hw_counters is not None:
+                self.hw_counters.read(pdfd, self.where, self._make_hw, now, out, read_problems, parse_problems)
         finally:
             os.close(pdfd)
         return True
@@ -256,8 +257,9 @@ _DEVICE_ATTRS = ("board_id", "fw_ver", "hca_type")
 
 
 class _Device:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, hw_counters: bool = True) -> None:
         self.name = name
+        self.hw_counters = hw_counters
         self.ports_listing = _Listing()
         self.ports: dict[str, _Port] = {}
         self.info: tuple[tuple[bytes | None, ...], Sample] | None = None
@@ -314,7 +316,7 @@ class _Device:
                 for number, pn in numbered:
                     port = self.ports.get(pn)
                     if port is None:
-                        port = self.ports[pn] = _Port(self.name, pn, number)
+                        port = self.ports[pn] = _Port(self.name, pn, number, self.hw_counters)
                     if not port.read(ports_dfd, now, out, read_problems, parse_problems):
                         self.ports_listing.expire()
             finally:
@@ -330,8 +332,9 @@ class InfinibandCollector:
     name: ClassVar[str] = "infiniband"
     metrics: ClassVar[Mapping[str, MetricSpec]] = METRICS
 
-    def __init__(self, sysfs_root: Path) -> None:
+    def __init__(self, sysfs_root: Path, hw_counters: bool = True) -> None:
         self.sysfs_root = sysfs_root
+        self.hw_counters = hw_counters
         self._class_dir = os.path.join(sysfs_root, "class", "infiniband")
         self._devices: dict[str, _Device] = {}
 
@@ -348,7 +351,7 @@ class InfinibandCollector:
         try:
             # Listed every cycle: HCAs come and go with driver reloads (sysfs does not bump the mtime).
             names = sorted(os.listdir(class_dfd))
-            devices = {n: self._devices.get(n) or _Device(n) for n in names}
+            devices = {n: self._devices.get(n) or _Device(n, self.hw_counters) for n in names}
             self._devices = devices
             for dev in devices.values():
                 dev.read(class_dfd, now, out, problems)
@@ -362,4 +365,4 @@ class InfinibandCollector:
 
 def create(cfg: Config, **_seams: object) -> InfinibandCollector:
     """A node without HCAs still gets a collector: it reports the reason in its errors each cycle."""
-    return InfinibandCollector(cfg.paths.sysfs_root)
+    return InfinibandCollector(cfg.paths.sysfs_root, cfg.collectors.infiniband.hw_counters)

@@ -64,9 +64,16 @@ class CollectorConfig:
 
 
 @dataclass(frozen=True)
+class InfinibandConfig(CollectorConfig):
+    hw_counters: bool = doc("Also read every ports/*/hw_counters file (mlx5's extended counters: retransmits, "
+                            "out-of-sequence, ICRC and timeout errors). Doubles the files read per port; "
+                            "on a real HCA each read is a firmware query.", True)
+
+
+@dataclass(frozen=True)
 class NfsMount:
     path: Annotated[str, AbsPath()] = doc("Mount point that must be present and answer.", "/home")
-    timeout: Seconds = doc("Seconds the stat probe may take before the mount counts as hung.", 5.0)
+    timeout: Seconds = doc("Seconds the statfs probe may take before the mount counts as hung.", 5.0)
 
 
 @dataclass(frozen=True)
@@ -110,8 +117,10 @@ class DcgmConfig(CollectorConfig):
 class CollectorsConfig:
     nvml: CollectorConfig = doc("GPU state through NVML.", factory=CollectorConfig)
     nvlink: CollectorConfig = doc("NVLink state and error counters through NVML.", factory=CollectorConfig)
-    infiniband: CollectorConfig = doc("InfiniBand ports from <sysfs_root>/class/infiniband.", factory=CollectorConfig)
-    nfs: NfsConfig = doc("NFS mounts from <procfs_root>/self/mountstats and a stat probe.", factory=NfsConfig)
+    infiniband: "InfinibandConfig" = doc("InfiniBand ports from <sysfs_root>/class/infiniband.",
+                                         factory=lambda: InfinibandConfig())
+    nfs: NfsConfig = doc("NFS mounts from <procfs_root>/self/mountstats and a statfs probe "
+                         "(one long-lived helper process per mount).", factory=NfsConfig)
     host: HostConfig = doc("CPU, memory, disk, load, uptime and systemd units.", factory=HostConfig)
     kmsg: KmsgConfig = doc("XID/SXid lines from the kernel log, and NVML XID events.", factory=KmsgConfig)
     dcgm: DcgmConfig = doc("DCGM profiling fields (optional).", factory=DcgmConfig)

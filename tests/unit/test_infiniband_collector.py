@@ -77,6 +77,23 @@ def test_dgx_fixture(dgx_sys: Path) -> None:
     assert {s.name for s in r.samples} <= set(col.metrics)
 
 
+def test_hw_counters_can_be_left_unread(dgx_sys: Path) -> None:
+    """collectors.infiniband.hw_counters: false reads what node_exporter reads, nothing of hw_counters/."""
+    from podhealth.config import CollectorsConfig, InfinibandConfig
+
+    full = InfinibandCollector(dgx_sys).collect().samples
+    cfg = Config(paths=PathsConfig(sysfs_root=dgx_sys),
+                 collectors=CollectorsConfig(infiniband=InfinibandConfig(hw_counters=False)))
+    # a malformed hw_counters file would be a problem if it were read
+    hw = next(dgx_sys.glob("class/infiniband/*/ports/*/hw_counters"))
+    (hw / "duplicate_request").write_text("not a number\n")
+    assert InfinibandCollector(dgx_sys).collect().errors != ()
+    r = create(cfg).collect()
+    assert r.errors == ()
+    assert sum(1 for s in full if s.name == "infiniband_port_hw_stat") > 0
+    assert [s for s in full if s.name != "infiniband_port_hw_stat"] == list(r.samples)
+
+
 def test_malformed_counter_skips_that_counter_only(dgx_sys: Path) -> None:
     port = dgx_sys / "class/infiniband/mlx5_0/ports/1"
     (port / "counters/symbol_error").write_text("not-a-number\n")
