@@ -22,8 +22,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Mapping, Sequence
 
-import yaml
-
+from podhealth import yamldata
 from podhealth.checks.result import fail, ok, unknown, warn
 from podhealth.vocab import Action, CheckResult, Status
 
@@ -307,7 +306,7 @@ class ErrorMap:
 @lru_cache(maxsize=1)
 def error_map() -> ErrorMap:
     text = resources.files("podhealth.checks.data").joinpath("dcgm_errors.yaml").read_text(encoding="utf-8")
-    return load_error_map(yaml.safe_load(text))
+    return load_error_map(yamldata.load(text))
 
 
 def load_error_map(d: Mapping[str, Any]) -> ErrorMap:

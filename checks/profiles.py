@@ -11,7 +11,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Mapping
 
-import yaml
+from podhealth import yamldata
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class ProfileError(ValueError):
 @lru_cache(maxsize=1)
 def _raw() -> dict[str, Any]:
     text = resources.files("podhealth.checks.data").joinpath("profiles.yaml").read_text(encoding="utf-8")
-    data: dict[str, Any] = yaml.safe_load(text)
+    data: dict[str, Any] = yamldata.load(text)
     return data
 
 

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence, cast
 
 import yaml
 
+from podhealth import yamldata
 from podhealth.collectors.xid_parse import Nvlink5Payload, parse_line, parse_recovery
 from podhealth.vocab import Action, CheckResult, Event, Status, evidence_of
 
@@ -233,7 +234,7 @@ def _read(path: Path | None, name: str) -> tuple[Mapping[str, Any], str]:
     else:
         text, src = Path(path).read_text(encoding="utf-8"), str(path)
     try:
-        doc = yaml.safe_load(text)
+        doc = yamldata.load(text)
     except yaml.YAMLError as e:
         raise CatalogError(f"{src}: not valid YAML: {e}") from e
     if not isinstance(doc, Mapping):
