@@ -6,7 +6,10 @@
 Part 1, like for like: `podhealth agent` with only the infiniband and nfs collectors (mountstats
 + /proc/net/rpc/nfs) and node_exporter with only --collector.infiniband, .mountstats and .nfs,
 both reading the same simulated sysfs/procfs tree, which a separate process (charged to
-neither) rewrites every interval as the simulator does, so counters move as on a busy node.
+neither) rewrites every interval as the simulator does, so counters move as on a busy node. It
+writes in place, keeping each file's inode as sysfs does (the agent keeps counter files open and
+re-reads them with pread; `--rename-writes` replaces files by rename, as the tests' trees do,
+which forces the agent back to open/read/close per file).
 One cycle = one scrape per interval for both; for the agent that also means one collection per
 collector (node_exporter collects on scrape). CPU is utime+stime from /proc/<pid>/stat for both
 processes, plus that of their children, live or reaped (the agent's NFS probe helpers are child
@@ -287,6 +290,8 @@ def main() -> int:
     ap.add_argument("--cycles", type=int, default=30)
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--latency-scrapes", type=int, default=200)
+    ap.add_argument("--rename-writes", action="store_true",
+                    help="rewrite the tree by rename (new inodes) instead of in place as sysfs does")
     ap.add_argument("--_refresh", nargs=2, metavar=("NODE_DIR", "INTERVAL"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._refresh:
@@ -296,6 +301,7 @@ def main() -> int:
         print("prometheus-node-exporter is not installed", file=sys.stderr)
         return 2
     from podhealth.sim.node import SimNode
+    from podhealth.sim.tree_write import IN_PLACE_ENV
 
     tmp = Path(tempfile.mkdtemp(prefix="podhealth-bench-"))
     node = SimNode.create(tmp / "sim", "dgx01", "dgx-h100")
@@ -319,8 +325,11 @@ def main() -> int:
     procs: list[Proc] = []
     refresher: subprocess.Popen[bytes] | None = None
     try:
+        # Files keep their inodes, as in sysfs, unless --rename-writes (the simulator's default,
+        # atomic for the tests, but it makes every kept fd stale and is nothing like a real node).
+        env = {**os.environ, IN_PLACE_ENV: "0" if args.rename_writes else "1"}
         refresher = subprocess.Popen([sys.executable, __file__, "--_refresh", str(node.dir), str(iv)],
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         ne_port, ag_port = free_port(), free_port()
         ne = start("node_exporter", [ne_bin, f"--path.sysfs={node.sys_root}", f"--path.procfs={node.proc_root}",
                                      f"--path.rootfs={tmp}", "--collector.disable-defaults",
@@ -389,7 +398,8 @@ def main() -> int:
           f"({1e3 / CLK_TCK / args.cycles:.2f} ms/cycle resolution)")
     print()
     print("IB + mountstats + nfs on the simulated DGX H100 tree (10 HCA ports, 2 NFS mounts), "
-          "rewritten every interval by a separate process")
+          "rewritten every interval by a separate process, "
+          + ("by rename (new inodes)" if args.rename_writes else "in place (inodes kept, as in sysfs)"))
     print(f"{'':24}{'node_exporter 1.5':>20}{'podhealth agent':>20}{'ratio':>10}")
     print(f"{'series':24}{ne_series:>20}{ag_series:>20}   (both read the {ib_files['counters']} ports/*/counters "
           f"files; the agent also reads and exports the {ib_files['hw_counters']} hw_counters files, node_exporter 1.5 "

@@ -9,10 +9,19 @@ Sample (or the problem) that text gave: an unchanged file costs its read and a b
 an unchanged Sample is handed on as the same object (which lets the exposition reuse its line).
 Directory listings are kept while the directory's inode and mtime stay the same, and re-read at
 least every RELIST_SECONDS in case a filesystem does not update them.
+
+Files stay open between collections and are re-read with pread() at offset 0: sysfs (kernfs)
+runs the attribute's show() again for every read from the start, so one syscall per counter
+replaces open+read+close (the open, a path walk, was most of the cost). A file of a removed
+device answers ENODEV and is opened again. That holds while a directory is settled: its inode
+and mtime as at the last look, and that look not racy. A directory whose files may have been
+replaced by rename (a test tree; sysfs never does this) is read file by file with open+read+
+close, its kept fds let go, until it settles again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import time
@@ -71,6 +80,65 @@ def _read_at(dfd: int, name: str) -> bytes:
         os.close(fd)
 
 
+# Errors after which a kept fd is worth opening again: the file (or its device) went away.
+_REOPEN = frozenset({errno.ENODEV, errno.ENOENT, errno.ESTALE, errno.EBADF})
+MAX_KEPT_FDS = 4096  # beyond this (an unusually large host), files are opened per read as before
+
+
+class _Kept:
+    """The fds kept open in one directory, by file name."""
+
+    open_fds = 0  # across all directories of all collectors in this process
+
+    def __init__(self) -> None:
+        self.fds: dict[str, int] = {}
+
+    def read(self, dfd: int, name: str, settled: bool) -> bytes:
+        """The file's bytes: pread on the kept fd in a settled directory; otherwise (files there
+        may have been replaced: the directory changed) opened and closed as any reader would."""
+        fd = self.fds.get(name)
+        if not settled:
+            if fd is not None:
+                self._drop(name)
+            return _read_at(dfd, name)
+        if fd is not None:
+            try:
+                return os.pread(fd, _MAX_FILE, 0)
+            except OSError as e:
+                if e.errno not in _REOPEN:
+                    raise  # e.g. EINVAL from a counter the firmware refuses: the same next time
+            self._drop(name)
+        if _Kept.open_fds >= MAX_KEPT_FDS:
+            return _read_at(dfd, name)
+        fd = os.open(name, _O_FILE, dir_fd=dfd)
+        try:
+            raw = os.read(fd, _MAX_FILE)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fds[name] = fd
+        _Kept.open_fds += 1
+        return raw
+
+    def _drop(self, name: str) -> None:
+        fd = self.fds.pop(name)
+        _Kept.open_fds -= 1
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+    def keep_only(self, names: "set[str] | tuple[str, ...]") -> None:
+        for name in [n for n in self.fds if n not in names]:
+            self._drop(name)
+
+    def close(self) -> None:
+        for name in list(self.fds):
+            self._drop(name)
+
+    def __del__(self) -> None:
+        # A collector dropped without close() (a one-off read, a test) must not keep its fds.
+        self.close()
+
+
 def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
 
@@ -92,30 +160,51 @@ class _Listing:
     at: float = float("-inf")
     racy: bool = True
 
-    def of(self, dfd: int, now: float) -> tuple[tuple[str, ...], bool]:
-        """(names, changed) for the directory open at `dfd`."""
+    def of(self, dfd: int, now: float) -> tuple[tuple[str, ...], bool, bool]:
+        """(names, changed, settled) for the directory open at `dfd`; not settled when its files
+        may have been replaced since the last look (its inode or mtime moved, or that look was racy)."""
         st = os.fstat(dfd)
         key = (st.st_ino, st.st_mtime_ns)
-        if key == self.key and not self.racy and now - self.at < RELIST_SECONDS:
-            return self.names, False
+        settled = key == self.key and not self.racy
+        if settled and now - self.at < RELIST_SECONDS:
+            return self.names, False, True
         # An editor's or a writer's temporary (".name") is never a kernel counter.
         names = tuple(sorted(n for n in os.listdir(dfd) if not n.startswith(".")))
         changed = names != self.names
         self.key, self.names, self.at = key, names, now
         self.racy = time.time_ns() - st.st_mtime_ns < RACY_NS  # a future mtime too
-        return names, changed
+        return names, changed, settled
 
     def expire(self) -> None:
         self.at = float("-inf")
 
 
 @dataclass
+class _Watch:
+    """Whether a directory's files may have been replaced since the last look (see _Listing)."""
+
+    key: tuple[int, int] = (-1, -1)
+    racy: bool = True
+
+    def settled(self, dfd: int) -> bool:
+        st = os.fstat(dfd)
+        key = (st.st_ino, st.st_mtime_ns)
+        settled = key == self.key and not self.racy
+        self.key, self.racy = key, time.time_ns() - st.st_mtime_ns < RACY_NS
+        return settled
+
+
+@dataclass
 class _CounterDir:
-    """counters/ or hw_counters/ of one port: its listing and a memo per file."""
+    """counters/ or hw_counters/ of one port: its listing, kept fds and a memo per file."""
 
     sub: str
     listing: _Listing = field(default_factory=_Listing)
     memo: dict[str, _Memo] = field(default_factory=dict)
+    kept: _Kept = field(default_factory=_Kept)
+
+    def close(self) -> None:
+        self.kept.close()
 
     def read(self, pdfd: int, where: str, make: _Make, now: float,
              out: list[Sample], read_problems: list[str], parse_problems: list[str]) -> None:
@@ -123,18 +212,21 @@ class _CounterDir:
             dfd = os.open(self.sub, _O_DIR, dir_fd=pdfd)
         except FileNotFoundError:
             self.memo.clear()
+            self.kept.close()
             return
         except OSError as e:
             read_problems.append(f"{where}/{self.sub}: {_strerror(e)}")
             return
         try:
-            names, changed = self.listing.of(dfd, now)
+            names, changed, settled = self.listing.of(dfd, now)
             memo = self.memo
             if changed:
                 memo = self.memo = {n: memo[n] for n in names if n in memo}
+                self.kept.keep_only(names)
+            kept = self.kept
             for name in names:
                 try:
-                    raw = _read_at(dfd, name)
+                    raw = kept.read(dfd, name, settled)
                 except OSError as e:
                     if e.errno == errno.ENOENT:
                         self.listing.expire()  # gone (or a dangling link): look again next cycle
@@ -177,8 +269,16 @@ class _Port:
         self.where = f"{device}/ports/{name}"
         self.port_label = str(number)
         self.attr_memo: dict[str, _Memo] = {}
+        self.attr_kept = _Kept()
+        self.watch = _Watch()
         self.counters = _CounterDir("counters")
         self.hw_counters = _CounterDir("hw_counters") if hw_counters else None
+
+    def close(self) -> None:
+        self.attr_kept.close()
+        self.counters.close()
+        if self.hw_counters is not None:
+            self.hw_counters.close()
 
     def _labels(self, **extra: str) -> Labels:
         return labels_of(device=self.device, port=self.port_label, **extra)
@@ -228,9 +328,10 @@ class _Port:
         try:
             attr_samples: list[Sample] = []
             attr_parse: list[str] = []
+            settled = self.watch.settled(pdfd)
             for attr in _PORT_ATTRS:
                 try:
-                    raw = _read_at(pdfd, attr)
+                    raw = self.attr_kept.read(pdfd, attr, settled)
                 except FileNotFoundError:
                     continue  # optional attribute: absent, not a problem
                 except OSError as e:
@@ -260,15 +361,23 @@ class _Device:
     def __init__(self, name: str, hw_counters: bool = True) -> None:
         self.name = name
         self.hw_counters = hw_counters
+        self.kept = _Kept()
+        self.watch = _Watch()
         self.ports_listing = _Listing()
         self.ports: dict[str, _Port] = {}
         self.info: tuple[tuple[bytes | None, ...], Sample] | None = None
 
+    def close(self) -> None:
+        self.kept.close()
+        for port in self.ports.values():
+            port.close()
+
     def _info(self, dfd: int, read_problems: list[str]) -> Sample:
         raws: list[bytes | None] = []
+        settled = self.watch.settled(dfd)
         for attr in _DEVICE_ATTRS:
             try:
-                raws.append(_read_at(dfd, attr))
+                raws.append(self.kept.read(dfd, attr, settled))
             except FileNotFoundError:
                 raws.append(None)  # optional attribute (hfi1 has no hca_type): absent, not a problem
             except OSError as e:
@@ -301,9 +410,10 @@ class _Device:
             try:
                 names: tuple[str, ...] = ()
                 if ports_dfd >= 0:
-                    names, changed = self.ports_listing.of(ports_dfd, now)
+                    names, changed, _ = self.ports_listing.of(ports_dfd, now)
                     if changed:
-                        self.ports = {n: p for n, p in self.ports.items() if n in names}
+                        for n in [n for n in self.ports if n not in names]:
+                            self.ports.pop(n).close()
                 if not names:
                     read_problems.append(f"{self.name}: no ports")
                 numbered: list[tuple[int, str]] = []
@@ -344,7 +454,7 @@ class InfinibandCollector:
         try:
             class_dfd = os.open(self._class_dir, _O_DIR)
         except OSError as e:
-            self._devices = {}
+            self.close()
             return Collection((), errors=(f"{self._class_dir}: {_strerror(e)} (no InfiniBand devices)",))
         out: list[Sample] = []
         now = time.monotonic()
@@ -352,6 +462,8 @@ class InfinibandCollector:
             # Listed every cycle: HCAs come and go with driver reloads (sysfs does not bump the mtime).
             names = sorted(os.listdir(class_dfd))
             devices = {n: self._devices.get(n) or _Device(n, self.hw_counters) for n in names}
+            for gone in [d for n, d in self._devices.items() if n not in devices]:
+                gone.close()
             self._devices = devices
             for dev in devices.values():
                 dev.read(class_dfd, now, out, problems)
@@ -360,6 +472,8 @@ class InfinibandCollector:
         return Collection(tuple(out), errors=tuple(problems))
 
     def close(self) -> None:
+        for dev in self._devices.values():
+            dev.close()
         self._devices = {}
 
 

@@ -12,6 +12,11 @@ import os
 from pathlib import Path
 
 TMP_DIR = ".podhealth-tmp"
+# Set to 1 to rewrite existing files in place, keeping their inodes as sysfs does (the kernel
+# changes what a file says, never the file). A reader can then see a torn value, which real
+# sysfs never shows (it regenerates the text per read): only bench/agent_overhead.py uses it,
+# so that a reader keeping files open is measured as on a real node.
+IN_PLACE_ENV = "PODHEALTH_SIM_IN_PLACE"
 
 
 class TreeWriter:
@@ -21,6 +26,7 @@ class TreeWriter:
         self.tmp.mkdir(parents=True, exist_ok=True)
         self._n = 0
         self.written = 0  # files actually replaced (unchanged ones are left alone)
+        self.in_place = os.environ.get(IN_PLACE_ENV) == "1"
 
     def put(self, path: Path, text: str) -> None:
         """Write `text` to `path` atomically, unless it already holds exactly that."""
@@ -29,6 +35,15 @@ class TreeWriter:
             with open(path, "rb") as f:
                 if f.read(len(data) + 1) == data:
                     return
+            if self.in_place:
+                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    os.pwrite(fd, data, 0)
+                    os.ftruncate(fd, len(data))
+                finally:
+                    os.close(fd)
+                self.written += 1
+                return
         except OSError:
             path.parent.mkdir(parents=True, exist_ok=True)
         self._n += 1

@@ -195,3 +195,70 @@ def test_a_listing_taken_right_after_a_change_is_checked_again(dgx_sys: Path) ->
     (counters / "late_counter").write_text("3\n")
     os.utime(counters, ns=(stamp, stamp))  # as if written within the same tick
     assert _get(col.collect().samples, "infiniband_port_stat", device="mlx5_0", counter="late_counter") == 3
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _age_dirs(root: Path, seconds: float = 3600.0) -> None:
+    """Make every directory look untouched for a while, as sysfs directories are after boot."""
+    old = time.time() - seconds
+    for d in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+        os.utime(d, (old, old))
+
+
+def test_files_stay_open_and_are_read_again_from_the_start(dgx_sys: Path) -> None:
+    """One pread per counter per collection in settled directories (sysfs regenerates a file
+    read from offset 0): a value written in place is seen; a directory whose file was replaced
+    by rename is read with open/read/close (its fds let go) until it settles; close() lets go."""
+    from podhealth.collectors import infiniband
+
+    files = sum(1 for p in (dgx_sys / "class/infiniband").rglob("*") if p.is_file())
+    base, kept0 = _open_fds(), infiniband._Kept.open_fds
+    col = create(_cfg(dgx_sys))
+    try:
+        _age_dirs(dgx_sys)
+        first = col.collect()  # first look at each directory: nothing is settled yet
+        assert _open_fds() == base
+        col.collect()  # settled now: every file is opened once and kept
+        held = _open_fds() - base
+        assert held >= 0.9 * files and infiniband._Kept.open_fds - kept0 == held
+        assert col.collect().samples == first.samples and _open_fds() - base == held
+        counters = dgx_sys / "class/infiniband/mlx5_0/ports/1/counters"
+        (counters / "symbol_error").write_text("11\n")  # in place, as the kernel's counters change
+        r = col.collect()
+        assert _get(r.samples, "infiniband_port_stat", device="mlx5_0", counter="symbol_error") == 11
+        assert _open_fds() - base == held  # nothing opened again, nothing leaked
+        tmp = counters / ".tmp"
+        tmp.write_text("12\n")
+        os.replace(tmp, counters / "symbol_error")  # replaced by rename: the directory changes
+        r = col.collect()
+        assert _get(r.samples, "infiniband_port_stat", device="mlx5_0", counter="symbol_error") == 12
+        assert r.samples == InfinibandCollector(dgx_sys).collect().samples
+        in_dir = sum(1 for _ in counters.iterdir())
+        assert _open_fds() - base == held - in_dir
+        _age_dirs(dgx_sys)
+        col.collect()
+        col.collect()
+        assert _open_fds() - base == held
+    finally:
+        col.close()
+    assert _open_fds() == base and infiniband._Kept.open_fds == kept0
+
+
+def test_kept_fds_are_capped(dgx_sys: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from podhealth.collectors import infiniband
+
+    monkeypatch.setattr(infiniband, "MAX_KEPT_FDS", infiniband._Kept.open_fds + 7)
+    base = _open_fds()
+    _age_dirs(dgx_sys)
+    col = create(_cfg(dgx_sys))
+    try:
+        for _ in range(4):
+            r = col.collect()
+        assert _open_fds() - base == 7
+        assert r.samples == InfinibandCollector(dgx_sys).collect().samples and r.errors == ()
+    finally:
+        col.close()
+    assert _open_fds() == base
