@@ -27,15 +27,19 @@ def _alive(pid: int) -> bool:
 def test_hung_probe_exits_when_its_parent_dies(tmp_path: Path) -> None:
     node = SimNode.create(tmp_path, "dgx01", "dgx-h100")
     node.inject(faults.parse(["fault=nfs-hung", "mount=/home"], time.time()))
-    # A parent that starts the probe in its own session (as the collector does) and then dies.
-    code = ("import subprocess,sys; p=subprocess.Popen(sys.argv[1:], start_new_session=True, stdin=subprocess.PIPE, "
-            "stdout=subprocess.PIPE, stderr=subprocess.DEVNULL); assert p.stdout.readline() == b'ready\\n'; "
-            "p.stdin.write(b'\\n'); p.stdin.flush(); print(p.pid, flush=True)")
-    out = subprocess.run([sys.executable, "-c", code, *node.probe_argv("/home")], capture_output=True, text=True, timeout=30)
-    pid = int(out.stdout.split()[0])
+    # A parent that starts the helper in its own session (as the collector does), asks, sees no
+    # answer for a second (the helper is hung), and then dies without stopping it.
+    code = ("import select,subprocess,sys; p=subprocess.Popen(sys.argv[1:], start_new_session=True, "
+            "stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL); "
+            "assert p.stdout.readline() == b'ready\\n'; p.stdin.write(b'\\n'); p.stdin.flush(); "
+            "hung = not select.select([p.stdout], [], [], 1.0)[0]; print(p.pid, hung, flush=True)")
+    out = subprocess.run([sys.executable, "-c", code, *node.probe_argv("/home")], capture_output=True, text=True,
+                         timeout=30)
+    pid_text, hung = out.stdout.split()
+    pid = int(pid_text)
     try:
-        assert _alive(pid)  # still "hung" right after its parent exited
-        wait_until(lambda: not _alive(pid), timeout=10, what="the orphaned probe to exit")
+        assert hung == "True"  # it did not answer while its parent lived
+        wait_until(lambda: not _alive(pid), timeout=10, what="the orphaned probe helper to exit")
     finally:
         if _alive(pid):
             os.kill(pid, 9)
