@@ -19,7 +19,7 @@ def nfs_mount(ctx: Context) -> list[CheckResult]:
         if present.get(m, 0) < 1:
             out.append(fail("nfs_mount", m, "NFS mount missing", Action.DRAIN))
         elif m in probe and probe[m].value < 1:
-            out.append(fail("nfs_mount", m, f"stat did not answer within {secs.get(m, 0):.1f}s (hung mount)",
+            out.append(fail("nfs_mount", m, f"statfs did not answer within {secs.get(m, 0):.1f}s (hung mount)",
                             Action.DRAIN, probe_seconds=secs.get(m, 0)))
         else:
             out.append(ok("nfs_mount", m, probe_seconds=round(secs.get(m, 0.0), 4)))

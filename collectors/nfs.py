@@ -28,7 +28,7 @@ _CHUNK = 256 * 1024
 
 METRICS: Mapping[str, MetricSpec] = specs(
     MetricSpec("nfs_mount_present", "gauge", "1 when a configured NFS mount is listed in mountstats."),
-    MetricSpec("nfs_probe_ok", "gauge", "1 when stat of the mount point answered in time."),
+    MetricSpec("nfs_probe_ok", "gauge", "1 when a statfs of the mount point answered in time."),
     MetricSpec("nfs_probe_seconds", "gauge", "Latency of the last probe (its timeout when it hung).", "seconds"),
     MetricSpec("nfs_read_bytes", "counter", "Bytes read through read(2) (mountstats bytes: normal read).", "bytes"),
     MetricSpec("nfs_write_bytes", "counter", "Bytes written through write(2) (mountstats bytes: normal write).", "bytes"),
