@@ -268,6 +268,24 @@ class ReportFactory:
     def body(parts: tuple[bytes, bytes], t: float) -> bytes:
         return parts[0] + repr(t).encode() + parts[1]
 
+    def live_parts(self, node: str) -> tuple[bytes, bytes, bytes]:
+        """A healthy report whose text changes every time, as a real agent's does: its nfs_mount
+        results carry the probe latency just measured as evidence (checks/nfs.py), so the results
+        text is never the one sent last time. Split around the time and that latency."""
+        marker = "0.00123456789"
+        results = [dict(r) for r in self.healthy]
+        for r in results:
+            if r["check"] == "nfs_mount":
+                r["evidence"] = {"probe_seconds": marker}
+                break
+        head, tail = self._split(node, results, "OK", "NONE")
+        mid, end = tail.split(marker.encode(), 1)
+        return head, mid, end
+
+    @staticmethod
+    def live_body(parts: tuple[bytes, bytes, bytes], t: float, probe_seconds: float) -> bytes:
+        return parts[0] + repr(t).encode() + parts[1] + f"{probe_seconds:.4f}".encode() + parts[2]
+
 
 def event_batch(node: str, seq: int, count: int, t: float) -> bytes:
     """A burst of XID 13 events (warning-level application faults): ids unique per node and seq."""
