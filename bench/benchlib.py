@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import yaml
 
@@ -80,6 +80,24 @@ def http_json(url: str, data: Any = None, token: str = "", timeout: float = 10.0
         return json.loads(r.read())
 
 
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout: float, what: str,
+                 log_tail: Callable[[], str]) -> None:
+    """Until GET url answers 200; RuntimeError (with the log tail) if proc exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{log_tail()}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not ready after {timeout:g}s:\n{log_tail()}")
+        time.sleep(0.05)
+
+
 @dataclass
 class Aggregator:
     """`podhealth aggregator` in its own process group, on 127.0.0.1:<free port>."""
@@ -120,19 +138,8 @@ class Aggregator:
         self.proc = subprocess.Popen([sys.executable, *pre, "-m", "podhealth", "aggregator", "--config", str(path)],
                                      stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True, env={**os.environ, **self.extra_env}, cwd=REPO)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"aggregator exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"aggregator not ready after {timeout}s:\n{self.log_tail()}")
-            time.sleep(0.05)
+        wait_healthy(self.proc, f"{self.url}/healthz", timeout, "aggregator", self.log_tail)
+        return self
 
     def stats(self) -> ProcStats:
         assert self.proc is not None
@@ -184,20 +191,12 @@ class FloorServer:
         self.port = self.port or free_ports(1)[0]
         self.proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "aiohttp_floor.py"), str(self.port)],
                                      stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO)
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"aiohttp_floor.py exited with {self.proc.returncode}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                self.__exit__()
-                raise RuntimeError("aiohttp_floor.py not ready after 30 s")
-            time.sleep(0.05)
+        try:
+            wait_healthy(self.proc, f"{self.url}/healthz", 30.0, "aiohttp_floor.py", lambda: "")
+        except RuntimeError:
+            self.__exit__()
+            raise
+        return self
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None and self.proc.poll() is None:
