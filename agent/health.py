@@ -39,7 +39,8 @@ CHECK_STATUS = MetricSpec("check_status", "gauge",
 NODE_HEALTH = MetricSpec("node_health", "gauge",
                          "The node's verdict (worst check): 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN; `action` is the worst FAIL action.")
 HEALTH_KEY: web.AppKey["Health"] = web.AppKey("podhealth_health")
-Transition = Callable[[CheckResult | None, CheckResult], None]
+# (old, new, evaluated at): the time is the evaluation's, as the report that follows carries it.
+Transition = Callable[[CheckResult | None, CheckResult, float], None]
 
 
 class Health:
@@ -103,7 +104,7 @@ class Health:
                               action=r.action.value, summary=r.summary)
                 for cb in self.on_transition:
                     try:
-                        cb(prev, r)
+                        cb(prev, r, now)
                     except Exception as e:  # noqa: BLE001
                         _log.warning("transition callback failed", error=repr(e))
         self.results = results

@@ -336,8 +336,9 @@ class Publisher:
     def publish_event(self, ev: Event) -> None:
         self._put({"id": ev.id, "type": "event", "time": ev.time, "event": ev.to_json()})
 
-    def publish_transition(self, old: CheckResult | None, new: CheckResult) -> None:
-        self._put({"id": uuid.uuid4().hex, "type": "transition", "time": time.time(),
+    def publish_transition(self, old: CheckResult | None, new: CheckResult, at: float | None = None) -> None:
+        """`at`: when the transition was judged (the evaluation time, as reports carry it)."""
+        self._put({"id": uuid.uuid4().hex, "type": "transition", "time": time.time() if at is None else at,
                    "old": old.to_json() if old is not None else None, "new": new.to_json()})
 
     def publish_report(self, rep: NodeReport) -> None:

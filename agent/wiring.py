@@ -2,7 +2,8 @@
 
 `install(agent)` (before `agent.start()`) installs the checks engine (/health, check_status,
 the handover endpoint) and, when configured, the publisher (verdict transitions, node reports and
-XID/SXid events pushed to the aggregator, spooled on disk while it is away) and the InfluxDB v2
+XID/SXid events pushed to the aggregator, spooled on disk while it is away), the heartbeat (the
+node's report every interval, as a small lease while nothing changed) and the InfluxDB v2
 exporter (each collector's fresh samples, once per collection).
 """
 
@@ -21,6 +22,7 @@ from podhealth.vocab import CheckResult, Event, MetricSpec
 if TYPE_CHECKING:
     from podhealth.agent.agent import Agent
     from podhealth.agent.export_influx import InfluxExporter
+    from podhealth.agent.heartbeat import Heartbeat
     from podhealth.agent.publisher import Publisher
 
 _log = log.get("podhealth.agent.wiring")
@@ -32,6 +34,7 @@ class Extras:
         self.agent = agent
         self.health = h
         self.publisher: "Publisher | None" = None
+        self.heartbeat: "Heartbeat | None" = None
         self.influx: "InfluxExporter | None" = None
         self._seen: dict[str, CollectorState] = {}
         self._report_timer: asyncio.TimerHandle | None = None
@@ -39,13 +42,14 @@ class Extras:
 
     # ---- publisher ------------------------------------------------------------------------------
 
-    def _on_transition(self, old: CheckResult | None, new: CheckResult) -> None:
+    def _on_transition(self, old: CheckResult | None, new: CheckResult, at: float) -> None:
         assert self.publisher is not None
-        self.publisher.publish_transition(old, new)
+        self.publisher.publish_transition(old, new, at)
         self._report_soon()
 
     def _report_soon(self) -> None:
-        """One full report after a burst of transitions, so the aggregator's view is whole."""
+        """One full report after a burst of transitions, so the aggregator's view is whole
+        (spooled with them, so it arrives after them, and never lost)."""
         if self._report_timer is None:
             loop = asyncio.get_running_loop()
             self._report_timer = loop.call_later(REPORT_DEBOUNCE_S, self._push_report)
@@ -56,9 +60,11 @@ class Extras:
             self.publisher.publish_report(self.health.report())
 
     async def _heartbeat(self, interval: float) -> None:
+        assert self.heartbeat is not None
         while True:
             await asyncio.sleep(interval)
-            self._push_report()
+            if self.health.evaluated_at:
+                await self.heartbeat.send(self.health.report())
 
     def _on_events(self, events: tuple[Event, ...]) -> None:
         assert self.publisher is not None
@@ -91,6 +97,8 @@ class Extras:
     async def start(self) -> None:
         if self.publisher is not None:
             await self.publisher.start()
+        if self.heartbeat is not None:
+            await self.heartbeat.start()
             self._heartbeat_task = asyncio.get_running_loop().create_task(
                 self._heartbeat(self.agent.cfg.publish.report_interval), name="report-heartbeat")
         if self.influx is not None:
@@ -102,6 +110,8 @@ class Extras:
             await asyncio.gather(self._heartbeat_task, return_exceptions=True)
         if self._report_timer is not None:
             self._report_timer.cancel()
+        if self.heartbeat is not None:
+            await self.heartbeat.stop()
         if self.publisher is not None:
             await self.publisher.stop()
         if self.influx is not None:
@@ -115,10 +125,12 @@ def install(agent: "Agent", spool_dir: Path | None = None) -> Extras:
     x = Extras(agent, h)
     cfg = agent.cfg
     if cfg.publish.aggregator_url:
+        from podhealth.agent.heartbeat import Heartbeat
         from podhealth.agent.publisher import Publisher
 
         pcfg = dataclasses.replace(cfg.publish, spool_dir=spool_dir) if spool_dir is not None else cfg.publish
         x.publisher = Publisher(pcfg, agent.node)
+        x.heartbeat = Heartbeat(pcfg, agent.node)
         h.on_transition.append(x._on_transition)
         agent.on_events.append(x._on_events)
         _log.info("pushing verdicts and events", aggregator=cfg.publish.aggregator_url, spool=str(pcfg.spool_dir))

@@ -24,7 +24,8 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.ingest_requests = Counter(P + "ingest_requests", "Ingest requests by endpoint and result "
-                                       "(ok, bad_request, unauthorized, forbidden, too_large, unavailable).",
+                                       "(ok, bad_request, unauthorized, forbidden, too_large, unavailable; conflict: a\n"
+                                       "lease the aggregator could not match, answered 409).",
                                        ["endpoint", "result"], registry=r)
         self.ingest_events = Counter(P + "ingest_events", "Ingested items by result (applied, duplicate, stale, unchanged).",
                                      ["result"], registry=r)

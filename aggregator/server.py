@@ -121,6 +121,9 @@ _ANSWERS: dict[tuple[tuple[str, Any], ...], bytes] = {}
 
 def _answer(out: dict[str, Any]) -> bytes:
     """The JSON of an ingest answer; the few distinct ones (counts) are encoded once."""
+    digest = out.pop("digest", None)
+    if digest is not None:  # one per node: splice it into the shared encoding of the counts
+        return _answer(out)[:-1] + b', "digest": "' + digest.encode() + b'"}'
     key = tuple(out.items())
     body = _ANSWERS.get(key)
     if body is None:
@@ -151,17 +154,30 @@ async def _commit(agg: Aggregator, ops: list[Any], new_ids: Sequence[str] = ()) 
 async def _reports(agg: Aggregator, request: web.Request, bound: str | None) -> dict[str, Any]:
     raw = await _raw_body(request, agg.cfg.max_body_bytes)
     try:
-        rep = ingest.read_report(raw, agg.results_memo)
+        rep = ingest.read_posted(raw, agg.results_memo)
     except ingest.BadRequest as e:
         raise _Reject(400, "bad_request", str(e)) from None
     _check_node(agg, rep.node, bound)
-    assert agg.mem is not None
-    applied, ops = ingest.apply_report(agg.mem, rep, agg.clock())
-    agg.remember_results(rep)
+    mem = agg.mem
+    assert mem is not None
+    if isinstance(rep, ingest.Lease):
+        leased, ops = ingest.apply_lease(mem, rep, agg.clock())
+        if leased is None:
+            raise _Reject(409, "conflict", f"no full report of {rep.node} with digest {rep.digest} here: "
+                                           "send the full report")
+        applied = leased
+    else:
+        applied, ops = ingest.apply_report(mem, rep, agg.clock())
+        agg.remember_results(rep)
     _count(agg, applied)
     if ops:
         await _commit(agg, ops)
-    return applied.to_json()
+    out = applied.to_json()
+    rec = mem.nodes.get(rep.node)
+    if not applied.stale and rec is not None and rec.fp:
+        # What a lease must name to stand for this report (see ingest.Lease).
+        out["digest"] = ingest.digest_of(rec.fp)
+    return out
 
 
 async def _events(agg: Aggregator, request: web.Request, bound: str | None) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import types
 from dataclasses import dataclass, field, replace
-from typing import Iterable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 from podhealth.vocab import Action, Status
 
@@ -51,7 +51,8 @@ class NodeRec:
     last_seen: float = 0.0
     status: Status = Status.UNKNOWN
     report_time: float = 0.0
-    fp: int = 0  # fingerprint of the last report's verdicts, to skip unchanged reports cheaply
+    fp: int = 0  # fingerprint of the last report's verdicts, to skip unchanged reports cheaply; 0 = none
+    verdict_time: float = 0.0  # agent time of the newest transition applied (memory only)
     fence: FenceMode = FenceMode.NONE
     fence_reason: str = ""
     fenced_at: float = 0.0
@@ -192,21 +193,15 @@ class Memory:
         """A full verdict set from the agent (OK results may be left out when `fp`, the
         fingerprint of all of them, is given). Returns ("applied"|"unchanged"|"stale", ops)."""
         rec, ops = self.ensure_node(node, now)
-        if report_time <= rec.report_time:
+        if self._stale(rec, report_time):
             return "stale", ops
-        rec.report_time = report_time
-        rec.last_seen = now
-        ops += self._reachable(rec, now)
         if fp is None:
             fp = hash(tuple((v.check, v.entity, v.status.value, v.action.value) for v in verdicts))
         if fp == rec.fp:
-            # Same verdicts as last time: only say "seen again" (the breaker reset needs it).
-            for key in self.by_node.get(node, ()):
-                c = self.conditions[key]
-                if c.source == "agent":
-                    self.conditions[key] = replace(c, observed=now)
-            rec.seen_dirty = True
-            return "unchanged", ops + self._status(rec, now)
+            return "unchanged", ops + self._seen_unchanged(rec, report_time, now)
+        rec.report_time = report_time
+        rec.last_seen = now
+        ops += self._reachable(rec, now)
         rec.fp = fp
         bad = {(v.check, v.entity): v for v in verdicts if v.status is not Status.OK}
         for (check, entity), v in bad.items():
@@ -221,6 +216,40 @@ class Memory:
         rec.seen_dirty = False
         return "applied", ops
 
+    def apply_lease(self, node: str, digest: str, report_time: float, now: float,
+                    digest_of: Callable[[int], str]) -> tuple[str, list[Op]]:
+        """The node's verdicts are still those of the full report whose fingerprint gave `digest`.
+
+        "conflict" (and nothing changes) when this memory has no such report for the node: it
+        never had one, restarted since, or took an agent transition after it (which may have
+        opened or closed a condition the report did not), so only a full report can say how
+        things are. Otherwise "unchanged" or "stale", exactly as for a full report.
+        """
+        rec = self.nodes.get(node)
+        if rec is None or not rec.fp or digest_of(rec.fp) != digest:
+            return "conflict", []
+        if self._stale(rec, report_time):
+            return "stale", []
+        return "unchanged", self._seen_unchanged(rec, report_time, now)
+
+    @staticmethod
+    def _stale(rec: NodeRec, report_time: float) -> bool:
+        # Older than the last report, or than a transition already applied: the transition went
+        # through the agent's spool and a heartbeat did not, so they can arrive in either order.
+        return report_time <= rec.report_time or report_time < rec.verdict_time
+
+    def _seen_unchanged(self, rec: NodeRec, report_time: float, now: float) -> list[Op]:
+        """Same verdicts as last time: only say "seen again" (the breaker reset needs it)."""
+        rec.report_time = report_time
+        rec.last_seen = now
+        ops = self._reachable(rec, now)
+        for key in self.by_node.get(rec.name, ()):
+            c = self.conditions[key]
+            if c.source == "agent":
+                self.conditions[key] = replace(c, observed=now)
+        rec.seen_dirty = True
+        return ops + self._status(rec, now)
+
     def apply_verdict(self, node: str, v: Verdict, event_time: float, now: float, source: Source = "agent",
                       ref: str = "", severity: str | None = None) -> tuple[str, list[Op]]:
         """One verdict change (an agent's transition, an alert firing or resolving)."""
@@ -228,6 +257,8 @@ class Memory:
         if source == "agent":
             if event_time < rec.report_time:
                 return "stale", ops  # a newer full report already said how things are
+            rec.verdict_time = max(rec.verdict_time, event_time)
+            rec.fp = 0  # the last report no longer describes the node: no lease or "unchanged" until a new one
             rec.last_seen = max(rec.last_seen, now)
             rec.seen_dirty = True
             ops += self._reachable(rec, now)

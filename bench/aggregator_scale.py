@@ -2,20 +2,25 @@
 """One aggregator, 10,000 simulated nodes reporting every 10 s, plus bursts of events (prints figures).
 
     python bench/aggregator_scale.py [--quick] [--nodes 10000] [--interval 10] [--duration 60]
-                                     [--burst-duration 30] [--live-duration 30] [--concurrency 128]
-                                     [--floor-duration 30]
+                                     [--full-interval 300] [--burst-duration 30] [--full-duration 30]
+                                     [--concurrency 128] [--floor-duration 30]
 
-The nodes are lightweight report generators, not agents: each sends the NodeReport JSON a
-healthy DGX H100 agent sends (~60 verdicts, ~8 KB) to POST /v1/reports every `interval`
-seconds, evenly spread, from this process (asyncio + aiohttp, bounded concurrency), against one
-`podhealth aggregator` subprocess (SQLite in a temp directory, dry-run fencer, cluster token).
+The nodes are lightweight report generators, not agents, that speak the agent's heartbeat
+protocol (agent/heartbeat.py) to POST /v1/reports every `interval` seconds, evenly spread: the
+full report of a healthy DGX H100 (the simulated agent's 106 results, ~16 KB, with live readings
+-- GPU temperatures, NFS probe time and RTT, request counts -- so no two are alike) when the
+node has no digest from the aggregator or its last full report is `full-interval` old, and a
+lease (~230 bytes) naming that digest otherwise. They run in this process (asyncio + aiohttp,
+bounded concurrency) against one `podhealth aggregator` subprocess (SQLite in a temp
+directory, dry-run fencer, cluster token).
 
-Phases: (1) first contact: every node reports once, as fast as the aggregator takes it (each
-one creates its node row); (2) steady: reports at N/interval per second for `duration` s;
-(3) bursts: the same reports, and every 2 s, 1% of the nodes also post a batch of 20 events;
-(4) live evidence: reports whose results text differs every time (one result's evidence is a
-just-measured latency, as a real agent's NFS results are), so no report is recognised as the
-node's last one and each is decoded and validated in full. Phases 2-3 are the best case.
+Phases: (1) first contact: every node sends its full report, as fast as the aggregator takes
+them (each one creates its node row); the nodes' last full reports are then spread over the
+past `full-interval`, as in a fleet that has run a while; (2) steady: N/interval reports per
+second for `duration` s (one in full-interval/interval a full report); (3) bursts: the same,
+and every 2 s 1% of the nodes also post a batch of 20 events; (4) every heartbeat a full
+report: what the aggregator pays per report without leases. The peer, aiohttp doing nothing
+on the same loop (bench/aiohttp_floor.py), takes the steady load just before and after (2).
 Printed per phase: achieved rate, aggregator CPU per request (utime+stime deltas from
 /proc/<pid>/stat), client-side latency p50/p99; at the end the SQLite size (db + WAL) and the
 aggregator's RSS. Targets (issue 8): <= 200 us CPU per report, p99 <= 50 ms at 1,000 reports/s,
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import random
 import sys
 import time
@@ -52,24 +58,34 @@ class Phase:
     events: int = 0
     errors: int = 0
     late: int = 0  # sends that started more than one interval-slot late (the generator fell behind)
+    full: int = 0  # of the reports: full ones
+    leases: int = 0  # of the reports: leases
+    conflicts: int = 0  # leases answered 409 (then sent in full: both counted in reports)
     wall: float = 0.0
     cpu: float = 0.0
     client_cpu: float = 0.0  # this process (the load generator)
 
 
 class Load:
-    def __init__(self, url: str, nodes: list[str], concurrency: int) -> None:
+    """10,000 nodes' heartbeats, sent as agent/heartbeat.py sends them: the full report (live
+    readings in it, so never the same text twice) when the node has no digest from the
+    aggregator or its last full report is `full_interval` old, a lease naming that digest
+    otherwise, the full report again at once when a lease is refused (409)."""
+
+    def __init__(self, url: str, nodes: list[str], concurrency: int, full_interval: float) -> None:
         self.url = url
         self.nodes = nodes
+        self.full_interval = full_interval
         self.factory = ReportFactory()
-        self.parts = {n: self.factory.healthy_parts(n) for n in nodes}
-        self.live_parts = {n: self.factory.live_parts(n) for n in nodes}
-        self.live = False  # send live_body (results text changing every report, as real agents do)
+        self.template = self.factory.live_template()  # the node's name is a slot too
+        self.all_full = False  # every heartbeat a full report (what a fleet without leases sends)
         self.rng = random.Random(3)
         self.sem = asyncio.Semaphore(concurrency)
         self.headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
         self.session: aiohttp.ClientSession | None = None
         self.last_time: dict[str, float] = {}
+        self.digest: dict[str, str] = {}
+        self.full_at: dict[str, float] = {}
         self.event_seq = 0
         self.idle_cpu_rate = 0.0  # aggregator CPU seconds per second with no requests
 
@@ -82,30 +98,59 @@ class Load:
         assert self.session is not None
         await self.session.close()
 
+    def steady_state(self, digest: str | None = None) -> None:
+        """Spread the nodes' last full reports evenly over the past `full_interval`, as they are in
+        a fleet that has run for a while (first contact made them all at the same moment)."""
+        now = time.monotonic()
+        for n in self.nodes:
+            if digest is not None:
+                self.digest[n] = digest
+            self.full_at[n] = now - self.rng.uniform(0, self.full_interval)
+
     def _time(self, node: str) -> float:
         # Report times must increase per node (an equal one is "stale" and skipped).
         t = max(time.time(), self.last_time.get(node, 0.0) + 1e-3)
         self.last_time[node] = t
         return t
 
-    async def report(self, node: str, phase: Phase) -> None:
+    def _full(self, node: str) -> bytes:
+        return self.template.render([json.dumps(node)] + self.factory.live_values(self._time(node), self.rng))
+
+    async def _post(self, body: bytes, phase: Phase) -> tuple[int, bytes]:
         assert self.session is not None
+        t0 = time.perf_counter()
+        try:
+            async with self.session.post(f"{self.url}/v1/reports", data=body, headers=self.headers) as r:
+                answer = await r.read()
+                status = r.status
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            status, answer = 0, b""
+        phase.latencies.append(time.perf_counter() - t0)
+        phase.reports += 1
+        return status, answer
+
+    async def report(self, node: str, phase: Phase) -> None:
         async with self.sem:
-            if self.live:
-                body = ReportFactory.live_body(self.live_parts[node], self._time(node), 0.001 + self.rng.random() / 100)
-            else:
-                body = ReportFactory.body(self.parts[node], self._time(node))
-            t0 = time.perf_counter()
-            try:
-                async with self.session.post(f"{self.url}/v1/reports", data=body, headers=self.headers) as r:
-                    await r.read()
-                    ok = r.status == 200
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                ok = False
-            phase.latencies.append(time.perf_counter() - t0)
-            phase.reports += 1
-            if not ok:
+            digest = self.digest.get(node)
+            if (not self.all_full and digest is not None
+                    and time.monotonic() - self.full_at.get(node, 0.0) < self.full_interval):
+                status, _ = await self._post(ReportFactory.lease(node, self._time(node), digest), phase)
+                phase.leases += 1
+                if status == 200:
+                    return
+                if status != 409:
+                    phase.errors += 1
+                    return
+                phase.conflicts += 1
+            status, answer = await self._post(self._full(node), phase)
+            phase.full += 1
+            if status != 200:
                 phase.errors += 1
+                return
+            got = json.loads(answer).get("digest")
+            if isinstance(got, str):
+                self.digest[node] = got
+            self.full_at[node] = time.monotonic()
 
     async def events(self, node: str, count: int, phase: Phase) -> None:
         assert self.session is not None
@@ -177,7 +222,9 @@ def show(phase: Phase, target_rate: float | None, idle_rate: float = 0.0) -> Non
     requests = phase.reports + phase.event_posts
     cpu_us = phase.cpu / requests * 1e6 if requests else float("nan")
     p50, p99 = percentile(phase.latencies, 50) * 1e3, percentile(phase.latencies, 99) * 1e3
-    print(f"\n[{phase.name}] {phase.reports} reports in {phase.wall:.1f} s = {rate:.0f} reports/s"
+    mix = (f"; {phase.full} full, {phase.leases} leases" + (f", {phase.conflicts} refused" if phase.conflicts else "")
+           if phase.leases else "")
+    print(f"\n[{phase.name}] {phase.reports} reports in {phase.wall:.1f} s = {rate:.0f} reports/s{mix}"
           + (f" (asked {target_rate:.0f}/s)" if target_rate else "")
           + (f", {phase.event_posts} event batches ({phase.events} events)" if phase.event_posts else "")
           + (f", {phase.errors} errors" if phase.errors else "")
@@ -199,7 +246,8 @@ async def floor_phase(args: argparse.Namespace, nodes: list[str], when: str) -> 
     Run just before and just after the aggregator's steady phase, because this machine's speed
     drifts by tens of percent over minutes and only figures taken side by side compare."""
     with FloorServer() as fl:
-        async with Load(fl.url, nodes, args.concurrency) as load:
+        async with Load(fl.url, nodes, args.concurrency, args.full_interval) as load:
+            load.steady_state(digest="0123456789abcdef")  # what the peer answers to a full report
             phase = await run_phase(load, fl, f"peer ({when}): aiohttp doing nothing, same load",  # type: ignore[arg-type]
                                     lambda p: load.steady(p, args.interval, args.floor_duration / 2, False))
     show(phase, args.nodes / args.interval)
@@ -210,23 +258,26 @@ async def main_async(args: argparse.Namespace, agg: Aggregator) -> list[Phase]:
     nodes = node_names(args.nodes)
     rate = args.nodes / args.interval
     phases: list[Phase] = []
-    async with Load(agg.url, nodes, args.concurrency) as load:
-        # The generator's own full GC passes (10,000 nodes' report parts) would stall its event
-        # loop for tens of ms and show up as "aggregator latency": keep what exists now out of them.
+    async with Load(agg.url, nodes, args.concurrency, args.full_interval) as load:
+        # The generator's own full GC passes (10,000 nodes' state) would stall its event loop for
+        # tens of ms and show up as "aggregator latency": keep what exists now out of them.
         gc.collect()
         gc.freeze()
-        phases.append(await run_phase(load, agg, "first contact: every node reports once, flat out",
+        phases.append(await run_phase(load, agg, "first contact: every node sends its full report, flat out",
                                       load.first_contact))
         show(phases[-1], None)
         idle = await run_phase(load, agg, "idle", lambda p: asyncio.sleep(5.0))
         print(f"\n[idle, {args.nodes} nodes known] aggregator CPU {idle.cpu / idle.wall * 100:.1f}% of one core "
               "(its decide/housekeeping loops; included in the per-request figures below)")
         load.idle_cpu_rate = idle.cpu / idle.wall
+        load.steady_state()
         floor: list[Phase] = []
         if args.floor_duration > 0:
             floor.append(await floor_phase(args, nodes, "before"))
-        phases.append(await run_phase(load, agg, f"steady: {args.nodes} nodes every {args.interval:g} s",
-                                      lambda p: load.steady(p, args.interval, args.duration, False)))
+        phases.append(await run_phase(
+            load, agg, f"steady: {args.nodes} nodes every {args.interval:g} s, full report every "
+                       f"{args.full_interval:g} s, leases between (as agents send them)",
+            lambda p: load.steady(p, args.interval, args.duration, False)))
         show(phases[-1], rate, load.idle_cpu_rate)
         if args.floor_duration > 0:
             floor.append(await floor_phase(args, nodes, "after"))
@@ -235,14 +286,13 @@ async def main_async(args: argparse.Namespace, agg: Aggregator) -> list[Phase]:
             phases.append(await run_phase(load, agg, "steady + event bursts (1% of nodes x 20 events every 2 s)",
                                           lambda p: load.steady(p, args.interval, args.burst_duration, True)))
             show(phases[-1], rate, load.idle_cpu_rate)
-        if args.live_duration > 0:
-            load.live = True
+        if args.full_duration > 0:
+            load.all_full = True
             phases.append(await run_phase(
-                load, agg, "steady, live evidence: every report's results text differs from the last, as a real "
-                "agent's does (its NFS probe latency)",
-                lambda p: load.steady(p, args.interval, args.live_duration, False)))
+                load, agg, "every heartbeat a full report (live readings: no two alike), no leases",
+                lambda p: load.steady(p, args.interval, args.full_duration, False)))
             show(phases[-1], rate, load.idle_cpu_rate)
-            args.live_phase = phases[-1]
+            args.full_phase = phases[-1]
     return phases
 
 
@@ -254,16 +304,19 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of the steady phase")
     ap.add_argument("--burst-duration", type=float, default=30.0, help="seconds of the burst phase (0 = skip)")
     ap.add_argument("--concurrency", type=int, default=128, help="requests in flight at most")
-    ap.add_argument("--live-duration", type=float, default=30.0,
-                    help="seconds of a steady phase whose reports change every time, as real agents' do (0 = skip)")
+    ap.add_argument("--full-interval", type=float, default=300.0,
+                    help="seconds between a node's full reports while its verdicts do not change "
+                         "(the agent's publish.full_report_interval)")
+    ap.add_argument("--full-duration", type=float, default=30.0,
+                    help="seconds of a phase where every heartbeat is a full report (0 = skip)")
     ap.add_argument("--floor-duration", type=float, default=30.0,
                     help="seconds of the peer (aiohttp doing nothing), half before and half after steady (0 = skip)")
     args = ap.parse_args()
     if args.quick:
         args.nodes, args.duration, args.burst_duration, args.floor_duration = 1000, 15.0, 10.0, 10.0
-        args.live_duration = 10.0
-    if args.nodes < 1 or args.interval <= 0 or args.duration <= 0:
-        ap.error("--nodes, --interval and --duration must be positive")
+        args.full_duration = 10.0
+    if args.nodes < 1 or args.interval <= 0 or args.duration <= 0 or args.full_interval <= 0:
+        ap.error("--nodes, --interval, --duration and --full-interval must be positive")
     print(f"aggregator_scale: {args.nodes} nodes x 1 report / {args.interval:g} s = "
           f"{args.nodes / args.interval:.0f} reports/s; concurrency {args.concurrency}")
     with workdir("ph-aggscale-") as wd:
@@ -283,7 +336,7 @@ def main() -> int:
         rate = steady.reports / steady.wall
         print(f"\nSQLite {db / 2**20:.1f} MiB (of which WAL {wal / 2**20:.1f} MiB) for {args.nodes} nodes; aggregator RSS {end.rss_mib:.0f} MiB "
               f"(peak {end.peak_rss_mib:.0f} MiB); run took {total:.0f} s")
-        print("\nSummary (steady phase):")
+        print(f"\nSummary (steady phase: {steady.full} full reports, {steady.leases} leases):")
         print(f"  CPU per report  {cpu_us:7.0f} us   target <= 200 us    ratio {cpu_us / 200:.2f}  {verdict(cpu_us <= 200)}")
         floor = getattr(args, "floor", [])
         if floor:
@@ -291,13 +344,11 @@ def main() -> int:
             f_us = sum(p.cpu for p in floor) / f_req * 1e6 if f_req else float("nan")
             print(f"  peer: aiohttp doing nothing {f_us:5.0f} us per request (same loop, same load, side by side); "
                   f"the aggregator costs {cpu_us / f_us:.2f}x that, {cpu_us - f_us:.0f} us of its own work per report")
-        live = getattr(args, "live_phase", None)
-        if live is not None:
-            l_req = live.reports + live.event_posts
-            l_us = live.cpu / l_req * 1e6 if l_req else float("nan")
-            print(f"  CPU per report  {l_us:7.0f} us   with live evidence (no report the same as the last, as real "
-                  f"agents send today)   ratio {l_us / 200:.2f}  {verdict(l_us <= 200)}; p99 "
-                  f"{percentile(live.latencies, 99) * 1e3:.1f} ms")
+        full = getattr(args, "full_phase", None)
+        if full is not None:
+            f_us = full.cpu / full.reports * 1e6 if full.reports else float("nan")
+            print(f"  CPU per report  {f_us:7.0f} us   when every heartbeat is a full report (no leases; live "
+                  f"readings make each one new)   p99 {percentile(full.latencies, 99) * 1e3:.1f} ms")
         print(f"  p99 latency     {p99:7.1f} ms   target <= 50 ms at {rate:.0f}/s   ratio {p99 / 50:.2f}  "
               f"{verdict(p99 <= 50)}")
         print(f"  RSS (peak)      {end.peak_rss_mib:7.0f} MiB  target <= 300 MiB   ratio {end.peak_rss_mib / 300:.2f}  "

@@ -4,7 +4,7 @@
     python bench/aiohttp_floor.py PORT
 
 POST /v1/reports reads the body and answers what the aggregator answers to an unchanged
-report; GET /healthz says ok. Same aiohttp, same loop choice (podhealth.aioloop, so
+report or a lease it takes (digest included); GET /healthz says ok. Same aiohttp, same loop choice (podhealth.aioloop, so
 PODHEALTH_EVENT_LOOP applies), no access log: what is left of the aggregator's CPU per report
 above this server's is podhealth's own work (auth, parsing, state, metrics).
 """
@@ -18,7 +18,7 @@ from aiohttp import web
 
 from podhealth import aioloop
 
-ANSWER = b'{"applied":0,"duplicate":0,"stale":0,"unchanged":1}'
+ANSWER = b'{"applied":0,"duplicate":0,"stale":0,"unchanged":1,"digest":"0123456789abcdef"}'
 HEADERS = {"Content-Type": "application/json; charset=utf-8"}
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -208,31 +209,67 @@ class FloorServer:
 # ---- lightweight report generators ------------------------------------------------------------
 
 GPUS = 8
-HCAS = 8
-MOUNTS = ("/home", "/cm/shared")
+HCAS = 10  # a DGX H100: 8 compute ports and 2 storage ports
+MOUNTS = ("/cm/shared", "/home")
+SINCE = 1796010487.036734
 
 
 def _result(check: str, entity: str, status: str = "OK", action: str = "NONE", summary: str = "",
-            evidence: dict[str, str] | None = None, since: float = 0.0) -> dict[str, Any]:
+            evidence: dict[str, str] | None = None, since: float = SINCE) -> dict[str, Any]:
     return {"check": check, "status": status, "entity": entity, "evidence": evidence or {}, "action": action,
             "since": since, "summary": summary}
 
 
+def _uuid(g: int) -> str:
+    return f"GPU-{g:08x}-e3dc-19d1-7764-b3ad92015ff8"
+
+
 def healthy_results() -> list[dict[str, Any]]:
-    """What a healthy DGX H100 agent reports: about 60 verdicts, ~8 KB of JSON."""
-    out: list[dict[str, Any]] = []
-    for g in range(GPUS):
-        ent = f"gpu{g}"
-        for check in ("gpu_present", "gpu_ecc", "gpu_row_remap", "gpu_thermal", "gpu_clocks", "gpu_pcie", "xid",
-                      "nvlink"):
-            out.append(_result(check, ent, evidence={"uuid": f"GPU-{g:08x}-0000-0000-0000-000000000000"}))
-    for h in range(HCAS):
-        out.append(_result("ib_port", f"mlx5_{h}:1", evidence={"rate": "400 Gb/sec (4X NDR)", "state": "ACTIVE"}))
+    """What a healthy DGX H100 agent reports: the simulated agent's 106 results (check, entity,
+    evidence and summary as it sends them; captured from `/health`), ~16 KB of JSON."""
+    out = [_result("gpu_count", "node", evidence={"visible": "8", "expected": "8"})]
+    per_gpu: list[tuple[str, dict[str, str], str]] = [
+        ("gpu_lost", {}, ""), ("xid", {"uuid": ""}, "no XID in the window"), ("ecc", {"uncorrected_volatile": "0"}, ""),
+        ("row_remap", {"uncorrectable_remaps": "0", "uuid": ""}, ""),
+        ("pcie", {"gen": "5", "width": "16", "expected": "gen5 x16"}, ""), ("clocks", {"reasons": "gpu_idle"}, ""),
+        ("temperature", {"gpu_c": "36.0", "memory_c": "41.0"}, ""), ("fabric", {"state": "completed"}, ""),
+        ("persistence", {}, "")]
+    for check, ev, summary in per_gpu:
+        for g in range(GPUS):
+            out.append(_result(check, f"gpu{g}", summary=summary,
+                               evidence={k: (_uuid(g) if k == "uuid" else v) for k, v in ev.items()}))
+    out.append(_result("driver", "node", evidence={"driver": "565.57.01", "minimum": "535.104.05"}))
+    out += [_result("nvlink", f"gpu{g}", evidence={"links_up": "18", "expected": "18"}) for g in range(GPUS)]
+    out += [_result("ib_port", f"mlx5_{h}/1", evidence={"state": "ACTIVE", "phys_state": "LinkUp"}) for h in range(HCAS)]
+    out += [_result("ib_errors", f"mlx5_{h}/1") for h in range(HCAS)]
     for m in MOUNTS:
-        out.append(_result("nfs_mount", m))
-    for check in ("fabricmanager", "persistenced", "driver_version", "host_units"):
-        out.append(_result(check, "node"))
+        out.append(_result("nfs_mount", m, evidence={"probe_seconds": "0.0011"}))
+        out.append(_result("nfs_latency", m, evidence={"avg_rtt_ms": "0.56", "retrans_per_min": "0.0",
+                                                         "requests": "1412"}))
     return out
+
+
+# Evidence that is a reading taken at evaluation time (a real agent's changes in every report).
+LIVE_READINGS = {"temperature": ("gpu_c", "memory_c"), "nfs_mount": ("probe_seconds",),
+                 "nfs_latency": ("avg_rtt_ms", "requests")}
+
+
+class Template:
+    """A JSON document with some string values left open: render() fills them, one join."""
+
+    def __init__(self, doc: Any, marker: str = "\u0000slot\u0000") -> None:
+        text = json.dumps(doc, separators=(",", ":"))
+        quoted = json.dumps(marker)
+        self.parts = [p.encode() for p in text.split(quoted)]
+        self.slots = len(self.parts) - 1
+
+    def render(self, values: list[str]) -> bytes:
+        assert len(values) == self.slots, (len(values), self.slots)
+        out = [self.parts[0]]
+        for v, part in zip(values, self.parts[1:]):
+            out.append(v.encode())
+            out.append(part)
+        return b"".join(out)
 
 
 class ReportFactory:
@@ -243,11 +280,15 @@ class ReportFactory:
         self.version = version
         self.healthy = healthy_results()
 
+    def _doc(self, node: str, results: list[dict[str, Any]], status: str, action: str, t: Any) -> dict[str, Any]:
+        return {"node": node, "agent_version": self.version, "profile": self.profile, "status": status,
+                "action": action, "time": t, "staleness": {"host": 9.311, "infiniband": 9.268, "kmsg": 0.333,
+                                                           "nfs": 9.328, "nvlink": 9.219, "nvml": 9.279},
+                "results": results}
+
     def _split(self, node: str, results: list[dict[str, Any]], status: str, action: str) -> tuple[bytes, bytes]:
         marker = 1234567890.123456
-        doc = {"node": node, "agent_version": self.version, "profile": self.profile, "status": status,
-               "action": action, "time": marker, "staleness": {"nvml": 0.4, "kmsg": 0.1}, "results": results}
-        text = json.dumps(doc, separators=(",", ":"))
+        text = json.dumps(self._doc(node, results, status, action, marker), separators=(",", ":"))
         head, tail = text.split(repr(marker), 1)
         return head.encode(), tail.encode()
 
@@ -267,23 +308,39 @@ class ReportFactory:
     def body(parts: tuple[bytes, bytes], t: float) -> bytes:
         return parts[0] + repr(t).encode() + parts[1]
 
-    def live_parts(self, node: str) -> tuple[bytes, bytes, bytes]:
-        """A healthy report whose text changes every time, as a real agent's does: its nfs_mount
-        results carry the probe latency just measured as evidence (checks/nfs.py), so the results
-        text is never the one sent last time. Split around the time and that latency."""
-        marker = "0.00123456789"
+    SLOT = "\u0000slot\u0000"
+
+    def live_template(self, node: str = SLOT) -> Template:
+        """A healthy node's full report with its time and live readings (LIVE_READINGS) open
+        (and its name, by default): as a real agent's, its results text is never the same twice."""
+        slot = self.SLOT
         results = [dict(r) for r in self.healthy]
         for r in results:
-            if r["check"] == "nfs_mount":
-                r["evidence"] = {"probe_seconds": marker}
-                break
-        head, tail = self._split(node, results, "OK", "NONE")
-        mid, end = tail.split(marker.encode(), 1)
-        return head, mid, end
+            keys = LIVE_READINGS.get(r["check"], ())
+            if keys:
+                r["evidence"] = {k: (slot if k in keys else v) for k, v in r["evidence"].items()}
+        doc = self._doc(node, results, "OK", "NONE", slot)
+        return Template(doc, slot)
 
     @staticmethod
-    def live_body(parts: tuple[bytes, bytes, bytes], t: float, probe_seconds: float) -> bytes:
-        return parts[0] + repr(t).encode() + parts[1] + f"{probe_seconds:.4f}".encode() + parts[2]
+    def live_values(t: float, rng: random.Random) -> list[str]:
+        """The time, then readings in document order: temperatures, probe seconds, RTTs, counts."""
+        vals = [repr(t)]
+        readings: list[str] = []
+        for _ in range(GPUS):
+            readings += [f'"{rng.uniform(30, 45):.1f}"', f'"{rng.uniform(35, 50):.1f}"']
+        for _ in MOUNTS:
+            readings += [f'"{rng.uniform(0.0008, 0.004):.4f}"', f'"{rng.uniform(0.4, 0.9):.2f}"',
+                         f'"{rng.randrange(1000, 10**7)}"']
+        return vals + readings
+
+    @staticmethod
+    def lease(node: str, t: float, digest: str) -> bytes:
+        """What agent/heartbeat.py sends while the node's verdicts are those of its last full report."""
+        return json.dumps({"node": node, "time": t, "digest": digest, "agent_version": "0.1.0",
+                           "profile": "dgx-h100", "status": "OK", "action": "NONE",
+                           "staleness": {"host": 9.311, "infiniband": 9.268, "kmsg": 0.333, "nfs": 9.328,
+                                         "nvlink": 9.219, "nvml": 9.279}}, separators=(",", ":")).encode()
 
 
 def event_batch(node: str, seq: int, count: int, t: float) -> bytes:

@@ -152,7 +152,11 @@ class PublishConfig:
     timeout: Seconds = doc("Seconds per push request.", 5.0)
     report_interval: Seconds = doc(
         "Seconds between full node reports pushed as a heartbeat (transitions are pushed at once;\n"
-        "a full report also retires checks that disappeared, e.g. start-up placeholders).", 30.0)
+        "a full report also retires checks that disappeared, e.g. start-up placeholders).\n"
+        "While no verdict changes, a heartbeat is a small lease naming the last full report.", 30.0)
+    full_report_interval: Seconds = doc(
+        "Seconds after which a heartbeat carries the full report even though no verdict changed,\n"
+        "so the evidence the aggregator shows stays this fresh.", 300.0)
 
 
 @dataclass(frozen=True)

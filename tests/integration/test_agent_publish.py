@@ -1,5 +1,6 @@
 """The running agent pushes to the aggregator: every transition, a full report right after a burst
-of transitions and as a heartbeat, and XID events — received here by a real HTTP endpoint."""
+of transitions, XID events (all spooled, to /v1/events), and a heartbeat to /v1/reports that is
+a small lease while no verdict changed — received here by a real HTTP endpoint."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 class Sink(ThreadingHTTPServer):
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
+        self.beats: list[dict[str, Any]] = []  # heartbeats: full reports and leases
         self.auth: set[str] = set()
         outer = self
 
@@ -28,11 +30,17 @@ class Sink(ThreadingHTTPServer):
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.auth.add(self.headers.get("Authorization", ""))
-                outer.records.extend(body["events"])
+                answer: dict[str, Any] = {"applied": 1}
+                if self.path == "/v1/reports":
+                    outer.beats.append(body)
+                    if "results" in body:  # name each full report after its position
+                        answer["digest"] = f"{len(outer.beats):016x}"
+                else:
+                    outer.records.extend(body["events"])
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()
-                self.wfile.write(b'{"applied": 1}')
+                self.wfile.write(json.dumps(answer).encode())
 
             def log_message(self, *a: object) -> None:
                 pass
@@ -56,8 +64,7 @@ def test_transitions_reports_heartbeat_and_events(tmp_path: Path) -> None:
                      tmp_path, port=port, ready=lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200, ready_timeout=60):
             wait_until(lambda: any(len(r["report"]["results"]) > 100 for r in sink.of("report")), 30, 0.2,
                        "a full report of every check")
-            n = len(sink.of("report"))
-            wait_until(lambda: len(sink.of("report")) >= n + 2, 15, 0.2, "heartbeat reports")
+            wait_until(lambda: len(sink.beats) >= 3, 15, 0.2, "heartbeats")
             subprocess.run([sys.executable, "-m", "podhealth", "simulate", "inject", "dgx05", "xid=79", "gpu=2",
                             "--root", str(tmp_path / "sim")], check=True, capture_output=True, timeout=60)
             wait_until(lambda: any(r.get("event", {}).get("code") == 79 for r in sink.of("event")), 20, 0.2, "the XID event")
@@ -65,8 +72,26 @@ def test_transitions_reports_heartbeat_and_events(tmp_path: Path) -> None:
                                    for r in sink.of("transition")), 20, 0.2, "the xid FAIL transition")
             latest = sink.of("report")[-1]["report"]
             wait_until(lambda: sink.of("report")[-1]["report"]["status"] == "FAIL", 10, 0.2, "a report saying FAIL")
+            n = len(sink.beats)
+            wait_until(lambda: len(sink.beats) >= n + 2, 15, 0.2, "heartbeats after the fault")
     finally:
         sink.shutdown()
+    # A heartbeat is the full report when verdicts changed since the last one (start-up, the
+    # fault), otherwise a lease naming the last full report (its digest here: its position).
+    assert "results" in sink.beats[0]
+    last_full = 0
+    for i, b in enumerate(sink.beats, 1):
+        if "results" in b:
+            last_full = i
+        else:
+            assert b["digest"] == f"{last_full:016x}" and b["node"] == "dgx05", (i, b)
+    full = [i for i, b in enumerate(sink.beats) if "results" in b]
+    assert len(full) < len(sink.beats), "leases while nothing changed"
+    assert sink.beats[full[-1]]["status"] == "FAIL" and len(sink.beats[full[-1]]["results"]) > 100
+    after = sink.beats[full[-1] + 1:]
+    assert after and all(b["status"] == "FAIL" for b in after)
+    lease = next(b for b in sink.beats if "results" not in b)
+    assert len(json.dumps(lease)) < len(json.dumps(sink.beats[full[-1]])) / 20
     assert sink.auth == {"Bearer t0k"}
     assert latest["node"] == "dgx05"
     ids = [r["id"] for r in sink.records]

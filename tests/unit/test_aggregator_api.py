@@ -94,6 +94,18 @@ async def test_bad_requests_are_refused_and_change_nothing(tmp_path: Path) -> No
             ("/v1/alertmanager", {"alerts": [{"status": "maybe", "labels": {"node": "dgx01", "alertname": "A"}}]},
              "ctok", None, 400, "alerts[0].status: expected firing or resolved"),
             ("/v1/alertmanager", {"alerts": []}, "n1tok", None, 401, "node token cannot post alerts"),
+            ("/v1/reports", {"node": "dgx01", "time": 1, "digest": "DEADBEEF"}, "ctok", None, 400,
+             "lease.digest: expected the 16 hex digits"),
+            ("/v1/reports", {"node": "dgx01", "digest": "0123456789abcdef"}, "ctok", None, 400,
+             "lease.time: expected a number"),
+            ("/v1/reports", {"node": "dgx01", "time": 1, "digest": "0123456789abcdef"}, "ctok", None, 409,
+             "no full report of dgx01 with digest 0123456789abcdef"),
+            ("/v1/reports", {"node": "dgx01", "time": 1, "digest": "0123456789abcdef"}, "n1tok", None, 409,
+             "send the full report"),
+            ("/v1/reports", {"node": "dgx02", "time": 1, "digest": "0123456789abcdef"}, "n1tok", None, 401,
+             "this token speaks for dgx01"),
+            ("/v1/reports", {"node": "dgx77", "time": 1, "digest": "0123456789abcdef"}, "ctok", None, 403,
+             "unknown node dgx77"),
         ]
         for path, body, token, data, want, msg in cases:
             status, out = await call(s, "POST", url + path, body, token, data)
@@ -109,8 +121,9 @@ async def test_bad_requests_are_refused_and_change_nothing(tmp_path: Path) -> No
         assert snapshot(agg) == before
         assert fencer.count("fence") == 0
         metrics = await (await s.get(f"{url}/metrics")).text()
-        assert 'podhealth_aggregator_ingest_requests_total{endpoint="reports",result="unauthorized"} 3.0' in metrics
+        assert 'podhealth_aggregator_ingest_requests_total{endpoint="reports",result="unauthorized"} 4.0' in metrics
         assert 'podhealth_aggregator_ingest_requests_total{endpoint="reports",result="too_large"} 2.0' in metrics
+        assert 'podhealth_aggregator_ingest_requests_total{endpoint="reports",result="conflict"} 2.0' in metrics
 
 
 async def test_admin_endpoints_need_the_admin_token_and_a_reason(tmp_path: Path) -> None:
@@ -185,6 +198,73 @@ async def test_reports_drive_conditions_and_stale_reports_are_ignored(tmp_path: 
         assert (await call(s, "GET", f"{url}/api/v1/nodes/dgx42"))[0] == 404
         assert (await call(s, "GET", f"{url}/api/v1/nodes/dgx01/history?limit=x"))[0] == 400
         assert (await call(s, "GET", f"{url}/healthz"))[0] == 200
+
+
+def lease(digest: str, t: float, node: str = "dgx01") -> dict[str, Any]:
+    return {"node": node, "time": t, "digest": digest, "agent_version": "0.1.0", "status": "FAIL",
+            "staleness": {"nvml": 0.2}}
+
+
+async def test_a_lease_stands_for_the_full_report_it_names(tmp_path: Path) -> None:
+    async with running(config(tmp_path, auth=AUTH), [MemFencer()]) as (agg, url), aiohttp.ClientSession() as s:
+        st, first = await call(s, "POST", f"{url}/v1/reports", report(t=1000), "n1tok")
+        assert st == 200 and first["applied"] == 1 and len(first["digest"]) == 16
+        digest = first["digest"]
+        # the same verdicts in a full report: the same digest
+        assert (await call(s, "POST", f"{url}/v1/reports", report(t=1001), "n1tok"))[1] == {
+            "applied": 0, "duplicate": 0, "stale": 0, "unchanged": 1, "digest": digest}
+        rec = agg.mem.nodes["dgx01"]
+        seen = rec.last_seen
+        st, out = await call(s, "POST", f"{url}/v1/reports", lease(digest, 1010), "n1tok")
+        assert (st, out) == (200, {"applied": 0, "duplicate": 0, "stale": 0, "unchanged": 1, "digest": digest})
+        assert rec.report_time == 1010 and rec.last_seen >= seen
+        assert [c.check for c in agg.mem.conditions_of("dgx01")] == ["xid"]
+        # older than what was applied: stale, and nothing moves back
+        assert (await call(s, "POST", f"{url}/v1/reports", lease(digest, 1005), "n1tok"))[1]["stale"] == 1
+        assert rec.report_time == 1010
+        # a digest this aggregator did not give: 409, nothing changes
+        before = snapshot(agg)
+        other = "0" * 16 if digest != "0" * 16 else "1" * 16
+        st, out = await call(s, "POST", f"{url}/v1/reports", lease(other, 1020), "n1tok")
+        assert st == 409 and "send the full report" in out["error"]
+        assert snapshot(agg) == before
+        # a different report: a different digest, and the old one stops working
+        st, out = await call(s, "POST", f"{url}/v1/reports", report(t=1030, status="WARN", action="NONE"), "n1tok")
+        assert out["applied"] == 1 and out["digest"] != digest
+        assert (await call(s, "POST", f"{url}/v1/reports", lease(digest, 1040), "n1tok"))[0] == 409
+        assert (await call(s, "POST", f"{url}/v1/reports", lease(out["digest"], 1040), "n1tok"))[1]["unchanged"] == 1
+
+
+async def test_a_transition_voids_the_last_report_and_older_reports_are_stale(tmp_path: Path) -> None:
+    """Transitions come through the agent's spool and heartbeats do not, so they may cross."""
+    async with running(config(tmp_path, auth=AUTH), [MemFencer()]) as (agg, url), aiohttp.ClientSession() as s:
+        digest = (await call(s, "POST", f"{url}/v1/reports", report(t=1000), "n1tok"))[1]["digest"]
+        assert [c.check for c in agg.mem.conditions_of("dgx01")] == ["xid"]
+        # the xid check recovers (its transition), then a heartbeat from before that arrives late
+        ok = {"id": "r1", "type": "transition", "time": 1005.0, "old": None,
+              "new": {"check": "xid", "entity": "GPU0", "status": "OK", "action": "NONE", "since": 1005.0}}
+        assert (await call(s, "POST", f"{url}/v1/events", {"node": "dgx01", "events": [ok]}, "n1tok"))[1]["applied"] == 1
+        assert agg.mem.conditions_of("dgx01") == []
+        assert (await call(s, "POST", f"{url}/v1/reports", report(t=1004), "n1tok"))[1]["stale"] == 1
+        assert (await call(s, "POST", f"{url}/v1/reports", lease(digest, 1004), "n1tok"))[0] == 409
+        assert agg.mem.conditions_of("dgx01") == [], "nothing older than the transition reopens the condition"
+        # a lease naming the report from before the transition no longer matches, however new
+        assert (await call(s, "POST", f"{url}/v1/reports", lease(digest, 1006), "n1tok"))[0] == 409
+        # the same verdicts as that report, sent in full after the transition, are applied, not
+        # taken as "unchanged": the transition changed what the aggregator believes
+        st, out = await call(s, "POST", f"{url}/v1/reports", report(t=1007), "n1tok")
+        assert out["applied"] == 1 and [c.check for c in agg.mem.conditions_of("dgx01")] == ["xid"]
+
+
+async def test_leases_do_not_survive_a_restart(tmp_path: Path) -> None:
+    cfg = config(tmp_path, auth=AUTH)
+    async with running(cfg, [MemFencer()]) as (agg, url), aiohttp.ClientSession() as s:
+        digest = (await call(s, "POST", f"{url}/v1/reports", report(t=1000), "n1tok"))[1]["digest"]
+        assert (await call(s, "POST", f"{url}/v1/reports", lease(digest, 1001), "n1tok"))[0] == 200
+    async with running(cfg, [MemFencer()]) as (agg, url), aiohttp.ClientSession() as s:
+        assert agg.mem.nodes["dgx01"].report_time == 1001  # what the lease said was kept
+        assert (await call(s, "POST", f"{url}/v1/reports", lease(digest, 1002), "n1tok"))[0] == 409
+        assert (await call(s, "POST", f"{url}/v1/reports", report(t=1002), "n1tok"))[1]["applied"] == 1
 
 
 async def test_alertmanager_alerts_become_observations(tmp_path: Path) -> None:

@@ -1,0 +1,139 @@
+"""The agent's heartbeat to the aggregator: the node's state now, small when nothing changed.
+
+Every `publish.report_interval` the agent POSTs to the aggregator's `/v1/reports`. Transitions
+and events go through the disk spool (publisher.py) because each one matters; a heartbeat only
+says how things are now, so a lost one is replaced by the next and is never spooled (which
+also means it can overtake spooled transitions: the aggregator drops a report older than a
+transition it applied).
+
+A healthy node's ~100 verdicts stay the same for days while its report is ~18 KB of JSON, most of
+it the same text every time. So, as Kubernetes nodes renew a Lease instead of posting their
+whole NodeStatus, the agent sends the full report only when it must:
+- the first time, and whenever a verdict (check, entity, status, action, since, summary) changed
+  since the full report the aggregator took;
+- every `publish.full_report_interval`, so evidence and live readings there stay fresh;
+- when the aggregator answers a lease with 409 (it restarted, or took a transition since).
+Otherwise it sends a lease (~300 bytes) naming the digest the aggregator answered to that report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import aiohttp
+
+from podhealth import log as plog
+from podhealth.config import PublishConfig
+from podhealth.vocab import NodeReport
+
+log = plog.get("podhealth.heartbeat")
+
+# What a lease vouches for: every field the aggregator takes from a result, evidence aside.
+Projection = tuple[tuple[str, str, str, str, float, str], ...]
+
+
+def projection(rep: NodeReport) -> Projection:
+    return tuple((r.check, r.entity, r.status.value, r.action.value, r.since, r.summary) for r in rep.results)
+
+
+def lease_body(rep: NodeReport, digest: str) -> dict[str, Any]:
+    return {"node": rep.node, "time": rep.time, "digest": digest, "agent_version": rep.agent_version,
+            "profile": rep.profile, "status": rep.status.value, "action": rep.action.value,
+            "staleness": dict(rep.staleness)}
+
+
+@dataclass
+class HeartbeatStats:
+    full: int = 0  # full reports the aggregator took
+    leases: int = 0  # leases it took
+    conflicts: int = 0  # leases it could not match (409), each followed by a full report
+    failures: int = 0  # heartbeats that did not get through (the next one tries again)
+
+
+class Heartbeat:
+    def __init__(self, cfg: PublishConfig, node: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.node = node
+        self.url = cfg.aggregator_url.rstrip("/") + "/v1/reports"
+        self.stats = HeartbeatStats()
+        self._clock = clock
+        self._digest: str | None = None  # the aggregator's name for the last full report it took
+        self._sent: Projection | None = None  # that report's verdicts
+        self._full_at = 0.0
+        self._session: aiohttp.ClientSession | None = None
+        self._failing = False
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession()
+
+    async def stop(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def lease_for(self, rep: NodeReport) -> dict[str, Any] | None:
+        """The lease to send instead of `rep`, or None when the full report must go."""
+        if (self._digest is None or self._clock() - self._full_at >= self.cfg.full_report_interval
+                or projection(rep) != self._sent):
+            return None
+        return lease_body(rep, self._digest)
+
+    async def send(self, rep: NodeReport) -> bool:
+        """One heartbeat; True when the aggregator took it."""
+        lease = self.lease_for(rep)
+        if lease is not None:
+            status, answer = await self._post(lease)
+            if status == 200:
+                self.stats.leases += 1
+                return self._ok()
+            if status != 409:
+                return self._failed(status, answer)
+            self.stats.conflicts += 1
+            log.info("aggregator does not know our last report: sending it in full", answer=answer)
+            self._digest = None
+        sent = projection(rep)
+        status, answer = await self._post(rep.to_json())
+        if status != 200:
+            return self._failed(status, answer)
+        self.stats.full += 1
+        digest = answer.get("digest") if isinstance(answer, dict) else None
+        # No digest (the report was stale there, or an aggregator without leases): full again next time.
+        self._digest = digest if isinstance(digest, str) else None
+        self._sent, self._full_at = sent, self._clock()
+        return self._ok()
+
+    def _ok(self) -> bool:
+        if self._failing:
+            log.info("heartbeat delivered again", url=self.url)
+        self._failing = False
+        return True
+
+    def _failed(self, status: int, answer: Any) -> bool:
+        self.stats.failures += 1
+        if not self._failing:
+            log.warning("heartbeat not delivered; retrying at the next interval", url=self.url, status=status,
+                        answer=answer)
+        self._failing = True
+        return False
+
+    async def _post(self, body: dict[str, Any]) -> tuple[int, Any]:
+        """(HTTP status or 0 when unreachable, the answer's JSON or text)."""
+        assert self._session is not None, "start() first"
+        headers = {"Content-Type": "application/json"}
+        if self.cfg.token:
+            headers["Authorization"] = f"Bearer {self.cfg.token}"
+        data = json.dumps(body, separators=(",", ":")).encode()
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.cfg.timeout)
+            async with self._session.post(self.url, data=data, headers=headers, timeout=timeout) as r:
+                text = await r.text()
+                try:
+                    return r.status, json.loads(text)
+                except ValueError:
+                    return r.status, text[:500]
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            return 0, f"{type(e).__name__}: {e}"
