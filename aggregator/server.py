@@ -154,7 +154,7 @@ async def _commit(agg: Aggregator, ops: list[Any], new_ids: Sequence[str] = ()) 
 async def _reports(agg: Aggregator, request: web.Request, bound: str | None) -> dict[str, Any]:
     raw = await _raw_body(request, agg.cfg.max_body_bytes)
     try:
-        rep = ingest.read_posted(raw, agg.results_memo)
+        rep = ingest.read_posted(raw)
     except ingest.BadRequest as e:
         raise _Reject(400, "bad_request", str(e)) from None
     _check_node(agg, rep.node, bound)
@@ -168,7 +168,6 @@ async def _reports(agg: Aggregator, request: web.Request, bound: str | None) -> 
         applied = leased
     else:
         applied, ops = ingest.apply_report(mem, rep, agg.clock())
-        agg.remember_results(rep)
     _count(agg, applied)
     if ops:
         await _commit(agg, ops)

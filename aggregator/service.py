@@ -122,8 +122,6 @@ class Aggregator:
         self._sem = asyncio.Semaphore(32)
         self._fence_failed: dict[str, float] = {}
         self.reconcile_report: list[str] = []
-        # Each known node's last results text, so an unchanged report skips decoding (ingest.read_report).
-        self.results_memo: dict[str, ingest.ResultsMemo] = {}
         self.housekeeping_interval = HOUSEKEEPING_INTERVAL
         self.reconcile_interval = RECONCILE_INTERVAL
         self.metrics.add_fleet(lambda: self.mem, cfg.caps.max_fenced, lambda: len(self.pending), self._held)
@@ -177,11 +175,6 @@ class Aggregator:
                                      "opted_out", "fenced_by_other", "waiting_min_duration", "held_since_reset"):
                 out[n.kind] = out.get(n.kind, 0) + 1
         return out
-
-    def remember_results(self, rep: ingest.ParsedReport) -> None:
-        """Keep the memo of an accepted report (only nodes in memory get one: bounded by the fleet)."""
-        if rep.memo is not None and self.mem is not None and rep.node in self.mem.nodes:
-            self.results_memo[rep.node] = rep.memo
 
     def poke(self) -> None:
         """Something changed: run the policy soon."""
@@ -765,14 +758,13 @@ class Aggregator:
             if status not in (200, 503):
                 raise ingest.BadRequest(f"HTTP {status}")
             # The configured name wins over what the agent calls itself.
-            rep = ingest.read_report(raw, self.results_memo, node=node)
+            rep = ingest.read_report(raw, node=node)
         except ingest.BadRequest as e:
             self.metrics.pulls.labels("bad").inc()
             await self.commit(mem.mark_unreachable(node, now, self.cfg.unreachable_after, f"bad /health: {e}"))
             return
         self.metrics.pulls.labels("ok").inc()
         _, ops = ingest.apply_report(mem, rep, now)
-        self.remember_results(rep)
         if ops:
             await self.commit(ops)
             self.poke()

@@ -1,5 +1,4 @@
-"""ingest.read_report: the same answer and the same errors as parse_report(loads(body)), cheaper
-when a node's results text is the one it sent last time (its memo)."""
+"""ingest.read_report / read_posted: what a report body parses to, and every way it is refused."""
 
 from __future__ import annotations
 
@@ -26,87 +25,69 @@ def body(node: str = "dgx01", t: float = 100.0, res: Any = None, **extra: Any) -
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def plain(raw: bytes, node: str | None = None) -> ingest.ParsedReport:
-    obj = ingest.loads(raw)
-    if node is not None and isinstance(obj, dict):
-        obj = {**obj, "node": node}
-    return ingest.parse_report(obj, raw.decode("utf-8"))
-
-
-def text(raw: str | bytes) -> str:
-    return raw.decode("utf-8") if isinstance(raw, bytes) else raw
-
-
-def same(a: ingest.ParsedReport, b: ingest.ParsedReport) -> None:
-    assert (a.node, a.time, a.verdicts, text(a.raw), a.fp) == (b.node, b.time, b.verdicts, text(b.raw), b.fp)
-
-
-def learn(raw: bytes, memos: dict[str, ingest.ResultsMemo]) -> ingest.ParsedReport:
-    rep = ingest.read_report(raw, memos)
-    assert rep.memo is not None
-    memos[rep.node] = rep.memo
-    return rep
-
-
 @pytest.mark.parametrize("raw", [
     body(), body(res=results("FAIL")), body(res=[]), b'{"results": [], "time": 5, "node": "dgx02"}',
     b' \n{ "node" : "dgx01" , "time" : 1e2 , "results" : [ ] } \r\n',
     json.dumps({"node": "dgx01", "time": 1, "results": results("WARN")}, indent=2).encode(),
     b'{"node": "dgx01", "time": 1, "results": [], "results": [{"check": "x", "status": "FAIL", "action": "DRAIN"}]}',
-    b'{"node": "dgx09", "time": 1, "results": [], "node": "dgx01"}',
     '{"node": "dgx01", "time": 1, "results": [{"check": "x", "status": "WARN", "summary": "caf\u00e9 \\u2603"}]}'.encode(),
 ])
-def test_same_as_the_plain_parse(raw: bytes) -> None:
-    memos: dict[str, ingest.ResultsMemo] = {}
-    same(ingest.read_report(raw, memos), plain(raw))
-    learn(raw, memos)
-    same(ingest.read_report(raw, memos), plain(raw))  # through the memo this time
-    same(ingest.read_report(raw, memos, node="dgx42"), plain(raw, "dgx42"))
+def test_a_report_reads_as_the_standard_library_reads_it(raw: bytes) -> None:
+    want = ingest.parse_report(json.loads(raw), raw)
+    for got in (ingest.read_report(raw), ingest.read_posted(raw)):
+        assert isinstance(got, ingest.ParsedReport)
+        assert (got.node, got.time, got.verdicts, got.fp, got.raw) == (want.node, want.time, want.verdicts, want.fp, raw)
+    pulled = ingest.read_report(raw, node="dgx42")  # a pulled /health: the configured name wins
+    assert (pulled.node, pulled.verdicts, pulled.fp) == ("dgx42", want.verdicts, want.fp)
 
 
-@pytest.mark.parametrize("raw", [
-    b'{"node": "dgx01", "results": [', b"\xff\xfe", b"[]", b"", b"nul", b'{"node": "dgx01"} x',
-    b'{"results": []}', b'{"node": "dgx01", "time": 1, "results": {}}', b'{"node": "dgx01;rm", "time": 1, "results": []}',
-    b'{"node": "dgx01", "time": "soon", "results": []}', b'{"node": "dgx01", "time": NaN, "results": []}',
-    b'{"node": "dgx01", "time": 1, "results": [{"check": "x", "status": "BROKEN"}]}',
-    b'{"node": "dgx01", "time": 1, "results": [], }', b'{"node" "dgx01"}', b'{node: 1}',
-    b'\xef\xbb\xbf{"node": "dgx01", "time": 1, "results": []}', '{"node": "dgx01"}'.encode("utf-16"),
+def test_verdicts_and_fingerprint() -> None:
+    ok, failing = ingest.read_report(body()), ingest.read_report(body(res=results("FAIL")))
+    assert ok.verdicts == () and ok.fp == ingest.read_report(body(t=200)).fp
+    assert [(v.check, v.entity, v.status) for v in failing.verdicts] == [("xid", "gpu0", Status.FAIL)]
+    assert failing.fp != ok.fp
+    # evidence is not a verdict: a report whose readings changed has the same fingerprint
+    moved = results()
+    moved[0]["evidence"] = {"uuid": "GPU-0", "gpu_c": "41.0"}
+    assert ingest.read_report(body(res=moved)).fp == ok.fp
+
+
+@pytest.mark.parametrize("raw, message", [
+    (b'{"node": "dgx01", "results": [', "body is not JSON"),
+    (b"\xff\xfe", "body is not JSON"),
+    ('{"node": "dgx01"}'.encode("utf-16"), "body is not JSON"),  # JSON on the wire is UTF-8 (RFC 8259)
+    (b'{"node": "dgx01", "time": NaN, "results": []}', "body is not JSON"),  # nor is NaN JSON
+    (b'{"node": "dgx01", "time": 1, "results": [], }', "body is not JSON"),
+    (b'{"node" "dgx01"}', "body is not JSON"), (b"{node: 1}", "body is not JSON"), (b"", "body is not JSON"),
+    (b'{"node": "dgx01"} x', "body is not JSON"),
+    (b"[]", "report: expected an object"),
+    (b'{"results": []}', "report.node: expected a non-empty string"),
+    (b'{"node": "dgx01", "time": 1, "results": {}}', "report.results: expected a list"),
+    (b'{"node": "dgx01", "time": 1}', "report.results: expected a list"),
+    (b'{"node": "dgx01;rm", "time": 1, "results": []}', "report.node:"),
+    (b'{"node": "dgx01", "time": "soon", "results": []}', "report.time: expected a number"),
+    (b'{"node": "dgx01", "time": 1, "results": [{"check": "x", "status": "BROKEN"}]}',
+     "report.results[0].status: expected one of OK, WARN, FAIL, UNKNOWN"),
+    (b'{"node": "dgx01", "time": 1, "results": [{"check": "x", "status": "OK", "action": "NUKE"}]}',
+     "report.results[0].action: expected one of"),
 ])
-def test_same_errors_as_the_plain_parse(raw: bytes) -> None:
-    try:
-        want: Any = plain(raw)
-    except (ingest.BadRequest, UnicodeDecodeError) as e:
-        want = (type(e), str(e))
-    try:
-        got: Any = ingest.read_report(raw, {})
-    except (ingest.BadRequest, UnicodeDecodeError) as e:
-        got = (type(e), str(e))
-    if isinstance(want, ingest.ParsedReport):
-        same(got, want)
-    else:
-        assert got == want
+def test_a_bad_report_is_refused_with_the_reason(raw: bytes, message: str) -> None:
+    for read in (ingest.read_report, ingest.read_posted):
+        with pytest.raises(ingest.BadRequest) as e:
+            read(raw)
+        assert message in str(e.value)
 
 
-def test_an_unchanged_report_reuses_the_memo_and_a_changed_one_does_not() -> None:
-    memos: dict[str, ingest.ResultsMemo] = {}
-    first = learn(body(t=1), memos)
-    again = ingest.read_report(body(t=2), memos)
-    assert again.memo is first.memo and again.time == 2 and again.fp == first.fp
-    failing = ingest.read_report(body(t=3, res=results("FAIL")), memos)
-    assert failing.memo is not first.memo and failing.fp != first.fp
-    assert [v.status for v in failing.verdicts] == [Status.FAIL]
-    # same length, one byte different: not mistaken for the remembered text
-    flipped = body(t=4).replace(b'"GPU-7"', b'"GPU-8"')
-    assert len(flipped) == len(body(t=4))
-    assert ingest.read_report(flipped, memos).memo is not first.memo
-    # another node's memo is not consulted for this node
-    assert ingest.read_report(body("dgx02", t=5), memos).memo is not first.memo
-
-
-def test_a_remembered_prefix_followed_by_more_is_still_checked() -> None:
-    memos: dict[str, ingest.ResultsMemo] = {}
-    learn(b'{"node": "dgx01", "time": 1, "results": []}', memos)
-    with pytest.raises(ingest.BadRequest, match="not JSON"):
-        ingest.read_report(b'{"node": "dgx01", "time": 2, "results": []]}', memos)
-    rep = ingest.read_report(b'{"node": "dgx01", "time": 2, "results": [], "extra": [1, 2]}', memos)
-    assert rep.time == 2 and rep.verdicts == ()
+def test_a_lease_is_told_from_a_report() -> None:
+    lease = ingest.read_posted(b'{"node": "dgx01", "time": 7.5, "digest": "0123456789abcdef", "status": "OK"}')
+    assert lease == ingest.Lease("dgx01", 7.5, "0123456789abcdef")
+    # results make it a report, whatever else it carries
+    rep = ingest.read_posted(b'{"node": "dgx01", "time": 7.5, "digest": "0123456789abcdef", "results": []}')
+    assert isinstance(rep, ingest.ParsedReport) and rep.time == 7.5
+    for raw, message in [(b'{"node": "dgx01", "time": 1, "digest": "0123"}', "lease.digest: expected the 16 hex"),
+                         (b'{"node": "dgx01", "time": 1, "digest": 12}', "lease.digest"),
+                         (b'{"node": "dgx01", "digest": "0123456789abcdef"}', "lease.time: expected a number"),
+                         (b'{"node": "a b", "time": 1, "digest": "0123456789abcdef"}', "lease.node:")]:
+        with pytest.raises(ingest.BadRequest, match=message):
+            ingest.read_posted(raw)
+    assert ingest.digest_of(-1) == "ffffffffffffffff" and ingest.digest_of(255) == "00000000000000ff"
