@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from podhealth import log
 from podhealth.agent import health
+from podhealth.agent.family import Family
 from podhealth.snapshot import CollectorState, Snapshot
-from podhealth.vocab import CheckResult, Event, MetricSpec
+from podhealth.vocab import CheckResult, Event, MetricSpec, Sample
 
 if TYPE_CHECKING:
     from podhealth.agent.agent import Agent
@@ -27,6 +28,17 @@ if TYPE_CHECKING:
 
 _log = log.get("podhealth.agent.wiring")
 REPORT_DEBOUNCE_S = 0.5
+
+PUBLISH_SPECS = {m.name: m for m in (
+    MetricSpec("publish_heartbeats", "counter",
+               "Heartbeats to the aggregator by result: full (a full report taken), lease (a lease taken),\n"
+               "conflict (a lease refused, the full report sent at once), failed (not delivered)."),
+    MetricSpec("publish_records", "counter",
+               "Spooled records (transitions, events, reports) by state: published, delivered, summarised\n"
+               "(folded into a summary when the spool was full), rejected (refused as malformed; kept)."),
+    MetricSpec("publish_spool_bytes", "gauge", "Bytes in the spool waiting for the aggregator.", "bytes"),
+    MetricSpec("publish_connected", "gauge", "1 when the last delivery to the aggregator succeeded."),
+)}
 
 
 class Extras:
@@ -65,6 +77,22 @@ class Extras:
             await asyncio.sleep(interval)
             if self.health.evaluated_at:
                 await self.heartbeat.send(self.health.report())
+
+    def _families(self, snap: Snapshot) -> Iterable[Family]:
+        """The push path's own health, so an alert can tell a node that stopped reporting from one
+        whose aggregator is away (counters are ints the loop replaces: safe to read here)."""
+        pub, beat = self.publisher, self.heartbeat
+        assert pub is not None and beat is not None
+        b, p = beat.stats, pub.stats
+        yield Family(PUBLISH_SPECS["publish_heartbeats"], tuple(
+            Sample.of("publish_heartbeats", float(v), result=k)
+            for k, v in (("full", b.full), ("lease", b.leases), ("conflict", b.conflicts), ("failed", b.failures))))
+        yield Family(PUBLISH_SPECS["publish_records"], tuple(
+            Sample.of("publish_records", float(v), state=k)
+            for k, v in (("published", p.published), ("delivered", p.delivered), ("summarised", p.summarised),
+                         ("rejected", p.rejected))))
+        yield Family(PUBLISH_SPECS["publish_spool_bytes"], (Sample.of("publish_spool_bytes", float(p.spool_bytes)),))
+        yield Family(PUBLISH_SPECS["publish_connected"], (Sample.of("publish_connected", float(pub.connected)),))
 
     def _on_events(self, events: tuple[Event, ...]) -> None:
         assert self.publisher is not None
@@ -133,6 +161,7 @@ def install(agent: "Agent", spool_dir: Path | None = None) -> Extras:
         x.heartbeat = Heartbeat(pcfg, agent.node)
         h.on_transition.append(x._on_transition)
         agent.on_events.append(x._on_events)
+        agent.add_metric_source(x._families)
         _log.info("pushing verdicts and events", aggregator=cfg.publish.aggregator_url, spool=str(pcfg.spool_dir))
     if cfg.exporters.influxdb.enabled:
         from podhealth.agent.export_influx import InfluxExporter

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness.proc import free_port, http_get, service, wait_until
 
@@ -74,6 +75,7 @@ def test_transitions_reports_heartbeat_and_events(tmp_path: Path) -> None:
             wait_until(lambda: sink.of("report")[-1]["report"]["status"] == "FAIL", 10, 0.2, "a report saying FAIL")
             n = len(sink.beats)
             wait_until(lambda: len(sink.beats) >= n + 2, 15, 0.2, "heartbeats after the fault")
+            metrics = http_get(f"http://127.0.0.1:{port}/metrics")[1].decode()
     finally:
         sink.shutdown()
     # A heartbeat is the full report when verdicts changed since the last one (start-up, the
@@ -85,13 +87,21 @@ def test_transitions_reports_heartbeat_and_events(tmp_path: Path) -> None:
             last_full = i
         else:
             assert b["digest"] == f"{last_full:016x}" and b["node"] == "dgx05", (i, b)
-    full = [i for i, b in enumerate(sink.beats) if "results" in b]
-    assert len(full) < len(sink.beats), "leases while nothing changed"
-    assert sink.beats[full[-1]]["status"] == "FAIL" and len(sink.beats[full[-1]]["results"]) > 100
-    after = sink.beats[full[-1] + 1:]
+    full_idx = [i for i, b in enumerate(sink.beats) if "results" in b]
+    assert len(full_idx) < len(sink.beats), "leases while nothing changed"
+    assert sink.beats[full_idx[-1]]["status"] == "FAIL" and len(sink.beats[full_idx[-1]]["results"]) > 100
+    after = sink.beats[full_idx[-1] + 1:]
     assert after and all(b["status"] == "FAIL" for b in after)
     lease = next(b for b in sink.beats if "results" not in b)
-    assert len(json.dumps(lease)) < len(json.dumps(sink.beats[full[-1]])) / 20
+    # the push path's own metrics agree with what the aggregator saw (at the last render)
+    got = {(s.name, s.labels.get("result") or s.labels.get("state") or ""): s.value
+           for fam in text_string_to_metric_families(metrics) if fam.name.startswith("podhealth_publish_")
+           for s in fam.samples}
+    full, leases = got[("podhealth_publish_heartbeats_total", "full")], got[("podhealth_publish_heartbeats_total", "lease")]
+    assert 1 <= full <= len(full_idx) and 1 <= leases <= len(sink.beats) - len(full_idx)
+    assert got[("podhealth_publish_records_total", "delivered")] >= 1
+    assert got[("podhealth_publish_connected", "")] == 1
+    assert len(json.dumps(lease)) < len(json.dumps(sink.beats[full_idx[-1]])) / 20
     assert sink.auth == {"Bearer t0k"}
     assert latest["node"] == "dgx05"
     ids = [r["id"] for r in sink.records]
