@@ -53,6 +53,7 @@ class NodeRec:
     report_time: float = 0.0
     fp: int = 0  # fingerprint of the last report's verdicts, to skip unchanged reports cheaply; 0 = none
     verdict_time: float = 0.0  # agent time of the newest transition applied (memory only)
+    stored_at: float = 0.0  # when its latest full report was last written to the store (memory only)
     fence: FenceMode = FenceMode.NONE
     fence_reason: str = ""
     fenced_at: float = 0.0
@@ -96,6 +97,10 @@ class NodeRec:
 
 
 STATES = ("OK", "WARN", "FAIL", "UNKNOWN", "fenced", "returning", "drained")
+# An unchanged full report replaces the stored one (the evidence the UI shows) at most this often:
+# agents send one every publish.full_report_interval, but a fleet of agents without leases, or
+# pulled /health, would otherwise rewrite ~16 KB per node per interval.
+REPORT_REFRESH_S = 60.0
 
 
 @dataclass
@@ -198,7 +203,11 @@ class Memory:
         if fp is None:
             fp = hash(tuple((v.check, v.entity, v.status.value, v.action.value) for v in verdicts))
         if fp == rec.fp:
-            return "unchanged", ops + self._seen_unchanged(rec, report_time, now)
+            ops += self._seen_unchanged(rec, report_time, now)
+            if now - rec.stored_at >= REPORT_REFRESH_S:
+                rec.stored_at = now
+                ops.append(Store.op_report(node, raw))  # same verdicts, fresher evidence
+            return "unchanged", ops
         rec.report_time = report_time
         rec.last_seen = now
         ops += self._reachable(rec, now)
@@ -213,6 +222,7 @@ class Memory:
                 ops += self._close(key, now)
         ops += self._status(rec, now)
         ops += [Store.op_node_report(node, rec.status.value, report_time, now), Store.op_report(node, raw)]
+        rec.stored_at = now
         rec.seen_dirty = False
         return "applied", ops
 

@@ -294,3 +294,23 @@ async def _wait(pred: Any, timeout: float = 10.0) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("timed out waiting")
         await asyncio.sleep(0.02)
+
+
+def test_an_unchanged_report_refreshes_the_stored_evidence_at_most_once_a_minute() -> None:
+    from podhealth.aggregator import ingest
+    from podhealth.aggregator.state import REPORT_REFRESH_S, Memory
+
+    def stored(ops: list[Any]) -> list[bytes]:
+        return [params[1] for sql, params in ops if sql.startswith("INSERT INTO reports")]
+
+    mem = Memory()
+    first = ingest.read_report(json.dumps(report(t=1000)).encode())
+    res, ops = ingest.apply_report(mem, first, 5000.0)
+    assert res.applied == 1 and len(stored(ops)) == 1
+    warmer = report(t=1010)
+    warmer["results"][0]["evidence"] = {"xid": "79", "gpu_c": "88.0"}
+    res, ops = ingest.apply_report(mem, ingest.read_report(json.dumps(warmer).encode()), 5010.0)
+    assert res.unchanged == 1 and stored(ops) == [], "not within a minute of the last write"
+    res, ops = ingest.apply_report(mem, ingest.read_report(json.dumps({**warmer, "time": 1070}).encode()),
+                                   5000.0 + REPORT_REFRESH_S)
+    assert res.unchanged == 1 and len(stored(ops)) == 1 and b'"gpu_c":"88.0"' in stored(ops)[0].replace(b" ", b"")
