@@ -12,7 +12,8 @@ whole NodeStatus, the agent sends the full report only when it must:
 - the first time, and whenever a verdict (check, entity, status, action, since, summary) changed
   since the full report the aggregator took;
 - every `publish.full_report_interval`, so evidence and live readings there stay fresh;
-- when the aggregator answers a lease with 409 (it restarted, or took a transition since).
+- when the aggregator answers a lease with 409 (it restarted, or took a transition since) or
+  400 (it does not take leases).
 Otherwise it sends a lease (~300 bytes) naming the digest the aggregator answered to that report.
 """
 
@@ -90,10 +91,11 @@ class Heartbeat:
             if status == 200:
                 self.stats.leases += 1
                 return self._ok()
-            if status != 409:
+            if status not in (400, 409):
                 return self._failed(status, answer)
+            # 409: it does not know that report (any more); 400: it does not take leases at all.
             self.stats.conflicts += 1
-            log.info("aggregator does not know our last report: sending it in full", answer=answer)
+            log.info("aggregator did not take the lease: sending the full report", status=status, answer=answer)
             self._digest = None
         sent = projection(rep)
         status, answer = await self._post(rep.to_json())

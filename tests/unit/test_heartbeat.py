@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from podhealth.agent.heartbeat import Heartbeat
 from podhealth.aggregator.state import Verdict
@@ -104,3 +105,30 @@ async def test_an_unreachable_aggregator_is_a_failed_heartbeat_not_an_error() ->
         assert hb.lease_for(healthy(1030)) is None, "nothing was taken, so nothing can be leased"
     finally:
         await hb.stop()
+
+
+async def test_an_aggregator_that_refuses_leases_gets_full_reports() -> None:
+    got: list[dict[str, object]] = []
+
+    async def reports(request: web.Request) -> web.Response:
+        body = await request.json()
+        got.append(body)
+        if "results" not in body:
+            return web.json_response({"error": "report.results: expected a list"}, status=400)
+        return web.json_response({"applied": 1, "digest": "00000000000000aa"})
+
+    app = web.Application()
+    app.router.add_post("/v1/reports", reports)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    hb = Heartbeat(PublishConfig(aggregator_url=f"http://127.0.0.1:{port}"), "dgx01")
+    await hb.start()
+    try:
+        assert await hb.send(healthy(1000)) and await hb.send(healthy(1030))
+        assert ["results" in b for b in got] == [True, False, True]
+        assert (hb.stats.full, hb.stats.leases, hb.stats.conflicts, hb.stats.failures) == (2, 0, 1, 0)
+    finally:
+        await hb.stop()
+        await runner.cleanup()
