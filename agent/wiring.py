@@ -75,8 +75,12 @@ class Extras:
         assert self.heartbeat is not None
         while True:
             await asyncio.sleep(interval)
-            if self.health.evaluated_at:
+            if not self.health.evaluated_at:
+                continue
+            try:
                 await self.heartbeat.send(self.health.report())
+            except Exception as e:  # noqa: BLE001 - a bug here must not end the heartbeats for good
+                _log.error("heartbeat failed", error=repr(e))
 
     def _families(self, snap: Snapshot) -> Iterable[Family]:
         """The push path's own health, so an alert can tell a node that stopped reporting from one
