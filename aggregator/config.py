@@ -172,6 +172,9 @@ class AggregatorConfig:
     pull_timeout: Seconds = doc("Seconds one /health pull may take.", 5.0)
     pull_concurrency: Annotated[int, Ge(1, "a count")] = doc("Pulls in flight at once.", 64)
     unreachable_after: Seconds = doc("Seconds unreachable (or silent) before the node_unreachable condition opens.", 60.0)
+    heartbeat_interval: Seconds = doc(
+        "The agents' publish.report_interval: a push-only node (no agent_url) that has sent nothing\n"
+        "for 2.5 of these (or unreachable_after, if shorter) is UNKNOWN; never fenced for it.", 30.0)
     decide_interval: Seconds = doc("Seconds between policy runs when nothing new arrives.", 1.0)
     dry_run: bool = doc("Decide and log, touch nothing (every fencer becomes the dry-run fencer).", False)
     rules: tuple[RuleConfig, ...] = doc("First matching rule wins; UNKNOWN never matches.", factory=_default_rules)

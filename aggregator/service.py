@@ -123,6 +123,7 @@ class Aggregator:
         self._fence_failed: dict[str, float] = {}
         self.reconcile_report: list[str] = []
         self.housekeeping_interval = HOUSEKEEPING_INTERVAL
+        self.started_at = 0.0
         self.reconcile_interval = RECONCILE_INTERVAL
         self.metrics.add_fleet(lambda: self.mem, cfg.caps.max_fenced, lambda: len(self.pending), self._held)
 
@@ -130,6 +131,7 @@ class Aggregator:
 
     async def start(self) -> None:
         now = self.clock()
+        self.started_at = now
         store: Store = await asyncio.to_thread(Store, self.cfg.db)
         self.store = store
         loaded = await asyncio.to_thread(store.load, now, self.cfg.event_retention)
@@ -771,6 +773,25 @@ class Aggregator:
 
     # ---- housekeeping ----------------------------------------------------------------------------
 
+    def silence_ops(self, now: float) -> list[Op]:
+        """Push-only nodes go missing by silence: UNKNOWN once a node has sent nothing for 2.5
+        heartbeat intervals (one late heartbeat is not news), node_unreachable after
+        unreachable_after. Silence is counted from this process's start at the earliest: after
+        a restart, nodes get their intervals to report before they are called missing."""
+        mem = self.mem
+        assert mem is not None
+        silent_after = min(2.5 * self.cfg.heartbeat_interval, self.cfg.unreachable_after)
+        ops: list[Op] = []
+        for rec in list(mem.nodes.values()):
+            if not rec.agent_url and rec.last_seen:
+                heard = max(rec.last_seen, self.started_at)
+                if now - heard >= silent_after:
+                    ops += mem.mark_unreachable(rec.name, now, self.cfg.unreachable_after,
+                                                f"silent for {now - rec.last_seen:.0f}s", since=heard)
+            elif rec.agent_url and rec.unreachable_since is not None:
+                ops += mem.mark_unreachable(rec.name, now, self.cfg.unreachable_after, "still unreachable")
+        return ops
+
     async def _housekeeping_loop(self) -> None:
         last_reconcile = self.clock()
         last_prune = 0.0
@@ -781,15 +802,7 @@ class Aggregator:
             now = self.clock()
             try:
                 writer.write_nowait(mem.flush_seen())
-                ops: list[Op] = []
-                quiet = max(3 * self.cfg.pull_interval, 30.0)
-                for rec in list(mem.nodes.values()):
-                    # Push-only nodes: silence is how they go missing.
-                    if not rec.agent_url and rec.last_seen and now - rec.last_seen >= min(quiet, self.cfg.unreachable_after):
-                        ops += mem.mark_unreachable(rec.name, now, self.cfg.unreachable_after,
-                                                    f"silent for {now - rec.last_seen:.0f}s", since=rec.last_seen)
-                    elif rec.agent_url and rec.unreachable_since is not None:
-                        ops += mem.mark_unreachable(rec.name, now, self.cfg.unreachable_after, "still unreachable")
+                ops: list[Op] = self.silence_ops(now)
                 if now - last_prune > 3600:
                     ops += mem.prune_ids(now - self.cfg.event_retention)
                     last_prune = now

@@ -250,3 +250,40 @@ async def test_a_node_no_fencer_knows_fails_once_and_is_not_retried_in_a_loop(tm
         await until(lambda: agg.metrics.decisions._value.get() > runs + 3)
         assert agg.mem.nodes["dgx01"].fence is FenceMode.NONE and not agg.pending
         assert sum(1 for a in agg.store.audit_tail() if a["what"] == "fence requested") == 1
+
+
+async def test_a_push_only_node_is_unknown_after_missing_heartbeats_not_after_one_late(tmp_path: Path) -> None:
+    cfg = config(tmp_path, heartbeat_interval=30.0, unreachable_after=120.0)
+    async with running(cfg, [MemFencer()], housekeeping=3600) as (agg, url):
+        mem = agg.mem
+        t0 = agg.started_at + 1000
+        mem.apply_report("dgx01", (), 500.0, "{}", t0)  # heard from at t0 (agent time is its own)
+        mem.apply_report("dgx02", (), 500.0, "{}", t0)
+
+        def state(node: str) -> str:
+            return mem.nodes[node].state
+
+        assert agg.silence_ops(t0 + 45) == [] and state("dgx01") == "OK", "one heartbeat late is not news"
+        mem.apply_report("dgx02", (), 560.0, "{}", t0 + 60)  # dgx02 keeps reporting
+        agg.silence_ops(t0 + 75)
+        assert state("dgx01") == "UNKNOWN" and state("dgx02") == "OK"
+        assert ("dgx01", "node_unreachable", "node") not in mem.conditions
+        agg.silence_ops(t0 + 120)
+        assert ("dgx01", "node_unreachable", "node") in mem.conditions
+        # it reports again: reachable at once
+        mem.apply_report("dgx01", (), 630.0, "{}", t0 + 130)
+        assert state("dgx01") == "OK" and ("dgx01", "node_unreachable", "node") not in mem.conditions
+
+
+async def test_after_a_restart_silence_counts_from_the_start(tmp_path: Path) -> None:
+    cfg = config(tmp_path, heartbeat_interval=30.0, unreachable_after=120.0)
+    async with running(cfg, [MemFencer()], housekeeping=3600) as (agg, url):
+        _, ops = agg.mem.apply_report("dgx01", (), 500.0, "{}", agg.started_at)
+        await agg.commit(ops)
+    async with running(cfg, [MemFencer()], housekeeping=3600) as (agg, url):
+        # the aggregator was down for a long while: the node was last heard long ago
+        agg.started_at = agg.mem.nodes["dgx01"].last_seen + 3600
+        assert agg.silence_ops(agg.started_at + 10) == [] and agg.mem.nodes["dgx01"].state == "OK"
+        agg.silence_ops(agg.started_at + 75)
+        assert agg.mem.nodes["dgx01"].state == "UNKNOWN"
+        assert ("dgx01", "node_unreachable", "node") not in agg.mem.conditions, "counted from the start"
