@@ -185,6 +185,8 @@ def itself() -> Board:
     # Prometheus's own scrape series carry target labels only (no `node`): name the target.
     b.add("timeseries", "Scrape cost", [(f'scrape_duration_seconds{{job="podhealth",{NODE_SEL}}}', "{{instance}}"),
                                         (f'scrape_samples_scraped{{job="podhealth",{NODE_SEL}}} / 1000', "k samples {{instance}}")], unit="s")
+    b.add("timeseries", "Heartbeats to the aggregator (10 m)", [(f"sum by (node, result) (increase(podhealth_publish_heartbeats_total{{{SEL}}}[10m]))", "{{node}} {{result}}")])
+    b.add("timeseries", "Spool waiting for the aggregator", [(f"podhealth_publish_spool_bytes{{{SEL}}}", "{{node}}")], unit="bytes")
     b.add("timeseries", "Aggregator ingest p99", [("histogram_quantile(0.99, sum by (le, endpoint) (rate(podhealth_aggregator_ingest_duration_seconds_bucket[5m])))", "{{endpoint}}")], unit="s")
     b.add("timeseries", "Aggregator ingest by result", [("sum by (endpoint, result) (rate(podhealth_aggregator_ingest_requests_total[5m]))", "{{endpoint}} {{result}}")], unit="reqps")
     return b
