@@ -7,7 +7,7 @@ carry a time (an older or equal one is stale and skipped).
 
 `POST /v1/reports` takes a full report (NodeReport.to_json()) or, from a node whose verdicts did
 not change since its last full report, a lease: {"node", "time", "digest", ...} where digest is
-what the aggregator answered to that report. A lease saves sending and decoding ~18 KB of
+what the aggregator answered to that report. A lease saves sending and decoding ~16 KB of
 results every interval (as Kubernetes' node Lease does for NodeStatus); one the aggregator
 cannot match (it restarted, or a transition arrived since) is refused with 409 and the agent
 sends the full report at once.
@@ -54,7 +54,7 @@ class ParsedReport:
     node: str
     time: float
     verdicts: tuple[Verdict, ...]  # the results that are not OK (OK ones only count for the fingerprint)
-    raw: str | bytes  # the report's JSON (bytes: valid UTF-8, left undecoded; stored only when it changed)
+    raw: str | bytes  # the report's JSON (bytes: valid UTF-8, left undecoded); what the store keeps
     fp: int = 0  # fingerprint of every (check, entity, status, action): unchanged reports are cheap
 
 
