@@ -6,7 +6,7 @@ says how things are now, so a lost one is replaced by the next and is never spoo
 also means it can overtake spooled transitions: the aggregator drops a report older than a
 transition it applied).
 
-A healthy node's ~100 verdicts stay the same for days while its report is ~18 KB of JSON, most of
+A healthy node's ~100 verdicts stay the same for days while its report is ~16 KB of JSON, most of
 it the same text every time. So, as Kubernetes nodes renew a Lease instead of posting their
 whole NodeStatus, the agent sends the full report only when it must:
 - the first time, and whenever a verdict (check, entity, status, action, since, summary) changed
