@@ -14,7 +14,7 @@ whole NodeStatus, the agent sends the full report only when it must:
 - every `publish.full_report_interval`, so evidence and live readings there stay fresh;
 - when the aggregator answers a lease with 409 (it restarted, or took a transition since) or
   400 (it does not take leases).
-Otherwise it sends a lease (~300 bytes) naming the digest the aggregator answered to that report.
+Otherwise it sends a lease (~230 bytes) naming the digest the aggregator answered to that report.
 """
 
 from __future__ import annotations
@@ -56,9 +56,8 @@ class HeartbeatStats:
 
 
 class Heartbeat:
-    def __init__(self, cfg: PublishConfig, node: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, cfg: PublishConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
-        self.node = node
         self.url = cfg.aggregator_url.rstrip("/") + "/v1/reports"
         self.stats = HeartbeatStats()
         self._clock = clock

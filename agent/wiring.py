@@ -162,7 +162,7 @@ def install(agent: "Agent", spool_dir: Path | None = None) -> Extras:
 
         pcfg = dataclasses.replace(cfg.publish, spool_dir=spool_dir) if spool_dir is not None else cfg.publish
         x.publisher = Publisher(pcfg, agent.node)
-        x.heartbeat = Heartbeat(pcfg, agent.node)
+        x.heartbeat = Heartbeat(pcfg)
         h.on_transition.append(x._on_transition)
         agent.on_events.append(x._on_events)
         agent.add_metric_source(x._families)

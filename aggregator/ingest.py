@@ -34,7 +34,7 @@ import orjson
 from podhealth.vocab import Action, Status
 
 from podhealth.aggregator.config import node_name_problem
-from podhealth.aggregator.state import Memory, Verdict
+from podhealth.aggregator.state import Memory, Verdict, digest_of
 from podhealth.aggregator.store import Op
 
 MAX_ID = 128
@@ -65,16 +65,6 @@ class Lease:
     node: str
     time: float
     digest: str
-
-
-def digest_of(fp: int) -> str:
-    """The token the agent echoes in a lease: the report fingerprint as 16 hex digits.
-
-    The fingerprint is Python's keyed hash, so a token from an earlier aggregator process never
-    matches (nor does any token after a restart: fingerprints are not persisted), which is the
-    point: a lease is only good against the memory that took the full report.
-    """
-    return format(fp & 0xFFFF_FFFF_FFFF_FFFF, "016x")
 
 
 _DIGEST = re.compile(r"[0-9a-f]{16}")
@@ -340,7 +330,7 @@ def apply_report(mem: Memory, rep: ParsedReport, now: float) -> tuple[Applied, l
 
 def apply_lease(mem: Memory, lease: Lease, now: float) -> tuple[Applied | None, list[Op]]:
     """None when the lease does not match what this aggregator knows (the caller answers 409)."""
-    result, ops = mem.apply_lease(lease.node, lease.digest, lease.time, now, digest_of)
+    result, ops = mem.apply_lease(lease.node, lease.digest, lease.time, now)
     if result == "conflict":
         return None, ops
     out = Applied()

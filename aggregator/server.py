@@ -172,6 +172,10 @@ async def _reports(agg: Aggregator, request: web.Request, bound: str | None) -> 
     if ops:
         await _commit(agg, ops)
     out = applied.to_json()
+    if isinstance(rep, ingest.Lease):
+        if not applied.stale:
+            out["digest"] = rep.digest  # it matched
+        return out
     rec = mem.nodes.get(rep.node)
     if not applied.stale and rec is not None and rec.fp:
         # What a lease must name to stand for this report (see ingest.Lease).

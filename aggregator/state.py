@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import types
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, NamedTuple
+from typing import Iterable, NamedTuple
 
 from podhealth.vocab import Action, Status
 
@@ -94,6 +94,16 @@ class NodeRec:
             "handover_at": self.handover_at, "unreachable_since": self.unreachable_since,
             "released_at": self.released_at,
         }
+
+
+def digest_of(fp: int) -> str:
+    """The token the agent echoes in a lease (ingest.Lease): a report fingerprint as 16 hex digits.
+
+    The fingerprint is Python's keyed hash, so a token from an earlier aggregator process never
+    matches (nor does any token after a restart: fingerprints are not persisted), which is the
+    point: a lease is only good against the memory that took the full report.
+    """
+    return format(fp & 0xFFFF_FFFF_FFFF_FFFF, "016x")
 
 
 STATES = ("OK", "WARN", "FAIL", "UNKNOWN", "fenced", "returning", "drained")
@@ -226,8 +236,7 @@ class Memory:
         rec.seen_dirty = False
         return "applied", ops
 
-    def apply_lease(self, node: str, digest: str, report_time: float, now: float,
-                    digest_of: Callable[[int], str]) -> tuple[str, list[Op]]:
+    def apply_lease(self, node: str, digest: str, report_time: float, now: float) -> tuple[str, list[Op]]:
         """The node's verdicts are still those of the full report whose fingerprint gave `digest`.
 
         "conflict" (and nothing changes) when this memory has no such report for the node: it

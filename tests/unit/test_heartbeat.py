@@ -43,7 +43,7 @@ def failing(t: float) -> NodeReport:
 async def test_full_report_then_leases_then_full_again_on_change(tmp_path: Path) -> None:
     clock = Clock()
     async with running(config(tmp_path), [MemFencer()]) as (agg, url):
-        hb = Heartbeat(PublishConfig(aggregator_url=url, full_report_interval=300.0), "dgx01", clock=clock)
+        hb = Heartbeat(PublishConfig(aggregator_url=url, full_report_interval=300.0), clock=clock)
         await hb.start()
         try:
             rec = agg.mem.nodes["dgx01"]
@@ -72,7 +72,7 @@ async def test_full_report_then_leases_then_full_again_on_change(tmp_path: Path)
 
 async def test_a_lease_the_aggregator_cannot_match_is_followed_by_the_full_report(tmp_path: Path) -> None:
     cfg = config(tmp_path)
-    hb = Heartbeat(PublishConfig(aggregator_url="", full_report_interval=300.0), "dgx01", clock=Clock())
+    hb = Heartbeat(PublishConfig(aggregator_url="", full_report_interval=300.0), clock=Clock())
     await hb.start()
     try:
         async with running(cfg, [MemFencer()]) as (agg, url):
@@ -97,7 +97,7 @@ async def test_a_lease_the_aggregator_cannot_match_is_followed_by_the_full_repor
 
 
 async def test_an_unreachable_aggregator_is_a_failed_heartbeat_not_an_error() -> None:
-    hb = Heartbeat(PublishConfig(aggregator_url=f"http://127.0.0.1:{free_port()}", timeout=2.0), "dgx01")
+    hb = Heartbeat(PublishConfig(aggregator_url=f"http://127.0.0.1:{free_port()}", timeout=2.0))
     await hb.start()
     try:
         assert not await hb.send(healthy(1000))
@@ -123,7 +123,7 @@ async def test_an_aggregator_that_refuses_leases_gets_full_reports() -> None:
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
-    hb = Heartbeat(PublishConfig(aggregator_url=f"http://127.0.0.1:{port}"), "dgx01")
+    hb = Heartbeat(PublishConfig(aggregator_url=f"http://127.0.0.1:{port}"))
     await hb.start()
     try:
         assert await hb.send(healthy(1000)) and await hb.send(healthy(1030))
