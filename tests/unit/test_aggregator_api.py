@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from podhealth.aggregator.config import AggAuthConfig
+from podhealth.aggregator.model import FenceMode
 from tests.harness.agg import MemFencer, config, running
 
 pytestmark = pytest.mark.timeout(60)
@@ -206,10 +207,15 @@ def lease(digest: str, t: float, node: str = "dgx01") -> dict[str, Any]:
 
 
 async def test_a_lease_stands_for_the_full_report_it_names(tmp_path: Path) -> None:
-    async with running(config(tmp_path, auth=AUTH), [MemFencer()]) as (agg, url), aiohttp.ClientSession() as s:
+    fencer = MemFencer()
+    async with running(config(tmp_path, auth=AUTH), [fencer]) as (agg, url), aiohttp.ClientSession() as s:
         st, first = await call(s, "POST", f"{url}/v1/reports", report(t=1000), "n1tok")
         assert st == 200 and first["applied"] == 1 and len(first["digest"]) == 16
         digest = first["digest"]
+        # the FAIL starts a fence; let it finish (memory, fencer and store) so the snapshots
+        # compared below differ only by what the requests themselves did
+        await _wait(lambda: agg.mem.nodes["dgx01"].fence is FenceMode.FENCED and not agg.pending
+                    and "dgx01" in fencer.fenced)
         # the same verdicts in a full report: the same digest
         assert (await call(s, "POST", f"{url}/v1/reports", report(t=1001), "n1tok"))[1] == {
             "applied": 0, "duplicate": 0, "stale": 0, "unchanged": 1, "digest": digest}
