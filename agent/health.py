@@ -47,7 +47,7 @@ class Health:
     def __init__(self, agent: "Agent", active_tests: Callable[[], list[ActiveTest]] | None = None) -> None:
         self.agent = agent
         cfg = agent.cfg
-        self.profile = profiles.load(cfg.node.profile, cfg.checks.overrides)
+        self.profile = profiles.of_config(cfg)
         self.mounts = [m.path for m in cfg.collectors.nfs.mounts] if cfg.collectors.nfs.enabled else []
         self.evaluator: Evaluator | None = None
         self.results: tuple[CheckResult, ...] = ()

@@ -35,7 +35,7 @@ def setup(args: argparse.Namespace) -> tuple[Config, profiles.Profile] | int:
     """(config, profile), or exit code 2 after printing a clear error."""
     try:
         cfg = load_config(args.config)
-        prof = profiles.load(args.profile or cfg.node.profile, cfg.checks.overrides)
+        prof = profiles.load(args.profile, cfg.checks.overrides) if args.profile else profiles.of_config(cfg)
     except (config_mod.ConfigError, profiles.ProfileError, OSError) as e:
         print(f"podhealth: {e}", file=sys.stderr)
         return 2

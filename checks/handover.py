@@ -121,7 +121,7 @@ async def run_suite(cfg: Config, source: FreshSource, node: str, progress: Progr
             progress(what, step, total)
 
     started = time.time()
-    profile = profiles.load(cfg.node.profile, cfg.checks.overrides)
+    profile = profiles.of_config(cfg)
     t0 = time.monotonic()
     snap = await source.collect_now()
     tick("collect")

@@ -6,12 +6,16 @@ A profile is plain data (facts and thresholds); checks read it, the simulator bu
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
 
 from podhealth import yamldata
+
+if TYPE_CHECKING:
+    from podhealth.config import Config
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,9 @@ class Profile:
     has_nvswitch_fabric: bool
     has_row_remapping: bool
     thresholds: Mapping[str, float]
+    # expected versions and the verdict when one differs (checks/drift.py); see profiles.yaml
+    versions: Mapping[str, Any] = field(default_factory=dict)
+    drift: Mapping[str, str] = field(default_factory=dict)
 
     def threshold(self, key: str) -> float:
         return float(self.thresholds[key])
@@ -91,10 +98,31 @@ def load(name: str, overrides: Mapping[str, Any] | None = None) -> Profile:
         raise ProfileError(f"unknown profile {name!r} (known: {', '.join(names())})")
     d = _merge(raw["defaults"], raw["profiles"][name] or {})
     for k, v in (overrides or {}).items():
-        if isinstance(v, Mapping):
+        # {"thresholds": {...}} overrides keys of a section; a dotted key sets its value whole
+        # (a site profile's "versions.hca_fw": {board_id: fw})
+        if isinstance(v, Mapping) and "." not in str(k):
             for k2, v2 in v.items():
                 _apply_override(d, f"{k}.{k2}", v2)
         else:
             _apply_override(d, str(k), v)
     d["nfs_mounts"] = tuple(d["nfs_mounts"])
+    bad = {k: v for k, v in d.get("drift", {}).items() if v not in DRIFT_VERDICTS}
+    if bad:
+        k, v = next(iter(bad.items()))
+        raise ProfileError(f"drift.{k}: expected one of {', '.join(DRIFT_VERDICTS)}, got {v!r}")
     return Profile(name=name, **d)
+
+
+DRIFT_VERDICTS = ("OK", "WARN", "FAIL")
+
+
+def of_config(cfg: "Config", profile_file: str | Path | None = None) -> Profile:
+    """The profile a node is judged against: `checks.profile_file` (a site profile that `extends`
+    a shipped one, checks/site_profile.py) or `node.profile`, then `checks.overrides` on top.
+    `profile_file` (a CLI flag) wins over the config's. Errors name file, line and key."""
+    path = profile_file or cfg.checks.profile_file
+    if not path:
+        return load(cfg.node.profile, cfg.checks.overrides)
+    from podhealth.checks import site_profile
+
+    return site_profile.load(Path(path), cfg.checks.overrides)

@@ -112,6 +112,6 @@ class NvlinkCollector:
 def create(cfg: Config, *, session: NvmlSession | None = None, slow_call_s: float = SLOW_CALL_S) -> NvlinkCollector:
     """The agent's nvlink collector; links expected come from the node's hardware profile.
     Seams as for nvml.create: `session`, `slow_call_s`."""
-    prof = profiles.load(cfg.node.profile, cfg.checks.overrides)
+    prof = profiles.of_config(cfg)
     return NvlinkCollector(session if session is not None else shared(cfg.paths.nvml_library),
                            prof.nvlink_links, slow_call_s)

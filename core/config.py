@@ -170,6 +170,9 @@ class ChecksConfig:
     damping: DampingConfig = doc("Flap damping.", factory=DampingConfig)
     required_units: tuple[str, ...] = doc("systemd units that must be active (empty = none required).", ())
     overrides: Mapping[str, Any] = doc("Per-site overrides of the hardware profile (any profile key).", factory=dict)
+    profile_file: Annotated[Path, AbsPath()] | None = doc(
+        "A site golden profile (YAML) that `extends` a shipped profile (`podhealth profile capture`\n"
+        "writes one); when set it replaces node.profile, and overrides still apply on top.", None)
     rate_window: Seconds = doc("Seconds over which counter rates (ECC, IB errors, retransmissions) are judged.", 300.0)
     agents: Mapping[str, str] = doc(
         "Agent base URLs by node name for `podhealth check --node`; a node not listed is\n"

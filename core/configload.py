@@ -160,6 +160,8 @@ class _Loader:
                     return self.convert(a, node, path)
                 except ConfigError as e:
                     errors.append(e)
+            if len(errors) == 1:
+                raise errors[0]  # `X | None` given a wrong X: say what X wanted ("an absolute path")
             raise self.err(node, path, f"expected {_type_name(tp)}, got {_show(node)}")
         if origin is Literal:
             value = _SCALAR.construct_object(node) if isinstance(node, yaml.ScalarNode) else None
@@ -229,9 +231,21 @@ class _Loader:
             if problem:
                 key, msg = problem
                 sub = f"{path}.{key}" if path else key
-                vn = next((v for k, v in node.value if k.value == key), node)
-                raise self.err(vn, sub, msg)
+                raise self.err(_find(node, key), sub, msg)
         return obj
+
+
+def _find(node: yaml.Node, key: str) -> yaml.Node:
+    """The node of a dotted key below `node` (a validate() may name a nested key), or the deepest
+    mapping on the way when the key was left at its default (so the line is still near)."""
+    for part in key.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            break
+        found = next((v for k, v in node.value if k.value == part), None)
+        if found is None:
+            break
+        node = found
+    return node
 
 
 def load_text(cls: type[Any], text: str, source: str) -> Any:
