@@ -7,9 +7,10 @@ spare rows: the GPU needs replacing. A GPU that fell off the bus needs at least 
 
 from __future__ import annotations
 
+from podhealth.checks import rules
 from podhealth.checks.context import Context, gpu_entity
 from podhealth.checks.result import fail, ok, unknown, warn
-from podhealth.vocab import Action, CheckResult, Sample
+from podhealth.vocab import Action, CheckResult, Sample, Status
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -156,22 +157,56 @@ def pcie(ctx: Context) -> list[CheckResult]:
 
 
 def clocks(ctx: Context) -> list[CheckResult]:
-    out, up = _each_gpu(ctx, "clocks")
-    reasons = ctx.samples("gpu_clocks_event_active")
+    """Clock-event reasons as ONE node-level finding naming the affected GPUs.
+
+    What each reason means is data (rules.yaml `clock_reasons`). Power brake and thermal slowdown
+    come from the node (PSU, BMC, rack power, airflow), not from one GPU: a per-GPU FAIL would say
+    "replace GPU 3" where the fix is a power supply, and would repeat the same finding eight times.
+    """
+    samples = ctx.samples("gpu_up")
+    if not samples:
+        return []
+    table = rules.load().clock_reasons
+    active: dict[str, set[str]] = {}
+    for s in ctx.samples("gpu_clocks_event_active"):
+        if s.value >= 1:
+            active.setdefault(s.label("gpu"), set()).add(s.label("reason"))
+    up = [s.label("gpu") for s in samples if s.value >= 1]
+    silent = [s.label("gpu") for s in samples if s.value < 1]
+    if not up:
+        return [unknown("clocks", "node", "no GPU answers NVML", gpus_not_answering=_gpu_list(silent))]
+    # reason -> GPUs where it counts (a reason explained by another active one adds nothing)
+    by_reason: dict[str, list[str]] = {}
     for g in up:
-        i, e = g.label("gpu"), gpu_entity(g)
-        active = {s.label("reason") for s in reasons if s.label("gpu") == i and s.value >= 1}
-        if "hw_power_brake_slowdown" in active:
-            out.append(fail("clocks", e, "HW power brake slowdown active (external power signal)", Action.DRAIN,
-                            reasons=",".join(sorted(active))))
-        elif "hw_thermal_slowdown" in active or "hw_slowdown" in active:
-            out.append(fail("clocks", e, "HW slowdown active: the GPU is throttled", Action.DRAIN,
-                            reasons=",".join(sorted(active))))
-        elif "sw_thermal_slowdown" in active:
-            out.append(warn("clocks", e, "SW thermal slowdown active", reasons=",".join(sorted(active))))
-        else:
-            out.append(ok("clocks", e, reasons=",".join(sorted(active)) or "none"))
-    return out
+        mine = active.get(g, set())
+        for reason in sorted(mine):
+            rule = table.get(reason)
+            if rule is None or rule.status is Status.OK or mine & set(rule.explained_by):
+                continue
+            by_reason.setdefault(reason, []).append(g)
+    seen = {r for g in up for r in active.get(g, set())}
+    ev: dict[str, object] = {"reasons": ",".join(sorted(seen)) or "none"}
+    if silent:
+        ev["gpus_not_answering"] = _gpu_list(silent)
+    if not by_reason:
+        return [ok("clocks", "node", **ev)]
+    rank = {Status.WARN: 1, Status.FAIL: 2}
+    order = sorted(by_reason, key=lambda r: (-rank[table[r].status], r))
+    worst = table[order[0]]
+    affected = sorted({g for r in order for g in by_reason[r]}, key=int)
+    ev = {"gpus": _gpu_list(affected), **{r: _gpu_list(by_reason[r]) for r in order}, **ev}
+    parts = [f"GPU{'s' if len(by_reason[r]) > 1 else ''} {_gpu_list(by_reason[r])}"
+             + (f" ({len(by_reason[r])} of {len(up)})" if len(by_reason[r]) > 1 else "") + f": {table[r].means}"
+             for r in order]
+    summary = "; ".join(parts)
+    if worst.status is Status.FAIL:
+        action = max((table[r].action for r in order if table[r].status is Status.FAIL), key=lambda a: a.rank)
+        return [fail("clocks", "node", summary, action, **ev)]
+    return [warn("clocks", "node", summary, **ev)]
+
+
+def _gpu_list(gpus: list[str]) -> str:
+    return ",".join(sorted(gpus, key=lambda g: int(g) if g.isdigit() else 1 << 30))
 
 
 def temperature(ctx: Context) -> list[CheckResult]:
