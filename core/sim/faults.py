@@ -2,6 +2,8 @@
 
     xid=79 gpu=3                       an XID: kernel log line + NVML XID event
     fault=nvlink-crc gpu=0 link=5 rate=50
+    fault=ib-flap device=mlx5_0 [port=1] [count=3] [period=60]
+    fault=ib-counter-saturated device=mlx5_4 counter=symbol_error
 
 `parse(tokens, now)` checks syntax and returns a `Fault`; `validate(fault, state)` checks it
 against the node (GPU index, link, HCA, mount exist). Both raise ValueError naming the token and
@@ -44,14 +46,31 @@ KINDS: Mapping[str, KindSpec] = {
     "ib-down": KindSpec(("device",), {}, "IB port down"),
     "ib-rate": KindSpec(("device",), {"rate": 200.0}, "IB port trained at a lower rate (Gb/s)"),
     "ib-symbol-errors": KindSpec(("device",), {"rate": 10.0}, "IB symbol errors climbing (errors/s)"),
+    "ib-flap": KindSpec(("device",), {"port": None, "count": 3, "period": 60.0},
+                        "IB port goes down and up `count` times, one cycle per `period` s "
+                        "(down for the first half); link_downed +1 per down"),
+    "ib-counter-saturated": KindSpec(("device", "counter"), {"port": None},
+                                     "an IB error counter stuck at its width's maximum "
+                                     "(e.g. symbol_error 65535)"),
     "nfs-missing": KindSpec(("mount",), {}, "NFS mount absent"),
     "nfs-hung": KindSpec(("mount",), {}, "NFS server not responding (stat blocks)"),
     "unit-down": KindSpec(("unit",), {}, "systemd unit failed"),
 }
 
-_INT_PARAMS = ("gpu", "link", "width", "gen", "code")
-_FLOAT_PARAMS = ("rate", "seconds")
-_STR_PARAMS = ("device", "mount", "unit")
+_INT_PARAMS = ("gpu", "link", "width", "gen", "code", "port", "count")
+_FLOAT_PARAMS = ("rate", "seconds", "period")
+_STR_PARAMS = ("device", "mount", "unit", "counter")
+# PMA PortCounters widths (IBTA; perfquery / libibmad fields.c): these saturate at their maximum
+# instead of wrapping, and a saturated one can show no new error until it is cleared.
+COUNTER_WIDTH_BITS: Mapping[str, int] = {
+    "symbol_error": 16, "link_error_recovery": 8, "link_downed": 8, "port_rcv_errors": 16,
+    "port_rcv_remote_physical_errors": 16, "port_rcv_switch_relay_errors": 16,
+    "port_xmit_discards": 16, "port_xmit_constraint_errors": 8, "port_rcv_constraint_errors": 8,
+    "local_link_integrity_errors": 4, "excessive_buffer_overrun_errors": 4, "VL15_dropped": 16,
+}
+FLAP_COUNT = 3
+FLAP_PERIOD_S = 60.0
+MAX_FLAPS = 1000
 _TOKEN = re.compile(r"^([a-z]+)=(.+)$")
 _UNIT = re.compile(r"^[A-Za-z0-9@:._\\-]+\.(service|target|socket|mount|timer)$")
 _DEVICE = re.compile(r"^[A-Za-z0-9_]+$")
@@ -114,6 +133,10 @@ def _convert(key: str, raw: str) -> object:
             raise ValueError(f"bad token {tok!r}: PCIe width is one of 1, 2, 4, 8, 16, 32")
         if key == "gen" and not 1 <= v <= 6:
             raise ValueError(f"bad token {tok!r}: PCIe gen is 1..6")
+        if key == "port" and not 1 <= v <= 255:
+            raise ValueError(f"bad token {tok!r}: IB ports are numbered 1..255")
+        if key == "count" and not 1 <= v <= MAX_FLAPS:
+            raise ValueError(f"bad token {tok!r}: count is 1..{MAX_FLAPS}")
         return v
     if key in _FLOAT_PARAMS:
         try:
@@ -129,6 +152,9 @@ def _convert(key: str, raw: str) -> object:
         return raw.rstrip("/") or "/"
     if key == "unit" and not _UNIT.match(raw):
         raise ValueError(f"bad token {tok!r}: expected a systemd unit name like nvidia-fabricmanager.service")
+    if key == "counter" and raw not in COUNTER_WIDTH_BITS:
+        raise ValueError(f"bad token {tok!r}: counter is one of the width-limited PMA counters "
+                         f"({', '.join(sorted(COUNTER_WIDTH_BITS))})")
     if key == "device" and not _DEVICE.match(raw):
         raise ValueError(f"bad token {tok!r}: expected an HCA name like mlx5_3")
     return raw
@@ -154,10 +180,20 @@ def validate(fault: Fault, state: NodeState) -> None:
             raise ValueError(f"fault pcie-degraded: GPU {fault.gpu} maxes at gen{g.pcie_gen_max} "
                              f"x{g.pcie_width_max}; a degraded link cannot exceed that")
     if fault.device is not None:
-        devs = [h.device for h in state.hcas]
+        devs = list(dict.fromkeys(h.device for h in state.hcas))
         if fault.device not in devs:
             raise ValueError(f"bad token 'device={fault.device}': node {state.name} has HCAs "
                              f"{', '.join(devs) or 'none'}")
+        ports = [h.port for h in state.hcas if h.device == fault.device]
+        if fault.port is not None and fault.port not in ports:
+            raise ValueError(f"bad token 'port={fault.port}': {fault.device} has ports "
+                             f"{', '.join(map(str, ports))}")
+        seeded = [h for h in state.hcas if h.device == fault.device and h.counters is not None
+                  and fault.port in (None, h.port)]
+        if fault.counter is not None and seeded and all(fault.counter not in (h.counters or {})
+                                                        for h in seeded):
+            raise ValueError(f"bad token 'counter={fault.counter}': {fault.device} (seeded from a "
+                             f"capture) has no such counter file")
     if fault.mount is not None and fault.mount not in state.mounts:
         raise ValueError(f"bad token 'mount={fault.mount}': node {state.name} mounts "
                          f"{', '.join(state.mounts) or 'nothing'}")
@@ -170,6 +206,25 @@ def check_kind(kind: str) -> str:
     if kind not in KINDS:
         raise ValueError(f"unknown fault kind {kind!r} (allowed: {', '.join(KINDS)})")
     return kind
+
+
+def down_intervals(fault: Fault) -> list[tuple[float, float]]:
+    """When an IB port fault holds the link down: ib-down from injection on; ib-flap `count`
+    cycles of `period` s, each down for its first half and up for the second (so a reader polling
+    faster than period/2 sees every transition). Pure: the same at any moment in any process."""
+    if fault.kind == "ib-down":
+        return [(fault.injected_at, float("inf"))]
+    if fault.kind == "ib-flap":
+        period = fault.period or FLAP_PERIOD_S
+        return [(fault.injected_at + i * period, fault.injected_at + i * period + period / 2)
+                for i in range(fault.count or FLAP_COUNT)]
+    return []
+
+
+def saturated_value(counter: str, value: int) -> int:
+    """`value` as the PMA shows it: a width-limited counter stops at its maximum, never wraps."""
+    bits = COUNTER_WIDTH_BITS.get(counter)
+    return min(value, (1 << bits) - 1) if bits else value
 
 
 def climbed(fault: Fault, now: float) -> int:

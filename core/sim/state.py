@@ -29,7 +29,7 @@ ARCHITECTURES: Mapping[str, int] = MappingProxyType(
     {"volta": 5, "turing": 6, "ampere": 7, "ada": 8, "hopper": 9, "blackwell": 10}
 )
 
-HcaRole = Literal["compute", "storage"]
+HcaRole = Literal["compute", "storage", "other"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,25 @@ class HcaSpec:
     fw_ver: str
     role: HcaRole
     node_guid: str = ""
+    # Where the adapter sits and what the OS calls it ("" / -1 = not modelled: no device link,
+    # no netdev written). podhealth.sim.topology fills these per SKU.
+    pci_addr: str = ""  # kernel form, "0000:aa:00.0"
+    numa_node: int = -1
+    netdev: str = ""  # ibp23s0, enp169s0f0np0, or a bonding master (bond0)
+    hca_type: str = ""  # "" = from the firmware major (28.x -> MT4129)
+    bond_slaves: tuple[str, ...] = ()  # member netdevs when `netdev` is a bonding master
+    bond_mode: str = ""  # /sys/class/net/<bond>/bonding/mode, e.g. "802.3ad 4"
+    # A node seeded from a real sysfs tree keeps what the capture said, verbatim ("" / None =
+    # the healthy simulated value): port state texts, the rate text, and its counter files.
+    rate_text: str = ""
+    state_text: str = ""
+    phys_state_text: str = ""
+    counters: dict[str, int] | None = None
+    hw_counters: dict[str, int] | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "HcaSpec":
+        return cls(**{**d, "bond_slaves": tuple(d.get("bond_slaves") or ())})
 
 
 @dataclass(frozen=True)
@@ -116,6 +135,10 @@ class Fault:
     device: str | None = None
     mount: str | None = None
     unit: str | None = None
+    port: int | None = None  # IB port of `device` (None = every port)
+    count: int | None = None  # ib-flap: down/up cycles
+    period: float | None = None  # ib-flap: seconds per cycle
+    counter: str | None = None  # ib-counter-saturated: counters/ file name
 
     def describe(self) -> str:
         parts = [f"fault={self.kind}" if self.kind != "xid" else f"xid={self.code}"]
@@ -180,7 +203,7 @@ class NodeState:
             cuda_version=int(d["cuda_version"]),
             nvml_version=str(d["nvml_version"]),
             gpus=tuple(GpuSpec(**g) for g in d["gpus"]),
-            hcas=tuple(HcaSpec(**h) for h in d["hcas"]),
+            hcas=tuple(HcaSpec.from_json(h) for h in d["hcas"]),
             mounts=tuple(str(m) for m in d["mounts"]),
             units=MappingProxyType({str(k): str(v) for k, v in d["units"].items()}),
             faults=tuple(Fault(**f) for f in d["faults"]),
@@ -252,8 +275,15 @@ def gpu_serial(node: str, index: int) -> str:
     return "1654" + str(int.from_bytes(_digest("serial", node, str(index))[:8], "big"))[:9].zfill(9)
 
 
-def default_state(name: str, profile: str = "dgx-h100", now: float | None = None) -> NodeState:
-    """A healthy node of kind `profile`; raises profiles.ProfileError for an unknown profile."""
+def default_state(name: str, profile: str = "dgx-h100", now: float | None = None,
+                  storage: str | None = None) -> NodeState:
+    """A healthy node of kind `profile`; raises profiles.ProfileError for an unknown profile.
+
+    `storage` picks the storage-adapter build (podhealth.sim.topology.STORAGE_MODES: bond,
+    ethernet, ib, none); None = the SKU's default. ValueError for another value.
+    """
+    from podhealth.sim import topology  # it builds HcaSpecs: importing it at the top would be circular
+
     prof = profiles.load(profile)
     sku = SKUS.get(profile, GENERIC_SKU)
     arch = sku.architecture
@@ -292,14 +322,8 @@ def default_state(name: str, profile: str = "dgx-h100", now: float | None = None
             power_w=70.0 + 6 * jitter,
             has_fabric=prof.has_nvswitch_fabric,
         ))
-    hcas = []
-    for i in range(prof.compute_hcas + prof.storage_hcas):
-        role: HcaRole = "compute" if i < prof.compute_hcas else "storage"
-        hcas.append(HcaSpec(
-            device=f"mlx5_{i}", port=1, rate_gbps=prof.ib_rate_gbps, link_layer=prof.ib_link_layer,
-            board_id=sku.hca_board_id, fw_ver=sku.hca_fw_ver, role=role,
-            node_guid=_digest("guid", name, str(i))[:8].hex(),
-        ))
+    hcas = topology.build(name, profile, prof.compute_hcas, prof.ib_rate_gbps, prof.ib_link_layer,
+                          prof.storage_hcas, storage)
     units = dict(DEFAULT_UNITS)
     if prof.gpu_count == 0:
         units.pop("nvidia-fabricmanager.service")
@@ -310,7 +334,7 @@ def default_state(name: str, profile: str = "dgx-h100", now: float | None = None
         cuda_version=sku.cuda_version,
         nvml_version=f"12.{sku.driver_version}",
         gpus=tuple(gpus),
-        hcas=tuple(hcas),
+        hcas=hcas,
         mounts=tuple(prof.nfs_mounts) + (("/cm/shared",) if prof.gpu_count else ()),
         units=MappingProxyType(units),
         t0=time.time() if now is None else now,

@@ -33,7 +33,8 @@ def _v(samples: tuple[Sample, ...], name: str, **labels: str) -> float | None:
 def test_healthy_dgx_h100_exact_formats(tmp_path: Path) -> None:
     tree_ib.write(_state(), tmp_path, T0 + 60)
     base = tmp_path / "class" / "infiniband"
-    assert sorted(p.name for p in base.iterdir()) == sorted(f"mlx5_{i}" for i in range(10))
+    compute = ["mlx5_0", "mlx5_1"] + [f"mlx5_{i}" for i in range(4, 10)]
+    assert sorted(p.name for p in base.iterdir()) == sorted(compute + ["mlx5_bond_0"])
     port = base / "mlx5_0" / "ports" / "1"
     assert (port / "state").read_text() == "4: ACTIVE\n"
     assert (port / "phys_state").read_text() == "5: LinkUp\n"
@@ -45,9 +46,10 @@ def test_healthy_dgx_h100_exact_formats(tmp_path: Path) -> None:
     assert sorted(p.name for p in (port / "counters").iterdir()) == sorted(tree_ib.COUNTERS)
     assert sorted(p.name for p in (port / "hw_counters").iterdir()) == sorted(tree_ib.HW_COUNTERS)
     s = _collect(tmp_path)
-    assert len([x for x in s if x.name == "infiniband_port_state" and x.value == 4]) == 10
-    assert {x.value for x in s if x.name == "infiniband_port_rate_bytes_per_second"} == {5e10}
-    assert _v(s, "infiniband_port_stat", device="mlx5_3", counter="symbol_error") == 0
+    assert len([x for x in s if x.name == "infiniband_port_state" and x.value == 4]) == 9
+    assert {_v(s, "infiniband_port_rate_bytes_per_second", device=d) for d in compute} == {5e10}
+    assert _v(s, "infiniband_port_rate_bytes_per_second", device="mlx5_bond_0") == 2.5e10
+    assert _v(s, "infiniband_port_stat", device="mlx5_7", counter="symbol_error") == 0
 
 
 def test_counters_grow_with_time(tmp_path: Path) -> None:
@@ -71,24 +73,24 @@ def test_counters_grow_with_time(tmp_path: Path) -> None:
 
 def test_faults(tmp_path: Path) -> None:
     st = (_state()
-          .with_fault(Fault("ib-down", T0 + 100, device="mlx5_3"))
+          .with_fault(Fault("ib-down", T0 + 100, device="mlx5_7"))
           .with_fault(Fault("ib-rate", T0 + 100, device="mlx5_4", rate=200.0))
           .with_fault(Fault("ib-symbol-errors", T0 + 100, device="mlx5_5", rate=10.0)))
     tree_ib.write(st, tmp_path, T0 + 50)  # before the faults
     before = _collect(tmp_path)
-    assert _v(before, "infiniband_port_state", device="mlx5_3") == 4
+    assert _v(before, "infiniband_port_state", device="mlx5_7") == 4
     tree_ib.write(st, tmp_path, T0 + 160)
     after = _collect(tmp_path)
-    port3 = tmp_path / "class/infiniband/mlx5_3/ports/1"
+    port3 = tmp_path / "class/infiniband/mlx5_7/ports/1"
     assert (port3 / "state").read_text() == "1: DOWN\n"
     assert (port3 / "phys_state").read_text() == "2: Polling\n"
-    assert _v(after, "infiniband_port_stat", device="mlx5_3", counter="link_downed") == 1
-    assert _v(before, "infiniband_port_stat", device="mlx5_3", counter="link_downed") == 0
+    assert _v(after, "infiniband_port_stat", device="mlx5_7", counter="link_downed") == 1
+    assert _v(before, "infiniband_port_stat", device="mlx5_7", counter="link_downed") == 0
     # no traffic while down: data counters stop at the moment of the fault
     tree_ib.write(st, tmp_path, T0 + 400)
     later = _collect(tmp_path)
-    assert _v(later, "infiniband_port_data_transmitted_bytes", device="mlx5_3") == \
-        _v(after, "infiniband_port_data_transmitted_bytes", device="mlx5_3")
+    assert _v(later, "infiniband_port_data_transmitted_bytes", device="mlx5_7") == \
+        _v(after, "infiniband_port_data_transmitted_bytes", device="mlx5_7")
     assert (tmp_path / "class/infiniband/mlx5_4/ports/1/rate").read_text() == "200 Gb/sec (4X HDR)\n"
     assert _v(after, "infiniband_port_rate_bytes_per_second", device="mlx5_4") == 2.5e10
     assert _v(after, "infiniband_port_stat", device="mlx5_5", counter="symbol_error") == 600  # 10/s x 60 s

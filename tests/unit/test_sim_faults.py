@@ -38,6 +38,10 @@ NOW = 1_700_000_000.0
     ("fault=ib-down device=mlx5_3", dict(kind="ib-down", device="mlx5_3")),
     ("fault=ib-rate device=mlx5_3 rate=200", dict(kind="ib-rate", device="mlx5_3", rate=200.0)),
     ("fault=ib-symbol-errors device=mlx5_3 rate=20", dict(kind="ib-symbol-errors", rate=20.0)),
+    ("fault=ib-flap device=mlx5_0", dict(kind="ib-flap", device="mlx5_0", port=None, count=3, period=60.0)),
+    ("fault=ib-flap device=mlx5_0 port=1 count=5 period=2.5", dict(port=1, count=5, period=2.5)),
+    ("fault=ib-counter-saturated device=mlx5_4 counter=symbol_error",
+     dict(kind="ib-counter-saturated", device="mlx5_4", counter="symbol_error")),
     ("fault=nfs-missing mount=/home", dict(kind="nfs-missing", mount="/home")),
     ("fault=nfs-hung mount=/home/", dict(kind="nfs-hung", mount="/home")),
     ("fault=nvml-hang seconds=30", dict(kind="nvml-hang", seconds=30.0, gpu=None)),
@@ -61,7 +65,8 @@ def test_every_kind_has_a_parse_case() -> None:
         "fault=pcie-degraded gpu=0", "fault=thermal gpu=0", "fault=power-brake gpu=0",
         "fault=fabric-incomplete gpu=0", "fault=persistence-off gpu=0", "fault=nvml-hang seconds=1",
         "fault=ib-down device=mlx5_0", "fault=ib-rate device=mlx5_0", "fault=ib-symbol-errors device=mlx5_0",
-        "fault=nfs-missing mount=/x", "fault=nfs-hung mount=/x", "fault=unit-down unit=a.service"]}
+        "fault=nfs-missing mount=/x", "fault=nfs-hung mount=/x", "fault=unit-down unit=a.service",
+        "fault=ib-flap device=mlx5_0", "fault=ib-counter-saturated device=mlx5_0 counter=symbol_error"]}
     assert covered == set(faults.KINDS)
 
 
@@ -128,8 +133,14 @@ def test_default_state_is_deterministic_per_name_and_realistic() -> None:
     a, b, c = (default_state(n, "dgx-h100", now=NOW) for n in ("dgx01", "dgx01", "dgx02"))
     assert a == b and [g.uuid for g in a.gpus] != [g.uuid for g in c.gpus]
     assert [g.pci_bus_id[9:11] for g in a.gpus] == ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]
-    assert [h.role for h in a.hcas] == ["compute"] * 8 + ["storage"] * 2
-    assert all(h.rate_gbps == 400 for h in a.hcas)
+    # the captured DGX H100: 8 NDR compute rails + the bonded RoCE storage pair as one device
+    assert [h.device for h in a.hcas] == ["mlx5_0", "mlx5_1", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7",
+                                          "mlx5_8", "mlx5_9", "mlx5_bond_0"]
+    assert [h.role for h in a.hcas] == ["compute"] * 8 + ["storage"]
+    assert all(h.rate_gbps == 400 and h.link_layer == "InfiniBand" for h in a.hcas[:8])
+    bond = a.hcas[8]
+    assert (bond.rate_gbps, bond.link_layer, bond.netdev) == (200, "Ethernet", "bond0")
+    assert len(bond.bond_slaves) == 2
     assert a.units["nvidia-fabricmanager.service"] == "active"
 
 
