@@ -117,7 +117,7 @@ class Evaluator:
                 continue
             stale = ctx.stale(*d.sources)
             if stale:
-                raw = [unknown(name, "node", f"collector {', '.join(stale)} has no fresh data", stale=",".join(stale))]
+                raw = [unknown(name, "node", _why_stale(snap, stale), stale=",".join(stale))]
             else:
                 try:
                     raw = d.fn(ctx)
@@ -131,6 +131,16 @@ class Evaluator:
         if damped and only is None:
             self.damper.prune({(r.check, r.entity) for r in results})
         return tuple(results)
+
+
+def _why_stale(snap: Snapshot, stale: list[str]) -> str:
+    """The UNKNOWN's summary: which source has no fresh data, and the error of one that failed."""
+    why = f"collector {', '.join(stale)} has no fresh data"
+    for name in stale:
+        st = snap.collectors.get(name)
+        if st is not None and st.errors and st.last_attempt is not None and st.last_success != st.last_attempt:
+            return f"{why}: {st.errors[0]}"[:512]
+    return why
 
 
 def _stamp(r: CheckResult, now: float) -> CheckResult:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from podhealth.checks.context import Context
-from podhealth.checks.result import fail, ok, warn
+from podhealth.checks.result import fail, ok, unknown, warn
 from podhealth.vocab import Action, CheckResult
 
 
@@ -16,7 +16,11 @@ def nfs_mount(ctx: Context) -> list[CheckResult]:
     secs = {s.label("mountpoint"): s.value for s in ctx.samples("nfs_probe_seconds")}
     wanted = sorted(set(present) | set(ctx.required_mounts))
     for m in wanted:
-        if present.get(m, 0) < 1:
+        if m not in present:
+            # "Missing" needs a mount table that was read and lacks the mount; without one
+            # (mountstats unreadable, or the mount not among collectors.nfs.mounts) nobody looked.
+            out.append(unknown("nfs_mount", m, "presence not known: the mount table was not read for this mount"))
+        elif present[m] < 1:
             out.append(fail("nfs_mount", m, "NFS mount missing", Action.DRAIN))
         elif m in probe and probe[m].value < 1:
             out.append(fail("nfs_mount", m, f"statfs did not answer within {secs.get(m, 0):.1f}s (hung mount)",

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ClassVar, Mapping
 
-from podhealth.collectors.base import Collection, specs
+from podhealth.collectors.base import Collection, raise_if_local, specs
 from podhealth.collectors.ib_parse import parse_counter, parse_enum, parse_rate
 from podhealth.config import Config
 from podhealth.vocab import Labels, MetricSpec, Sample, labels_of
@@ -215,6 +215,7 @@ class _CounterDir:
             self.kept.close()
             return
         except OSError as e:
+            raise_if_local(e, f"{where}/{self.sub}")
             read_problems.append(f"{where}/{self.sub}: {_strerror(e)}")
             return
         try:
@@ -228,6 +229,7 @@ class _CounterDir:
                 try:
                     raw = kept.read(dfd, name, settled)
                 except OSError as e:
+                    raise_if_local(e, f"{where}/{self.sub}/{name}")
                     if e.errno == errno.ENOENT:
                         self.listing.expire()  # gone (or a dangling link): look again next cycle
                     # e.g. EINVAL from a counter the firmware refuses to read: skip it, keep the port
@@ -323,6 +325,7 @@ class _Port:
         except FileNotFoundError:
             return False
         except OSError as e:
+            raise_if_local(e, self.where)
             read_problems.append(f"{self.where}: {_strerror(e)}")
             return True
         try:
@@ -335,6 +338,7 @@ class _Port:
                 except FileNotFoundError:
                     continue  # optional attribute: absent, not a problem
                 except OSError as e:
+                    raise_if_local(e, f"{self.where}/{attr}")
                     read_problems.append(f"{self.where}/{attr}: {_strerror(e)}")
                     continue
                 hit = self.attr_memo.get(attr)
@@ -381,6 +385,7 @@ class _Device:
             except FileNotFoundError:
                 raws.append(None)  # optional attribute (hfi1 has no hca_type): absent, not a problem
             except OSError as e:
+                raise_if_local(e, f"{self.name}/{attr}")
                 raws.append(None)
                 read_problems.append(f"{self.name}/{attr}: {_strerror(e)}")
         key = tuple(raws)
@@ -396,6 +401,7 @@ class _Device:
         try:
             dfd = os.open(self.name, _O_DIR, dir_fd=class_dfd)
         except OSError as e:
+            raise_if_local(e, self.name)
             problems.append(f"{self.name}: {_strerror(e)}")
             return
         try:
@@ -405,6 +411,7 @@ class _Device:
             except FileNotFoundError:
                 ports_dfd = -1
             except OSError as e:
+                raise_if_local(e, f"{self.name}/ports")
                 ports_dfd = -1
                 read_problems.append(f"{self.name}/ports: {_strerror(e)}")
             try:
@@ -455,6 +462,8 @@ class InfinibandCollector:
             class_dfd = os.open(self._class_dir, _O_DIR)
         except OSError as e:
             self.close()
+            # Only an absent class directory means "no HCAs"; EMFILE there means "could not look".
+            raise_if_local(e, self._class_dir)
             return Collection((), errors=(f"{self._class_dir}: {_strerror(e)} (no InfiniBand devices)",))
         out: list[Sample] = []
         now = time.monotonic()

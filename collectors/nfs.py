@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, ClassVar, Iterable, Mapping, Sequence
 
-from podhealth.collectors.base import Collection, specs
+from podhealth.collectors.base import Collection, raise_if_local, specs
 from podhealth.collectors.nfs_parse import (
     Mountstats, NfsMount, RpcNfs, parse_mountstats, parse_rpc_nfs,
 )
@@ -236,12 +236,16 @@ class NfsCollector:
             if stats.malformed > len(stats.problems):
                 problems.append(f"mountstats: {stats.malformed} malformed lines in all")
         except OSError as e:
+            # Without the mount table nothing can be called missing: a local fault fails the
+            # collection (UNKNOWN); any other error leaves nfs_mount_present out, never 0.
+            raise_if_local(e, f"{self.procfs_root}/self/mountstats")
             problems.append(f"mountstats: {e.strerror or e} ({self.procfs_root}/self/mountstats)")
         rpc: RpcNfs | None = None
         try:
             rpc = self._parse_rpc(read_text(self.procfs_root / "net" / "rpc" / "nfs"))
             problems.extend(rpc.problems)
         except OSError as e:
+            raise_if_local(e, f"{self.procfs_root}/net/rpc/nfs")
             # absent until the nfs module is loaded: reported, but the mounts' series still flow
             problems.append(f"rpc/nfs: {e.strerror or e}")
         if pending is not None:

@@ -24,10 +24,15 @@ from typing import Callable, TypeVar
 
 import pynvml
 
+from podhealth.collectors.base import SourceUnreadable
+
 T = TypeVar("T")
 
 # NVML return codes that say "this GPU / driver has no such thing": the value is absent.
 ABSENT_CODES = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
+# This host ran out of memory or other resources for the call: nothing is known about the GPU,
+# so the collection fails (its checks say UNKNOWN) rather than calling the GPU lost.
+LOCAL_CODES = frozenset({pynvml.NVML_ERROR_MEMORY, pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES})
 # The library lost its state (driver reloaded, upgraded, or never initialised): re-initialise.
 REINIT_CODES = frozenset({
     pynvml.NVML_ERROR_UNINITIALIZED,
@@ -220,6 +225,8 @@ class NvmlSession:
             except pynvml.NVMLError as e:
                 if e.value in REINIT_CODES:
                     raise NvmlReinitNeeded(gen, e) from e
+                if e.value in LOCAL_CODES:
+                    raise SourceUnreadable(f"gpu {index}: nvmlDeviceGetHandleByIndex: {error_text(e)}") from e
                 return Device(index, gen, self._identities.get(index, GpuIdentity(index)), None, e)
             self._handles[index] = handle  # dict assignment is atomic; a racing duplicate is harmless
         ident = self._identities.get(index)
@@ -336,6 +343,8 @@ class DeviceCalls:
             return
         if code in REINIT_CODES:
             raise NvmlReinitNeeded(self.device.generation, e) from e
+        if code in LOCAL_CODES:
+            raise SourceUnreadable(f"gpu {self.device.index}: {key}: {error_text(e)}") from e
         self.errors.append(f"gpu {self.device.index}: {key}: {error_text(e)}")
         if code == pynvml.NVML_ERROR_GPU_IS_LOST:
             self.lost = self.down = True

@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
+from podhealth.collectors.base import SourceUnreadable, raise_if_local
+
 _DETAIL_BYTES = 512
 _REAP_GRACE = 0.5  # seconds to wait for a killed child before leaving it for the next cycle
 # Starting the helper (an interpreter) does not touch the target, so it gets its own allowance,
@@ -113,6 +115,8 @@ class Probe:
             try:
                 proc = self._start()
             except OSError as e:
+                # No fds or process slots for the helper says nothing about the mount.
+                raise_if_local(e, f"start {self.argv[0]!r}")
                 return ProbeResult(False, 0.0, f"cannot start {self.argv[0]!r}: {e.strerror or e}")
             line = self._line(proc, time.monotonic() + max(timeout, STARTUP_TIMEOUT))
             if line != b"ready":
@@ -168,7 +172,8 @@ class Probe:
             return self._gone(proc, 0.0)
         self._kill(proc)
         if line is None:
-            return ProbeResult(False, timeout, f"probe helper did not start within {max(timeout, STARTUP_TIMEOUT):g}s")
+            # An interpreter that cannot start in time is a starved host, not a hung mount.
+            raise SourceUnreadable(f"probe helper did not start within {max(timeout, STARTUP_TIMEOUT):g}s")
         return ProbeResult(False, 0.0, f"unexpected answer from the probe helper: {line[:_DETAIL_BYTES]!r}")
 
     def _gone(self, proc: subprocess.Popen[bytes], seconds: float) -> ProbeResult:

@@ -40,6 +40,8 @@ class Snapshot:
                     yield s
 
     def stale(self, collector: str) -> bool:
-        """True when the collector's data cannot be trusted (stale, disabled, or never ran)."""
+        """True when the collector's data cannot be trusted (stale, disabled, never ran, or its
+        last run failed). A failed run leaves no samples: judging the empty set would turn
+        "could not read" (EMFILE, ENOMEM, no NVML) into "nothing there" (0 of 8 ports present)."""
         st = self.collectors.get(collector)
-        return st is None or st.stale or not st.enabled
+        return st is None or st.stale or not st.enabled or st.last_success != st.last_attempt
