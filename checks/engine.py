@@ -12,7 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from podhealth.checks import gpu, host, ib, nfs, nvlink
+from podhealth.checks import drift, gpu, host, ib, nfs, nvlink
 from podhealth.checks.context import Context, observe_counters
 from podhealth.checks.damping import Damper
 from podhealth.checks.profiles import Profile
@@ -53,6 +53,8 @@ CHECKS: dict[str, CheckDef] = {
     "fabric": CheckDef(gpu.fabric, ("nvml",)),
     "persistence": CheckDef(gpu.persistence, ("nvml",)),
     "driver": CheckDef(gpu.driver, ("nvml",)),
+    # nvml: every GPU node has it; the HCA and host fields are UNKNOWN inside when their source is stale
+    "drift": CheckDef(drift.drift, ("nvml",)),
     "nvlink": CheckDef(nvlink.nvlink, ("nvlink",)),
     "ib_port": CheckDef(ib.ib_port, ("infiniband",)),
     "ib_errors": CheckDef(ib.ib_errors, ("infiniband",)),

@@ -87,7 +87,7 @@ class LocalCollector:
             remaining = max(0.05, started + timeout - time.time())
             try:
                 res = fut.result(timeout=remaining)
-                states[name] = CollectorState(name, samples=res.samples, errors=res.errors, last_success=time.time(),
+                states[name] = CollectorState(name, samples=res.samples, errors=res.errors, last_success=started,
                                               last_attempt=started, last_duration=time.time() - started, stale=False,
                                               runs=1)
                 events.extend(res.events)

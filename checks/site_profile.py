@@ -26,6 +26,8 @@ from podhealth.configload import ConfigError, load_file, load_text
 
 # Mappings whose keys are the site's own (HCA board ids): any string key, values of this type.
 _OPEN_MAPPINGS: dict[str, Any] = {"versions.hca_fw": str}
+# Lists of strings whose shipped default is empty.
+_STR_LISTS = {"nfs_mounts"}
 # Keys whose values are words from a fixed set.
 _WORDS: dict[str, Any] = {"drift": Literal["OK", "WARN", "FAIL"]}
 
@@ -46,8 +48,10 @@ def _field_type(path: str, default: Any) -> Any:
     if isinstance(default, str):
         return str
     if isinstance(default, list):
-        item = _field_type(path + "[]", default[0]) if default else str
-        return tuple[item, ...]  # type: ignore[valid-type]
+        # a list of names (nfs_mounts) is typed by its default; a list of rules is the owner's to
+        # validate (checks/ib_profile.py for network.rules)
+        scalar = path in _STR_LISTS or (default and isinstance(default[0], (str, int, float)))
+        return tuple[(_field_type(path + "[]", default[0]) if default else str) if scalar else Any, ...]  # type: ignore[misc]
     if isinstance(default, dict):
         return _schema(path, default) if default else Mapping[str, Any]
     return Any

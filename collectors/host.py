@@ -19,6 +19,7 @@ from typing import Callable, ClassVar, Mapping, Sequence
 import psutil
 
 from podhealth.collectors.base import Collection, specs
+from podhealth.collectors.host_versions import VersionReader
 from podhealth.config import Config, HostConfig
 from podhealth.vocab import MetricSpec, Sample
 
@@ -114,11 +115,14 @@ class HostCollector:
         MetricSpec("host_disk_total_bytes", "gauge", "Size of a configured filesystem.", "bytes"),
         MetricSpec("systemd_unit_active", "gauge", "1 when the unit's ActiveState is active, else 0."),
         MetricSpec("systemd_unit_state_info", "info", "The unit's ActiveState (unknown where systemd is not PID 1)."),
+        MetricSpec("host_kernel_info", "info", "Running kernel release (label release, as uname -r)."),
+        MetricSpec("host_ofed_info", "info", "OFED stack version (label version; source ofed_info or mlx5_core)."),
     )
 
-    def __init__(self, cfg: HostConfig, units: UnitReader) -> None:
+    def __init__(self, cfg: HostConfig, units: UnitReader, versions: VersionReader | None = None) -> None:
         self.cfg = cfg
         self._units = units
+        self._versions = versions
         self._prev_cpu: CpuTimes | None = None
 
     def collect(self) -> Collection:
@@ -152,6 +156,8 @@ class HostCollector:
             samples.append(Sample.of("systemd_unit_state_info", 1, unit=unit, state=state))
             if state != UNKNOWN:
                 samples.append(Sample.of("systemd_unit_active", 1 if state == "active" else 0, unit=unit))
+        if self._versions is not None:
+            samples.extend(self._versions.samples())
         return Collection(tuple(samples), errors=tuple(errors))
 
     def close(self) -> None:
@@ -161,4 +167,4 @@ class HostCollector:
 def create(cfg: Config, units_source: Path | None = None) -> HostCollector:
     """`units_source`: a JSON file unit -> state (the simulator's) instead of asking systemd."""
     reader = file_reader(units_source) if units_source is not None else systemctl_reader()
-    return HostCollector(cfg.collectors.host, reader)
+    return HostCollector(cfg.collectors.host, reader, VersionReader(cfg.paths.procfs_root, cfg.paths.sysfs_root))

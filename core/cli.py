@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "burnin": "podhealth.checks.cmd_burnin",
     "dcgm-diag": "podhealth.checks.cmd_dcgm",
     "nccl": "podhealth.checks.cmd_nccl",
+    "profile": "podhealth.agent.cmd_profile",
 }
 
 

@@ -1,0 +1,158 @@
+"""`podhealth profile`: a site golden profile from a node known to be good, and how a node differs.
+
+    podhealth profile capture [--simulate PROFILE | --url URL | --node NAME] > site-profile.yaml
+    podhealth profile diff [FILE] [--simulate PROFILE | --url URL | --node NAME] [--format table|json]
+
+The node is read by the agent's own collectors, once (checks/handover.py LocalCollector): on this
+node by default, on a simulated node with --simulate (as `podhealth agent --simulate`), or from a
+running agent's /metrics with --url / --node. It lives beside the agent because --simulate uses
+the agent's simulator wiring (agent/simmode.py).
+
+diff exits 0 when the node matches every value the profile states, 1 when one differs, 2 when it
+cannot tell (a stated value could not be read, the agent is unreachable, a bad profile file).
+FILE defaults to checks.profile_file from the config (else node.profile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+from pathlib import Path
+
+from podhealth import config as config_mod
+from podhealth.config import Config
+
+EXIT_UNKNOWN = 2
+# What a profile describes; kmsg and dcgm have nothing to say about it.
+COLLECTORS = ("nvml", "nvlink", "infiniband", "nfs", "host")
+
+
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+    p = sub.add_parser("profile", help="capture a site golden profile from a good node; diff a node against one",
+                       description="Site golden profiles: `capture` writes what a known-good node shows as a "
+                                   "profile that extends the closest shipped one; `diff` shows how a node differs.")
+    psub = p.add_subparsers(dest="profile_command", metavar="SUBCOMMAND")
+    for name, helptext in (("capture", "write this node's profile (YAML) to stdout"),
+                           ("diff", "compare a node with a profile: exit 0 same, 1 differs, 2 cannot tell")):
+        sp = psub.add_parser(name, help=helptext)
+        if name == "diff":
+            sp.add_argument("file", nargs="?", help="site profile (default: checks.profile_file, else node.profile)")
+            sp.add_argument("--format", choices=["table", "json"], default="table")
+            sp.add_argument("-v", "--verbose", action="store_true", help="table: the values that match too")
+        src = sp.add_mutually_exclusive_group()
+        src.add_argument("--simulate", choices=("dgx-h100", "dgx-h200", "dgx-b200", "dgx-a100"), metavar="PROFILE",
+                         help="read a simulated node (created if absent, as `podhealth agent --simulate`)")
+        src.add_argument("--url", help="read a running agent's /metrics at this base URL")
+        src.add_argument("--node", help="read that node's agent (URL from checks.agents, else DNS)")
+        sp.add_argument("--sim-root", type=Path, help="directory of simulated nodes (default $PODHEALTH_SIM_DIR "
+                                                      "or /tmp/podhealth-sim)")
+        sp.add_argument("--sim-node", default="dgx01", help="simulated node's name (default dgx01)")
+        sp.add_argument("--config", help="config file (default /etc/podhealth/podhealth.yaml if present)")
+        sp.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the node (default 30)")
+        sp.set_defaults(func=run)
+    p.set_defaults(func=lambda args: (p.print_help(), EXIT_UNKNOWN)[1])
+    return p
+
+
+class _Stop(Exception):
+    """A message for stderr and exit 2."""
+
+
+def _load_config(path: str | None) -> Config:
+    from podhealth.checks.cmd_check import _load_config as load
+
+    return load(path)
+
+
+def _read_node(args: argparse.Namespace, cfg: Config):  # type: ignore[no-untyped-def]
+    """(snapshot, node name, where it came from)."""
+    from podhealth.checks.handover import LocalCollector
+
+    if args.url or args.node:
+        from podhealth.checks.cmd_check import CheckError, agent_url
+        from podhealth.checks.profile_source import SourceError, fetch_metrics, snapshot_from_metrics
+
+        try:
+            url = args.url or agent_url(cfg, args.node)
+            snap, node = snapshot_from_metrics(fetch_metrics(url, args.timeout))
+        except (CheckError, SourceError) as e:
+            raise _Stop(str(e)) from None
+        return snap, node or args.node or url, f"the agent at {url}"
+    seams = None
+    if args.simulate:
+        from podhealth.agent import simmode
+        from podhealth.sim.node import default_root
+
+        try:
+            sim = simmode.setup(cfg, args.simulate, args.sim_root or default_root(), args.sim_node)
+            sim.node.refresh()
+        except (ValueError, OSError) as e:
+            raise _Stop(f"--simulate: {e}") from None
+        cfg, seams = sim.cfg, sim.seams
+        node, origin = args.sim_node, f"simulated {args.simulate} node {args.sim_node} ({sim.node.dir})"
+    else:
+        node = cfg.node.name or socket.gethostname().split(".")[0]
+        origin = f"{node}'s collectors"
+    snap = LocalCollector(cfg, seams, only=COLLECTORS, timeout_cap=args.timeout).collect_sync()
+    return snap, node, origin
+
+
+def _observe(snap, node: str, prof):  # type: ignore[no-untyped-def]
+    from podhealth.checks import profile_capture, profile_network
+
+    roles, notes = profile_network.observe_roles(snap, prof)
+    obs = profile_capture.observe(snap, roles, node)
+    return profile_capture.Observation(obs.values, obs.notes + tuple(notes), node)
+
+
+def _capture(args: argparse.Namespace, cfg: Config) -> int:
+    from podhealth.checks import profile_capture, profile_render, profiles
+
+    snap, node, origin = _read_node(args, cfg)
+    # classify ports with the rules of the profile the node resembles, then state that profile
+    first = profile_capture.observe(snap, None, node)
+    extends, why = profile_capture.closest(first)
+    obs = _observe(snap, node, profiles.load(extends))
+    sys.stdout.write(profile_render.capture_yaml(obs, extends, why, origin))
+    unreadable = [k for k, v in obs.values.items() if v is None]
+    if unreadable:
+        print(f"podhealth profile capture: not captured (no fresh data): {', '.join(unreadable)}", file=sys.stderr)
+    return 0
+
+
+def _diff(args: argparse.Namespace, cfg: Config) -> int:
+    from podhealth.checks import profile_capture, profile_render, profiles
+
+    try:
+        prof = profiles.of_config(cfg, args.file)
+    except profiles.ProfileError as e:
+        raise _Stop(str(e)) from None
+    snap, node, _ = _read_node(args, cfg)
+    d = profile_capture.diff(_observe(snap, node, prof), prof)
+    if args.format == "json":
+        json.dump(d.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        profile_render.diff_table(d, sys.stdout, args.verbose)
+    return d.exit_code
+
+
+def run(args: argparse.Namespace) -> int:
+    from podhealth import log
+
+    # stdout is the profile (or the diff): logs go to stderr, and only what needs a look
+    log.setup(getattr(args, "log_level", None) or "warning", "auto")
+    try:
+        cfg = _load_config(args.config)
+        if args.file if args.profile_command == "diff" else False:
+            if not Path(args.file).is_file():
+                raise _Stop(f"{args.file}: no such file")
+        return _capture(args, cfg) if args.profile_command == "capture" else _diff(args, cfg)
+    except config_mod.ConfigError as e:
+        print(e, file=sys.stderr)
+        return EXIT_UNKNOWN
+    except _Stop as e:
+        print(f"podhealth profile {args.profile_command}: {e}", file=sys.stderr)
+        return EXIT_UNKNOWN
