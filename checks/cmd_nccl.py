@@ -30,7 +30,10 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--timeout", type=float, help="seconds per run / per pair (default: active.nccl.timeout)")
     p.add_argument("--fleet-median", type=float, help="in-node busbw fleet median, GB/s (default: active.nccl.fleet_median_gbps)")
     p.add_argument("--slow-pct", type=float, help="%% below the median that counts as slow (default: active.nccl.fleet_slow_pct)")
-    p.add_argument("--pair-gate", type=float, help="two-node busbw gate, GB/s (default: active.nccl.pair_busbw_gbps)")
+    p.add_argument("--pair-gate", type=float, help="two-node busbw gate, GB/s (default: active.nccl.pair_busbw_gbps, "
+                                                   "else the profile's thresholds.nccl_multinode_busbw_gbps)")
+    p.add_argument("--judge", metavar="FILE", help="judge a saved all_reduce_perf output (e.g. a multi-node sbatch run) "
+                                                  "instead of running one; multi-node output blames the hosts it names")
     p.add_argument("--parallel", type=int, default=8, help="pair tests run at once")
     p.add_argument("--runner-fault", default="", help="testing only: passed to the runner's --fault (slow:NODE, fail:NODE)")
     active_cli.add_common(p)
@@ -65,6 +68,8 @@ def _run(args: argparse.Namespace) -> int:
     binary = args.all_reduce_perf if args.all_reduce_perf is not None else nc.all_reduce_perf
     device = "cuda" if binary else _device(args.device)
     started = time.time()
+    if args.judge:
+        return _judge_file(args, cfg, prof, slow_pct, started)
     if args.nodes:
         return _pairwise(args, cfg, prof, binary, device, min_b, max_b, timeout, slow_pct, started)
     return _single(args, cfg, prof, binary, device, min_b, max_b, timeout, slow_pct, started)
@@ -98,15 +103,44 @@ def _single(args: argparse.Namespace, cfg, prof, binary: str, device: str, min_b
         return active_cli.finish(cfg, prof, [unknown(nccl.CHECK, "node", f"all-reduce timed out after {timeout * 2 + 60:g}s")],
                                  args.format, nccl.CHECK, started)
     median = args.fleet_median if args.fleet_median is not None else cfg.active.nccl.fleet_median_gbps
-    gate = prof.threshold("nccl_allreduce_busbw_gbps") if device == "cuda" else 0.0
-    result = nccl.judge(nccl.parse(text), nccl.Gates(gate, median, slow_pct))
-    notes = [note] + ([] if device == "cuda" else ["cpu (gloo): the profile's busbw gate is not applied"])
-    return active_cli.finish(cfg, prof, [result], args.format, nccl.CHECK, started, notes)
+    if device != "cuda":
+        result = nccl.judge(nccl.parse(text), nccl.Gates(0.0, median, slow_pct))
+        notes = [note, "cpu (gloo): the profile's busbw gate is not applied"]
+        return active_cli.finish(cfg, prof, [result], args.format, nccl.CHECK, started, notes)
+    return active_cli.finish(cfg, prof, _judged(text, args, cfg, prof, median, slow_pct), args.format, nccl.CHECK,
+                             started, [note])
+
+
+def _judged(text: str, args: argparse.Namespace, cfg, prof, median: float, slow_pct: float):  # type: ignore[no-untyped-def]
+    """In-node output against the in-node gate; output naming several hosts against the profile's
+    multi-node gate, blaming those hosts (a wrapper may have launched mpirun across nodes)."""
+    from podhealth.checks import nccl
+
+    run = nccl.parse(text)
+    if len(run.hosts) > 1:
+        override = args.pair_gate if args.pair_gate is not None else cfg.active.nccl.pair_busbw_gbps
+        return nccl.judge_hosts(run, nccl.multinode_gates(prof.thresholds, override, slow_pct))
+    return [nccl.judge(run, nccl.Gates(prof.threshold("nccl_allreduce_busbw_gbps"), median, slow_pct))]
+
+
+def _judge_file(args: argparse.Namespace, cfg, prof, slow_pct: float, started: float) -> int:  # type: ignore[no-untyped-def]
+    from podhealth.checks import nccl
+    from podhealth.checks.result import unknown
+
+    try:
+        with open(args.judge, "rb") as f:
+            text = f.read(64 << 20).decode("utf-8", "replace")
+    except OSError as e:
+        return active_cli.finish(cfg, prof, [unknown(nccl.CHECK, "node", f"cannot read {args.judge}: {e.strerror or e}")],
+                                 args.format, nccl.CHECK, started)
+    median = args.fleet_median if args.fleet_median is not None else cfg.active.nccl.fleet_median_gbps
+    return active_cli.finish(cfg, prof, _judged(text, args, cfg, prof, median, slow_pct), args.format, nccl.CHECK,
+                             started, [f"judged {args.judge}"])
 
 
 def _pairwise(args: argparse.Namespace, cfg, prof, binary: str, device: str, min_b: int, max_b: int,  # type: ignore[no-untyped-def]
               timeout: float, slow_pct: float, started: float) -> int:
-    from podhealth.checks import nccl_slurm
+    from podhealth.checks import nccl, nccl_slurm
     from podhealth.aggregator.hostnames import expand_hostlist
 
     nc = cfg.active.nccl
@@ -127,7 +161,12 @@ def _pairwise(args: argparse.Namespace, cfg, prof, binary: str, device: str, min
                              partition=nc.partition, node_addr=nccl_slurm.node_addresses(nodes + refs, scontrol),
                              runner=binary,
                              extra_runner_args=("--fault", args.runner_fault) if args.runner_fault else ())
-    gate = args.pair_gate if args.pair_gate is not None else nc.pair_busbw_gbps
-    out = nccl_slurm.run_pairwise(nodes, job, gate, slow_pct, refs, max_parallel=args.parallel)
+    override = args.pair_gate if args.pair_gate is not None else nc.pair_busbw_gbps
+    # On CPU (gloo) the profile's fabric gate means nothing: pairs are judged against their median only.
+    gates = nccl.multinode_gates(prof.thresholds, override, slow_pct) if device == "cuda" else \
+        nccl.Gates(override, 0.0, slow_pct)
+    out = nccl_slurm.run_pairwise(nodes, job, gates, slow_pct, refs, max_parallel=args.parallel)
     notes = [f"{len(out.pairs)} pair test(s); pairs' median busbw {out.median_gbps:.3g} GB/s"]
+    if device != "cuda":
+        notes.append("cpu (gloo): the profile's multi-node gate is not applied")
     return active_cli.finish(cfg, prof, out.results, args.format, nccl_slurm.CHECK, started, notes)

@@ -12,12 +12,14 @@ GB/s while it sustains 485 GB/s at 16 GiB).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import statistics
 from dataclasses import dataclass
+from typing import Mapping
 
 from podhealth.checks.result import fail, ok, unknown, warn
-from podhealth.vocab import Action, CheckResult
+from podhealth.vocab import MAX_EVIDENCE_ITEMS, Action, CheckResult, Status
 
 CHECK = "nccl_allreduce"
 MAX_ERROR_LINES = 8
@@ -83,9 +85,12 @@ class NcclRun:
 
 
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
-_DEVICE = re.compile(r"^#\s+Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+(\d+)\s+\[([^\]]*)\]\s*(.*)$")
+# Numbers converted with int() are ASCII digits of bounded length: regex \d takes any script's
+# digits and int() refuses more than 4,300 of them.
+_DEVICE = re.compile(r"^#\s+Rank\s+([0-9]{1,9})\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+([0-9]{1,9})"
+                     r"\s+\[([^\]]*)\]\s*(.*)$")
 _AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(" + _NUM + r")")
-_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)\s*(\w+)?")
+_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*([0-9]{1,18})\b\s*(\w+)?")
 _ERROR = re.compile(r"(Test (?:CUDA|NCCL) failure|Test failure|NCCL WARN|\bNCCL error\b|\bError\b|\bERROR\b"
                     r"|not enough slots|failure:|Segmentation fault|Aborted|timed out|Timeout)", re.I)
 _HCA = re.compile(r"\b(mlx5_\d+(?::\d+)?|ibp\d+s\d+|bnxt_re\d+)\b")
@@ -168,6 +173,29 @@ class Gates:
     busbw_gbps: float = 0.0            # FAIL below (0 = no fixed gate), from the profile
     fleet_median_gbps: float = 0.0     # WARN when this % below the fleet median (0 = no median)
     fleet_slow_pct: float = 10.0
+    min_bytes: int = 0                 # the gate holds for sweeps whose largest size reaches this
+    required: bool = False             # no usable gate -> UNKNOWN, not OK (multi-node runs)
+
+
+def multinode_gates(thresholds: Mapping[str, float], override_gbps: float = 0.0,
+                    slow_pct: float = 10.0) -> Gates:
+    """The two-node gate of a profile (thresholds.nccl_multinode_*), required: a SKU without one
+    gets UNKNOWN verdicts, never a PASS against a gate of 0."""
+    gate = override_gbps or float(thresholds.get("nccl_multinode_busbw_gbps", 0.0))
+    return Gates(gate, 0.0, slow_pct, int(thresholds.get("nccl_multinode_min_bytes", 0)), required=True)
+
+
+def no_gate_reason(run: NcclRun, gates: Gates) -> str:
+    """Why `gates` cannot pass this run ("" when it can): no gate, or a sweep that stops short."""
+    if not gates.required:
+        return ""
+    if gates.busbw_gbps <= 0:
+        return "no multi-node busbw gate for this SKU (profile thresholds.nccl_multinode_busbw_gbps)"
+    biggest = max((r.size_bytes for r in run.rows), default=0)
+    if biggest < gates.min_bytes:
+        return (f"largest size {biggest} B is below the {gates.min_bytes} B the gate is stated for "
+                "(raise --max-bytes)")
+    return ""
 
 
 def judge(run: NcclRun, gates: Gates, entity: str = "node", check: str = CHECK) -> CheckResult:
@@ -200,7 +228,8 @@ def judge(run: NcclRun, gates: Gates, entity: str = "node", check: str = CHECK) 
     assert large is not None
     if run.errors:
         return fail(check, entity, f"all-reduce reported errors: {run.errors[0]}", Action.DRAIN, **ev)
-    if gates.busbw_gbps > 0 and large < gates.busbw_gbps:
+    missing = no_gate_reason(run, gates)
+    if not missing and gates.busbw_gbps > 0 and large < gates.busbw_gbps:
         return fail(check, entity, f"bus bandwidth {large:.1f} GB/s below the gate {gates.busbw_gbps:g} GB/s",
                     Action.DRAIN, gate_gbps=gates.busbw_gbps, **ev)
     if gates.fleet_median_gbps > 0:
@@ -209,4 +238,30 @@ def judge(run: NcclRun, gates: Gates, entity: str = "node", check: str = CHECK) 
             return warn(check, entity, f"bus bandwidth {large:.1f} GB/s is more than {gates.fleet_slow_pct:g}% "
                         f"below the fleet median {gates.fleet_median_gbps:.1f} GB/s", Action.NONE,
                         fleet_median_gbps=gates.fleet_median_gbps, **ev)
+    if missing:
+        return unknown(check, entity, f"bus bandwidth {large:.1f} GB/s not judged: {missing}", **ev)
     return ok(check, entity, f"bus bandwidth {large:.1f} GB/s", **ev)
+
+
+def judge_hosts(run: NcclRun, gates: Gates, check: str = CHECK) -> list[CheckResult]:
+    """A run that spans several hosts blames the hosts its output names (the "# Rank N ... on
+    HOST device D" lines), one result each, not the host that launched it: mpirun or srun may
+    run on a login node that took no part. Two hosts are judged against the two-node gate; a
+    larger run is below it only as a WARN (busbw at scale is not what the gate states), to be
+    localised with pair tests (`podhealth nccl --nodes`)."""
+    hosts = run.hosts
+    if len(hosts) < 2:
+        return [judge(run, gates, "node", check)]
+    r = judge(run, gates, hosts[0], check)
+    if len(hosts) > 2 and r.status is Status.FAIL and "gate_gbps" in dict(r.evidence):
+        r = dataclasses.replace(r, status=Status.WARN, action=Action.NONE,
+                                summary=r.summary + f" (the gate is stated for 2 nodes; this run had {len(hosts)}: "
+                                "localise with `podhealth nccl --nodes`)")
+    ranks = {h: sum(1 for d in run.devices if d.host == h) for h in hosts}
+    out = []
+    for h in hosts:
+        ev = (("hosts", ",".join(hosts)), ("ranks", str(ranks[h]))) + r.evidence
+        out.append(dataclasses.replace(r, entity=h, evidence=ev[:MAX_EVIDENCE_ITEMS],
+                                       summary=f"{len(hosts)}-node all-reduce with {', '.join(x for x in hosts if x != h)}: "
+                                               f"{r.summary}"))
+    return out

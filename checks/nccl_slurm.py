@@ -123,8 +123,14 @@ class Classified:
     run: PairRun
 
 
-def classify(run: PairRun, gate_gbps: float, median_gbps: float, slow_pct: float) -> localize.PairResult:
-    """Turn one pair's run into pass / fail / unknown for the localiser."""
+def classify(run: PairRun, gate: float | nccl.Gates, median_gbps: float, slow_pct: float) -> localize.PairResult:
+    """Turn one pair's run into pass / fail / unknown for the localiser.
+
+    `gate`: the profile's two-node gate (nccl.multinode_gates: required, so a SKU without one
+    makes a completed pair "unknown", never "pass"), or a bare number (0 = median only, CPU runs).
+    """
+    gates = gate if isinstance(gate, nccl.Gates) else nccl.Gates(gate)
+    gate_gbps = gates.busbw_gbps
     r = run.run
     hcas = nccl.hcas_in(run.output)
     large = r.large_busbw()
@@ -141,13 +147,16 @@ def classify(run: PairRun, gate_gbps: float, median_gbps: float, slow_pct: float
         return localize.PairResult(run.a, run.b, "fail", large, f"{wrong} wrong values", hcas)
     if r.errors or (run.returncode not in (0, None)):
         return localize.PairResult(run.a, run.b, "fail", large, r.errors[0] if r.errors else f"exit {run.returncode}", hcas)
-    if gate_gbps > 0 and large < gate_gbps:
+    missing = nccl.no_gate_reason(r, gates)
+    if not missing and gate_gbps > 0 and large < gate_gbps:
         return localize.PairResult(run.a, run.b, "fail", large, f"busbw {large:.3g} GB/s below the gate {gate_gbps:g}",
                                    hcas, slow_only=True)
     if median_gbps > 0 and large < median_gbps * (1 - slow_pct / 100):
         return localize.PairResult(run.a, run.b, "fail", large,
                                    f"busbw {large:.3g} GB/s is more than {slow_pct:g}% below the pairs' median "
                                    f"{median_gbps:.3g}", hcas, slow_only=True)
+    if missing:
+        return localize.PairResult(run.a, run.b, "unknown", large, f"busbw {large:.3g} GB/s not judged: {missing}", hcas)
     return localize.PairResult(run.a, run.b, "pass", large, f"busbw {large:.3g} GB/s", hcas)
 
 
@@ -169,7 +178,7 @@ class PairwiseOutcome:
     median_gbps: float
 
 
-def run_pairwise(nodes: Sequence[str], job: PairJob, gate_gbps: float = 0.0, slow_pct: float = 10.0,
+def run_pairwise(nodes: Sequence[str], job: PairJob, gate_gbps: float | nccl.Gates = 0.0, slow_pct: float = 10.0,
                  known_good: Sequence[str] = (), max_parallel: int = 8,
                  on_pair: Callable[[localize.PairResult], None] | None = None,
                  run: Callable[[PairJob, str, str], PairRun] = run_pair) -> PairwiseOutcome:
@@ -220,7 +229,9 @@ def verdict_results(p: localize.Plan, pairs: Sequence[localize.PairResult]) -> l
         elif v.state is localize.NodeState.GOOD:
             out.append(ok(CHECK, v.node, "passed a pair test", **ev))
         else:
-            out.append(unknown(CHECK, v.node, v.reason, **ev))
+            # A pair that ran but could not be judged (no gate for the SKU) says why itself.
+            unjudged = next((x.reason for x in mine if x.outcome == "unknown" and x.busbw_gbps is not None), "")
+            out.append(unknown(CHECK, v.node, f"{v.reason}: {unjudged}" if unjudged else v.reason, **ev))
     for a, b in p.bad_links:
         out.append(warn(CHECK, f"link:{a}-{b}", f"{a} and {b} pass with others but fail together: a bad link or rail",
                         Action.NONE, **{"pairs": "; ".join(f"{x.reason}" for x in pairs
