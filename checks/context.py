@@ -9,6 +9,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
+from podhealth.checks.ib_links import LinkTracker
 from podhealth.checks.profiles import Profile
 from podhealth.checks.rates import RateTracker
 from podhealth.snapshot import Snapshot
@@ -30,6 +31,8 @@ class Context:
     required_units: tuple[str, ...] = ()
     required_mounts: tuple[str, ...] = ()
     window: float = 300.0
+    # IB link history (the agent's Evaluator); None in a one-shot check, which has no history
+    ib_links: LinkTracker | None = None
     _by_name: Mapping[str, list[Sample]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

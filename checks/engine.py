@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 from podhealth.checks import drift, gpu, host, ib, nfs, nvlink
 from podhealth.checks.context import Context, observe_counters
 from podhealth.checks.damping import Damper
+from podhealth.checks.ib_links import LinkTracker
 from podhealth.checks.profiles import Profile
 from podhealth.checks.rates import RateTracker
 from podhealth.checks.result import unknown
@@ -58,13 +59,14 @@ CHECKS: dict[str, CheckDef] = {
     "nvlink": CheckDef(nvlink.nvlink, ("nvlink",)),
     "ib_port": CheckDef(ib.ib_port, ("infiniband",)),
     "ib_errors": CheckDef(ib.ib_errors, ("infiniband",)),
+    "ib_flap": CheckDef(ib.ib_flap, ("infiniband",)),
     "nfs_mount": CheckDef(nfs.nfs_mount, ("nfs",)),
     "nfs_latency": CheckDef(nfs.nfs_latency, ("nfs",)),
     "systemd_unit": CheckDef(host.systemd_units, ("host",)),
 }
 
 _COUNTERS = frozenset({
-    "gpu_ecc_errors", "gpu_pcie_replay", "nvlink_errors", "infiniband_port_stat",
+    "gpu_ecc_errors", "gpu_pcie_replay", "nvlink_errors", "infiniband_port_stat", "infiniband_port_hw_stat",
     "nfs_operation_rtt_seconds", "nfs_operation_requests", "nfs_operation_transmissions",
 })
 
@@ -77,6 +79,7 @@ class Evaluator:
         self.profile = profile
         self.cfg = cfg
         self.rates = RateTracker(cfg.rate_window)
+        self.links = LinkTracker()  # IB port downs and recoveries across evaluations (ib_flap)
         self.damper = Damper(cfg.damping.fail_after, cfg.damping.recover_after)
         self.required_mounts = tuple(dict.fromkeys([*profile.nfs_mounts, *mounts]))
         self.enabled = tuple(enabled) if enabled is not None else None
@@ -103,7 +106,10 @@ class Evaluator:
         self._remember(snap.events)
         ctx = Context(snapshot=snap, profile=self.profile, now=now, rates=self.rates,
                       events=tuple(self._events.values()), required_units=self.cfg.required_units,
-                      required_mounts=self.required_mounts, window=self.cfg.rate_window)
+                      required_mounts=self.required_mounts, window=self.cfg.rate_window,
+                      ib_links=self.links if damped else None)
+        if not ctx.stale("infiniband"):
+            ib.observe_links(self.links, ctx)
         results: list[CheckResult] = []
         for name, d in CHECKS.items():
             if only is not None and name not in only:

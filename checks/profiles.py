@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from podhealth import yamldata
+from podhealth.checks import ib_profile
+from podhealth.checks.ib_profile import NetworkProfile
 
 if TYPE_CHECKING:
     from podhealth.config import Config
@@ -28,10 +30,6 @@ class Profile:
     pcie_gen: int
     pcie_width: int
     power_limit_w: int
-    compute_hcas: int
-    storage_hcas: int
-    ib_rate_gbps: int
-    ib_link_layer: str
     min_driver: str
     nfs_mounts: tuple[str, ...]
     has_nvswitch_fabric: bool
@@ -40,9 +38,32 @@ class Profile:
     # expected versions and the verdict when one differs (checks/drift.py); see profiles.yaml
     versions: Mapping[str, Any] = field(default_factory=dict)
     drift: Mapping[str, str] = field(default_factory=dict)
+    # network adapters by role (checks/ib_profile.py); see profiles.yaml `network`
+    network: NetworkProfile = field(default_factory=lambda: ib_profile.parse({}))
 
     def threshold(self, key: str) -> float:
         return float(self.thresholds[key])
+
+    # The one-number-per-node view of `network` that the simulator builds nodes from.
+    @property
+    def compute_hcas(self) -> int:
+        r = self.network.roles.get("compute")
+        return r.count if r else 0
+
+    @property
+    def storage_hcas(self) -> int:
+        r = self.network.roles.get("storage")
+        return r.count if r else 0
+
+    @property
+    def ib_rate_gbps(self) -> int:
+        r = self.network.roles.get("compute")
+        return max(r.rate_gbps) if r and r.rate_gbps else 0
+
+    @property
+    def ib_link_layer(self) -> str:
+        r = self.network.roles.get("compute")
+        return r.link_layers[0] if r and r.link_layers else "InfiniBand"
 
 
 class ProfileError(ValueError):
@@ -66,7 +87,7 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(v, Mapping) and isinstance(out.get(k), dict):
             out[k] = _merge(out[k], v)
         else:
-            out[k] = v
+            out[k] = copy.deepcopy(v)  # overrides edit the result in place: never the cached data
     return out
 
 
@@ -98,6 +119,7 @@ def load(name: str, overrides: Mapping[str, Any] | None = None) -> Profile:
         raise ProfileError(f"unknown profile {name!r} (known: {', '.join(names())})")
     d = _merge(raw["defaults"], raw["profiles"][name] or {})
     for k, v in (overrides or {}).items():
+        k = ib_profile.LEGACY_KEYS.get(str(k), k)  # a site's overrides may still use the old names
         # {"thresholds": {...}} overrides keys of a section; a dotted key sets its value whole
         # (a site profile's "versions.hca_fw": {board_id: fw})
         if isinstance(v, Mapping) and "." not in str(k):
@@ -106,6 +128,10 @@ def load(name: str, overrides: Mapping[str, Any] | None = None) -> Profile:
         else:
             _apply_override(d, str(k), v)
     d["nfs_mounts"] = tuple(d["nfs_mounts"])
+    try:
+        d["network"] = ib_profile.parse(d.get("network"))
+    except ib_profile.NetworkError as e:
+        raise ProfileError(str(e)) from None
     bad = {k: v for k, v in d.get("drift", {}).items() if v not in DRIFT_VERDICTS}
     if bad:
         k, v = next(iter(bad.items()))

@@ -6,6 +6,8 @@ it could read; a file it could not read is simply absent, and its value stays No
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -90,7 +92,10 @@ def parse_rate(text: str) -> float:
         value = float(parts[0])
     except ValueError:
         raise ValueError(f"expected a number before {parts[1]!r}, got {parts[0][:20]!r}") from None
-    return value * _RATE_UNITS[parts[1]] / 8.0
+    rate = value * _RATE_UNITS[parts[1]] / 8.0
+    if not math.isfinite(rate) or rate < 0:  # float() takes "nan", "inf", "1e308" and "-400": no link rate
+        raise ValueError(f"expected a rate >= 0, got {parts[0][:20]!r}")
+    return rate
 
 
 def parse_counter(text: str) -> int | None:
@@ -171,3 +176,42 @@ def parse_device(files: DeviceFiles) -> ParsedDevice:
         ports=tuple(ports),
     )
     return ParsedDevice(dev, tuple(problems))
+
+
+# --- Where a device sits and what the OS calls it (for checks/ib_roles) ---------------------
+
+# A PCI function as the kernel names it: domain:bus:device.function.
+_PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+# mlx5 names the RDMA device of a RoCE LAG (its two ports bonded by the OS) mlx5_bond_N.
+_BOND_DEVICE = re.compile(r"^mlx5_bond_[0-9]+$")
+
+
+def parse_pci_address(link: str) -> str | None:
+    """The target of <dev>/device ('../../../0000:aa:00.0') -> '0000:aa:00.0'; None when the
+    link does not end in a PCI address (a virtual device, a test tree without links)."""
+    name = link.rstrip("/").rpartition("/")[2]
+    return name.lower() if _PCI_ADDRESS.match(name) else None
+
+
+def parse_numa_node(text: str) -> int | None:
+    """device/numa_node: '1' -> 1; '-1' (no NUMA affinity) or junk -> None."""
+    try:
+        v = int(text.strip())
+    except ValueError:
+        return None
+    return v if v >= 0 else None
+
+
+def parse_netdev(text: str) -> str | None:
+    """ports/N/gid_attrs/ndevs/0: the netdev of the port's first GID ('bond0'); empty -> None."""
+    name = text.strip()
+    return name or None
+
+
+def parse_bond_slaves(text: str) -> tuple[str, ...]:
+    """/sys/class/net/<master>/bonding/slaves: 'enp170s0f0np0 enp170s0f1np1' -> both names."""
+    return tuple(text.split())
+
+
+def is_bond_device(name: str) -> bool:
+    return bool(_BOND_DEVICE.match(name))

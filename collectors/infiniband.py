@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Callable, ClassVar, Mapping
 
 from podhealth.collectors.base import Collection, raise_if_local, specs
-from podhealth.collectors.ib_parse import parse_counter, parse_enum, parse_rate
+from podhealth.collectors.ib_parse import (is_bond_device, parse_bond_slaves, parse_counter, parse_enum,
+                                           parse_netdev, parse_numa_node, parse_pci_address, parse_rate)
 from podhealth.config import Config
 from podhealth.vocab import Labels, MetricSpec, Sample, labels_of
 
@@ -63,6 +64,9 @@ METRICS: Mapping[str, MetricSpec] = specs(
     MetricSpec("infiniband_port_stat", "counter", "Any other file in ports/N/counters/, by file name in label counter."),
     MetricSpec("infiniband_port_hw_stat", "counter", "A file in ports/N/hw_counters/, by file name in label counter."),
     MetricSpec("infiniband_info", "info", "HCA board id, firmware version and type."),
+    MetricSpec("infiniband_device_pci_info", "info", "Where the HCA sits: PCI address and NUMA node (\"\" = not known)."),
+    MetricSpec("infiniband_port_netdev_info", "info",
+               "The port's netdev (gid_attrs/ndevs/0, else device/net/*); bond_slaves when it is a bonding master."),
 )
 
 # What one file's text gave: (the text, its sample or None, its problem or None).
@@ -361,10 +365,83 @@ class _Port:
 _DEVICE_ATTRS = ("board_id", "fw_ver", "hca_type")
 
 
+def _optional_text(path: str, dir_fd: int | None = None) -> str | None:
+    """A file that may well be absent (a test tree, an older kernel, an IB port's GID without
+    a netdev): its text, or None. Never a problem: roles are told without it where they can."""
+    try:
+        fd = os.open(path, _O_FILE, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        return _text(os.read(fd, _MAX_FILE))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _optional_listing(path: str, dir_fd: int | None = None) -> tuple[str, ...]:
+    try:
+        fd = os.open(path, _O_DIR, dir_fd=dir_fd)
+    except OSError:
+        return ()
+    try:
+        return tuple(sorted(n for n in os.listdir(fd) if not n.startswith(".")))
+    except OSError:
+        return ()
+    finally:
+        os.close(fd)
+
+
+class _Topology:
+    """Where a device sits (PCI address, NUMA node) and its ports' netdevs and bonds: what
+    checks/ib_roles needs to tell a compute rail from a storage port. These change only with a
+    driver reload or a re-bond, so they are read when the device appears and every
+    RELIST_SECONDS after, not every cycle (a dozen syscalls per device)."""
+
+    def __init__(self, device: str, net_dir: str) -> None:
+        self.device = device
+        self.net_dir = net_dir  # <sysfs_root>/class/net
+        self.at = float("-inf")
+        self.samples: tuple[Sample, ...] = ()
+
+    def read(self, dfd: int, ports: tuple[tuple[int, str], ...], now: float) -> tuple[Sample, ...]:
+        if now - self.at < RELIST_SECONDS and self.samples:
+            return self.samples
+        self.at = now
+        try:
+            pci = parse_pci_address(os.readlink("device", dir_fd=dfd))
+        except OSError:
+            pci = None  # no device link: a virtual device or a test tree
+        numa_text = _optional_text("device/numa_node", dfd)
+        numa = parse_numa_node(numa_text) if numa_text is not None else None
+        out: list[Sample] = []
+        if pci is not None or numa is not None:
+            out.append(Sample("infiniband_device_pci_info", 1.0, labels_of(
+                device=self.device, pci_address=pci or "", numa_node="" if numa is None else str(numa))))
+        # mlx5: one netdev per RDMA device, so device/net/* is the fallback for every port
+        # (IB ports' GIDs have no netdev; RoCE ones name it, a bond's names the bonding master).
+        dev_netdevs = _optional_listing("device/net", dfd)
+        for number, pn in ports:
+            ndev_text = _optional_text(f"ports/{pn}/gid_attrs/ndevs/0", dfd)
+            netdev = parse_netdev(ndev_text) if ndev_text is not None else None
+            if netdev is None and dev_netdevs and not is_bond_device(self.device):
+                netdev = dev_netdevs[min(number - 1, len(dev_netdevs) - 1)] if number >= 1 else dev_netdevs[0]
+            if netdev is None:
+                continue
+            slaves_text = _optional_text(os.path.join(self.net_dir, netdev, "bonding", "slaves"))
+            slaves = parse_bond_slaves(slaves_text) if slaves_text is not None else ()
+            out.append(Sample("infiniband_port_netdev_info", 1.0, labels_of(
+                device=self.device, port=str(number), netdev=netdev, bond_slaves=" ".join(slaves))))
+        self.samples = tuple(out)
+        return self.samples
+
+
 class _Device:
-    def __init__(self, name: str, hw_counters: bool = True) -> None:
+    def __init__(self, name: str, hw_counters: bool = True, net_dir: str = "") -> None:
         self.name = name
         self.hw_counters = hw_counters
+        self.topology = _Topology(name, net_dir)
         self.kept = _Kept()
         self.watch = _Watch()
         self.ports_listing = _Listing()
@@ -430,6 +507,7 @@ class _Device:
                     except ValueError:
                         parse_problems.append(f"{self.name}/ports/{pn}: port directory name is not a number")
                 numbered.sort()
+                out.extend(self.topology.read(dfd, tuple(numbered), now))
                 for number, pn in numbered:
                     port = self.ports.get(pn)
                     if port is None:
@@ -453,6 +531,7 @@ class InfinibandCollector:
         self.sysfs_root = sysfs_root
         self.hw_counters = hw_counters
         self._class_dir = os.path.join(sysfs_root, "class", "infiniband")
+        self._net_dir = os.path.join(sysfs_root, "class", "net")
         self._devices: dict[str, _Device] = {}
 
     def collect(self) -> Collection:
@@ -470,7 +549,7 @@ class InfinibandCollector:
         try:
             # Listed every cycle: HCAs come and go with driver reloads (sysfs does not bump the mtime).
             names = sorted(os.listdir(class_dfd))
-            devices = {n: self._devices.get(n) or _Device(n, self.hw_counters) for n in names}
+            devices = {n: self._devices.get(n) or _Device(n, self.hw_counters, self._net_dir) for n in names}
             for gone in [d for n, d in self._devices.items() if n not in devices]:
                 gone.close()
             self._devices = devices
