@@ -55,6 +55,7 @@ KINDS: Mapping[str, KindSpec] = {
     "nfs-missing": KindSpec(("mount",), {}, "NFS mount absent"),
     "nfs-hung": KindSpec(("mount",), {}, "NFS server not responding (stat blocks)"),
     "unit-down": KindSpec(("unit",), {}, "systemd unit failed"),
+    "reboot": KindSpec((), {}, "the node booted now: <proc>/stat btime = the injection time (boot grace)"),
 }
 
 _INT_PARAMS = ("gpu", "link", "width", "gen", "code", "port", "count")

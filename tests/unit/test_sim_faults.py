@@ -49,6 +49,7 @@ NOW = 1_700_000_000.0
     ("fault=unit-down unit=nvidia-fabricmanager.service", dict(kind="unit-down", unit="nvidia-fabricmanager.service")),
     ("fault=fabric-incomplete gpu=2", dict(kind="fabric-incomplete", gpu=2)),
     ("fault=persistence-off gpu=1", dict(kind="persistence-off", gpu=1)),
+    ("fault=reboot", dict(kind="reboot", gpu=None)),
     ("gpu=3 xid=79", dict(kind="xid", code=79, gpu=3)),  # order does not matter
 ])
 def test_parse_every_kind(tokens: str, expect: dict[str, object]) -> None:
@@ -65,7 +66,7 @@ def test_every_kind_has_a_parse_case() -> None:
         "fault=pcie-degraded gpu=0", "fault=thermal gpu=0", "fault=power-brake gpu=0",
         "fault=fabric-incomplete gpu=0", "fault=persistence-off gpu=0", "fault=nvml-hang seconds=1",
         "fault=ib-down device=mlx5_0", "fault=ib-rate device=mlx5_0", "fault=ib-symbol-errors device=mlx5_0",
-        "fault=nfs-missing mount=/x", "fault=nfs-hung mount=/x", "fault=unit-down unit=a.service",
+        "fault=nfs-missing mount=/x", "fault=nfs-hung mount=/x", "fault=unit-down unit=a.service", "fault=reboot",
         "fault=ib-flap device=mlx5_0", "fault=ib-counter-saturated device=mlx5_0 counter=symbol_error"]}
     assert covered == set(faults.KINDS)
 
