@@ -174,6 +174,11 @@ class ChecksConfig:
         "A site golden profile (YAML) that `extends` a shipped profile (`podhealth profile capture`\n"
         "writes one); when set it replaces node.profile, and overrides still apply on top.", None)
     rate_window: Seconds = doc("Seconds over which counter rates (ECC, IB errors, retransmissions) are judged.", 300.0)
+    grace: Annotated[float, Ge(0, "seconds")] = doc(
+        "Seconds after boot (btime in <procfs_root>/stat) and after the agent sees the driver version\n"
+        "change during which non-fatal FAILs show as WARN (evidence: grace, held); fatal facts\n"
+        "(checks/data/rules.yaml `immediate`: XID 79, DBE, row-remap failure, lost GPU) never wait.\n"
+        "0 = no grace.", 300.0)
     agents: Mapping[str, str] = doc(
         "Agent base URLs by node name for `podhealth check --node`; a node not listed is\n"
         "reached as http://<node>:<agent_port> (DNS).", factory=dict)
@@ -211,7 +216,9 @@ class NcclCheckConfig:
         "In-node bus bandwidth fleet median for the WARN rule (0 = no median).", 0.0)
     fleet_slow_pct: Percent = doc("WARN (and, for pairs, suspect) when this % below the median.", 10.0)
     pair_busbw_gbps: Annotated[float, Ge(0, "GB/s")] = doc(
-        "Two-node bus bandwidth gate for pair tests (0 = judge pairs only against their median).", 0.0)
+        "Two-node bus bandwidth gate for pair tests and multi-node output, overriding the profile's\n"
+        "thresholds.nccl_multinode_busbw_gbps (0 = the profile's; a profile without one makes a\n"
+        "completed GPU run UNKNOWN, never PASS).", 0.0)
     srun: str = doc("srun binary for multi-node pair tests.", "srun")
     partition: str = doc("Slurm partition for pair tests (empty = the default).", "")
     python: str = doc("Python on the compute nodes for the runner (empty = this interpreter's path).", "")
