@@ -2,8 +2,10 @@
 
 Checks are pure functions of a Context (checks/context.py). The engine adds what they must not
 know about: which collectors each check needs (a stale source makes the check UNKNOWN, never OK
-and never FAIL), counter history for rates, and flap damping. One-off facts (a critical XID)
-bypass damping: they cannot flap, and waiting would only delay the fence.
+and never FAIL), counter history for rates, and flap damping. How long each check's verdict
+must hold, and which ones are immediate (a critical XID, a DBE, a lost GPU: they cannot flap, and
+waiting would only delay the fence), is data: checks/data/rules.yaml. A grace period after boot or
+a driver change (checks/grace.py) holds the other FAILs as WARN.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from typing import Callable, Sequence
 from podhealth.checks import drift, gpu, host, ib, nfs, nvlink
 from podhealth.checks.context import Context, observe_counters
 from podhealth.checks.damping import Damper
+from podhealth.checks.grace import GraceClock
 from podhealth.checks.ib_links import LinkTracker
 from podhealth.checks.profiles import Profile
 from podhealth.checks.rates import RateTracker
+from podhealth.checks.rules import Rules, RulesError
+from podhealth.checks.rules import load as load_rules
 from podhealth.checks.result import unknown
 from podhealth.config import ChecksConfig
 from podhealth.snapshot import Snapshot
@@ -30,7 +35,6 @@ CheckFn = Callable[[Context], list[CheckResult]]
 class CheckDef:
     fn: CheckFn
     sources: tuple[str, ...]
-    undamped: bool = False
 
 
 def _xid(ctx: Context) -> list[CheckResult]:
@@ -44,7 +48,7 @@ def _xid(ctx: Context) -> list[CheckResult]:
 CHECKS: dict[str, CheckDef] = {
     "gpu_count": CheckDef(gpu.gpu_count, ("nvml",)),
     "gpu_lost": CheckDef(gpu.gpu_lost, ("nvml",)),
-    "xid": CheckDef(_xid, ("kmsg",), undamped=True),
+    "xid": CheckDef(_xid, ("kmsg",)),
     "ecc": CheckDef(gpu.ecc, ("nvml",)),
     "row_remap": CheckDef(gpu.row_remap, ("nvml",)),
     "retired_pages": CheckDef(gpu.retired_pages, ("nvml",)),
@@ -71,6 +75,14 @@ _COUNTERS = frozenset({
 })
 
 
+def check_rules(rules: Rules) -> None:
+    """Rules must name checks that exist: a typo would silently leave a fatal fact damped."""
+    unknown_checks = sorted(set(rules.damping) - set(CHECKS))
+    if unknown_checks:
+        raise RulesError(f"checks/data/rules.yaml: damping names unknown checks {', '.join(unknown_checks)} "
+                         f"(known: {', '.join(CHECKS)})")
+
+
 class Evaluator:
     """Stateful wrapper: keeps counter history, recent events and damping between evaluations."""
 
@@ -80,7 +92,11 @@ class Evaluator:
         self.cfg = cfg
         self.rates = RateTracker(cfg.rate_window)
         self.links = LinkTracker()  # IB port downs and recoveries across evaluations (ib_flap)
-        self.damper = Damper(cfg.damping.fail_after, cfg.damping.recover_after)
+        rules = load_rules()
+        check_rules(rules)
+        self.rules = rules
+        self.damper = Damper(cfg.damping.fail_after, cfg.damping.recover_after, rules.damping)
+        self.grace = GraceClock(cfg.grace)
         self.required_mounts = tuple(dict.fromkeys([*profile.nfs_mounts, *mounts]))
         self.enabled = tuple(enabled) if enabled is not None else None
         self._events: OrderedDict[str, Event] = OrderedDict()
@@ -110,6 +126,7 @@ class Evaluator:
                       ib_links=self.links if damped else None)
         if not ctx.stale("infiniband"):
             ib.observe_links(self.links, ctx)
+        grace = self.grace.observe(snap, now) if damped and only is None else None
         results: list[CheckResult] = []
         for name, d in CHECKS.items():
             if only is not None and name not in only:
@@ -120,9 +137,11 @@ class Evaluator:
             # since its last judgement keeps that judgement (the kmsg collector ticking every
             # second must not make `fail_after: 2` mean "two seconds of GPU data").
             version = tuple((s, *self._source_version(snap, s)) for s in d.sources)
-            if damped and only is None and not d.undamped and self._versions.get(name) == version:
-                results.extend(self._last.get(name, ()))
-                continue
+            if damped and only is None and not self.rules.damp(name).immediate and self._versions.get(name) == version:
+                # ...but a held FAIL must show once the grace ends, without waiting for new data.
+                if not any(dict(r.evidence).get("grace") for r in self._last.get(name, ())) or grace is not None:
+                    results.extend(self._last.get(name, ()))
+                    continue
             stale = ctx.stale(*d.sources)
             if stale:
                 raw = [unknown(name, "node", _why_stale(snap, stale), stale=",".join(stale))]
@@ -131,7 +150,7 @@ class Evaluator:
                     raw = d.fn(ctx)
                 except Exception as e:  # noqa: BLE001 - one broken rule must not hide the others
                     raw = [unknown(name, "node", f"check failed: {type(e).__name__}: {e}")]
-            judged = [self.damper.apply(r, now, immediate=d.undamped) if damped else _stamp(r, now) for r in raw]
+            judged = [self.damper.apply(r, now, grace=grace) if damped else _stamp(r, now) for r in raw]
             if damped and only is None:
                 self._versions[name] = version
                 self._last[name] = tuple(judged)
