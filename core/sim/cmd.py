@@ -1,6 +1,7 @@
 """`podhealth simulate`: create simulated DGX nodes and inject faults into them while they run.
 
-    podhealth simulate node dgx01 [--profile dgx-h100 | --from-nvidia-smi FILE] [--force]
+    podhealth simulate node dgx01 [--profile dgx-h100 | --from-nvidia-smi FILE] [--from-sysfs DIR]
+                                  [--storage bond|ethernet|ib|none] [--force]
     podhealth simulate inject dgx01 xid=79 gpu=3
     podhealth simulate clear dgx01 [KIND]
     podhealth simulate show dgx01
@@ -17,6 +18,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -44,8 +46,9 @@ def _open(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 def _cmd_node(args: argparse.Namespace) -> int:
     from podhealth.checks import profiles
-    from podhealth.sim import nvidia_smi
+    from podhealth.sim import from_sysfs, nvidia_smi
     from podhealth.sim.node import SimNode, check_name
+    from podhealth.sim.state import default_state
 
     try:
         check_name(args.name)
@@ -67,7 +70,17 @@ def _cmd_node(args: argparse.Namespace) -> int:
             raise _BadInput(f"{args.from_nvidia_smi}: {e}") from None
         for w in capture.warnings:
             print(f"warning: {args.from_nvidia_smi}: {w}", file=sys.stderr)
-        seed = nvidia_smi.to_state(capture, args.name, args.profile)
+        seed = nvidia_smi.to_state(capture, args.name, args.profile, storage=args.storage)
+    elif args.storage is not None:
+        seed = default_state(args.name, args.profile or "dgx-h100", storage=args.storage)
+    if args.from_sysfs:
+        try:
+            ib = from_sysfs.read(Path(args.from_sysfs))
+        except (OSError, ValueError) as e:
+            raise _BadInput(f"--from-sysfs {args.from_sysfs}: {e}") from None
+        for w in ib.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        seed = replace(seed or default_state(args.name, args.profile or "dgx-h100"), hcas=ib.hcas)
     node = SimNode.create(_root(args), args.name, profile=args.profile or "dgx-h100", seed=seed)
     st = node.state
     print(f"created {st.name} ({st.profile}, {len(st.gpus)} GPUs, {len(st.hcas)} HCAs, "
@@ -122,6 +135,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _add_node(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
+    from podhealth.sim.topology import STORAGE_MODES
+
     p = sub.add_parser("node", parents=[common], help="create a simulated node")
     p.add_argument("name", help="node name, e.g. dgx01")
     p.add_argument("--profile", default=None,
@@ -129,6 +144,14 @@ def _add_node(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
                         "default dgx-h100, or guessed from --from-nvidia-smi")
     p.add_argument("--from-nvidia-smi", metavar="FILE", default=None,
                    help="seed GPUs from an `nvidia-smi -q` capture ('-' reads stdin)")
+    p.add_argument("--from-sysfs", metavar="DIR", default=None,
+                   help="seed InfiniBand adapters from a captured /sys/class/infiniband tree (DIR is a "
+                        "sysfs root, a tree holding sys/class/infiniband, or class/infiniband itself; "
+                        "bonding masters are read from the capture's class/net)")
+    p.add_argument("--storage", choices=STORAGE_MODES, default=None,
+                   help="storage adapters: bond (RoCE pair as one mlx5_bond_0 on bond0), ethernet "
+                        "(unbonded RoCE), ib (InfiniBand), none; default: the SKU's (bond on DGX H100/"
+                        "H200/B200, ib on DGX A100)")
     p.add_argument("--force", action="store_true", help="replace an existing node of that name")
     p.set_defaults(sim_func=_cmd_node)
 

@@ -309,10 +309,12 @@ def guess_profile(capture: Capture) -> str:
     return "generic"
 
 
-def to_state(capture: Capture, name: str, profile: str | None = None) -> NodeState:
-    """A NodeState whose GPUs are the captured ones (missing facts from the profile/SKU)."""
+def to_state(capture: Capture, name: str, profile: str | None = None,
+             storage: str | None = None) -> NodeState:
+    """A NodeState whose GPUs are the captured ones (missing facts from the profile/SKU);
+    `storage` as for state.default_state."""
     profile = profile or guess_profile(capture)
-    base = default_state(name, profile)
+    base = default_state(name, profile, storage=storage)
     prof = profiles.load(profile)
     sku = SKUS.get(profile, GENERIC_SKU)
     gpus = []

@@ -110,12 +110,15 @@ class HcaSpec:
     rate_text: str = ""
     state_text: str = ""
     phys_state_text: str = ""
-    counters: dict[str, int] | None = None
-    hw_counters: dict[str, int] | None = None
+    counters: dict[str, int | str] | None = None  # str: verbatim text ("N/A (no PMA)")
+    hw_counters: dict[str, int | str] | None = None
+    counters_ext: dict[str, int | str] | None = None  # mlx4's 64-bit counters_ext/, as captured
+    absent: tuple[str, ...] = ()  # device attribute files the capture did not have (not written)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "HcaSpec":
-        return cls(**{**d, "bond_slaves": tuple(d.get("bond_slaves") or ())})
+        return cls(**{**d, "bond_slaves": tuple(d.get("bond_slaves") or ()),
+                      "absent": tuple(d.get("absent") or ())})
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ the documented ways:
 
 PCI addresses put each compute adapter beside its GPU's PCIe switch and on its NUMA node, as
 `nvidia-smi topo -m` on an 8-GPU H100 shows (NIC0-3 PIX to GPU0-3 on NUMA 0, NIC4-7 on NUMA 1);
-IB netdevs take the predictable name `ibp<bus>s0`, Ethernet ones `enp<bus>s0f<fn>np<fn>`.
+IB netdevs take the predictable name `ibp<bus>s0`, Ethernet ones `enp<bus>s0f<fn>np<fn>`; the
+storage pair is one dual-port card (functions .0 and .1 of one bus).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class Layout:
 
 
 # DGX H100/H200: names from the captured ibstat; buses one below each GPU's (the HCA shares the
-# GPU's PCIe switch), storage a dual-port card at bus 0xaa. The bond's adapter is the captured
+# GPU's PCIe switch), storage a dual-port card at bus 0xa9. The bond's adapter is the captured
 # BlueField-3 (MT41692, fw 32.x); its board id is illustrative.
 _HOPPER = Layout(
     compute=(("mlx5_0", 0x17, 0), ("mlx5_1", 0x29, 0), ("mlx5_4", 0x39, 0), ("mlx5_5", 0x5c, 0),

@@ -21,6 +21,7 @@ import hashlib
 import os
 import shutil
 from pathlib import Path
+from typing import Mapping
 
 from podhealth.sim.faults import climbed, down_intervals, saturated_value
 from podhealth.sim.state import Fault, HcaSpec, NodeState
@@ -153,20 +154,38 @@ def _synth(state: NodeState, hca: HcaSpec, now: float) -> tuple[dict[str, str], 
     return attrs, counters, hw
 
 
-def _port_values(state: NodeState, hca: HcaSpec, now: float) -> tuple[dict[str, str], dict[str, int], dict[str, int]]:
-    attrs, counters, hw = _synth(state, hca, now)
+Counts = dict[str, "int | str"]  # a counter file's value, or its verbatim text (seeded captures)
+
+
+def _port_values(state: NodeState, hca: HcaSpec, now: float) -> tuple[dict[str, str], Counts, Counts]:
+    attrs, synth_c, synth_h = _synth(state, hca, now)
+    counters: Counts = dict(synth_c)
+    hw: Counts = dict(synth_h)
     if hca.counters is not None or hca.hw_counters is not None:
-        # Seeded from a capture: its files, its values, plus what moved since t0.
+        # Seeded from a capture: its files, its values, plus what moved since t0 (nothing
+        # moves on a port the capture shows without link).
         _, c0, h0 = _synth(state, hca, state.t0)
+        if hca.state_text and not hca.state_text.startswith("4"):
+            c0, h0 = synth_c, synth_h
         if hca.counters is not None:
-            counters = {k: v + max(0, counters.get(k, 0) - c0.get(k, 0)) for k, v in hca.counters.items()}
-        if hca.hw_counters is not None:
-            hw = {k: v + max(0, hw.get(k, 0) - h0.get(k, 0)) for k, v in hca.hw_counters.items()}
-    counters = {k: saturated_value(k, v) for k, v in counters.items()}
+            counters = _grown(hca.counters, counters, c0)
+        # a capture without hw_counters/ (mlx4, hfi1) gets none
+        hw = _grown(hca.hw_counters or {}, hw, h0)
+    counters = {k: saturated_value(k, v) if isinstance(v, int) else v for k, v in counters.items()}
     for f in _faults_for(state, hca, "ib-counter-saturated"):
         if f.injected_at <= now and f.counter in counters:
             counters[f.counter] = saturated_value(f.counter, 1 << 64)
     return attrs, counters, hw
+
+
+def _grown(captured: Mapping[str, int | str], now: Mapping[str, int | str],
+           at_t0: Mapping[str, int | str]) -> dict[str, int | str]:
+    """The captured counters plus what the simulation moved since t0; text stays as it is."""
+    out: dict[str, int | str] = {}
+    for k, v in captured.items():
+        a, b = now.get(k, 0), at_t0.get(k, 0)
+        out[k] = v + max(0, a - b) if isinstance(v, int) and isinstance(a, int) and isinstance(b, int) else v
+    return out
 
 
 def hca_type(hca: HcaSpec) -> str:
@@ -191,7 +210,11 @@ def _link(w: TreeWriter, path: Path, target: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    w.symlink(path, os.path.relpath(target, path.parent))
+    rel = os.path.relpath(target, path.parent)
+    if target in path.parents:
+        # the kernel spells a link to an ancestor by going past it: ../../../0000:17:00.0
+        rel = os.path.join(os.path.relpath(target.parent, path.parent), target.name)
+    w.symlink(path, rel)
 
 
 def _write_netdev(w: TreeWriter, ndir: Path, hca: HcaSpec, up: bool, pci_dir: Path | None,
@@ -202,7 +225,9 @@ def _write_netdev(w: TreeWriter, ndir: Path, hca: HcaSpec, up: bool, pci_dir: Pa
     w.put(ndir / "type", ("1" if ethernet else "32") + "\n")  # ARPHRD_ETHER / ARPHRD_INFINIBAND
     w.put(ndir / "mtu", ("9000" if ethernet else "4092") + "\n")
     if ethernet:
-        w.put(ndir / "speed", (f"{hca.rate_gbps * 1000}" if up else "-1") + "\n")
+        # Mb/s; a bond's members share its rate (2 x 100GbE under a 200 Gb/s mlx5_bond_0)
+        mbps = hca.rate_gbps * 1000 // (len(hca.bond_slaves) if master is not None else 1)
+        w.put(ndir / "speed", (f"{mbps}" if up else "-1") + "\n")
     if pci_dir is not None:
         _link(w, ndir / "device", pci_dir)
     if master is not None:
@@ -210,7 +235,7 @@ def _write_netdev(w: TreeWriter, ndir: Path, hca: HcaSpec, up: bool, pci_dir: Pa
 
 
 def _write_adapter(w: TreeWriter, sys_root: Path, hca: HcaSpec, attrs: dict[str, str],
-                   counters: dict[str, int], hw: dict[str, int]) -> tuple[Path, list[str]]:
+                   counters: Counts, hw: Counts) -> tuple[Path, list[str]]:
     """One RDMA device port; returns the device's real directory and the class/net names it owns."""
     base = sys_root / "class" / "infiniband"
     up = attrs["state"].startswith("4")
@@ -225,13 +250,12 @@ def _write_adapter(w: TreeWriter, sys_root: Path, hca: HcaSpec, attrs: dict[str,
         _link(w, dev / "device", pci_dir)
     else:
         dev = base / hca.device
-    w.put(dev / "board_id", hca.board_id + "\n")
-    w.put(dev / "fw_ver", hca.fw_ver + "\n")
-    w.put(dev / "hca_type", hca_type(hca) + "\n")
-    w.put(dev / "node_type", "1: CA\n")
-    if hca.node_guid:
-        g = hca.node_guid.rjust(16, "0")
-        w.put(dev / "node_guid", ":".join(g[i:i + 4] for i in range(0, 16, 4)) + "\n")
+    g = hca.node_guid.rjust(16, "0")
+    for name, text in (("board_id", hca.board_id), ("fw_ver", hca.fw_ver), ("hca_type", hca_type(hca)),
+                       ("node_type", "1: CA"),
+                       ("node_guid", ":".join(g[i:i + 4] for i in range(0, 16, 4)) if hca.node_guid else "")):
+        if text and name not in hca.absent:
+            w.put(dev / name, text + "\n")
     port = dev / "ports" / str(hca.port)
     for name, text in attrs.items():
         w.put(port / name, text + "\n")
@@ -239,6 +263,8 @@ def _write_adapter(w: TreeWriter, sys_root: Path, hca: HcaSpec, attrs: dict[str,
         w.put(port / "counters" / name, f"{v}\n")
     for name, v in hw.items():
         w.put(port / "hw_counters" / name, f"{v}\n")
+    for name, v in (hca.counters_ext or {}).items():
+        w.put(port / "counters_ext" / name, f"{v}\n")
     if hca.link_layer == "Ethernet" and hca.netdev:
         w.put(port / "gid_attrs" / "ndevs" / "0", hca.netdev + "\n")
         w.put(port / "gid_attrs" / "types" / "0", "IB/RoCE v1\n")
