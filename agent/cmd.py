@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from podhealth import config
+from podhealth.credentials import CredentialError
 
 SIM_PROFILES = ("dgx-h100", "dgx-h200", "dgx-b200", "dgx-a100")
 DEFAULT_SIM_NODE = "dgx01"
@@ -108,9 +109,13 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cfg = config.load(args.config) if args.config else config.Config()
+        # Tokens from token_file / the environment are read once, here.
+        cfg = replace(cfg, publish=cfg.publish.resolved(), auth=cfg.auth.resolved())
     except config.ConfigError as e:
         print(e, file=sys.stderr)
         return 2
+    except CredentialError as e:
+        return _fail(str(e))
     log.setup(args.log_level or cfg.log.level, cfg.log.format)
     if args.simulate and cfg.listen.address == config.ListenConfig().address and not args.listen:
         cfg = replace(cfg, listen=replace(cfg.listen, address="127.0.0.1"))

@@ -3,7 +3,8 @@
 `install(agent)` wires the checks engine into a built (not yet started) Agent:
 - after every snapshot change the Evaluator judges it (damped), and the latest results become
   the node report served at GET /health and rendered as `check_status` / `node_health`;
-- POST /v1/handover (bearer token when auth.token is set) collects every source afresh, runs
+- POST /v1/handover (auth.token as a bearer token; with none set, only from this host; never
+  cross-site; a JSON body) collects every source afresh, runs
   the handover suite undamped and streams progress as NDJSON (or answers one JSON report when
   the client does not ask for a stream);
 - verdict transitions and new XID/SXid events go to the optional `on_transition` / publisher.
@@ -13,14 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hmac
 import json
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from aiohttp import web
 
-from podhealth import log
+from podhealth import log, webguard
 from podhealth.agent.family import Family
 from podhealth.checks import profiles
 from podhealth.checks.engine import Evaluator
@@ -133,16 +133,24 @@ class Health:
         body["evaluated_at"] = self.evaluated_at
         return web.json_response(body)
 
-    def _authorized(self, request: web.Request) -> bool:
+    def _refusal(self, request: web.Request) -> web.Response | None:
+        """Why this caller may not run the handover suite (on a GPU node a 30 s burn-in and NCCL),
+        or None. A cross-site browser request was already refused (webguard.same_site_only)."""
         token = self.agent.cfg.auth.token
-        if not token:
-            return True
-        got = request.headers.get("Authorization", "")
-        return hmac.compare_digest(got.encode(), f"Bearer {token}".encode())
+        if token:
+            if not webguard.same_token(token, webguard.bearer(request)):
+                return web.json_response({"error": "missing or wrong bearer token"}, status=401)
+        elif not webguard.from_this_host(request):
+            return web.json_response({"error": "no auth.token is set on this agent: only a caller on this host "
+                                               "may run the handover suite"}, status=403)
+        if not webguard.is_json(request):  # an HTML form cannot send it
+            return web.json_response({"error": "expected Content-Type: application/json"}, status=415)
+        return None
 
     async def post_handover(self, request: web.Request) -> web.StreamResponse:
-        if not self._authorized(request):
-            return web.json_response({"error": "missing or wrong bearer token"}, status=401)
+        refusal = self._refusal(request)
+        if refusal is not None:
+            return refusal
         if self._handover_lock.locked():
             return web.json_response({"error": "a handover suite is already running"}, status=409)
         stream = "application/x-ndjson" in request.headers.get("Accept", "")
@@ -195,5 +203,5 @@ def install(agent: "Agent", active_tests: Callable[[], list[ActiveTest]] | None 
     h = Health(agent, active_tests)
     agent.on_snapshot.append(h.on_snapshot)
     agent.add_metric_source(h.families)
-    agent.add_routes([web.get("/health", h.get_health), web.post("/v1/handover", h.post_handover)])
+    agent.add_routes([web.get("/health", h.get_health), web.post("/v1/handover", webguard.same_site_only(h.post_handover))])
     return h

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from podhealth import webguard
 from podhealth.agent.render import negotiate, wants_gzip
 
 if TYPE_CHECKING:
@@ -54,4 +55,5 @@ def build_app(agent: "Agent", extra: list[web.AbstractRouteDef]) -> web.Applicat
     app[AGENT_KEY] = agent
     app.add_routes([web.get("/metrics", metrics), web.get("/healthz", healthz), web.get("/", index)])
     app.add_routes(extra)
+    webguard.require_guarded(app)  # a mutating route (POST /v1/handover) must refuse cross-site callers
     return app

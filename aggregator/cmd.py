@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from podhealth import config
+from podhealth.credentials import CredentialError
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
@@ -44,14 +45,20 @@ def effective_config(args: argparse.Namespace) -> Any:
         agg = dataclasses.replace(agg, db=Path(args.db))
     if args.dry_run:
         agg = dataclasses.replace(agg, dry_run=True)
+    # Secrets from *_file / the environment are read once, here (CredentialError names the file).
+    agg = dataclasses.replace(agg, auth=agg.auth.resolved())
     return cfg, agg
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         cfg, agg = effective_config(args)
-    except (config.ConfigError, ValueError) as e:
+    except (config.ConfigError, ValueError, CredentialError) as e:
         print(e, file=sys.stderr)
+        return 2
+    problem = agg.exposure_problem()  # again: --listen and --dry-run bypass the file's validation
+    if problem:
+        print(f"podhealth aggregator: aggregator.{problem[0]}: {problem[1]}", file=sys.stderr)
         return 2
     from podhealth import log
     log.setup(args.log_level or cfg.log.level, cfg.log.format)

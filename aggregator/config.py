@@ -6,11 +6,15 @@ that imports podhealth.config back.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
+from podhealth import credentials
+from podhealth.netaddr import is_loopback_address
 from podhealth.configload import AbsPath, Ge, Gt, NonEmpty, Percent, Port, Seconds, doc
 
 ActionName = Literal["NONE", "RESTART_APP", "RESET_GPU", "DRAIN", "REBOOT", "REPLACE"]
@@ -32,16 +36,36 @@ def node_name_problem(name: str) -> str | None:
 
 @dataclass(frozen=True)
 class AggListenConfig:
-    address: Annotated[str, NonEmpty()] = doc("Address the aggregator's HTTP server binds.", "0.0.0.0")
+    address: Annotated[str, NonEmpty()] = doc(
+        "Address the aggregator's HTTP server binds. Any but loopback needs credentials under `auth`\n"
+        "(cluster_secret, node_tokens or cluster_token): without them ingest is anonymous.", "127.0.0.1")
     port: Port = doc("Port of the aggregator's HTTP server (0 = pick a free one).", 9420)
 
 
 @dataclass(frozen=True)
 class AggAuthConfig:
-    cluster_token: str = doc("Bearer token any agent may use for ingest; empty with no node_tokens = ingest unauthenticated.", "")
+    cluster_secret: str = doc(
+        "Secret each node's ingest token is derived from: HMAC-SHA256(secret, \"podhealth-node:\" + node),\n"
+        "hex (`podhealth token derive --node NAME`). Such a token speaks only for its own node; the\n"
+        "secret itself is never accepted as a token. Also from cluster_secret_file or $PODHEALTH_CLUSTER_SECRET.", "")
+    cluster_secret_file: str = doc("File holding cluster_secret (keep it 0600 / 0640 root:podhealth).", "")
     node_tokens: Mapping[str, str] = doc("Per-node ingest tokens (node name -> token); such a token only speaks for its node.", factory=dict)
-    admin_token: str = doc("Bearer token for fence/release/breaker reset; empty = those endpoints are disabled.", "")
-    agent_token: str = doc("Bearer token the aggregator presents to agents (/health, /v1/handover).", "")
+    cluster_token: str = doc(
+        "Shared bearer token for central senders: Alertmanager's webhook (/v1/alertmanager). Agents\n"
+        "cannot use it unless cluster_token_for_agents. Also from cluster_token_file or $PODHEALTH_CLUSTER_TOKEN.", "")
+    cluster_token_file: str = doc("File holding cluster_token.", "")
+    cluster_token_for_agents: bool = doc(
+        "UNSAFE, for migration only: accept cluster_token on /v1/reports and /v1/events for any node, so\n"
+        "every holder can report for (and so get fenced) every node. Nodes it teaches the aggregator\n"
+        "do not count in the breaker's fleet.", False)
+    admin_token: str = doc(
+        "Bearer token for fence/release/breaker reset; empty = those endpoints are disabled.\n"
+        "Also from admin_token_file or $PODHEALTH_ADMIN_TOKEN.", "")
+    admin_token_file: str = doc("File holding admin_token.", "")
+    agent_token: str = doc(
+        "Bearer token the aggregator presents to agents (/health, /v1/handover): their auth.token.\n"
+        "Also from agent_token_file or $PODHEALTH_AGENT_TOKEN.", "")
+    agent_token_file: str = doc("File holding agent_token.", "")
 
     def validate(self) -> tuple[str, str] | None:
         for name, token in self.node_tokens.items():
@@ -50,7 +74,34 @@ class AggAuthConfig:
                 return ("node_tokens", problem)
             if not token:
                 return ("node_tokens", f"empty token for node {name}")
+        for what in _SECRETS:
+            problem = credentials.secret_problem(getattr(self, what), getattr(self, f"{what}_file"), what)
+            if problem:
+                return (f"{what}_file" if getattr(self, f"{what}_file") else what, problem)
+        if self.cluster_secret and len(self.cluster_secret) < credentials.MIN_SECRET_CHARS:
+            return ("cluster_secret", f"expected at least {credentials.MIN_SECRET_CHARS} characters "
+                                      "(a short secret can be guessed from one node's token)")
         return None
+
+    def configured(self) -> bool:
+        """Any ingest credential is set (inline, as a file, or in the environment): ingest is closed."""
+        return bool(self.node_tokens) or any(
+            getattr(self, what) or getattr(self, f"{what}_file") or os.environ.get(_ENV[what], "")
+            for what in ("cluster_secret", "cluster_token"))
+
+    def resolved(self) -> "AggAuthConfig":
+        """A copy with every secret read from its file or the environment (at start, once).
+        Raises credentials.CredentialError naming the file when one cannot be read."""
+        values: dict[str, Any] = {}
+        for what in _SECRETS:
+            values[what] = credentials.read_secret(getattr(self, what), getattr(self, f"{what}_file"), _ENV[what])
+            values[f"{what}_file"] = ""
+        return dataclasses.replace(self, **values)
+
+
+_SECRETS = ("cluster_secret", "cluster_token", "admin_token", "agent_token")
+_ENV = {"cluster_secret": "PODHEALTH_CLUSTER_SECRET", "cluster_token": "PODHEALTH_CLUSTER_TOKEN",
+        "admin_token": "PODHEALTH_ADMIN_TOKEN", "agent_token": "PODHEALTH_AGENT_TOKEN"}
 
 
 @dataclass(frozen=True)
@@ -93,6 +144,14 @@ class BreakerConfig:
     share_percent: Percent = doc("Trip when more than this % of nodes turn bad within the window.", 10.0)
     window: Seconds = doc("Seconds over which nodes turning bad are counted.", 300.0)
     min_nodes: Annotated[int, Ge(1, "a count")] = doc("Never trip for fewer bad nodes than this.", 3)
+
+
+@dataclass(frozen=True)
+class FlapHoldConfig:
+    cycles: Annotated[int, Ge(1, "a count")] = doc(
+        "Fence/release cycles of one node within `window` after which its next fence holds it for an\n"
+        "operator (no automatic release; `podhealth fleet release` clears it).", 3)
+    window: Seconds = doc("Seconds over which a node's fence/release cycles are counted.", 3600.0)
 
 
 @dataclass(frozen=True)
@@ -185,11 +244,21 @@ class AggregatorConfig:
     manual_release: bool = doc("Never release automatically; wait for `podhealth fleet release`.", False)
     healthy_for: Seconds = doc("Seconds a fenced node must be all OK before the handover suite runs.", 600.0)
     handover_timeout: Seconds = doc("Seconds the agent's handover suite may take.", 1800.0)
-    learn_nodes: bool = doc("Accept nodes not listed under `nodes` when they report.", True)
+    learn_nodes: bool = doc(
+        "Accept nodes not listed under `nodes` when they report (with their own credential when ingest\n"
+        "is authenticated). Off: a report for an unlisted node gets 403.", False)
+    forget_learned_after: Annotated[float, Ge(0, "seconds")] = doc(
+        "Seconds after which a learned node that has not reported since is forgotten (never while\n"
+        "podhealth fences it); 0 = never.", 7 * 86400.0)
     nodes: tuple[NodeEntry, ...] = doc("Known nodes.", ())
     fencers: FencersConfig = doc("Which fencers are on.", factory=FencersConfig)
     retries: RetryConfig = doc("Fencer retries.", factory=RetryConfig)
     event_retention: Seconds = doc("Seconds events are kept (ids older than this are forgotten).", 30 * 86400.0)
+    max_clock_skew: Seconds = doc(
+        "Seconds an agent's time claim may run ahead of the aggregator's clock before it is counted\n"
+        "(podhealth_aggregator_clock_ahead_total, the node's clock.ahead). Agents' records are ordered by\n"
+        "their (boot_id, seq) and timed by the aggregator's clock; a claim never orders anything.", 30.0)
+    flap_hold: FlapHoldConfig = doc("Hold a flapping node fenced for an operator.", factory=FlapHoldConfig)
 
     def validate(self) -> tuple[str, str] | None:
         seen: set[str] = set()
@@ -201,11 +270,35 @@ class AggregatorConfig:
             problem = node_name_problem(name)
             if problem:
                 return ("opt_out", problem)
+        return self.exposure_problem()
+
+    def fencing_fencers(self) -> tuple[str, ...]:
+        """The enabled fencers that take real nodes out of service (not dry-run, not the test file fencer)."""
+        if self.dry_run:
+            return ()
+        return tuple(n for n in ("slurm", "kubernetes") if getattr(self.fencers, n).enabled)
+
+    def exposure_problem(self) -> tuple[str, str] | None:
+        """(key, why) when unauthenticated input could reach this aggregator from the network or
+        fence a node; checked by `config check` and again at start (after --listen)."""
+        if self.auth.configured():
+            return None
+        fencing = self.fencing_fencers()
+        if fencing:
+            return (f"fencers.{fencing[0]}.enabled",
+                    f"the {fencing[0]} fencer is on but ingest is unauthenticated: anyone who can reach the "
+                    "aggregator could get any node fenced. Set auth.cluster_secret (or cluster_secret_file, "
+                    "$PODHEALTH_CLUSTER_SECRET) and give each node its token (`podhealth token derive`), "
+                    "or auth.node_tokens")
+        if not is_loopback_address(self.listen.address):
+            return ("listen.address",
+                    f'binding "{self.listen.address}" without credentials opens anonymous ingest to the '
+                    "network: bind 127.0.0.1, or set auth.cluster_secret (or node_tokens, cluster_token)")
         return None
 
 
 __all__ = [
     "AggregatorConfig", "AggListenConfig", "AggAuthConfig", "RuleConfig", "CapsConfig", "RateLimitConfig",
-    "BreakerConfig", "NodeEntry", "FencersConfig", "SlurmFencerConfig", "KubeFencerConfig",
+    "BreakerConfig", "FlapHoldConfig", "NodeEntry", "FencersConfig", "SlurmFencerConfig", "KubeFencerConfig",
     "DryRunFencerConfig", "FileFencerConfig", "RetryConfig", "SEVERITY_RANK", "node_name_problem",
 ]

@@ -57,6 +57,14 @@ class Condition:
     ref: str = ""  # id of the event / alert that opened it
     summary: str = ""
     notified: bool = False
+    # The aggregator's clock when this (node, check, entity) turned to `status`: `since` is the
+    # agent's claim and lags with its clock, so the breaker and the operator-release rule count
+    # by this instead. 0 (a condition built elsewhere, e.g. in a test) falls back to `since`.
+    opened: float = 0.0
+
+    @property
+    def went_bad(self) -> float:
+        return self.opened or self.since
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -67,6 +75,7 @@ class Condition:
             "check": self.check, "entity": self.entity, "status": self.status.value,
             "action": self.action.value, "severity": self.severity, "since": self.since,
             "observed": self.observed, "source": self.source, "ref": self.ref, "summary": self.summary,
+            "opened": self.opened,
         }
 
 
@@ -84,6 +93,11 @@ class NodeView:
     handover_at: float = 0.0  # last handover attempt
     can_handover: bool = False  # has an agent URL to ask
     released_at: float = 0.0  # an operator released it: conditions older than this do not fence again
+    # In the fleet the breaker's percentage is taken of: configured, found in a fencer's backend,
+    # or vouched for by its own credential. A name that merely arrived (open ingest, the shared
+    # token) is not, so ghosts cannot dilute the breaker or a partition's cap.
+    counted: bool = True
+    hold_reason: str = ""  # why it is held for an operator (an operator's fence, or flapping)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +112,9 @@ class BreakerState:
 class FleetState:
     nodes: Mapping[str, NodeView]
     breaker: BreakerState = BreakerState()
-    recent_fences: tuple[float, ...] = ()  # start times of podhealth's recent new fences
+    # start times of podhealth's recent new fences, on the `now` scale decide() is given (the
+    # service measures them with a monotonic clock and converts, so a wall clock step is harmless)
+    recent_fences: tuple[float, ...] = ()
 
 
 ActionKind = Literal["fence", "release", "handover", "notify"]

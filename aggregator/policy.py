@@ -92,12 +92,15 @@ def decide(observations: Iterable[Condition], fleet: FleetState, now: float, pol
             notes.append(Note("held_since_reset", c.node, f"{c.check} {c.entity} last seen before the breaker reset"))
             continue
         since = max(c.since, breaker.reset_at)
+        # The breaker counts when the aggregator saw a node go bad, never the agent's claim: a
+        # fleet whose clocks lag by more than the window must still trip it.
+        went_bad = max(c.went_bad, breaker.reset_at)
         if rule.do == "notify":
             if not c.notified:
                 actions.append(Planned("notify", c.node, f"{c.check} {c.entity} {c.status.value}", rule="notify",
                                        condition=c.key))
             continue
-        bad_at[c.node] = min(bad_at.get(c.node, since), since)
+        bad_at[c.node] = min(bad_at.get(c.node, went_bad), went_bad)
         if now - since < rule.min_duration:
             notes.append(Note("waiting_min_duration", c.node,
                               f"{c.check} {c.entity}: {now - since:.0f}s of {rule.min_duration:g}s"))
@@ -114,7 +117,8 @@ def decide(observations: Iterable[Condition], fleet: FleetState, now: float, pol
     if ready:  # the fleet-wide counts cost a pass over every node: only when there is something to fence
         none = FenceMode.NONE
         for v in nodes.values():
-            part_size[v.partition] = part_size.get(v.partition, 0) + 1
+            if v.counted:  # a ghost must not widen its partition's cap
+                part_size[v.partition] = part_size.get(v.partition, 0) + 1
             if v.fence is not none:
                 part_fenced[v.partition] = part_fenced.get(v.partition, 0) + 1
                 if v.fence in _OURS:
@@ -126,7 +130,7 @@ def decide(observations: Iterable[Condition], fleet: FleetState, now: float, pol
         what = f"{cand.cond.check} {cand.cond.entity} {cand.cond.status.value} {cand.cond.action.value}"
         if view.fence.ours:
             continue  # already fenced or being fenced: fencing is idempotent, planning is too
-        if view.released_at and cand.cond.since <= view.released_at:
+        if view.released_at and cand.cond.went_bad <= view.released_at:
             notes.append(Note("operator_released", cand.node,
                               f"{what}: an operator released the node after this began; waits for a new failure"))
             continue
@@ -170,9 +174,14 @@ def _breaker(bad_at: dict[str, float], fleet: FleetState, now: float, policy: Po
     if breaker.tripped:
         notes.append(Note("breaker_tripped", detail=breaker.reason))
         return breaker
-    total = max(len(fleet.nodes), len(bad_at), 1)
     turned = sorted(n for n, t in bad_at.items() if t > now - policy.breaker_window)
-    if len(turned) >= policy.breaker_min_nodes and len(turned) * 100.0 > policy.breaker_share_percent * total:
+    if len(turned) < policy.breaker_min_nodes:
+        return breaker
+    # Of the known fleet only (NodeView.counted): names that merely arrived do not dilute it.
+    # Counted here, past the cheap test above, so a quiet decide() never walks every node.
+    known = sum(1 for v in fleet.nodes.values() if v.counted)
+    total = max(known, len(bad_at), 1)
+    if len(turned) * 100.0 > policy.breaker_share_percent * total:
         reason = (f"{len(turned)} of {total} nodes turned bad within {policy.breaker_window:g}s "
                   f"(> {policy.breaker_share_percent:g}%): {', '.join(turned[:10])}"
                   + (" ..." if len(turned) > 10 else ""))
@@ -189,7 +198,8 @@ def _returns(views: Iterable[NodeView], now: float, policy: Policy, notes: list[
     for v in sorted(healthy, key=lambda v: v.name):
         assert v.ok_since is not None
         if v.hold:
-            notes.append(Note("operator_hold", v.name, "fenced by an operator: waits for `podhealth fleet release`"))
+            notes.append(Note("operator_hold", v.name, (v.hold_reason or "fenced by an operator")
+                              + ": waits for `podhealth fleet release`"))
         elif v.name in policy.opt_out:
             notes.append(Note("opted_out", v.name, "healthy but opted out: podhealth does not release it"))
         elif policy.manual_release:

@@ -35,8 +35,10 @@ async def serve(cfg: AggregatorConfig) -> int:
         return 2
     log.info("aggregator listening", addresses=[f"{a[0]}:{a[1]}" for a in runner.addresses], dry_run=cfg.dry_run,
              fencers=[f.name for f in agg.fencers], event_loop=aioloop.running_loop_name())
-    if not cfg.auth.cluster_token and not cfg.auth.node_tokens:
-        log.warning("ingest is unauthenticated: set aggregator.auth.cluster_token or node_tokens")
+    if not cfg.auth.configured():
+        log.warning("ingest is unauthenticated (loopback only, nothing fences): set aggregator.auth.cluster_secret")
+    if cfg.auth.cluster_token_for_agents:
+        log.warning("UNSAFE: cluster_token_for_agents lets any holder of cluster_token report for every node")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import hmac
 import json
 import time
 from typing import Any, Awaitable, Callable, Sequence
@@ -19,12 +18,19 @@ from typing import Any, Awaitable, Callable, Sequence
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from aiohttp.web_protocol import RequestPayloadError
+
+from podhealth import log as plog
 from podhealth.aggregator import ingest
 from podhealth.aggregator.config import node_name_problem
-from podhealth.aggregator.csrf import require_guarded, same_site_only
+from podhealth.webguard import require_guarded, same_site_only
+
+from podhealth.aggregator.auth import Auth, Refused, Speaker
 from podhealth.aggregator.service import Aggregator, OperatorError
+from podhealth.aggregator.state import Checkpoint
 
 AGG = web.AppKey("aggregator", Aggregator)
+_log = plog.get("podhealth.aggregator.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_REASON = 500
 
@@ -33,49 +39,7 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-class _Reject(Exception):
-    def __init__(self, status: int, result: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.result, self.message = status, result, message
-
-
-def _bearer(request: web.Request) -> str | None:
-    h = request.headers.get("Authorization", "")
-    return h[7:].strip() if h.startswith("Bearer ") else None
-
-
-def _eq(a: str, b: str) -> bool:
-    return bool(a) and hmac.compare_digest(a.encode(), b.encode())
-
-
-class Auth:
-    def __init__(self, agg: Aggregator) -> None:
-        a = agg.cfg.auth
-        self.cluster = a.cluster_token
-        self.admin = a.admin_token
-        self.by_token = {tok: node for node, tok in a.node_tokens.items()}
-        self.open = not self.cluster and not self.by_token
-
-    def ingest(self, request: web.Request, allow_admin: bool = False) -> str | None:
-        """None = may speak for any node; a name = may speak only for that node. Raises 401."""
-        if self.open:
-            return None
-        tok = _bearer(request)
-        if tok is None:
-            raise _Reject(401, "unauthorized", "missing bearer token")
-        if _eq(self.cluster, tok) or (allow_admin and _eq(self.admin, tok)):
-            return None
-        node = self.by_token.get(tok)
-        if node is None:
-            raise _Reject(401, "unauthorized", "invalid token")
-        return node
-
-    def require_admin(self, request: web.Request) -> None:
-        if not self.admin:
-            raise _Reject(403, "forbidden", "admin actions are disabled: no admin token is configured")
-        tok = _bearer(request)
-        if tok is None or not _eq(self.admin, tok):
-            raise _Reject(401, "unauthorized", "admin token required")
+_Reject = Refused
 
 
 async def _raw_body(request: web.Request, limit: int) -> bytes:
@@ -85,6 +49,19 @@ async def _raw_body(request: web.Request, limit: int) -> bytes:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise _Reject(413, "too_large", f"body exceeds {limit} bytes") from None
+    except RequestPayloadError as e:  # e.g. Content-Encoding: gzip on a body that is not gzip
+        # The rest cannot be decoded either: end it here and close the connection after the
+        # answer, rather than let aiohttp drain it afterwards (and log the decoder's traceback).
+        request.content.feed_eof()
+        request.protocol.close()
+        why = " ".join(str(getattr(e.__cause__, "message", None) or e).split())
+        raise _Reject(400, "bad_request", f"body cannot be read: {why}") from None
+    except ConnectionResetError:
+        # The client went away mid-upload (a killed agent, a timeout): one structured line, not
+        # aiohttp's traceback; there is no one left to answer.
+        _log.info("client closed the connection during the upload", path=request.path, peer=request.remote or "",
+                  expected=request.content_length)
+        raise _Reject(400, "aborted", "connection closed during the upload") from None
 
 
 async def _body(request: web.Request, limit: int) -> tuple[Any, bytes]:
@@ -95,15 +72,15 @@ async def _body(request: web.Request, limit: int) -> tuple[Any, bytes]:
         raise _Reject(400, "bad_request", str(e)) from None
 
 
-def _ingest_endpoint(name: str, fn: Callable[[Aggregator, web.Request, str | None], Awaitable[dict[str, Any]]],
-                     allow_admin: bool = False) -> Handler:
+def _ingest_endpoint(name: str, fn: Callable[[Aggregator, web.Request, Speaker], Awaitable[dict[str, Any]]],
+                     central: bool = False) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
         agg = request.app[AGG]
         auth: Auth = request.app[AUTH]
         m = agg.metrics.ingest_children(name)
         t0 = time.perf_counter()
         try:
-            bound = auth.ingest(request, allow_admin)
+            bound = auth.ingest(request, central)
             out = await fn(agg, request, bound)
         except _Reject as r:
             agg.metrics.ingest_requests.labels(name, r.result).inc()
@@ -133,33 +110,38 @@ def _answer(out: dict[str, Any]) -> bytes:
     return body
 
 
-def _check_node(agg: Aggregator, node: str, bound: str | None) -> None:
-    if bound is not None and node != bound:
-        raise _Reject(401, "unauthorized", f"this token speaks for {bound}, not {node}")
+def _check_node(agg: Aggregator, request: web.Request, node: str, bound: Speaker) -> None:
+    request.app[AUTH].check_node(bound, node)
     assert agg.mem is not None
     if node not in agg.mem.nodes and not agg.cfg.learn_nodes:
         raise _Reject(403, "forbidden", f"unknown node {node} (learn_nodes is off)")
 
 
-async def _commit(agg: Aggregator, ops: list[Any], new_ids: Sequence[str] = ()) -> None:
+async def _commit(agg: Aggregator, ops: list[Any], new_ids: Sequence[str] = (),
+                  undo: Checkpoint | None = None) -> None:
     try:
         await agg.commit(ops)
     except Exception as e:  # noqa: BLE001 - the client retries; say why
         assert agg.mem is not None
+        # Memory follows the store: what this request changed is undone, so a resend is applied.
+        if undo is not None:
+            agg.mem.rollback(undo)
         agg.mem.forget_ids(new_ids)
-        raise _Reject(503, "unavailable", f"could not store: {e}") from None
+        raise _Reject(503, "store_failing", f"the state store cannot write ({e}); nothing was applied, "
+                                            "send again later") from None
     agg.poke()
 
 
-async def _reports(agg: Aggregator, request: web.Request, bound: str | None) -> dict[str, Any]:
+async def _reports(agg: Aggregator, request: web.Request, bound: Speaker) -> dict[str, Any]:
     raw = await _raw_body(request, agg.cfg.max_body_bytes)
     try:
         rep = ingest.read_posted(raw)
     except ingest.BadRequest as e:
         raise _Reject(400, "bad_request", str(e)) from None
-    _check_node(agg, rep.node, bound)
+    _check_node(agg, request, rep.node, bound)
     mem = agg.mem
     assert mem is not None
+    undo = mem.checkpoint(rep.node)
     if isinstance(rep, ingest.Lease):
         leased, ops = ingest.apply_lease(mem, rep, agg.clock())
         if leased is None:
@@ -168,9 +150,11 @@ async def _reports(agg: Aggregator, request: web.Request, bound: str | None) -> 
         applied = leased
     else:
         applied, ops = ingest.apply_report(mem, rep, agg.clock())
+    if bound.vouches:
+        mem.vouch(rep.node)  # its own credential: a real node, counted in the breaker's fleet
     _count(agg, applied)
     if ops:
-        await _commit(agg, ops)
+        await _commit(agg, ops, undo=undo)
     out = applied.to_json()
     if isinstance(rep, ingest.Lease):
         if not applied.stale:
@@ -183,22 +167,25 @@ async def _reports(agg: Aggregator, request: web.Request, bound: str | None) -> 
     return out
 
 
-async def _events(agg: Aggregator, request: web.Request, bound: str | None) -> dict[str, Any]:
+async def _events(agg: Aggregator, request: web.Request, bound: Speaker) -> dict[str, Any]:
     obj, _ = await _body(request, agg.cfg.max_body_bytes)
     try:
         batch = ingest.parse_events(obj)
     except ingest.BadRequest as e:
         raise _Reject(400, "bad_request", str(e)) from None
-    _check_node(agg, batch.node, bound)
+    _check_node(agg, request, batch.node, bound)
     assert agg.mem is not None
+    undo = agg.mem.checkpoint(batch.node)
     applied, ops, new_ids = ingest.apply_events(agg.mem, batch, agg.clock())
+    if bound.vouches:
+        agg.mem.vouch(batch.node)
     _count(agg, applied)
-    await _commit(agg, ops, new_ids)
+    await _commit(agg, ops, new_ids, undo)
     return applied.to_json()
 
 
-async def _alertmanager(agg: Aggregator, request: web.Request, bound: str | None) -> dict[str, Any]:
-    if bound is not None:
+async def _alertmanager(agg: Aggregator, request: web.Request, bound: Speaker) -> dict[str, Any]:
+    if bound.is_node:
         raise _Reject(401, "unauthorized", "a node token cannot post alerts; use the cluster token")
     obj, _ = await _body(request, agg.cfg.max_body_bytes)
     now = agg.clock()
@@ -207,9 +194,10 @@ async def _alertmanager(agg: Aggregator, request: web.Request, bound: str | None
     except ingest.BadRequest as e:
         raise _Reject(400, "bad_request", str(e)) from None
     assert agg.mem is not None
+    undo = agg.mem.checkpoint(*(a.node for a in alerts))
     applied, ops = ingest.apply_alerts(agg.mem, alerts, now, agg.cfg.learn_nodes)
     _count(agg, applied)
-    await _commit(agg, ops)
+    await _commit(agg, ops, undo=undo)
     return applied.to_json()
 
 
@@ -217,6 +205,8 @@ def _count(agg: Aggregator, a: ingest.Applied) -> None:
     for k, v in a.to_json().items():
         if v:
             agg.metrics.ingest_result(k).inc(v)
+    if a.clock_ahead:
+        agg.metrics.clock_ahead.inc(a.clock_ahead)
 
 
 # ---- the JSON API -------------------------------------------------------------------------------
@@ -275,12 +265,27 @@ async def api_fleet(request: web.Request) -> web.Response:
     return web.json_response(request.app[AGG].fleet_json())
 
 
+async def api_fleet_versions(request: web.Request) -> web.Response:
+    """Which nodes run which driver, VBIOS, HCA firmware, OFED, kernel (aggregator/versions.py)."""
+    from podhealth.aggregator.versions import fleet_versions
+
+    agg = request.app[AGG]
+    assert agg.store is not None and agg.mem is not None
+    readings = await asyncio.to_thread(agg.store.drift_readings)
+    return web.json_response(fleet_versions(readings, list(agg.mem.nodes)))
+
+
 async def _admin_body(request: web.Request, agg: Aggregator, need_reason: bool) -> tuple[str, str]:
     request.app[AUTH].require_admin(request)
-    if request.content_length:
-        obj, _ = await _body(request, agg.cfg.max_body_bytes)
-    else:
-        obj = {}
+    # body_exists, not content_length: a chunked body has no Content-Length and is read all the same.
+    obj: Any = {}
+    if request.body_exists:
+        raw = await _raw_body(request, agg.cfg.max_body_bytes)
+        if raw.strip():
+            try:
+                obj = ingest.loads(raw)
+            except ingest.BadRequest as e:
+                raise _Reject(400, "bad_request", str(e)) from None
     if not isinstance(obj, dict):
         raise _Reject(400, "bad_request", "expected a JSON object")
     reason = obj.get("reason", "")
@@ -330,6 +335,11 @@ async def _handover(agg: Aggregator, request: web.Request) -> dict[str, Any]:
     return await agg.operator_handover(_node_arg(request), who)
 
 
+async def _reset_order(agg: Aggregator, request: web.Request) -> dict[str, Any]:
+    reason, who = await _admin_body(request, agg, True)
+    return await agg.reset_order(_node_arg(request), who, reason)
+
+
 async def _breaker_reset(agg: Aggregator, request: web.Request) -> dict[str, Any]:
     reason, who = await _admin_body(request, agg, False)
     return await agg.breaker_reset(who, reason)
@@ -343,6 +353,10 @@ async def metrics(request: web.Request) -> web.Response:
 async def healthz(request: web.Request) -> web.Response:
     agg = request.app[AGG]
     ok = agg.mem is not None and agg.writer is not None
+    if ok and agg.writer is not None and agg.writer.error:
+        # Up, but every change would be refused: not healthy (a load balancer or systemd should know).
+        return web.json_response({"status": "store_failing", "error": agg.writer.error,
+                                  "pending_actions": len(agg.pending)}, status=503)
     return web.json_response({"status": "ok" if ok else "starting", "pending_actions": len(agg.pending)},
                              status=200 if ok else 503)
 
@@ -354,7 +368,7 @@ def make_app(agg: Aggregator, *, manage: bool = True) -> web.Application:
     """The aiohttp app; with `manage`, the aggregator starts and stops with it (cleanup_ctx)."""
     app = web.Application(client_max_size=agg.cfg.max_body_bytes)
     app[AGG] = agg
-    app[AUTH] = Auth(agg)
+    app[AUTH] = Auth(agg.cfg.auth)
     if manage:
         async def lifecycle(app: web.Application) -> Any:
             await agg.start()
@@ -369,15 +383,18 @@ def make_app(agg: Aggregator, *, manage: bool = True) -> web.Application:
     app.router.add_post("/v1/reports", same_site_only(_ingest_endpoint("reports", _reports)))
     app.router.add_post("/v1/events", same_site_only(_ingest_endpoint("events", _events)))
     app.router.add_post("/v1/alertmanager",
-                        same_site_only(_ingest_endpoint("alertmanager", _alertmanager, allow_admin=True)))
+                        same_site_only(_ingest_endpoint("alertmanager", _alertmanager, central=True)))
     app.router.add_get("/api/v1/nodes", api_nodes)
     app.router.add_get("/api/v1/nodes/{name}", api_node)
     app.router.add_get("/api/v1/nodes/{name}/history", api_history)
     app.router.add_post("/api/v1/nodes/{name}/fence", same_site_only(_admin(_fence)))
     app.router.add_post("/api/v1/nodes/{name}/release", same_site_only(_admin(_release)))
     app.router.add_post("/api/v1/nodes/{name}/handover", same_site_only(_admin(_handover)))
+    app.router.add_post("/api/v1/nodes/{name}/reset-order", same_site_only(_admin(_reset_order)))
     app.router.add_post("/api/v1/breaker/reset", same_site_only(_admin(_breaker_reset)))
     app.router.add_get("/api/v1/fleet", api_fleet)
+    app.router.add_get("/api/v1/fleet/versions", api_fleet_versions)
+    app.router.add_get("/v1/fleet/versions", api_fleet_versions)  # the name issue 13 gives it
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     from podhealth.aggregator import ui  # the web UI: /, /ui/*

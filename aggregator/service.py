@@ -9,8 +9,11 @@ is reconciled with what the fencers show.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import dataclasses
 import json
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
@@ -26,10 +29,11 @@ from podhealth.aggregator.fence import (
     BatchFencer, DryRunFencer, FenceOutcome, FenceReason, FenceState, Fencer, render_reason,
 )
 from podhealth.aggregator.metrics import Metrics
-from podhealth.aggregator.model import BreakerState, Decision, FenceMode, Planned
+from podhealth.aggregator.model import BreakerState, Decision, FenceMode, FleetState, Planned
 from podhealth.aggregator.policy import RATE_WINDOW, Policy, decide, partition_limit
-from podhealth.aggregator.state import Memory
-from podhealth.aggregator.store import ActionRow, ActionStart, Op, Store, reason_to_json
+from podhealth.aggregator.lease import FileLease, LeaseInfo
+from podhealth.aggregator.state import Checkpoint, Memory
+from podhealth.aggregator.store import ActionRow, ActionStart, Loaded, Op, Store, StoreError, reason_to_json
 from podhealth.aggregator.writer import Writer
 
 T = TypeVar("T")
@@ -101,13 +105,18 @@ def build_fencers(cfg: AggregatorConfig) -> list[Fencer]:
 
 class Aggregator:
     def __init__(self, cfg: AggregatorConfig, fencers: Sequence[Fencer] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
-        self.clock = clock
+        self.clock = clock  # wall time: what is stored and shown
+        # Intervals (the decide and pull loops, the rate limit, cool-downs) are measured on a
+        # monotonic clock, so an NTP step back of the wall clock cannot stall or unthrottle them.
+        self.mono = mono
         self.policy = Policy.from_config(cfg)
         self.fencers: list[Fencer] = list(fencers) if fencers is not None else build_fencers(cfg)
         self.metrics = Metrics()
         self.store: Store | None = None
+        self.lease: FileLease = FileLease(cfg.db)
+        self.lease_info: LeaseInfo | None = None
         self.writer: Writer | None = None
         self.mem: Memory | None = None
         self.pending: dict[int, Pending] = {}
@@ -132,10 +141,21 @@ class Aggregator:
     async def start(self) -> None:
         now = self.clock()
         self.started_at = now
-        store: Store = await asyncio.to_thread(Store, self.cfg.db)
-        self.store = store
-        loaded = await asyncio.to_thread(store.load, now, self.cfg.event_retention)
+        store, loaded = await self._open_store(now)
         self.mem = Memory.from_loaded(loaded)
+        self.mem.max_skew = self.cfg.max_clock_skew
+        # The rate limit's recent fences, stored as wall times, move onto the monotonic clock.
+        m0 = self.mono()
+        self.mem.recent_fences = collections.deque((m0 - max(0.0, now - t) for t in sorted(loaded.recent_fences)),
+                                                   maxlen=self.mem.recent_fences.maxlen)
+        cycles = await asyncio.to_thread(store.recent_cycles, now - self.cfg.flap_hold.window)  # writer not yet running
+        for node, at, who in cycles:
+            rec = self.mem.nodes.get(node)
+            if rec is not None:
+                if who.startswith("operator:"):
+                    rec.cycles.clear()  # an operator's release starts the count afresh
+                else:
+                    rec.cycles.append(at)
         self.writer = Writer(store)
         self.writer.start()
         ops: list[Op] = []
@@ -169,6 +189,33 @@ class Aggregator:
             await self._session.close()
         if self.store is not None:
             self.store.close()
+        self.lease.release()
+
+    async def _open_store(self, now: float) -> tuple[Store, Loaded]:
+        """Take the store's lease, open (migrate) and load it. Any failure (another aggregator
+        holds it; corrupt, locked or read-only) is one StoreError line, and nothing is left held."""
+        db = self.cfg.db
+        try:
+            await asyncio.to_thread(db.parent.mkdir, parents=True, exist_ok=True)
+            # The lock before the open: a second aggregator must not even migrate the schema.
+            await asyncio.to_thread(self.lease.lock, now)
+            self.store = store = await asyncio.to_thread(Store, db)
+            # The epoch is a write: a read-only or locked file says so now, not at the first report.
+            self.lease_info = info = await asyncio.to_thread(self.lease.acquire, store, now)
+            loaded = await asyncio.to_thread(store.load, now, self.cfg.event_retention)
+        except BaseException as e:
+            if self.store is not None:
+                with contextlib.suppress(Exception):
+                    self.store.close()
+                self.store = None
+            self.lease.release()
+            if isinstance(e, StoreError):
+                raise
+            if isinstance(e, (sqlite3.Error, OSError)):
+                raise StoreError(f"{db}: {getattr(e, 'strerror', None) or e}") from None
+            raise
+        log.info("store lease taken", db=str(db), epoch=info.epoch, holder=info.holder)
+        return store, loaded
 
     def _held(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -189,16 +236,16 @@ class Aggregator:
     # ---- the decide loop -----------------------------------------------------------------------
 
     async def _decide_loop(self) -> None:
-        seen, last = -1, 0.0
+        seen, last = -1, float("-inf")
         while self._running:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.cfg.decide_interval)
             self.wake.clear()
             assert self.mem is not None
             # Run when something changed, and on the interval (minimum durations, healthy_for).
-            if self.mem.version == seen and self.clock() - last < self.cfg.decide_interval:
+            if self.mem.version == seen and self.mono() - last < self.cfg.decide_interval:
                 continue
-            seen, last = self.mem.version, self.clock()
+            seen, last = self.mem.version, self.mono()
             try:
                 self.run_decide()
             except Exception:  # noqa: BLE001 - the loop must outlive one bad run; it is logged
@@ -209,7 +256,7 @@ class Aggregator:
         mem = self.mem
         assert mem is not None and self.writer is not None
         now = self.clock()
-        d = decide(mem.open_conditions(), mem.fleet(), now, self.policy)
+        d = decide(mem.open_conditions(), self.fleet_now(now), now, self.policy)
         self.metrics.decisions.inc()
         self.last_decision, self.last_decision_at = d, now
         if d.breaker != mem.breaker:
@@ -221,18 +268,27 @@ class Aggregator:
                 ops.append(Store.op_audit(now, "*", "podhealth", "breaker tripped", d.breaker.reason))
             self.writer.write_nowait(ops)
         fences: list[ActionStart] = []
+        # Memory marks a node `fencing` before the store records the action: if that record
+        # cannot be written, the node goes back to how it was (never `fencing` with no action).
+        undo = mem.checkpoint(*(a.node for a in d.actions if a.kind in ("fence", "handover")))
         for a in d.actions:
-            start = self._dispatch(a, now)
+            start = self._dispatch(a, now, undo)
             if start is not None:
                 fences.append(start)
         if len(fences) == 1:
             f = fences[0]
-            self._spawn(self._begin(f.node, f.kind, f.who, f.why, now, f.reason, f.rule, list(f.extra)))
+            self._spawn(self._begin(f.node, f.kind, f.who, f.why, now, f.reason, f.rule, list(f.extra), undo))
         elif fences:
-            self._spawn(self._begin_fences(fences))
+            self._spawn(self._begin_fences(fences, undo))
         return d
 
-    def _dispatch(self, a: Planned, now: float) -> ActionStart | None:
+    def fleet_now(self, now: float) -> FleetState:
+        """The fleet for decide(), its recent fences moved from the monotonic clock onto `now`."""
+        assert self.mem is not None
+        m = self.mono()
+        return dataclasses.replace(self.mem.fleet(), recent_fences=tuple(now - (m - t) for t in self.mem.recent_fences))
+
+    def _dispatch(self, a: Planned, now: float, undo: Checkpoint | None = None) -> ActionStart | None:
         """Carry out a notify or a handover; a fence comes back to be recorded with the others
         of this decision (one transaction, one batch for the fencers)."""
         mem = self.mem
@@ -250,28 +306,34 @@ class Aggregator:
             return None
         if a.kind == "fence":
             assert a.reason is not None
-            if now - self._fence_failed.get(a.node, -FAILED_FENCE_COOLDOWN) < FAILED_FENCE_COOLDOWN:
+            failed = self._fence_failed.get(a.node)
+            if failed is not None and self.mono() - failed < FAILED_FENCE_COOLDOWN:
                 return None  # it failed for good a moment ago: do not fill the audit log with retries
-            mem.recent_fences.append(now)
-            extra = mem.set_node(a.node, fence=FenceMode.FENCING, fence_reason=render_reason(a.reason), hold=False)
+            mem.recent_fences.append(self.mono())
+            extra = mem.set_node(a.node, fence=FenceMode.FENCING, fence_reason=render_reason(a.reason), hold=False,
+                                 hold_reason="")
             return ActionStart(a.node, "fence", "policy", a.why, now, a.reason, a.rule, self.cfg.dry_run, tuple(extra))
         if a.kind == "handover":
             self._spawn(self._begin(a.node, "handover", "policy", a.why, now, None, "",
-                                    mem.set_node(a.node, handover="running", handover_at=now)))
+                                    mem.set_node(a.node, handover="running", handover_at=now), undo))
         return None
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         t = asyncio.ensure_future(coro)
         self._action_tasks.add(t)
         t.add_done_callback(self._action_tasks.discard)
+        t.add_done_callback(_retrieve)
         return t
 
     async def _begin(self, node: str, kind: str, who: str, why: str, now: float, reason: FenceReason | None,
-                     rule: str, extra: list[Op]) -> Pending:
+                     rule: str, extra: list[Op], undo: Checkpoint | None = None) -> Pending:
         """Record the action as pending (durably) and only then carry it out."""
         assert self.writer is not None
-        aid = await self.writer.call(lambda s: s.begin_action(node, kind, who, why, now, reason, rule,
-                                                              self.cfg.dry_run, extra))
+        try:
+            aid = await self.writer.call(lambda s: s.begin_action(node, kind, who, why, now, reason, rule,
+                                                                  self.cfg.dry_run, extra))
+        except sqlite3.Error as e:
+            raise self._unrecorded([node], kind, e, undo) from None
         p = Pending(id=aid, node=node, kind=kind, who=who, why=why, reason=reason, rule=rule, dry_run=self.cfg.dry_run)
         self.pending[aid] = p
         log.info("action recorded", id=aid, node=node, kind=kind, who=who, why=why)
@@ -327,7 +389,7 @@ class Aggregator:
                 assert self.mem is not None
                 ops: list[Op] = []
                 if p.kind == "fence":
-                    self._fence_failed[p.node] = self.clock()
+                    self._fence_failed[p.node] = self.mono()
                     ops = self.mem.set_node(p.node, fence=FenceMode.NONE, fence_reason="")
                 elif p.kind == "release":
                     ops = self.mem.set_node(p.node, fence=FenceMode.FENCED)
@@ -380,7 +442,7 @@ class Aggregator:
         assert mem is not None
         present = [(f, st) for f, st in states if st.exists]
         if not present:
-            self._fence_failed[p.node] = self.clock()
+            self._fence_failed[p.node] = self.mono()
             return "failed", "node is unknown to every fencer", mem.set_node(p.node, fence=FenceMode.NONE,
                                                                             fence_reason="")
         foreign = [(f, st) for f, st in present if st.fenced and not st.ours]
@@ -406,7 +468,23 @@ class Aggregator:
             self.metrics.fences.labels(p.reason.check, p.reason.action).inc()
         await self._finish(p, "done", "fenced" if changed else "was already fenced",
                            ops + mem.set_node(p.node, fence=FenceMode.FENCED, fenced_at=now, opted_out=False,
-                                              handover="", handover_at=0.0))
+                                              handover="", handover_at=0.0) + self._flap_hold(p.node, now))
+
+    def _flap_hold(self, node: str, now: float) -> list[Op]:
+        """A node fenced again after flap_hold.cycles fence/release cycles within the window
+        stays fenced for an operator: whatever makes it fail and recover, another automatic
+        release would only start the next cycle."""
+        mem = self.mem
+        assert mem is not None
+        rec = mem.nodes[node]
+        fh = self.cfg.flap_hold
+        rec.cycles[:] = [t for t in rec.cycles if now - fh.window < t <= now]
+        if rec.hold or len(rec.cycles) < fh.cycles:
+            return []
+        why = (f"flapping: fenced/released {len(rec.cycles)} times in {_span(fh.window)}; release by operator")
+        log.warning("node held fenced for an operator", node=node, reason=why)
+        self.metrics.flap_holds.inc()
+        return mem.set_node(node, hold=True, hold_reason=why) + [Store.op_audit(now, node, "podhealth", "hold", why)]
 
     async def _do_fence(self, p: Pending) -> None:
         assert p.reason is not None
@@ -432,10 +510,23 @@ class Aggregator:
 
     # ---- fencing many nodes at once ------------------------------------------------------------
 
-    async def _begin_fences(self, starts: list[ActionStart]) -> list[Pending]:
+    def _unrecorded(self, nodes: list[str], kind: str, e: Exception, undo: Checkpoint | None) -> OperatorError:
+        """An action whose pending record could not be written: nothing is done, memory goes back."""
+        assert self.mem is not None
+        if undo is not None:
+            self.mem.rollback(undo, nodes)
+        self.metrics.actions.labels(kind, "unrecorded").inc()
+        log.error("action not recorded: the state store cannot write; nothing done", nodes=nodes[:20],
+                  count=len(nodes), kind=kind, error=str(e))
+        return OperatorError(503, f"the state store cannot write ({e}); nothing was done")
+
+    async def _begin_fences(self, starts: list[ActionStart], undo: Checkpoint | None = None) -> list[Pending]:
         """Record every fence as pending (one transaction) and only then carry them out together."""
         assert self.writer is not None
-        ids = await self.writer.call(lambda s: s.begin_actions(starts))
+        try:
+            ids = await self.writer.call(lambda s: s.begin_actions(starts))
+        except sqlite3.Error as e:
+            raise self._unrecorded([a.node for a in starts], "fence", e, undo) from None
         ps = [Pending(id=aid, node=a.node, kind=a.kind, who=a.who, why=a.why, reason=a.reason, rule=a.rule,
                       dry_run=a.dry_run) for aid, a in zip(ids, starts)]
         for p in ps:
@@ -570,9 +661,14 @@ class Aggregator:
                 await self.commit(ops)
                 raise TransientError(f"{f.name} release {target}: {o.error or o.output}")
         mode = FenceMode.EXTERNAL if foreign else FenceMode.NONE
+        rec = mem.nodes[p.node]
+        if p.who.startswith("operator:"):
+            rec.cycles.clear()  # an operator looked at it: the flap count starts afresh
+        else:
+            rec.cycles.append(self.clock())
         await self._finish(p, "done", "released" + (f" (still fenced by someone else in {foreign})" if foreign else ""),
-                           ops + mem.set_node(p.node, fence=mode, fence_reason=foreign, hold=False, handover="",
-                                              handover_at=0.0))
+                           ops + mem.set_node(p.node, fence=mode, fence_reason=foreign, hold=False, hold_reason="",
+                                              handover="", handover_at=0.0))
 
     async def _do_handover(self, p: Pending) -> None:
         mem = self.mem
@@ -667,13 +763,16 @@ class Aggregator:
                     _, o = mem.ensure_node(node, now)
                     ops += o + mem.set_node(node, fence=FenceMode.EXTERNAL, fence_reason=foreign[0][1].reason)
                     lines.append(f"{node}: fenced by someone else in {foreign[0][0].name}: recorded as drained")
+                mem.vouch(node)  # a fencer's backend knows it: part of the fleet the breaker counts
                 continue
+            mem.vouch(node)
             if foreign and not rec.fence.ours and rec.fence is not FenceMode.EXTERNAL:
                 ops += mem.set_node(node, fence=FenceMode.EXTERNAL, fence_reason=foreign[0][1].reason)
                 lines.append(f"{node}: fenced by someone else in {foreign[0][0].name} ({foreign[0][1].reason}): "
                              "recorded as drained")
             elif foreign and rec.fence.ours and not ours:
-                ops += mem.set_node(node, fence=FenceMode.EXTERNAL, fence_reason=foreign[0][1].reason, hold=False)
+                ops += mem.set_node(node, fence=FenceMode.EXTERNAL, fence_reason=foreign[0][1].reason, hold=False,
+                                    hold_reason="")
                 lines.append(f"{node}: podhealth's fence was replaced by someone else's ({foreign[0][1].reason}): "
                              "now theirs")
             elif ours and rec.fence is FenceMode.NONE:
@@ -698,7 +797,7 @@ class Aggregator:
                     self._spawn(self._begin(node, "fence", "reconcile", "store says fenced", now, reason, "",
                                             mem.set_node(node, fence=FenceMode.FENCING)))
                 else:
-                    ops += mem.set_node(node, fence=FenceMode.NONE, fence_reason="", hold=False)
+                    ops += mem.set_node(node, fence=FenceMode.NONE, fence_reason="", hold=False, hold_reason="")
                     lines.append(f"{node}: podhealth's fence was removed by someone else: recorded as free")
         for line in lines:
             log.warning("reconcile", detail=line)
@@ -726,13 +825,13 @@ class Aggregator:
     async def _pull_loop(self) -> None:
         sem = asyncio.Semaphore(self.cfg.pull_concurrency)
         while self._running:
-            started = self.clock()
+            started = self.mono()
             mem = self.mem
             assert mem is not None
             targets = [r.name for r in mem.nodes.values() if r.agent_url]
             if targets:
                 await asyncio.gather(*(self._pull_one(n, sem) for n in targets), return_exceptions=True)
-            await asyncio.sleep(max(0.05, self.cfg.pull_interval - (self.clock() - started)))
+            await asyncio.sleep(max(0.05, self.cfg.pull_interval - (self.mono() - started)))
 
     async def _pull_one(self, node: str, sem: asyncio.Semaphore) -> None:
         mem = self.mem
@@ -792,9 +891,25 @@ class Aggregator:
                 ops += mem.mark_unreachable(rec.name, now, self.cfg.unreachable_after, "still unreachable")
         return ops
 
+    def forget_ops(self, now: float) -> list[Op]:
+        """Learned nodes that stopped reporting are forgotten after forget_learned_after (a node
+        renamed or retired, or a name that only ever arrived once), so they stay off the UI and
+        out of the fleet; one that reports again is learned again."""
+        mem = self.mem
+        assert mem is not None
+        after = self.cfg.forget_learned_after
+        if not after:
+            return []
+        ops: list[Op] = []
+        for name in mem.forget_stale_learned(now, after, busy={p.node for p in self.pending.values()}):
+            log.info("forgot a learned node that stopped reporting", node=name, after=after)
+            ops += Store.ops_node_forget(name)
+            ops.append(Store.op_audit(now, name, "podhealth", "forget", f"learned node silent for {after:g}s"))
+        return ops
+
     async def _housekeeping_loop(self) -> None:
-        last_reconcile = self.clock()
-        last_prune = 0.0
+        last_reconcile = self.mono()
+        last_prune = float("-inf")
         while self._running:
             await asyncio.sleep(self.housekeeping_interval)
             mem, writer = self.mem, self.writer
@@ -802,18 +917,21 @@ class Aggregator:
             now = self.clock()
             try:
                 writer.write_nowait(mem.flush_seen())
-                ops: list[Op] = self.silence_ops(now)
-                if now - last_prune > 3600:
+                ops: list[Op] = self.silence_ops(now) + self.forget_ops(now)
+                if self.mono() - last_prune > 3600:
                     ops += mem.prune_ids(now - self.cfg.event_retention)
-                    last_prune = now
+                    last_prune = self.mono()
                 if ops:
                     writer.write_nowait(ops)
                     self.poke()
                 for p in list(self.pending.values()):
-                    if p.next_attempt and p.next_attempt <= now and not self._lock(p.node).locked():
+                    # A retry time further off than the longest backoff means the wall clock
+                    # stepped back since it was set: due now, not in an hour.
+                    due = p.next_attempt <= now or p.next_attempt - now > self.cfg.retries.max_backoff
+                    if p.next_attempt and due and not self._lock(p.node).locked():
                         self._spawn(self._execute(p))
-                if now - last_reconcile >= self.reconcile_interval:
-                    last_reconcile = now
+                if self.mono() - last_reconcile >= self.reconcile_interval:
+                    last_reconcile = self.mono()
                     await self.reconcile()
                     await self._refresh_opt_outs()
             except asyncio.CancelledError:
@@ -837,9 +955,11 @@ class Aggregator:
             return {"node": node, "state": "unchanged", "result": f"already fenced by someone else: {rec.fence_reason}"}
         now = self.clock()
         fr = FenceReason(check="operator", entity="node", action="DRAIN", id=_slug(who))
-        mem.recent_fences.append(now)
-        extra = mem.set_node(node, fence=FenceMode.FENCING, fence_reason=render_reason(fr), hold=True)
-        t = self._spawn(self._begin(node, "fence", f"operator:{who}", reason, now, fr, "operator", extra))
+        undo = mem.checkpoint(node)
+        mem.recent_fences.append(self.mono())
+        extra = mem.set_node(node, fence=FenceMode.FENCING, fence_reason=render_reason(fr), hold=True,
+                             hold_reason="fenced by an operator")
+        t = self._spawn(self._begin(node, "fence", f"operator:{who}", reason, now, fr, "operator", extra, undo))
         return await self._await_action(t, wait)
 
     async def operator_release(self, node: str, reason: str, who: str, wait: float = 30.0) -> dict[str, Any]:
@@ -857,8 +977,9 @@ class Aggregator:
             raise OperatorError(409, f"{node} has a {rec.fence.value} action in flight; try again")
         now = self.clock()
         # The operator has seen what is open now: only a failure that starts later fences again.
+        undo = mem.checkpoint(node)
         extra = mem.set_node(node, fence=FenceMode.RELEASING, released_at=now)
-        t = self._spawn(self._begin(node, "release", f"operator:{who}", reason, now, None, "operator", extra))
+        t = self._spawn(self._begin(node, "release", f"operator:{who}", reason, now, None, "operator", extra, undo))
         return await self._await_action(t, wait)
 
     async def operator_handover(self, node: str, who: str, wait: float = 30.0) -> dict[str, Any]:
@@ -872,9 +993,29 @@ class Aggregator:
         if rec.handover == "running":
             raise OperatorError(409, f"a handover of {node} is already running")
         now = self.clock()
+        undo = mem.checkpoint(node)
         extra = mem.set_node(node, handover="running", handover_at=now)
-        t = self._spawn(self._begin(node, "handover", f"operator:{who}", "operator asked", now, None, "", extra))
+        t = self._spawn(self._begin(node, "handover", f"operator:{who}", "operator asked", now, None, "", extra,
+                                    undo))
         return await self._await_action(t, wait)
+
+    async def reset_order(self, node: str, who: str, reason: str) -> dict[str, Any]:
+        """Forget the order of a node's records (a forged or runaway seq left its real reports
+        stale): its next record starts afresh. Audited."""
+        mem = self.mem
+        assert mem is not None
+        rec = mem.nodes.get(node)
+        if rec is None:
+            raise OperatorError(404, f"unknown node {node}")
+        now = self.clock()
+        was = {"boot_id": rec.boot_id, "seq": rec.report_seq, "retired_boots": list(rec.retired),
+               "clock_ahead": rec.clock_ahead}
+        ops = mem.reset_order(node)
+        ops.append(Store.op_audit(now, node, f"operator:{who}", "order reset", reason or "operator reset", (),
+                                  json.dumps(was)))
+        await self.commit(ops)
+        log.warning("node ordering reset; its next record starts afresh", node=node, who=who, was=was)
+        return {"node": node, "reset_at": now, "was": was}
 
     async def breaker_reset(self, who: str, reason: str) -> dict[str, Any]:
         mem = self.mem
@@ -920,7 +1061,7 @@ class Aggregator:
             "breaker": {"tripped": b.tripped, "tripped_at": b.tripped_at, "reset_at": b.reset_at, "reason": b.reason},
             "fence_budget": {"used": sum(1 for r in mem.nodes.values() if r.fence.ours),
                              "limit": self.cfg.caps.max_fenced},
-            "rate_limit": {"used": sum(1 for t in mem.recent_fences if now - RATE_WINDOW < t <= now),
+            "rate_limit": {"used": sum(1 for t in mem.recent_fences if self.mono() - RATE_WINDOW < t),
                            "limit": self.cfg.rate_limit.fences_per_minute},
             "partitions": partitions,
             "pending_actions": len(self.pending),
@@ -949,6 +1090,24 @@ class Aggregator:
     def status_of(self, name: str) -> Status | None:
         rec = self.mem.nodes.get(name) if self.mem else None
         return rec.status if rec else None
+
+
+def _span(seconds: float) -> str:
+    """3600 -> "1h", 90 -> "90s": a window as an operator reads it."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _retrieve(t: "asyncio.Task[Any]") -> None:
+    """An unrecorded action was logged where it happened (and an operator gets its 503); any
+    other failure is logged here, once, instead of by asyncio at exit."""
+    if t.cancelled():
+        return
+    e = t.exception()
+    if e is not None and not isinstance(e, OperatorError):
+        log.error("action task failed", error=f"{type(e).__name__}: {e}")
 
 
 def _slug(text: str) -> str:

@@ -9,6 +9,7 @@ SQLite — so 10,000 nodes cost a few MB.
 from __future__ import annotations
 
 import collections
+import copy
 import types
 from dataclasses import dataclass, field, replace
 from typing import Iterable, NamedTuple
@@ -21,6 +22,8 @@ from podhealth.aggregator.model import (
 from podhealth.aggregator.store import Loaded, NodeRow, Op, Store
 
 REACHABLE_CHECK = "agent_reachable"
+Order = tuple[str, int]  # an agent's (boot_id, seq): see agent/sequence.py
+RETIRED_BOOTS = 8  # earlier boots remembered per node: their late records are stale
 UNREACHABLE_CHECK = "node_unreachable"
 
 
@@ -50,9 +53,18 @@ class NodeRec:
     first_seen: float = 0.0
     last_seen: float = 0.0
     status: Status = Status.UNKNOWN
-    report_time: float = 0.0
+    report_time: float = 0.0  # when the aggregator received the latest report (never the agent's claim)
     fp: int = 0  # fingerprint of the last report's verdicts, to skip unchanged reports cheaply; 0 = none
-    verdict_time: float = 0.0  # agent time of the newest transition applied (memory only)
+    # Ordering by the agent's own sequence: the boot (epoch) and the seq of the latest report;
+    # verdict_seq is the newest transition applied (memory only); retired: earlier boots.
+    boot_id: str = ""
+    report_seq: int = 0
+    verdict_seq: int = 0
+    retired: tuple[str, ...] = ()
+    clock_ahead: int = 0  # records whose time claim was beyond max_clock_skew ahead of ours
+    clock_offset: float = 0.0  # the latest report's time claim minus our clock (memory only)
+    hold_reason: str = ""
+    cycles: list[float] = field(default_factory=list)  # when its recent releases were done (flap hold)
     stored_at: float = 0.0  # when its latest full report was last written to the store (memory only)
     fence: FenceMode = FenceMode.NONE
     fence_reason: str = ""
@@ -65,12 +77,16 @@ class NodeRec:
     unreachable_since: float | None = None
     released_at: float = 0.0
     seen_dirty: bool = False
+    # Reported with a credential that speaks for this node alone (memory only: after a restart a
+    # learned node counts again from its next report, so the breaker errs towards tripping).
+    vouched: bool = False
 
     def view(self) -> NodeView:
         return NodeView(name=self.name, partition=self.partition, fence=self.fence, hold=self.hold,
                         opted_out=self.opted_out, ok_since=self.ok_since, handover=self.handover,
                         handover_at=self.handover_at, can_handover=bool(self.agent_url),
-                        released_at=self.released_at)
+                        released_at=self.released_at, hold_reason=self.hold_reason,
+                        counted=not self.learned or self.vouched)
 
     @property
     def state(self) -> str:
@@ -92,7 +108,9 @@ class NodeRec:
             "fence_reason": self.fence_reason, "fenced_at": self.fenced_at, "hold": self.hold,
             "opted_out": self.opted_out, "ok_since": self.ok_since, "handover": self.handover,
             "handover_at": self.handover_at, "unreachable_since": self.unreachable_since,
-            "released_at": self.released_at,
+            "released_at": self.released_at, "hold_reason": self.hold_reason,
+            "order": {"boot_id": self.boot_id, "seq": self.report_seq, "retired_boots": list(self.retired)},
+            "clock": {"ahead": self.clock_ahead, "offset": round(self.clock_offset, 3)},
         }
 
 
@@ -124,6 +142,7 @@ class Memory:
     recent_fences: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=10000))
     views: dict[str, NodeView] = field(default_factory=dict)
     version: int = 0  # bumped on every change that could alter a decision
+    max_skew: float = 30.0  # seconds an agent's time claim may run ahead of our clock (config max_clock_skew)
 
     # ---- loading -----------------------------------------------------------------------------
 
@@ -136,7 +155,9 @@ class Memory:
                 partition=r.partition, learned=r.learned, first_seen=r.first_seen, last_seen=r.last_seen,
                 status=Status(r.status), report_time=r.report_time, fence=r.fence, fence_reason=r.fence_reason,
                 fenced_at=r.fenced_at, hold=r.hold, opted_out=r.opted_out, ok_since=r.ok_since, handover=r.handover,
-                handover_at=r.handover_at, unreachable_since=r.unreachable_since, released_at=r.released_at)
+                handover_at=r.handover_at, unreachable_since=r.unreachable_since, released_at=r.released_at,
+                boot_id=r.boot_id, report_seq=r.report_seq, retired=tuple(r.retired_boots.split()),
+                clock_ahead=r.clock_ahead, hold_reason=r.hold_reason)
         for c in loaded.conditions:
             m.conditions[c.key] = c
             m.by_node.setdefault(c.node, set()).add(c.key)
@@ -171,6 +192,29 @@ class Memory:
         self._refresh(rec)
         return ops + [Store.op_node_config(name, agent_url, slurm_name, k8s_name, partition)]
 
+    def vouch(self, name: str) -> None:
+        """`name` spoke with its own credential: it is a real node (it counts in the breaker's fleet)."""
+        rec = self.nodes.get(name)
+        if rec is not None and not rec.vouched:
+            rec.vouched = True
+            self._refresh(rec)
+
+    def forget_stale_learned(self, now: float, after: float, busy: Iterable[str] = ()) -> list[str]:
+        """Learned nodes silent for `after` seconds (never one podhealth fences, or with an action
+        in flight), forgotten in memory; returns their names (Store.ops_node_forget persists it)."""
+        skip = set(busy)
+        gone = [r.name for r in self.nodes.values()
+                if r.learned and r.fence is FenceMode.NONE and r.name not in skip
+                and now - max(r.last_seen, r.first_seen) >= after]
+        for name in gone:
+            del self.nodes[name]
+            self.views.pop(name, None)
+            for key in self.by_node.pop(name, set()):
+                self.conditions.pop(key, None)
+        if gone:
+            self.version += 1
+        return gone
+
     def set_node(self, name: str, **fields: object) -> list[Op]:
         """Change fence/handover fields of a node and persist them."""
         rec = self.nodes[name]
@@ -204,21 +248,26 @@ class Memory:
     # ---- observations ------------------------------------------------------------------------
 
     def apply_report(self, node: str, verdicts: tuple[Verdict, ...], report_time: float, raw: str | bytes,
-                     now: float, fp: int | None = None) -> tuple[str, list[Op]]:
+                     now: float, fp: int | None = None, order: Order | None = None) -> tuple[str, list[Op]]:
         """A full verdict set from the agent (OK results may be left out when `fp`, the
-        fingerprint of all of them, is given). Returns ("applied"|"unchanged"|"stale", ops)."""
+        fingerprint of all of them, is given). Returns ("applied"|"unchanged"|"stale", ops).
+
+        `report_time` is the agent's claim, kept only to show its clock's offset; the report is
+        ordered by `order` (or, from an agent that sends none, by arrival) and timed by `now`."""
         rec, ops = self.ensure_node(node, now)
-        if self._stale(rec, report_time):
+        ops += self._claim(rec, report_time, now)
+        if self._stale(rec, order, report=True):
             return "stale", ops
+        ops += self._advance(rec, order, report=True)
         if fp is None:
             fp = hash(tuple((v.check, v.entity, v.status.value, v.action.value) for v in verdicts))
         if fp == rec.fp:
-            ops += self._seen_unchanged(rec, report_time, now)
+            ops += self._seen_unchanged(rec, now)
             if now - rec.stored_at >= REPORT_REFRESH_S:
                 rec.stored_at = now
                 ops.append(Store.op_report(node, raw))  # same verdicts, fresher evidence
             return "unchanged", ops
-        rec.report_time = report_time
+        rec.report_time = now
         rec.last_seen = now
         ops += self._reachable(rec, now)
         rec.fp = fp
@@ -231,12 +280,13 @@ class Memory:
             if c.source == "agent" and (c.check, c.entity) not in bad:
                 ops += self._close(key, now)
         ops += self._status(rec, now)
-        ops += [Store.op_node_report(node, rec.status.value, report_time, now), Store.op_report(node, raw)]
+        ops += [Store.op_node_report(node, rec.status.value, now, now, rec.report_seq), Store.op_report(node, raw)]
         rec.stored_at = now
         rec.seen_dirty = False
         return "applied", ops
 
-    def apply_lease(self, node: str, digest: str, report_time: float, now: float) -> tuple[str, list[Op]]:
+    def apply_lease(self, node: str, digest: str, report_time: float, now: float,
+                    order: Order | None = None) -> tuple[str, list[Op]]:
         """The node's verdicts are still those of the full report whose fingerprint gave `digest`.
 
         "conflict" (and nothing changes) when this memory has no such report for the node: it
@@ -247,19 +297,72 @@ class Memory:
         rec = self.nodes.get(node)
         if rec is None or not rec.fp or digest_of(rec.fp) != digest:
             return "conflict", []
-        if self._stale(rec, report_time):
-            return "stale", []
-        return "unchanged", self._seen_unchanged(rec, report_time, now)
+        ops = self._claim(rec, report_time, now)
+        if self._stale(rec, order, report=True):
+            return "stale", ops
+        ops += self._advance(rec, order, report=True)
+        return "unchanged", ops + self._seen_unchanged(rec, now)
+
+    # ---- ordering: the agent's sequence, our clock -------------------------------------------
+
+    def claim_ahead(self, claim: float, now: float) -> bool:
+        """An agent's time claim further ahead of our clock than the allowed skew."""
+        return claim - now > self.max_skew
+
+    def _claim(self, rec: NodeRec, claim: float, now: float) -> list[Op]:
+        """Note how far the agent's clock is from ours; count a claim from the future (it orders
+        and times nothing, but the operator should know the node's clock is wrong)."""
+        rec.clock_offset = claim - now
+        if not self.claim_ahead(claim, now):
+            return []
+        rec.clock_ahead += 1
+        return [Store.op_node_fields(rec.name, clock_ahead=rec.clock_ahead)]
 
     @staticmethod
-    def _stale(rec: NodeRec, report_time: float) -> bool:
-        # Older than the last report, or than a transition already applied: the transition went
-        # through the agent's spool and a heartbeat did not, so they can arrive in either order.
-        return report_time <= rec.report_time or report_time < rec.verdict_time
+    def _stale(rec: NodeRec, order: Order | None, *, report: bool) -> bool:
+        """Older than what was applied, by the agent's (boot_id, seq). A record without one (an
+        older agent, a pulled /health) is ordered by arrival: never stale.
 
-    def _seen_unchanged(self, rec: NodeRec, report_time: float, now: float) -> list[Op]:
+        A report is stale when not newer than the last report, or older than a transition
+        already applied (transitions go through the agent's spool and heartbeats do not, so they
+        arrive in either order); a transition when older than the last report. A boot other
+        than the current one starts a new epoch, unless it is one the node already left."""
+        if order is None:
+            return False
+        boot, seq = order
+        if boot != rec.boot_id:
+            return boot in rec.retired
+        if report:
+            return seq <= rec.report_seq or seq < rec.verdict_seq
+        return seq < rec.report_seq
+
+    def _advance(self, rec: NodeRec, order: Order | None, *, report: bool) -> list[Op]:
+        if order is None:
+            return []
+        boot, seq = order
+        ops: list[Op] = []
+        if boot != rec.boot_id:
+            if rec.boot_id:
+                rec.retired = (rec.boot_id, *rec.retired)[:RETIRED_BOOTS]
+            rec.boot_id, rec.report_seq, rec.verdict_seq = boot, 0, 0
+            ops.append(Store.op_node_fields(rec.name, boot_id=boot, report_seq=0, retired_boots=" ".join(rec.retired)))
+        if report:
+            rec.report_seq = seq
+        else:
+            rec.verdict_seq = max(rec.verdict_seq, seq)
+        return ops
+
+    def reset_order(self, node: str) -> list[Op]:
+        """Forget a node's ordering (an operator's call, e.g. after a forged seq): its next record
+        of any boot starts afresh."""
+        rec = self.nodes[node]
+        rec.boot_id, rec.report_seq, rec.verdict_seq, rec.retired, rec.clock_ahead = "", 0, 0, (), 0
+        rec.fp = 0  # the next heartbeat carries the full report
+        return [Store.op_node_fields(node, boot_id="", report_seq=0, retired_boots="", clock_ahead=0)]
+
+    def _seen_unchanged(self, rec: NodeRec, now: float) -> list[Op]:
         """Same verdicts as last time: only say "seen again" (the breaker reset needs it)."""
-        rec.report_time = report_time
+        rec.report_time = now
         rec.last_seen = now
         ops = self._reachable(rec, now)
         for key in self.by_node.get(rec.name, ()):
@@ -270,13 +373,14 @@ class Memory:
         return ops + self._status(rec, now)
 
     def apply_verdict(self, node: str, v: Verdict, event_time: float, now: float, source: Source = "agent",
-                      ref: str = "", severity: str | None = None) -> tuple[str, list[Op]]:
-        """One verdict change (an agent's transition, an alert firing or resolving)."""
+                      ref: str = "", severity: str | None = None, order: Order | None = None) -> tuple[str, list[Op]]:
+        """One verdict change (an agent's transition, an alert firing or resolving); an agent's is
+        ordered among its reports by `order` (see _stale)."""
         rec, ops = self.ensure_node(node, now)
         if source == "agent":
-            if event_time < rec.report_time:
+            if self._stale(rec, order, report=False):
                 return "stale", ops  # a newer full report already said how things are
-            rec.verdict_time = max(rec.verdict_time, event_time)
+            ops += self._advance(rec, order, report=False)
             rec.fp = 0  # the last report no longer describes the node: no lease or "unchanged" until a new one
             rec.last_seen = max(rec.last_seen, now)
             rec.seen_dirty = True
@@ -337,9 +441,11 @@ class Memory:
         start = since if 0 < since <= now else now
         if old is not None and old.status is status:
             start = min(start, old.since)
+        same = old is not None and old.status is status
         c = Condition(node=node, check=check, entity=entity, status=status, action=action, severity=severity,
                       since=start, observed=now, source=source, ref=ref, summary=summary[:512],
-                      notified=old.notified if old is not None and old.status is status else False)
+                      notified=old.notified if old is not None and same else False,
+                      opened=(old.opened or now) if old is not None and same else now)
         self.conditions[key] = c
         self.by_node.setdefault(node, set()).add(key)
         self.version += 1
@@ -377,7 +483,8 @@ class Memory:
     def record_event(self, event_id: str, node: str, type_: str, time: float, body: str, now: float) -> Op:
         self.seen_ids.add(event_id)
         self.seen_order.append((now, event_id))
-        return Store.op_event(event_id, node, type_, time, now, body)
+        # The agent's time is a claim: never later than when it arrived (history sorts by it).
+        return Store.op_event(event_id, node, type_, min(time, now), now, body)
 
     def forget_ids(self, ids: Iterable[str]) -> None:
         """Undo record_event for a batch whose commit failed, so its resend is applied."""
@@ -397,7 +504,7 @@ class Memory:
         for rec in self.nodes.values():
             if rec.seen_dirty:
                 rec.seen_dirty = False
-                ops.append(Store.op_node_seen(rec.name, rec.last_seen, rec.report_time))
+                ops.append(Store.op_node_seen(rec.name, rec.last_seen, rec.report_time, rec.report_seq))
         return ops
 
     def set_breaker(self, b: BreakerState) -> list[Op]:
@@ -406,4 +513,60 @@ class Memory:
         self.breaker = b
         self.version += 1
         return [Store.op_breaker(b)]
+
+    # ---- undo for a commit that failed -----------------------------------------------------------
+
+    def checkpoint(self, *names: str) -> "Checkpoint":
+        """What `rollback` needs to put these nodes (their records and conditions) back as they
+        are now: taken before a change whose ops may fail to commit (a full disk), so memory
+        never runs ahead of the store (a node left `fencing` with no pending action)."""
+        saved: dict[str, NodeRec | None] = {}
+        conds: dict[str, dict[tuple[str, str, str], Condition]] = {}
+        for name in dict.fromkeys(names):
+            rec = self.nodes.get(name)
+            saved[name] = None if rec is None else _copy_rec(rec)
+            conds[name] = {k: self.conditions[k] for k in self.by_node.get(name, ())}
+        return Checkpoint(saved, conds)
+
+    def rollback(self, cp: "Checkpoint", only: Iterable[str] | None = None) -> None:
+        """Put the checkpointed nodes (or `only` these of them) back, in place: coroutines
+        holding a NodeRec see it too. A fence counted for the rate limit stays counted (the
+        safe side: one fence fewer in this window, never one more)."""
+        keep = None if only is None else set(only)
+        for name, saved in cp.nodes.items():
+            if keep is not None and name not in keep:
+                continue
+            for key in self.by_node.pop(name, set()):
+                self.conditions.pop(key, None)
+            if saved is None:
+                self.nodes.pop(name, None)
+                self.views.pop(name, None)
+            else:
+                rec = self.nodes.get(name)
+                if rec is None:
+                    rec = self.nodes[name] = _copy_rec(saved)
+                else:
+                    for f in NodeRec.__slots__:
+                        setattr(rec, f, getattr(saved, f))
+                self.views[name] = rec.view()
+            self.conditions.update(cp.conditions[name])
+            if cp.conditions[name]:
+                self.by_node[name] = set(cp.conditions[name])
+        self.version += 1
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    nodes: dict[str, NodeRec | None]  # None: the node did not exist
+    conditions: dict[str, dict[tuple[str, str, str], Condition]]
+
+
+def _copy_rec(rec: NodeRec) -> NodeRec:
+    """A copy whose mutable fields (lists) are its own."""
+    out = copy.copy(rec)
+    for f in NodeRec.__slots__:
+        v = getattr(out, f)
+        if isinstance(v, (list, dict, set)):
+            setattr(out, f, copy.copy(v))
+    return out
 

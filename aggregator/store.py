@@ -107,6 +107,22 @@ MIGRATIONS: tuple[str, ...] = (
     INSERT INTO reports (name, report) SELECT name, report FROM nodes WHERE report != '';
     ALTER TABLE nodes DROP COLUMN report;
     """,
+    # 4: the aggregator's clock is the judge. A node's records are ordered by the agent's
+    # (boot_id, seq), not its wall clock; report_time becomes the time the aggregator received
+    # the report (a stored claim from the future, e.g. time = 1e12, is cut back to last_seen);
+    # clock_ahead counts claims beyond the allowed skew; a condition's `opened` is when the
+    # aggregator saw it go bad (the breaker counts by it); hold_reason says why a node is held.
+    """
+    ALTER TABLE nodes ADD COLUMN boot_id TEXT NOT NULL DEFAULT '';
+    ALTER TABLE nodes ADD COLUMN report_seq INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE nodes ADD COLUMN retired_boots TEXT NOT NULL DEFAULT '';
+    ALTER TABLE nodes ADD COLUMN clock_ahead INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE nodes ADD COLUMN hold_reason TEXT NOT NULL DEFAULT '';
+    UPDATE nodes SET report_time = last_seen WHERE report_time > last_seen;
+    ALTER TABLE conditions ADD COLUMN opened REAL NOT NULL DEFAULT 0;
+    UPDATE conditions SET opened = MIN(since, observed);
+    UPDATE events SET time = received WHERE time > received;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -133,6 +149,11 @@ class NodeRow:
     handover_at: float = 0.0
     unreachable_since: float | None = None
     released_at: float = 0.0
+    boot_id: str = ""
+    report_seq: int = 0
+    retired_boots: str = ""  # space-separated, newest first
+    clock_ahead: int = 0
+    hold_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -200,13 +221,14 @@ def _reason_from(text: str) -> FenceReason | None:
 
 _NODE_COLS = ("name, agent_url, slurm_name, k8s_name, partition, learned, first_seen, last_seen, status, "
               "report_time, fence, fence_reason, fenced_at, hold, opted_out, ok_since, handover, handover_at, "
-              "unreachable_since, released_at")
+              "unreachable_since, released_at, boot_id, report_seq, retired_boots, clock_ahead, hold_reason")
 _ACTION_COLS = "id, node, kind, state, who, why, reason, rule, dry_run, created, updated, attempts, next_attempt, result"
 
 
 def _node_row(r: Sequence[Any]) -> NodeRow:
     return NodeRow(r[0], r[1], r[2], r[3], r[4], bool(r[5]), r[6], r[7], r[8], r[9], FenceMode(r[10]), r[11],
-                   r[12], bool(r[13]), bool(r[14]), r[15], r[16], r[17], r[18], r[19])
+                   r[12], bool(r[13]), bool(r[14]), r[15], r[16], r[17], r[18], r[19], r[20], r[21], r[22], r[23],
+                   r[24])
 
 
 def _action_row(r: Sequence[Any]) -> ActionRow:
@@ -345,9 +367,16 @@ class Store:
                 (agent_url, slurm_name, k8s_name, partition, name))
 
     @staticmethod
-    def op_node_report(name: str, status: str, report_time: float, last_seen: float) -> Op:
-        return ("UPDATE nodes SET status = ?, report_time = ?, last_seen = ? WHERE name = ?",
-                (status, report_time, last_seen, name))
+    def ops_node_forget(name: str) -> list[Op]:
+        """A learned node that stopped reporting: its row, open conditions and latest report go;
+        its verdict history, events and audit entries stay."""
+        return [("DELETE FROM conditions WHERE node = ?", (name,)), ("DELETE FROM reports WHERE name = ?", (name,)),
+                ("DELETE FROM nodes WHERE name = ? AND learned = 1", (name,))]
+
+    @staticmethod
+    def op_node_report(name: str, status: str, report_time: float, last_seen: float, report_seq: int = 0) -> Op:
+        return ("UPDATE nodes SET status = ?, report_time = ?, last_seen = ?, report_seq = ? WHERE name = ?",
+                (status, report_time, last_seen, report_seq, name))
 
     @staticmethod
     def op_report(name: str, report: str | bytes) -> Op:
@@ -357,9 +386,10 @@ class Store:
                 "ON CONFLICT (name) DO UPDATE SET report = excluded.report", (name, report))
 
     @staticmethod
-    def op_node_seen(name: str, last_seen: float, report_time: float) -> Op:
+    def op_node_seen(name: str, last_seen: float, report_time: float, report_seq: int = 0) -> Op:
         """The lazy last-seen flush: one constant statement, so a flush of every node is one executemany."""
-        return ("UPDATE nodes SET last_seen = ?, report_time = ? WHERE name = ?", (last_seen, report_time, name))
+        return ("UPDATE nodes SET last_seen = ?, report_time = ?, report_seq = ? WHERE name = ?",
+                (last_seen, report_time, report_seq, name))
 
     @staticmethod
     def op_node_fields(name: str, **fields: Any) -> Op:
@@ -370,9 +400,9 @@ class Store:
     @staticmethod
     def op_condition(c: Condition) -> Op:
         return ("INSERT OR REPLACE INTO conditions (node, check_name, entity, status, action, severity, since, observed, "
-                "source, ref, summary, notified) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "source, ref, summary, notified, opened) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (c.node, c.check, c.entity, c.status.value, c.action.value, c.severity, c.since, c.observed,
-                 c.source, c.ref, c.summary, int(c.notified)))
+                 c.source, c.ref, c.summary, int(c.notified), c.opened))
 
     @staticmethod
     def op_condition_close(key: tuple[str, str, str]) -> Op:
@@ -423,9 +453,10 @@ class Store:
         nodes = tuple(_node_row(r) for r in c.execute(f"SELECT {_NODE_COLS} FROM nodes"))
         conds = tuple(
             Condition(node=r[0], check=r[1], entity=r[2], status=Status(r[3]), action=Action(r[4]), severity=r[5],
-                      since=r[6], observed=r[7], source=r[8], ref=r[9], summary=r[10], notified=bool(r[11]))
+                      since=r[6], observed=r[7], source=r[8], ref=r[9], summary=r[10], notified=bool(r[11]),
+                      opened=r[12])
             for r in c.execute("SELECT node, check_name, entity, status, action, severity, since, observed, source, "
-                               "ref, summary, notified FROM conditions"))
+                               "ref, summary, notified, opened FROM conditions"))
         ids = tuple((r[0], r[1]) for r in c.execute(
             "SELECT id, received FROM events WHERE received >= ? ORDER BY received", (now - event_retention,)))
         row = c.execute("SELECT value FROM kv WHERE key = 'breaker'").fetchone()
@@ -435,6 +466,13 @@ class Store:
             "SELECT created FROM actions WHERE kind = 'fence' AND created > ? AND state != 'failed'",
             (now - rate_window,)))
         return Loaded(nodes, conds, ids, breaker, pending, recent)
+
+    def recent_cycles(self, since: float) -> list[tuple[str, float, str]]:
+        """(node, when, who) of every release carried out since `since`, oldest first: the flap
+        hold counts a node's fence/release cycles from them (service.Aggregator)."""
+        return [(r[0], r[1], r[2]) for r in self.conn.execute(
+            "SELECT node, updated, who FROM actions WHERE kind = 'release' AND state = 'done' AND updated >= ? "
+            "ORDER BY updated", (since,))]
 
     def pending_actions(self) -> list[ActionRow]:
         return [_action_row(r) for r in self.conn.execute(
@@ -450,6 +488,16 @@ class Store:
         with self._read_lock:
             row = self._read().execute("SELECT report FROM reports WHERE name = ?", (name,)).fetchone()
         return row[0] if row else ""
+
+    def drift_readings(self) -> list[tuple[str, str, str]]:
+        """(node, field, versions) from every stored report's `drift` results (checks/drift.py):
+        SQLite's JSON functions pick them out, so the ~12 KB reports are not parsed in Python.
+        A report from an agent without the drift check gives no row."""
+        with self._read_lock:
+            return [(str(n), str(f), str(v or "")) for n, f, v in self._read().execute(
+                "SELECT r.name, json_extract(j.value, '$.entity'), json_extract(j.value, '$.evidence.observed') "
+                "FROM reports r, json_each(r.report, '$.results') j "
+                "WHERE json_valid(r.report) AND json_extract(j.value, '$.check') = 'drift'")]
 
     def actions_of(self, node: str, limit: int = 50) -> list[ActionRow]:
         with self._read_lock:
@@ -504,4 +552,5 @@ class Store:
 
 _NODE_FIELDS = frozenset(
     "agent_url slurm_name k8s_name partition learned first_seen last_seen status report_time fence "
-    "fence_reason fenced_at hold opted_out ok_since handover handover_at unreachable_since released_at".split())
+    "fence_reason fenced_at hold opted_out ok_since handover handover_at unreachable_since released_at "
+    "boot_id report_seq retired_boots clock_ahead hold_reason".split())

@@ -11,7 +11,7 @@ Security: assets come from the package (no CDN, works offline) and are served wi
 Content-Security-Policy (default-src 'self'; no inline script or style), so data rendered with
 textContent cannot turn into code. Mutations stay where they are (/api/v1/..., admin bearer
 token in an Authorization header, which a cross-site form can never carry); on top of that
-every mutating route is wrapped in csrf.same_site_only, which refuses a request whose Origin (or
+every mutating route is wrapped in webguard.same_site_only, which refuses a request whose Origin (or
 Sec-Fetch-Site) says it comes from another site.
 """
 
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 from aiohttp import web
 
 from podhealth.aggregator.config import node_name_problem
-from podhealth.aggregator.csrf import Handler
+from podhealth.webguard import Handler
 
 if TYPE_CHECKING:
     from podhealth.aggregator.service import Aggregator

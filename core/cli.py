@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "agent": "podhealth.agent.cmd",
     "check": "podhealth.checks.cmd_check",
     "install-units": "podhealth.cmd_install",
+    "token": "podhealth.cmd_token",
     "simulate": "podhealth.sim.cmd",
     "aggregator": "podhealth.aggregator.cmd",
     "fleet": "podhealth.aggregator.cmd_fleet",

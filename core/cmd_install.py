@@ -12,7 +12,9 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from podhealth import config
+from podhealth import config, credentials
+
+SERVICE_GROUP = "podhealth"  # the units' User= / Group=
 
 ENV_FILES = {
     "etc/default/podhealth-agent": "# Extra flags for `podhealth agent`, e.g. --log-level debug\nPODHEALTH_AGENT_FLAGS=\n",
@@ -37,23 +39,30 @@ def _exe() -> str:
 def run(args: argparse.Namespace) -> int:
     root = Path(args.root)
     exe = args.exe or _exe()
-    plan: list[tuple[Path, str, bool]] = []  # path, content, overwrite
+    plan: list[tuple[Path, str, bool, bool]] = []  # path, content, overwrite, private
     units = resources.files("podhealth.units")
     for name in ("podhealth-agent.service", "podhealth-aggregator.service"):
         text = units.joinpath(name).read_text().replace("/usr/local/bin/podhealth", exe)
-        plan.append((root / "etc/systemd/system" / name, text, True))
+        plan.append((root / "etc/systemd/system" / name, text, True, False))
+    # Config and environment files hold tokens (publish.token, PODHEALTH_NODE_TOKEN=...): never
+    # world-readable. 0640 root:podhealth where that group exists (the service reads the config
+    # as user podhealth), else 0600 until the operator hands it over.
     for rel, text in ENV_FILES.items():
-        plan.append((root / rel, text, False))
-    plan.append((root / "etc/podhealth/podhealth.yaml", config.default_yaml(), False))
-    for path, text, overwrite in plan:
+        plan.append((root / rel, text, False, True))
+    plan.append((root / "etc/podhealth/podhealth.yaml", config.default_yaml(), False, True))
+    for path, text, overwrite, private in plan:
         if path.exists() and not overwrite:
             print(f"kept     {path} (exists)")
             continue
         print(f"{'would write' if args.dry_run else 'wrote'}    {path}")
         if not args.dry_run:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            if private:
+                credentials.write_private(path, text, group=SERVICE_GROUP)
+            else:
+                path.write_text(text)
     if not args.dry_run:
         print("\nNext: useradd --system --no-create-home --shell /usr/sbin/nologin podhealth\n"
+              "      chgrp podhealth /etc/podhealth/podhealth.yaml && chmod 0640 /etc/podhealth/podhealth.yaml\n"
               "      systemctl daemon-reload && systemctl enable --now podhealth-agent")
     return 0

@@ -5,11 +5,13 @@ The agent reads `agent`-side sections; the aggregator reads `aggregator`; both s
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
+from podhealth import credentials
 from podhealth.aggregator.config import AggregatorConfig
 from podhealth.configload import (
     AbsPath, ConfigError, Ge, Gt, Le, NonEmpty, Percent, Port, Seconds, doc, load_file, load_text,
@@ -146,7 +148,10 @@ class ExportersConfig:
 @dataclass(frozen=True)
 class PublishConfig:
     aggregator_url: str = doc("Aggregator base URL for pushing events; empty = do not push.", "")
-    token: str = doc("Bearer token for the aggregator.", "")
+    token: str = doc(
+        "Bearer token for the aggregator: this node's own (`podhealth token derive --node NAME`).\n"
+        "Also from token_file or $PODHEALTH_NODE_TOKEN.", "")
+    token_file: str = doc("File holding token (keep it 0600 / 0640 root:podhealth).", "")
     spool_dir: Annotated[Path, AbsPath()] = doc("Where events wait while the aggregator is away.", Path("/var/lib/podhealth/spool"))
     spool_max_bytes: Annotated[int, Gt(0, "bytes")] = doc("Spool size bound; when full, oldest events are summarised.", 64 * 1024 * 1024)
     timeout: Seconds = doc("Seconds per push request.", 5.0)
@@ -157,6 +162,15 @@ class PublishConfig:
     full_report_interval: Seconds = doc(
         "Seconds after which a heartbeat carries the full report even though no verdict changed,\n"
         "so the evidence the aggregator shows stays this fresh.", 300.0)
+
+    def validate(self) -> tuple[str, str] | None:
+        problem = credentials.secret_problem(self.token, self.token_file, "token")
+        return ("token_file" if self.token_file else "token", problem) if problem else None
+
+    def resolved(self) -> "PublishConfig":
+        """A copy with the token read from token_file or $PODHEALTH_NODE_TOKEN (once, at start)."""
+        token = credentials.read_secret(self.token, self.token_file, "PODHEALTH_NODE_TOKEN")
+        return dataclasses.replace(self, token=token, token_file="")
 
 
 @dataclass(frozen=True)
@@ -185,6 +199,14 @@ class ChecksConfig:
     agent_port: Port = doc("Agent port used when a node's URL comes from DNS.", 9410)
     handover_active: Literal["auto", "always", "never"] = doc(
         "Run the short active tests (burn-in, NCCL) in the handover suite: auto = when CUDA is usable.", "auto")
+    slurm_drain: Literal["auto", "always", "never"] = doc(
+        "Whether podhealth-slurm-healthcheck (HealthCheckProgram) drains a failing node and resumes\n"
+        "the nodes it drained: auto = only when publish.aggregator_url is empty (otherwise the\n"
+        "aggregator owns drain and release). Prolog/epilog failures always drain (Slurm does too).", "auto")
+    healthcheck_budget: Annotated[float, Gt(0, "seconds"), Le(50, "seconds")] = doc(
+        "Seconds podhealth-slurm-healthcheck may take (slurmd kills it after 60).", 10.0)
+    prolog_budget: Annotated[float, Gt(0, "seconds"), Le(60, "seconds")] = doc(
+        "Seconds podhealth-slurm-prolog / -epilog may take (passive checks only).", 5.0)
 
 
 @dataclass(frozen=True)
@@ -233,7 +255,20 @@ class ActiveConfig:
 
 @dataclass(frozen=True)
 class AuthConfig:
-    token: str = doc("Bearer token required by mutating agent endpoints and `check --node`; empty = none.", "")
+    token: str = doc(
+        "Bearer token required by POST /v1/handover (and `check --node`); the aggregator's agent_token.\n"
+        "Empty = only callers on this host (loopback, no foreign Origin) may run it.\n"
+        "Also from token_file or $PODHEALTH_AGENT_TOKEN.", "")
+    token_file: str = doc("File holding token.", "")
+
+    def validate(self) -> tuple[str, str] | None:
+        problem = credentials.secret_problem(self.token, self.token_file, "token")
+        return ("token_file" if self.token_file else "token", problem) if problem else None
+
+    def resolved(self) -> "AuthConfig":
+        """A copy with the token read from token_file or $PODHEALTH_AGENT_TOKEN (once, at start)."""
+        token = credentials.read_secret(self.token, self.token_file, "PODHEALTH_AGENT_TOKEN")
+        return dataclasses.replace(self, token=token, token_file="")
 
 
 @dataclass(frozen=True)

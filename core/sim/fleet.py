@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Callable, TextIO
 
 from podhealth.configload import ConfigError
+from podhealth.credentials import write_private
 from podhealth.sim.fleet_config import (
     AgentPlan, FencerChoice, FleetPlan, agent_config, aggregator_config, check_agent_config,
     check_aggregator_config, scrape_config,
@@ -120,7 +121,7 @@ class Fleet:
         self.fencer = self._start_slurm(plan)
         text = aggregator_config(plan, self.fencer)
         check_aggregator_config(text, str(plan.aggregator_config))
-        plan.aggregator_config.write_text(text)
+        write_private(plan.aggregator_config, text)
         self._spawn("aggregator", [sys.executable, "-m", "podhealth", "aggregator", "--config",
                                    str(plan.aggregator_config)])
         self._wait_ready("aggregator", [self.children["aggregator"]], lambda c: _answers(f"{plan.aggregator_url}/healthz"),
@@ -128,7 +129,7 @@ class Fleet:
         self._wait_ready("agents", [self.children[f"agent-{a.node}"] for a in plan.agents],
                          lambda c: _answers(f"{_agent_of(plan, c).url}/metrics"), AGENT_START_TIMEOUT)
         (plan.home / "prometheus.yml").write_text(scrape_config(plan))
-        (plan.home / "fleet.json").write_text(json.dumps(self.describe(), indent=2))
+        write_private(plan.home / "fleet.json", json.dumps(self.describe(), indent=2))  # the admin token
         self.say(f"  pod ready in {time.monotonic() - t0:.1f} s")
 
     def _create_nodes(self, plan: FleetPlan) -> None:
@@ -143,7 +144,7 @@ class Fleet:
         for a in plan.agents:
             text = agent_config(plan, a)
             check_agent_config(text, str(a.config))
-            a.config.write_text(text)
+            write_private(a.config, text)
             a.spool.mkdir(parents=True, exist_ok=True)
 
     def _start_slurm(self, plan: FleetPlan) -> FencerChoice:
@@ -344,7 +345,8 @@ def make_plan(opts: FleetOptions) -> FleetPlan:
                    for n, p in zip(names, ports[1:]))
     return FleetPlan(root=root, home=home, profile=opts.profile, cluster=opts.cluster, partition=opts.partition,
                      agents=agents, aggregator_port=ports[0], aggregator_config=home / "aggregator.yml", db=db,
-                     cluster_token=secrets.token_urlsafe(18), admin_token=secrets.token_urlsafe(18))
+                     cluster_secret=secrets.token_hex(32), admin_token=secrets.token_urlsafe(18),
+                     agent_token=secrets.token_urlsafe(18))
 
 
 def _reset(plan: FleetPlan) -> None:

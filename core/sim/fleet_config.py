@@ -2,8 +2,8 @@
 
 The fleet is wired only through the ordinary config files, so what it runs is exactly what a
 site would run: one agent config per node (push to the aggregator, spool under the fleet
-directory), one aggregator config (nodes with their agent URLs and partition, SQLite under the
-fleet directory, the Slurm fencer pointed at the loopback cluster or the dry-run fencer), and a
+directory), one aggregator config (nodes with their agent URLs and partition, the cluster secret each
+agent's own token derives from, SQLite under the fleet directory, the Slurm fencer pointed at the loopback cluster or the dry-run fencer), and a
 Prometheus scrape config for every target. Each is rendered from a dict through YAML and then
 parsed back with the real config loader (`check_*`), so a schema change fails before a process
 is started, with the loader's file:line:key message.
@@ -45,8 +45,13 @@ class FleetPlan:
     aggregator_port: int
     aggregator_config: Path
     db: Path
-    cluster_token: str
+    cluster_secret: str  # node tokens derive from it (podhealth.credentials); only the aggregator holds it
     admin_token: str
+    agent_token: str  # the aggregator's bearer token for the agents' /v1/handover
+
+    def node_token(self, node: str) -> str:
+        from podhealth.credentials import derive_node_token
+        return derive_node_token(self.cluster_secret, node)
 
     @property
     def aggregator_url(self) -> str:
@@ -68,8 +73,10 @@ class FencerChoice:
 def agent_config(plan: FleetPlan, agent: AgentPlan) -> str:
     doc: dict[str, Any] = {
         "log": {"level": "info", "format": "json"},
-        "publish": {"aggregator_url": plan.aggregator_url, "token": plan.cluster_token,
+        # Each agent holds only its own node's token, as a site would deploy it.
+        "publish": {"aggregator_url": plan.aggregator_url, "token": plan.node_token(agent.node),
                     "spool_dir": str(agent.spool)},
+        "auth": {"token": plan.agent_token},
     }
     return _header(f"agent {agent.node}") + yaml.safe_dump(doc, sort_keys=False)
 
@@ -86,7 +93,8 @@ def aggregator_config(plan: FleetPlan, fencer: FencerChoice) -> str:
         "aggregator": {
             "listen": {"address": LOOPBACK, "port": plan.aggregator_port},
             "db": str(plan.db),
-            "auth": {"cluster_token": plan.cluster_token, "admin_token": plan.admin_token},
+            "auth": {"cluster_secret": plan.cluster_secret, "admin_token": plan.admin_token,
+                     "agent_token": plan.agent_token},
             # A demo wants to see things happen: pull often, return a healed node after 30 s.
             "pull_interval": 2.0,
             "pull_timeout": 2.0,
@@ -132,4 +140,5 @@ def check_aggregator_config(text: str, source: str) -> None:
 
 
 def _header(what: str) -> str:
-    return f"# {what} of a simulated pod, written by `podhealth simulate fleet`; rewritten on every start\n"
+    return (f"# {what} of a simulated pod, written by `podhealth simulate fleet`; rewritten on every start.\n"
+            "# It holds tokens: mode 0600.\n")

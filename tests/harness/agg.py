@@ -78,6 +78,8 @@ def config(tmp_path: Path, nodes: int = 4, **kw: Any) -> AggregatorConfig:
         db=tmp_path / "agg.db",
         nodes=tuple(NodeEntry(name=f"dgx{i:02d}", partition="batch") for i in range(1, nodes + 1)),
         healthy_for=3600.0, decide_interval=0.05,
+        # Tests here post for nodes they make up; test_aggregator_auth covers learn_nodes' default (off).
+        learn_nodes=True,
     )
     base.update(kw)
     return AggregatorConfig(**base)

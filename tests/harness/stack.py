@@ -496,10 +496,16 @@ class AggregatorProc:
     config: Path
     cluster_token: str
     admin_token: str
+    cluster_secret: str = ""
 
     @property
     def url(self) -> str:
         return self.svc.url
+
+    def node_token(self, node: str) -> str:
+        """What `podhealth token derive --node NODE` prints for this aggregator's cluster secret."""
+        from podhealth.credentials import derive_node_token
+        return derive_node_token(self.cluster_secret, node)
 
     def node(self, name: str) -> dict[str, Any]:
         return dict(get_json(f"{self.url}/api/v1/nodes/{name}"))
@@ -529,13 +535,17 @@ class AggregatorProc:
 
 @contextlib.contextmanager
 def aggregator(workdir: Path, section: Mapping[str, Any], cluster_token: str = "cluster-token",
-               admin_token: str = "admin-token") -> Iterator[AggregatorProc]:
+               admin_token: str = "admin-token",
+               cluster_secret: str = "test-cluster-secret-0123456789") -> Iterator[AggregatorProc]:
     """`podhealth aggregator --config FILE` with `section` as its `aggregator:` section; listen,
-    db and auth are filled in (loopback port, a database under `workdir`, the two tokens)."""
+    db and auth are filled in (loopback port, a database under `workdir`, the cluster secret that
+    node tokens derive from (`AggregatorProc.node_token`), the cluster token for Alertmanager and
+    the admin token)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     agg = {"listen": {"address": LOOPBACK, "port": port}, "db": str(workdir / "aggregator.db"),
-           "auth": {"cluster_token": cluster_token, "admin_token": admin_token}, **section}
+           "auth": {"cluster_secret": cluster_secret, "cluster_token": cluster_token, "admin_token": admin_token},
+           **section}
     text = yaml.safe_dump({"log": {"level": "info", "format": "json"}, "aggregator": agg}, sort_keys=False)
     conf = workdir / "aggregator.yml"
     conf.write_text(text)
@@ -545,7 +555,7 @@ def aggregator(workdir: Path, section: Mapping[str, Any], cluster_token: str = "
     argv = [sys.executable, "-m", "podhealth", "aggregator", "--config", str(conf)]
     with service("aggregator", argv, workdir, port=port, ready=lambda: http_get(f"{url}/healthz")[0] == 200,
                  ready_timeout=60) as svc:
-        yield AggregatorProc(svc, conf, cluster_token, admin_token)
+        yield AggregatorProc(svc, conf, cluster_token, admin_token, cluster_secret)
 
 
 def describe(agg: AggregatorProc | None = None, prom: Prometheus | None = None, slurm: Any = None,

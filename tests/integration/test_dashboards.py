@@ -187,7 +187,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.Prometheus
         "nodes": [{"name": n, "agent_url": f"http://127.0.0.1:{ports[n]}", "partition": PARTITION} for n in NODES],
         "fencers": {"dryrun": {"enabled": True}},
     }) as agg:
-        configs = {n: stack.agent_config(publish_url=agg.url, token=agg.cluster_token, spool_dir=tmp / "spool" / n)
+        configs = {n: stack.agent_config(publish_url=agg.url, token=agg.node_token(n), spool_dir=tmp / "spool" / n)
                    for n in NODES}
         with stack.agents(tmp / "agents", sim_root, configs, ports=ports) as agents:
             stack.simulate_all(sim_root, [("inject", "dgx01", "xid=79", "gpu=3"),

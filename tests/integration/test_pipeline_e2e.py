@@ -107,7 +107,7 @@ def pipeline(tmp_path: Path, slurm: SlurmCluster) -> Iterator[dict[str, Any]]:
     with stack.WebhookSink() as sink, \
             stack.aggregator(tmp_path / "aggregator", aggregator_section(slurm.conf, urls)) as agg:
         token_file.write_text(agg.cluster_token)
-        configs = {n: stack.agent_config(rate_window=XID_WINDOW, publish_url=agg.url, token=agg.cluster_token,
+        configs = {n: stack.agent_config(rate_window=XID_WINDOW, publish_url=agg.url, token=agg.node_token(n),
                                          spool_dir=tmp_path / "spool" / n) for n in PUSHING}
         configs[ALERT_ONLY] = stack.agent_config(rate_window=XID_WINDOW)
         am_config = stack.alertmanager_config(

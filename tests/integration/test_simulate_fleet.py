@@ -193,6 +193,23 @@ def test_xid79_drains_the_node(pod: Pod) -> None:
         assert json.loads(http_get(f"{agg}/api/v1/fleet")[1])["fencers"] == ["dryrun"]
 
 
+def test_token_files_are_private_and_each_agent_holds_only_its_own_token(pod: Pod) -> None:
+    from podhealth.credentials import derive_node_token
+
+    home = pod.root / "_fleet"
+    agg = yaml.safe_load((home / "aggregator.yml").read_text())["aggregator"]
+    secret = agg["auth"]["cluster_secret"]
+    assert len(secret) >= 32 and "cluster_token" not in agg["auth"]
+    files = [home / "aggregator.yml", home / "fleet.json", *sorted((home / "agents").glob("*.yml"))]
+    assert len(files) == 2 + NODES
+    for f in files:
+        assert f.stat().st_mode & 0o777 == 0o600, f"{f} is {oct(f.stat().st_mode & 0o777)}"
+    for a in pod.info()["agents"]:
+        text = (home / "agents" / f"{a['node']}.yml").read_text()
+        assert yaml.safe_load(text)["publish"]["token"] == derive_node_token(secret, a["node"])
+        assert secret not in text
+
+
 def test_sigterm_stops_every_process(pod: Pod) -> None:
     info = pod.info()
     pids = {info["aggregator"]["pid"], *(a["pid"] for a in info["agents"]), *info["slurm_pids"]}

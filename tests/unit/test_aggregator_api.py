@@ -16,15 +16,23 @@ from tests.harness.agg import MemFencer, config, running
 
 pytestmark = pytest.mark.timeout(60)
 
-AUTH = AggAuthConfig(cluster_token="ctok", node_tokens={"dgx01": "n1tok"}, admin_token="atok")
+# ctok speaks for any node (the unsafe migration switch) so these API tests need one token;
+# test_aggregator_auth covers per-node credentials and that ctok alone does not speak for nodes.
+AUTH = AggAuthConfig(cluster_token="ctok", cluster_token_for_agents=True, node_tokens={"dgx01": "n1tok"},
+                     admin_token="atok")
 
 
 def report(node: str = "dgx01", t: float = 1000.0, status: str = "FAIL", action: str = "RESET_GPU",
            check: str = "xid", entity: str = "GPU0") -> dict[str, Any]:
-    return {"node": node, "agent_version": "0.1.0", "profile": "dgx-h100", "time": t,
+    return {"node": node, "agent_version": "0.1.0", "profile": "dgx-h100", "time": t, **order(t),
             "results": [{"check": check, "entity": entity, "status": status, "action": action, "since": t - 5,
                          "evidence": {"xid": "79"}, "summary": "fell off the bus"},
                         {"check": "nfs", "entity": "/home", "status": "OK", "action": "NONE"}]}
+
+
+def order(t: float) -> dict[str, Any]:
+    """The agent's place for a record made at `t` (agent/sequence.py): these tests' agent never reboots."""
+    return {"boot_id": "boot-1", "seq": int(t * 1000)}
 
 
 def event(eid: str, code: int = 79, t: float = 1000.0) -> dict[str, Any]:
@@ -33,7 +41,7 @@ def event(eid: str, code: int = 79, t: float = 1000.0) -> dict[str, Any]:
 
 
 def transition(eid: str, status: str = "FAIL", t: float = 1000.0, check: str = "xid") -> dict[str, Any]:
-    return {"id": eid, "type": "transition", "time": t, "old": None,
+    return {"id": eid, "type": "transition", "time": t, **order(t), "old": None,
             "new": {"check": check, "entity": "GPU1", "status": status, "action": "RESET_GPU", "since": t}}
 
 
@@ -202,7 +210,7 @@ async def test_reports_drive_conditions_and_stale_reports_are_ignored(tmp_path: 
 
 
 def lease(digest: str, t: float, node: str = "dgx01") -> dict[str, Any]:
-    return {"node": node, "time": t, "digest": digest, "agent_version": "0.1.0", "status": "FAIL",
+    return {"node": node, "time": t, **order(t), "digest": digest, "agent_version": "0.1.0", "status": "FAIL",
             "staleness": {"nvml": 0.2}}
 
 
@@ -223,11 +231,11 @@ async def test_a_lease_stands_for_the_full_report_it_names(tmp_path: Path) -> No
         seen = rec.last_seen
         st, out = await call(s, "POST", f"{url}/v1/reports", lease(digest, 1010), "n1tok")
         assert (st, out) == (200, {"applied": 0, "duplicate": 0, "stale": 0, "unchanged": 1, "digest": digest})
-        assert rec.report_time == 1010 and rec.last_seen >= seen
+        assert rec.report_seq == 1010_000 and rec.last_seen >= seen
         assert [c.check for c in agg.mem.conditions_of("dgx01")] == ["xid"]
         # older than what was applied: stale, and nothing moves back
         assert (await call(s, "POST", f"{url}/v1/reports", lease(digest, 1005), "n1tok"))[1]["stale"] == 1
-        assert rec.report_time == 1010
+        assert rec.report_seq == 1010_000
         # a digest this aggregator did not give: 409, nothing changes
         before = snapshot(agg)
         other = "0" * 16 if digest != "0" * 16 else "1" * 16
@@ -247,7 +255,7 @@ async def test_a_transition_voids_the_last_report_and_older_reports_are_stale(tm
         digest = (await call(s, "POST", f"{url}/v1/reports", report(t=1000), "n1tok"))[1]["digest"]
         assert [c.check for c in agg.mem.conditions_of("dgx01")] == ["xid"]
         # the xid check recovers (its transition), then a heartbeat from before that arrives late
-        ok = {"id": "r1", "type": "transition", "time": 1005.0, "old": None,
+        ok = {"id": "r1", "type": "transition", "time": 1005.0, **order(1005), "old": None,
               "new": {"check": "xid", "entity": "GPU0", "status": "OK", "action": "NONE", "since": 1005.0}}
         assert (await call(s, "POST", f"{url}/v1/events", {"node": "dgx01", "events": [ok]}, "n1tok"))[1]["applied"] == 1
         assert agg.mem.conditions_of("dgx01") == []
@@ -268,7 +276,7 @@ async def test_leases_do_not_survive_a_restart(tmp_path: Path) -> None:
         digest = (await call(s, "POST", f"{url}/v1/reports", report(t=1000), "n1tok"))[1]["digest"]
         assert (await call(s, "POST", f"{url}/v1/reports", lease(digest, 1001), "n1tok"))[0] == 200
     async with running(cfg, [MemFencer()]) as (agg, url), aiohttp.ClientSession() as s:
-        assert agg.mem.nodes["dgx01"].report_time == 1001  # what the lease said was kept
+        assert agg.mem.nodes["dgx01"].report_seq == 1001_000  # what the lease said was kept
         assert (await call(s, "POST", f"{url}/v1/reports", lease(digest, 1002), "n1tok"))[0] == 409
         assert (await call(s, "POST", f"{url}/v1/reports", report(t=1002), "n1tok"))[1]["applied"] == 1
 
@@ -317,6 +325,6 @@ def test_an_unchanged_report_refreshes_the_stored_evidence_at_most_once_a_minute
     warmer["results"][0]["evidence"] = {"xid": "79", "gpu_c": "88.0"}
     res, ops = ingest.apply_report(mem, ingest.read_report(json.dumps(warmer).encode()), 5010.0)
     assert res.unchanged == 1 and stored(ops) == [], "not within a minute of the last write"
-    res, ops = ingest.apply_report(mem, ingest.read_report(json.dumps({**warmer, "time": 1070}).encode()),
+    res, ops = ingest.apply_report(mem, ingest.read_report(json.dumps({**warmer, "time": 1070, **order(1070)}).encode()),
                                    5000.0 + REPORT_REFRESH_S)
     assert res.unchanged == 1 and len(stored(ops)) == 1 and b'"gpu_c":"88.0"' in stored(ops)[0].replace(b" ", b"")

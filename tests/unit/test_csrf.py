@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from podhealth.aggregator import csrf
+from podhealth import webguard as csrf
 from podhealth.aggregator.server import make_app
 from podhealth.aggregator.service import Aggregator
 from tests.harness.agg import config
@@ -46,5 +46,5 @@ def test_an_unguarded_mutating_route_is_refused_at_start() -> None:
     app.router.add_post("/ok", csrf.same_site_only(handler))
     csrf.require_guarded(app)  # GET needs no guard
     app.router.add_delete("/things/{id}", handler)
-    with pytest.raises(RuntimeError, match=r"DELETE /things/\{id\} is not wrapped"):
+    with pytest.raises(RuntimeError, match=r"DELETE /things/\{id\} is not wrapped in webguard"):
         csrf.require_guarded(app)

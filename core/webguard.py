@@ -1,7 +1,8 @@
-"""Refuse mutations a browser says come from another site (CSRF defence in depth).
+"""Who may change things over HTTP: bearer tokens, and refusing what a browser says is cross-site.
 
-The mutating endpoints already need a bearer token in an Authorization header, which a
-cross-site form or image can never carry; this is the second line. It wraps each mutating
+Shared by the aggregator (ingest, admin API, UI) and the agent (POST /v1/handover), so both
+apply one rule set. A bearer token travels in an Authorization header, which a cross-site form
+or image can never carry; the cross-site check is the second line. It wraps each mutating
 handler at registration instead of running as middleware, because aiohttp's middleware chain
 would then sit on every ingest request too (about 1,000/s), and `require_guarded` refuses to
 start an app that registered a mutating route without it.
@@ -9,14 +10,28 @@ start an app that registered a mutating route without it.
 
 from __future__ import annotations
 
+import hmac
 from typing import Awaitable, Callable
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from podhealth.netaddr import is_loopback_address
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _MARK = "_podhealth_same_site_only"
+
+
+def bearer(request: web.Request) -> str | None:
+    """The token of an `Authorization: Bearer ...` header, or None."""
+    h = request.headers.get("Authorization", "")
+    return h[7:].strip() if h.startswith("Bearer ") else None
+
+
+def same_token(expected: str, got: str | None) -> bool:
+    """`got` is the configured token (constant time); an empty configured token matches nothing."""
+    return bool(expected) and got is not None and hmac.compare_digest(expected.encode(), got.encode())
 
 
 def same_site(request: web.Request) -> bool:
@@ -28,6 +43,21 @@ def same_site(request: web.Request) -> bool:
         return True  # not a browser (agents, Alertmanager, the CLI), or a browser's same-origin GET
     parts = urlsplit(origin)
     return parts.scheme in ("http", "https") and parts.netloc == request.host
+
+
+def from_this_host(request: web.Request) -> bool:
+    """The peer is on loopback AND the request names a loopback host.
+
+    The Host check is what stops DNS rebinding: a page on evil.example whose name now resolves
+    to 127.0.0.1 reaches the socket from loopback, but its requests say `Host: evil.example`.
+    """
+    host = urlsplit(f"//{request.host}").hostname or ""
+    return is_loopback_address(request.remote or "") and is_loopback_address(host)
+
+
+def is_json(request: web.Request) -> bool:
+    """The body is declared JSON: an HTML form can only send urlencoded, multipart or text/plain."""
+    return request.content_type == "application/json"
 
 
 def same_site_only(handler: Handler) -> Handler:
@@ -45,4 +75,4 @@ def require_guarded(app: web.Application) -> None:
     for route in app.router.routes():
         if route.method not in SAFE_METHODS and not getattr(route.handler, _MARK, False):
             raise RuntimeError(f"{route.method} {route.resource.canonical if route.resource else '?'} "
-                               "is not wrapped in csrf.same_site_only")
+                               "is not wrapped in webguard.same_site_only")

@@ -1,0 +1,101 @@
+"""Who an ingest request speaks for, from its bearer token.
+
+- a node's own token (derived from auth.cluster_secret, or listed in auth.node_tokens) speaks
+  for that node alone, and vouches that the node is real (it counts in the breaker's fleet);
+- cluster_token speaks for any node only on /v1/alertmanager (a central sender), and on the agent
+  routes only with the unsafe cluster_token_for_agents; the admin token may post alerts too;
+- with no credential configured at all, ingest is open: config validation allows that only on
+  loopback with no fencer that can take a node out of service.
+
+A derived token names no node, so it is checked against the node the body names, once the body
+is parsed; a missing or malformed token is refused before the body is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from podhealth.credentials import node_token_matches
+from podhealth.webguard import bearer, same_token
+
+from podhealth.aggregator.config import AggAuthConfig
+
+_HEX = frozenset("0123456789abcdef")
+_CACHE_MAX = 100_000  # derived tokens already checked (token -> node); at most one per real node
+
+
+class Refused(Exception):
+    """An ingest or admin request refused: HTTP status, the metrics' result label, the reason."""
+
+    def __init__(self, status: int, result: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.result, self.message = status, result, message
+
+
+@dataclass(frozen=True, slots=True)
+class Speaker:
+    node: str | None = None  # speaks only for this node; None = for any node
+    token: str = ""  # a derived token, still to be checked against the node the body names
+    vouches: bool = False  # one node's own credential: a node it reports for is real
+
+    @property
+    def is_node(self) -> bool:
+        return self.node is not None or bool(self.token)
+
+
+ANYONE = Speaker()
+
+
+def _looks_derived(token: str) -> bool:
+    return len(token) == 64 and set(token) <= _HEX
+
+
+class Auth:
+    def __init__(self, cfg: AggAuthConfig) -> None:
+        self.secret = cfg.cluster_secret
+        self.cluster = cfg.cluster_token
+        self.cluster_for_agents = cfg.cluster_token_for_agents
+        self.admin = cfg.admin_token
+        self.by_token = {tok: node for node, tok in cfg.node_tokens.items()}
+        self.open = not (self.secret or self.cluster or self.by_token)
+        self._derived: dict[str, str] = {}
+
+    def ingest(self, request: web.Request, central: bool = False) -> Speaker:
+        """Who the request speaks as; `central` for /v1/alertmanager. Raises Refused (401)."""
+        if self.open:
+            return ANYONE
+        tok = bearer(request)
+        if tok is None:
+            raise Refused(401, "unauthorized", "missing bearer token")
+        node = self.by_token.get(tok) or self._derived.get(tok)
+        if node is not None:
+            return Speaker(node=node, vouches=True)
+        if same_token(self.cluster, tok):
+            if central or self.cluster_for_agents:
+                return ANYONE
+            raise Refused(401, "unauthorized", "cluster_token does not speak for nodes: each node needs its own "
+                                               "token (`podhealth token derive --node NAME`)")
+        if central and same_token(self.admin, tok):
+            return ANYONE
+        if self.secret and _looks_derived(tok):
+            return Speaker(token=tok, vouches=True)
+        raise Refused(401, "unauthorized", "invalid token")
+
+    def check_node(self, speaker: Speaker, node: str) -> None:
+        """`speaker` may speak for `node`; raises Refused (401) when not."""
+        if speaker.node is not None and speaker.node != node:
+            raise Refused(401, "unauthorized", f"this token speaks for {speaker.node}, not {node}")
+        if speaker.token and self._derived.get(speaker.token) != node:
+            if not node_token_matches(self.secret, node, speaker.token):
+                raise Refused(401, "unauthorized", f"invalid token for {node}")
+            if len(self._derived) >= _CACHE_MAX:
+                self._derived.clear()
+            self._derived[speaker.token] = node
+
+    def require_admin(self, request: web.Request) -> None:
+        if not self.admin:
+            raise Refused(403, "forbidden", "admin actions are disabled: no admin token is configured")
+        if not same_token(self.admin, bearer(request)):
+            raise Refused(401, "unauthorized", "admin token required")

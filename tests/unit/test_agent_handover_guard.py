@@ -1,0 +1,123 @@
+"""The agent's POST /v1/handover runs the handover suite (on a GPU node a burn-in and NCCL): only
+for its token, or for a caller on this host; never for a cross-site browser; JSON only."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, AsyncIterator
+from unittest import mock
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import make_mocked_request
+
+from podhealth import webguard
+from podhealth.agent import health
+from podhealth.agent.agent import Agent
+from podhealth.checks.report import SuiteReport
+from podhealth.config import AuthConfig, Config, ListenConfig
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Started:
+    def __init__(self, agent: Agent, h: health.Health) -> None:
+        self.agent, self.health, self.runs = agent, h, 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.agent.port}/v1/handover"
+
+
+@pytest.fixture
+async def agent_factory() -> AsyncIterator[Any]:
+    started: list[Agent] = []
+
+    async def make(token: str = "") -> Started:
+        cfg = dataclasses.replace(Config(), listen=ListenConfig(address="127.0.0.1", port=0),
+                                  auth=AuthConfig(token=token))
+        agent = Agent(cfg, node="dgx01", factories={})
+        h = health.install(agent, active_tests=lambda: [])
+        out = Started(agent, h)
+
+        async def run_handover(progress: Any = None) -> SuiteReport:
+            out.runs += 1  # what a refused request must never reach
+            return SuiteReport(node="dgx01", profile="dgx-h100", results=())
+        h.run_handover = run_handover  # type: ignore[method-assign]
+        await agent.start()
+        started.append(agent)
+        return out
+
+    yield make
+    for a in started:
+        await a.stop()
+
+
+async def _post(url: str, headers: dict[str, str], data: bytes = b"{}") -> tuple[int, str]:
+    async with aiohttp.ClientSession() as s, s.post(url, data=data, headers=headers) as r:
+        return r.status, await r.text()
+
+
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+async def test_a_cross_origin_form_post_is_refused_and_runs_nothing(agent_factory: Any) -> None:
+    a = await agent_factory()
+    host = f"127.0.0.1:{a.agent.port}"
+    status, body = await _post(a.url, {**FORM, "Origin": "http://evil.example", "Host": host}, b"x=1")
+    assert (status, a.runs) == (403, 0), body
+    status, _ = await _post(a.url, {**FORM, "Sec-Fetch-Site": "cross-site"}, b"x=1")
+    assert (status, a.runs) == (403, 0)
+    # same host, but a form body (text/plain is what a no-preflight fetch would send): 415
+    for ctype in ("application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x"):
+        status, body = await _post(a.url, {"Content-Type": ctype})
+        assert (status, a.runs) == (415, 0), (ctype, body)
+    # DNS rebinding: the socket is loopback, the Host is the attacker's name
+    status, body = await _post(a.url, {"Content-Type": "application/json", "Host": f"evil.example:{a.agent.port}"})
+    assert (status, a.runs) == (403, 0), body
+    assert "only a caller on this host" in body
+    # a local client (podhealth check, curl) with JSON and no Origin runs it
+    status, body = await _post(a.url, {"Content-Type": "application/json"})
+    assert (status, a.runs) == (200, 1), body
+    status, _ = await _post(a.url, {"Content-Type": "application/json", "Origin": f"http://{host}"})
+    assert (status, a.runs) == (200, 2)
+
+
+async def test_with_a_token_the_token_is_required(agent_factory: Any) -> None:
+    a = await agent_factory(token="agent-secret")
+    json_ct = {"Content-Type": "application/json"}
+    assert (await _post(a.url, json_ct))[0] == 401
+    assert (await _post(a.url, {**json_ct, "Authorization": "Bearer wrong"}))[0] == 401
+    assert (await _post(a.url, {**json_ct, "Authorization": "Bearer agent-secret", "Origin": "http://evil.example"}))[0] == 403
+    assert (await _post(a.url, {**FORM, "Authorization": "Bearer agent-secret"}))[0] == 415
+    assert a.runs == 0
+    assert (await _post(a.url, {**json_ct, "Authorization": "Bearer agent-secret"}))[0] == 200
+    assert a.runs == 1
+
+
+@pytest.mark.parametrize(("peer", "host", "ok"), [
+    ("127.0.0.1", "127.0.0.1:9410", True),
+    ("::1", "[::1]:9410", True),
+    ("127.0.0.1", "localhost:9410", True),
+    ("127.0.0.1", "evil.example:9410", False),  # DNS rebinding
+    ("10.1.2.3", "127.0.0.1:9410", False),  # another host naming loopback
+    ("10.1.2.3", "dgx01:9410", False),
+])
+def test_from_this_host(peer: str, host: str, ok: bool) -> None:
+    transport = mock.Mock()
+    transport.get_extra_info.side_effect = lambda key, default=None: (peer, 1234) if key == "peername" else default
+    req = make_mocked_request("POST", "/v1/handover", headers={"Host": host}, transport=transport)
+    assert webguard.from_this_host(req) is ok
+
+
+def test_the_agent_app_refuses_an_unguarded_mutating_route(tmp_path: Path) -> None:
+    from aiohttp import web
+
+    from podhealth.agent.server import build_app
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response()
+    agent = Agent(Config(), node="dgx01", factories={})
+    with pytest.raises(RuntimeError, match="POST /v1/reboot is not wrapped"):
+        build_app(agent, [web.post("/v1/reboot", handler)])

@@ -1,0 +1,68 @@
+"""Credentials: private files, `podhealth token`, install-units' modes."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from podhealth import credentials
+from podhealth.cli import main
+
+SECRET = "unit-test-cluster-secret-0123456789"
+
+
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+def test_write_private_is_0600_even_over_a_world_readable_file(tmp_path: Path) -> None:
+    p = tmp_path / "agent.yml"
+    p.write_text("old")
+    os.chmod(p, 0o644)
+    credentials.write_private(p, "publish: {token: abc}\n")
+    assert (p.read_text(), _mode(p)) == ("publish: {token: abc}\n", 0o600)
+    assert [x.name for x in tmp_path.iterdir()] == ["agent.yml"]  # no temporary left behind
+    # a group that does not exist leaves it the owner's alone
+    credentials.write_private(p, "x", group="no-such-group-podhealth")
+    assert _mode(p) == 0o600
+
+
+def test_install_units_writes_config_and_environment_files_private(tmp_path: Path) -> None:
+    assert main(["install-units", "--root", str(tmp_path), "--exe", "/usr/bin/podhealth"]) == 0
+    for rel in ("etc/podhealth/podhealth.yaml", "etc/default/podhealth-agent", "etc/default/podhealth-aggregator"):
+        assert _mode(tmp_path / rel) in (0o600, 0o640), rel  # 0640 only as root with a podhealth group
+    assert _mode(tmp_path / "etc/systemd/system/podhealth-agent.service") == 0o644  # no secrets in units
+
+
+def test_token_derive_prints_the_hmac_of_the_node(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    want = hmac.new(SECRET.encode(), b"podhealth-node:dgx01", hashlib.sha256).hexdigest()
+    f = tmp_path / "secret"
+    f.write_text(SECRET + "\n")
+    assert main(["token", "derive", "--node", "dgx01", "--secret-file", str(f)]) == 0
+    assert capsys.readouterr().out.strip() == want
+    monkeypatch.setenv("PODHEALTH_CLUSTER_SECRET", SECRET)
+    assert main(["token", "derive", "--node", "dgx01", "--node", "dgx02"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"dgx01 {want}", f"dgx02 {credentials.derive_node_token(SECRET, 'dgx02')}"]
+    assert main(["token", "new"]) == 0 and len(capsys.readouterr().out.strip()) == 64
+
+
+@pytest.mark.parametrize(("argv", "err"), [
+    (["--node", "dgx01", "--secret-file", "/nonexistent/secret"], "cannot read /nonexistent/secret"),
+    (["--node", "dgx01"], "no cluster secret"),
+    (["--node", "a;b", "--secret-file", "SECRET"], "--node: expected a node name"),
+])
+def test_token_derive_bad_input(argv: list[str], err: str, tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    monkeypatch.delenv("PODHEALTH_CLUSTER_SECRET", raising=False)
+    f = tmp_path / "secret"
+    f.write_text(SECRET)
+    argv = [str(f) if a == "SECRET" else a for a in argv]
+    assert main(["token", "derive", *argv]) == 2
+    captured = capsys.readouterr()
+    assert err in captured.err and captured.out == ""
