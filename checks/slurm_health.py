@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import sys
 import urllib.request
@@ -32,11 +33,12 @@ def _from_agent(cfg: Config) -> NodeReport | None:
         return None
 
 
-def _local(cfg: Config, node: str) -> NodeReport:
+def local_report(cfg: Config, node: str, cap: float = LOCAL_TIME_CAP) -> NodeReport:
+    """The fast passive sources collected in this process, each capped at `cap` seconds."""
     from podhealth import __version__
     from podhealth.checks.handover import LocalCollector, run_suite
 
-    src = LocalCollector(cfg, only=FAST_COLLECTORS, timeout_cap=LOCAL_TIME_CAP)
+    src = LocalCollector(cfg, only=FAST_COLLECTORS, timeout_cap=cap)
     rep = asyncio.run(run_suite(cfg, src, node))
     return NodeReport(node, __version__, rep.profile, rep.results)
 
@@ -46,8 +48,8 @@ def _line(r: CheckResult) -> str:
 
 
 def run_slurm_health(cfg: Config, drain_self: bool = False) -> int:
-    node = cfg.node.name or socket.gethostname().split(".")[0]
-    rep = _from_agent(cfg) or _local(cfg, node)
+    node = os.environ.get("SLURMD_NODENAME") or cfg.node.name or socket.gethostname().split(".")[0]
+    rep = _from_agent(cfg) or local_report(cfg, node)
     fails = [r for r in rep.results if r.status is Status.FAIL]
     unknowns = [r for r in rep.results if r.status is Status.UNKNOWN]
     for r in fails:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install podhealth and what it needs on Debian/Ubuntu. --test adds the real components the test
 # suite starts (Prometheus, Alertmanager, node_exporter, Slurm, VictoriaMetrics, Chromium) and the
-# Python test extras. Where the system Python refuses pip installs (PEP 668, Debian 12's
-# python3), everything goes into ./.venv instead; scripts/podhealth and scripts/test.sh find it.
+# Python test extras. Python packages go into the active virtualenv, or ./.venv when none is
+# active (never into a global interpreter); scripts/podhealth and scripts/test.sh find it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
@@ -21,11 +21,14 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
-if [ -z "${VIRTUAL_ENV:-}" ] && [ ! -x .venv/bin/python ] && \
-   $PY -c 'import sys, sysconfig, os; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) else 1)'; then
-  $PY -m venv .venv
+# Never pip-install into a global interpreter: use the caller's virtualenv if one is active,
+# else ./.venv (scripts/podhealth and scripts/test.sh find it).
+if [ -n "${VIRTUAL_ENV:-}" ]; then
+  PY="$VIRTUAL_ENV/bin/python"
+else
+  [ -x .venv/bin/python ] || $PY -m venv .venv
+  PY=.venv/bin/python
 fi
-[ -x .venv/bin/python ] && PY=.venv/bin/python
 pip_install() { $PY -m pip install -q --disable-pip-version-check "$@"; }
 if [ "${1:-}" = "--test" ]; then
   pip_install -e ".[test]"

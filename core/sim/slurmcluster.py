@@ -21,6 +21,7 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -143,7 +144,7 @@ KillWait=5
 Waittime=0
 {node_lines}
 PartitionName={partition} Nodes={node_list} Default=YES MaxTime=INFINITE State=UP
-"""
+{extra}"""
 
 
 class SlurmCluster:
@@ -157,13 +158,17 @@ class SlurmCluster:
     def __init__(self, nodes: int = 4, prefix: str = "dgx", root: Path | str | None = None,
                  cpus_per_node: int = 2, memory_mb: int = 1000, partition: str = "gpu",
                  message_timeout: int = 2, start_timeout: float = 20.0, keep: bool = False,
-                 daemons: int | None = None) -> None:
+                 daemons: int | None = None, gpus: int = 0, extra_conf: str = "") -> None:
         if not 1 <= nodes <= 9999:
             raise ValueError(f"nodes must be 1..9999, got {nodes}")
         if daemons is not None and not 0 <= daemons <= nodes:
             raise ValueError(f"daemons must be 0..{nodes}, got {daemons}")
         self.node_names: tuple[str, ...] = node_names(nodes, prefix)
         self.daemon_names: tuple[str, ...] = self.node_names[:nodes if daemons is None else daemons]
+        # gpus > 0: each node has that many `gpu` GRES backed by stand-in device files, so jobs
+        # get SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES in their Prolog and Epilog as on a DGX.
+        self.gpus = gpus
+        self.extra_conf = extra_conf  # appended to slurm.conf (HealthCheckProgram=..., Prolog=...)
         self.partition = partition
         self.cpus_per_node = cpus_per_node
         self.memory_mb = memory_mb
@@ -347,15 +352,28 @@ class SlurmCluster:
         # Daemon-less nodes share the (unused) default slurmd port: nothing answers there, so
         # slurmctld sees them as not responding, which is all they are for.
         port_of = dict(zip(self.daemon_names, node_ports))
+        gres = f" Gres=gpu:{self.gpus}" if self.gpus else ""
         node_lines = "\n".join(
             f"NodeName={n} NodeAddr=127.0.0.1 Port={port_of.get(n, slurmd_port)} CPUs={self.cpus_per_node} "
-            f"RealMemory={self.memory_mb} State=UNKNOWN" for n in self.node_names)
+            f"RealMemory={self.memory_mb}{gres} State=UNKNOWN" for n in self.node_names)
+        extra = self.extra_conf
+        if self.gpus:
+            dev = self.root / "dev"
+            dev.mkdir(exist_ok=True)
+            for i in range(self.gpus):
+                # slurmd wants real device nodes ("not a valid character or block device"):
+                # character nodes with /dev/null's numbers, which nothing opens.
+                with contextlib.suppress(FileExistsError):
+                    os.mknod(dev / f"nvidia{i}", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+            (self.root / "gres.conf").write_text(
+                f"AutoDetect=off\nName=gpu File={dev}/nvidia[0-{self.gpus - 1}]\n")
+            extra = f"GresTypes=gpu\n{extra}"
         self.conf = self.root / "slurm.conf"
         self.conf.write_text(_CONF.format(
             cluster=f"ph{os.getpid() % 100000}", host=self.host, ctld_port=self.ctld_port, slurmd_port=slurmd_port,
             user=pwd.getpwuid(os.getuid()).pw_name, munge_socket=sock, root=self.root,
             message_timeout=self.message_timeout, node_lines=node_lines, partition=self.partition,
-            node_list="ALL"))
+            node_list="ALL", extra=extra + ("\n" if extra and not extra.endswith("\n") else "")))
 
     def _start_munge(self) -> None:
         d = self.root / "munge"

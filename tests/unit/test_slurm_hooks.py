@@ -1,0 +1,62 @@
+"""The Slurm hook entry points' pure parts: the job's GPUs, which results count, when to drain."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from podhealth.checks.slurm_hooks import agent_base, for_job, job_gpus, node_name, prolog_main, should_drain
+from podhealth.config import Config
+from podhealth.vocab import Action, CheckResult, Status
+
+
+def _r(check: str, entity: str, status: Status = Status.FAIL) -> CheckResult:
+    return CheckResult(check=check, status=status, entity=entity, action=Action.DRAIN)
+
+
+@pytest.mark.parametrize("env,want", [
+    ({"SLURM_JOB_GPUS": "0,1"}, {0, 1}),
+    ({"SLURM_JOB_GPUS": "2-4,7"}, {2, 3, 4, 7}),
+    ({"CUDA_VISIBLE_DEVICES": "5"}, {5}),
+    ({"SLURM_JOB_GPUS": "", "CUDA_VISIBLE_DEVICES": ""}, None),
+    ({"CUDA_VISIBLE_DEVICES": "GPU-1234"}, None),  # UUIDs: no index to filter by, judge all GPUs
+    ({}, None),
+])
+def test_job_gpus(env: dict[str, str], want: set[int] | None) -> None:
+    got = job_gpus(env)
+    assert (None if got is None else set(got)) == want
+
+
+def test_only_the_jobs_gpus_but_every_node_wide_result() -> None:
+    rs = [_r("ecc", "gpu5"), _r("ecc", "gpu1"), _r("ib_port", "mlx5_0/1"), _r("nfs_mount", "/home"), _r("gpu_count", "node")]
+    kept = [r.entity for r in for_job(rs, frozenset({0, 1}))]
+    assert kept == ["gpu1", "mlx5_0/1", "/home", "node"]
+    assert len(for_job(rs, None)) == len(rs)
+
+
+def test_drain_mode_follows_the_aggregator() -> None:
+    cfg = Config()
+    assert should_drain(cfg)  # no aggregator: the health check is the only one who can drain
+    with_agg = dataclasses.replace(cfg, publish=dataclasses.replace(cfg.publish, aggregator_url="http://agg:9420"))
+    assert not should_drain(with_agg)
+    always = dataclasses.replace(with_agg, checks=dataclasses.replace(with_agg.checks, slurm_drain="always"))
+    never = dataclasses.replace(cfg, checks=dataclasses.replace(cfg.checks, slurm_drain="never"))
+    assert should_drain(always) and not should_drain(never)
+
+
+def test_node_and_agent_come_from_slurmd_and_config() -> None:
+    cfg = Config()
+    assert node_name(cfg, {"SLURMD_NODENAME": "dgx07"}) == "dgx07"
+    agents = dataclasses.replace(cfg, checks=dataclasses.replace(cfg.checks, agents={"dgx07": "http://127.0.0.1:1234/"}))
+    assert agent_base(agents, "dgx07") == "http://127.0.0.1:1234"
+    assert agent_base(cfg, "dgx07") == f"http://127.0.0.1:{cfg.listen.port}"
+
+
+def test_a_prolog_that_cannot_judge_lets_the_job_run(monkeypatch: pytest.MonkeyPatch, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    # A broken config is our problem, not the node's: a non-zero prolog would drain it.
+    bad = tmp_path / "podhealth.yaml"
+    bad.write_text("checks: {prolog_budget: -1}\n")
+    monkeypatch.setenv("PODHEALTH_CONFIG", str(bad))
+    assert prolog_main() == 0
+    assert "could not judge" in capsys.readouterr().err
