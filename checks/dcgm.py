@@ -74,8 +74,13 @@ def _status(s: object) -> str:
 def _int(v: object) -> int | None:
     try:
         return int(v)  # type: ignore[call-overload, no-any-return]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: JSON's Infinity
         return None
+
+
+def _list(v: object) -> list[Any]:
+    """A JSON list where one is expected; anything else (a number, a string) holds no entries."""
+    return v if isinstance(v, list) else []
 
 
 def _warnings(items: object) -> tuple[DiagWarning, ...]:
@@ -101,6 +106,8 @@ def parse_json(text: str) -> DiagReport:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise DiagParseError(f"not JSON: {e}") from None
+    except RecursionError:
+        raise DiagParseError("not JSON: nested too deeply") from None
     if not isinstance(doc, dict):
         raise DiagParseError("JSON top level is not an object")
     if isinstance(doc.get("DCGM Diagnostic"), dict):
@@ -113,11 +120,11 @@ def parse_json(text: str) -> DiagReport:
     version = str(meta.get("version") or body.get("version") or "")
     driver = str(meta.get("Driver Version Detected") or body.get("Driver Version Detected") or "")
     entries: list[DiagEntry] = []
-    for cat in body.get("test_categories") or []:
+    for cat in _list(body.get("test_categories")):
         if not isinstance(cat, dict):
             continue
         cname = str(cat.get("category", ""))
-        for test in cat.get("tests") or []:
+        for test in _list(cat.get("tests")):
             if not isinstance(test, dict):
                 continue
             entries.extend(_json_test(test, cname))
@@ -127,7 +134,7 @@ def parse_json(text: str) -> DiagReport:
 def _json_test(test: Mapping[str, Any], cname: str) -> list[DiagEntry]:
     name = str(test.get("name", "?"))
     out: list[DiagEntry] = []
-    for r in test.get("results") or []:
+    for r in _list(test.get("results")):
         if not isinstance(r, dict):
             continue
         st, ws, info = _status(r.get("status")), _warnings(r.get("warnings")), _info(r.get("info"))
@@ -155,8 +162,10 @@ _RANK = {"pass": 0, "skip": 0, "not run": 0, "warn": 1, "fail": 2}
 
 _SECTION = re.compile(r"^[|+]-+\s+(\S.*?)\s+-+[|+]")
 _RESULT = re.compile(r"\b(Pass|Fail|Skip|Warn)\b(?:\s*-\s*(All|GPUs?:\s*[\d,\s]+))?", re.I)
-_GPU_ROW = re.compile(r"^GPU\s?(\d+):\s*(Pass|Fail|Skip|Warn)\b", re.I)
-_GPU_IN_TEXT = re.compile(r"\bGPU\s?(\d+)\b")
+# GPU indices: ASCII digits, a few of them (regex \d takes any script's digits, int() refuses
+# more than 4,300 of them; no node has 10,000 GPUs).
+_GPU_ROW = re.compile(r"^GPU\s?([0-9]{1,4}):\s*(Pass|Fail|Skip|Warn)\b", re.I)
+_GPU_IN_TEXT = re.compile(r"\bGPU\s?([0-9]{1,4})\b")
 
 
 @dataclass
@@ -245,7 +254,7 @@ def _text_entries(t: _TextTest, ngpus: int, width: int) -> list[DiagEntry]:
             per_gpu.update({g: st for g in range(ngpus)})
             summary = st if _RANK.get(st, 0) >= _RANK.get(summary, -1) else summary
         elif scope:
-            per_gpu.update({int(g): st for g in re.findall(r"\d+", scope)})
+            per_gpu.update({int(g): st for g in re.findall(r"\b[0-9]{1,4}\b", scope)})
         else:
             summary = st
     per_gpu.update(t.gpu_rows)

@@ -32,7 +32,9 @@ MAX_TEXT = 512  # an Xid 119 line with its RPC payload is ~200 chars; a runaway 
 _XID = re.compile(r"(?:NVRM:\s*)?(?<![A-Za-z])Xid\s*\((?P<pci>[^)]*)\)\s*:?\s*(?P<rest>.*)$")
 _SXID = re.compile(r"(?:(?P<dev>nvidia-nvswitch\d*)\s*:\s*)?SXid\s*\((?P<pci>[^)]*)\)\s*:?\s*(?P<rest>.*)$")
 _FALLEN = re.compile(r"fallen\s+off\s+the\s+bus", re.IGNORECASE)
-_CODE = re.compile(r"^(?P<code>\d+)(?![\w])\s*(?P<rest>.*)$")
+# Numbers are matched as ASCII digits of a bounded length: regex \d also takes other scripts'
+# digits and int() refuses more than 4,300 digits; what no driver prints is "not a number".
+_CODE = re.compile(r"^(?P<code>[0-9]{1,10})(?![\w])\s*(?P<rest>.*)$")
 
 # "pid=1234, name=python3, detail"; pid may be '<unknown>' and the name may be <unknown>.
 _PID_NAME = re.compile(
@@ -49,34 +51,35 @@ _NVIDIA_GPU_LINE = re.compile(r"The NVIDIA GPU\s+((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA
 
 # XID 144-150 (NVLink5): "<unit> <Fatal|Nonfatal> XC<n> i<n> Link <n> (<intrInfo> <errorStatus> ...)".
 _NVLINK5 = re.compile(
-    r"^(?P<unit>.+?)\s+(?P<sev>Fatal|Nonfatal|Non-fatal)\s+XC(?P<xc>\d+)\s+i(?P<inj>\d+)\s+Link\s+(?P<link>-?\d+)"
+    r"^(?P<unit>.+?)\s+(?P<sev>Fatal|Nonfatal|Non-fatal)\s+XC(?P<xc>[0-9]{1,10})\s+i(?P<inj>[0-9]{1,10})\s+Link\s+"
+    r"(?P<link>-?[0-9]{1,10})"
     r"\s*(?:\((?P<regs>[^)]*))?",
     re.IGNORECASE,
 )
-_HEX = re.compile(r"0x[0-9a-fA-F]+")
+_HEX = re.compile(r"\b0x[0-9a-fA-F]{1,16}\b")  # 64-bit registers; longer is not one
 # XID 154: "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)".
 _RECOVERY = re.compile(
-    r"recovery action changed from\s+(?P<fv>0x[0-9a-fA-F]+|\d+)\s*\((?P<fn>[^)]*)\)\s*to\s+"
-    r"(?P<tv>0x[0-9a-fA-F]+|\d+)\s*\((?P<tn>[^)]*)\)",
+    r"recovery action changed from\s+(?P<fv>0x[0-9a-fA-F]{1,16}|[0-9]{1,10})\s*\((?P<fn>[^)]*)\)\s*to\s+"
+    r"(?P<tv>0x[0-9a-fA-F]{1,16}|[0-9]{1,10})\s*\((?P<tn>[^)]*)\)",
     re.IGNORECASE,
 )
 _SXID_SEV = re.compile(r"^,?\s*(?P<sev>Fatal|Non-fatal|Nonfatal)\b", re.IGNORECASE)
-_SXID_LINK = re.compile(r"\bLink\s+(?P<link>\d+)")
+_SXID_LINK = re.compile(r"\bLink\s+(?P<link>[0-9]{1,10})\b")
 # NVSwitch prints one SXid as a header line plus "Severity ..." and "Data {...}" lines that repeat
 # the code; those describe the header, they are not new errors.
 _SXID_CONTINUATION = re.compile(r"^,?\s*(?:Severity\s+\d|Data\s*\{|SOE HALT data)", re.IGNORECASE)
 
 # ---- timestamps ---------------------------------------------------------------------------------
 
-_KMSG = re.compile(r"^\s*(?P<pri>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;")
-_MONO = re.compile(r"\[\s*(?P<sec>\d+\.\d+)\s*\]")
+_KMSG = re.compile(r"^\s*(?P<pri>[0-9]+),(?P<seq>[0-9]+),(?P<usec>[0-9]{1,20}),[^;]*;")
+_MONO = re.compile(r"\[\s*(?P<sec>[0-9]{1,12}\.[0-9]{1,9})\s*\]")
 _CTIME = re.compile(
     r"\[\s*(?:[A-Z][a-z]{2})\s+(?P<mon>[A-Z][a-z]{2})\s+(?P<day>\d{1,2})\s+"
     r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)\s+(?P<year>\d{4})\s*\]"
 )
 _ISO = re.compile(
     r"(?P<date>\d{4}-\d\d-\d\d)[T ](?P<time>\d\d:\d\d:\d\d)(?:[.,](?P<frac>\d+))?"
-    r"(?P<tz>Z|[+-]\d\d:?\d\d)?"
+    r"(?P<tz>Z|[+-]\d\d:?\d\d)?", re.ASCII
 )
 _SYSLOG = re.compile(r"^\s*(?P<mon>[A-Z][a-z]{2})\s+(?P<day>\d{1,2})\s+(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)\s")
 _MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
@@ -205,12 +208,17 @@ def parse_recovery(detail: str) -> RecoveryChange | None:
     if not m:
         return None
     return RecoveryChange(
-        from_value=int(m.group("fv"), 0), from_name=m.group("fn").strip(),
-        to_value=int(m.group("tv"), 0), to_name=m.group("tn").strip(),
+        from_value=_int0(m.group("fv")), from_name=m.group("fn").strip(),
+        to_value=_int0(m.group("tv")), to_name=m.group("tn").strip(),
     )
 
 
 # ---- internals ----------------------------------------------------------------------------------
+
+
+def _int0(text: str) -> int:
+    """'0x2' or '2' (not int(x, 0), which refuses a decimal with a leading zero such as '02')."""
+    return int(text, 16) if text[:2].lower() == "0x" else int(text, 10)
 
 
 def _xid(line: str, m: re.Match[str], year: int | None) -> ParsedLine | Malformed:
@@ -279,7 +287,7 @@ def _pid_name(rest: str) -> tuple[int | None, str, str]:
     if not m:  # the pattern matches any string; this is only for the type checker
         return None, "", rest.strip()
     raw_pid = (m.group("pid") or "").strip("'")
-    pid = int(raw_pid) if raw_pid.isdigit() else None
+    pid = int(raw_pid) if raw_pid.isascii() and raw_pid.isdigit() and len(raw_pid) <= 10 else None
     name = (m.group("name") or "").strip()
     process = "" if name in ("", "<unknown>") else name
     return pid, process, m.group("detail").strip()
@@ -333,7 +341,10 @@ def _iso(m: re.Match[str]) -> float | None:
         return dt.replace(tzinfo=timezone.utc).timestamp()
     sign = 1 if tz[0] == "+" else -1
     digits = tz[1:].replace(":", "")
-    off = timedelta(hours=int(digits[:2]), minutes=int(digits[2:]))
+    hours, minutes = int(digits[:2]), int(digits[2:])
+    if hours > 23 or minutes > 59:  # not an offset (timezone() refuses a day or more)
+        return None
+    off = timedelta(hours=hours, minutes=minutes)
     return dt.replace(tzinfo=timezone(sign * off)).timestamp()
 
 

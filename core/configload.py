@@ -129,6 +129,15 @@ class _Loader:
         line = node.start_mark.line + 1 if node is not None else 0
         return ConfigError(self.source, line, path, msg)
 
+    def construct(self, node: yaml.Node, path: str, whole: bool = False) -> Any:
+        """The node's Python value. An explicit tag can fail here, after composing succeeded:
+        `!!int abc` raises ValueError, `!custom x` a ConstructorError."""
+        try:
+            return _SCALAR.construct_document(node) if whole else _SCALAR.construct_object(node)
+        except (yaml.YAMLError, ValueError, TypeError, OverflowError) as e:
+            problem = getattr(e, "problem", None) or str(e)
+            raise self.err(node, path, f"cannot read {_show(node)}: {problem}") from None
+
     def convert(self, tp: Any, node: yaml.Node, path: str) -> Any:
         origin = get_origin(tp)
         if origin is Annotated:
@@ -147,7 +156,7 @@ class _Loader:
                     raise self.err(node, path, f"{problem}, got {_show(node)}")
             return value
         if tp is Any:
-            return _SCALAR.construct_document(node) if not isinstance(node, yaml.ScalarNode) else _SCALAR.construct_object(node)
+            return self.construct(node, path, whole=not isinstance(node, yaml.ScalarNode))
         if origin in (Union, types.UnionType):
             args = get_args(tp)
             if type(None) in args and isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null"):
@@ -164,7 +173,7 @@ class _Loader:
                 raise errors[0]  # `X | None` given a wrong X: say what X wanted ("an absolute path")
             raise self.err(node, path, f"expected {_type_name(tp)}, got {_show(node)}")
         if origin is Literal:
-            value = _SCALAR.construct_object(node) if isinstance(node, yaml.ScalarNode) else None
+            value = self.construct(node, path) if isinstance(node, yaml.ScalarNode) else None
             if value not in get_args(tp):
                 raise self.err(node, path, f"expected {_type_name(tp)}, got {_show(node)}")
             return value
@@ -186,7 +195,7 @@ class _Loader:
             return self.dataclass(tp, node, path)
         if not isinstance(node, yaml.ScalarNode):
             raise self.err(node, path, f"expected {_type_name(tp)}, got {_show(node)}")
-        value = _SCALAR.construct_object(node)
+        value = self.construct(node, path)
         if tp is bool:
             if isinstance(value, bool):
                 return value
@@ -195,7 +204,10 @@ class _Loader:
                 return value
         elif tp is float:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return float(value)
+                try:
+                    return float(value)
+                except OverflowError:  # an integer beyond any float (a typo of many digits)
+                    raise self.err(node, path, f"expected {_type_name(tp)}, got a number out of range") from None
         elif tp is str:
             if isinstance(value, (str, int, float)) and not isinstance(value, bool):
                 return str(value) if not isinstance(value, str) else value
@@ -255,9 +267,16 @@ def load_text(cls: type[Any], text: str, source: str) -> Any:
     except yaml.MarkedYAMLError as e:
         line = e.problem_mark.line + 1 if e.problem_mark else 0
         raise ConfigError(source, line, "", f"invalid YAML: {e.problem}") from None
+    except yaml.YAMLError as e:  # the reader's errors (a NUL, a control character) carry no mark
+        raise ConfigError(source, 0, "", "invalid YAML: " + " ".join(str(e).split())) from None
+    except RecursionError:
+        raise ConfigError(source, 0, "", "invalid YAML: nested too deeply") from None
     if node is None:
         return cls()
-    return _Loader(source).dataclass(cls, node, "")
+    try:
+        return _Loader(source).dataclass(cls, node, "")
+    except RecursionError:  # an alias that contains itself (`&a [*a]`)
+        raise ConfigError(source, 0, "", "invalid YAML: nested too deeply (a recursive alias?)") from None
 
 
 def load_file(cls: type[Any], path: Path | str) -> Any:

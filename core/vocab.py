@@ -112,6 +112,16 @@ def evidence_of(**items: object) -> Evidence:
     return tuple(out)
 
 
+def _number(v: object, what: str) -> float:
+    """A JSON number as float; ValueError for anything else (null, a list, an integer beyond float)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError(f"{what}: expected a number")
+    try:
+        return float(v)
+    except OverflowError:
+        raise ValueError(f"{what}: number out of range") from None
+
+
 @dataclass(frozen=True, slots=True)
 class CheckResult:
     """One verdict of one check about one entity (a GPU, an HCA port, a mount, or the node)."""
@@ -137,6 +147,9 @@ class CheckResult:
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> "CheckResult":
+        """Raises ValueError (or KeyError for a missing check/status) on a body of any other shape."""
+        if not isinstance(d, Mapping):
+            raise ValueError("a check result must be an object")
         ev = d.get("evidence") or {}
         if not isinstance(ev, Mapping):
             raise ValueError("evidence must be an object")
@@ -146,7 +159,7 @@ class CheckResult:
             entity=str(d.get("entity", "node")),
             evidence=tuple((str(k), str(v)) for k, v in ev.items())[:MAX_EVIDENCE_ITEMS],
             action=Action(d.get("action", "NONE")),
-            since=float(d.get("since", 0.0)),  # type: ignore[arg-type]
+            since=_number(d.get("since", 0.0), "since"),
             summary=str(d.get("summary", "")),
         )
 
@@ -184,6 +197,9 @@ class NodeReport:
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> "NodeReport":
+        """Raises ValueError (or KeyError for a missing node) on a body of any other shape."""
+        if not isinstance(d, Mapping):
+            raise ValueError("a report must be an object")
         results = d.get("results") or []
         stale = d.get("staleness") or {}
         if not isinstance(results, list) or not isinstance(stale, Mapping):
@@ -193,8 +209,8 @@ class NodeReport:
             agent_version=str(d.get("agent_version", "")),
             profile=str(d.get("profile", "")),
             results=tuple(CheckResult.from_json(r) for r in results),
-            staleness=tuple((str(k), float(v)) for k, v in stale.items()),
-            time=float(d.get("time", time.time())),  # type: ignore[arg-type]
+            staleness=tuple((str(k), _number(v, f"staleness.{k}")) for k, v in stale.items()),
+            time=_number(d.get("time", time.time()), "time"),
         )
 
 

@@ -1,0 +1,364 @@
+"""Every parser of outside input, fuzzed: 0 crashes, only the parser's own error types come out.
+
+Inputs start from the project's fixtures (real formats) and are mutated (tests/harness/fuzz.py).
+Each test states the parser's contract: which exception it may raise (or that it never raises)
+and a few invariants on what it returns (a counter is never negative, a rate is finite), because
+a parser that "succeeds" with nonsense feeds a verdict just as a crash starves one.
+
+Short and derandomized here; `scripts/fuzz.sh [examples]` runs the same tests long and random.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from podhealth.aggregator import ingest
+from podhealth.aggregator.slurm import parse_show_node
+from podhealth.checks import dcgm, nccl
+from podhealth.collectors import ib_parse, nfs_parse, xid_parse
+from podhealth.config import default_yaml, loads as config_loads
+from podhealth.configload import ConfigError
+from podhealth.sim import nvidia_smi
+from podhealth.vocab import NodeReport
+from tests.harness.fuzz import (
+    FIXTURES, HOSTILE_NUMBERS, dumps_loose, fuzz_settings, json_bodies, mutated, mutated_doc, read, texts,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+# ---- /proc/self/mountstats and /proc/net/rpc/nfs -------------------------------------------------
+
+MOUNTSTATS = [read("nfs", "mountstats_dgx.txt")]
+RPC_NFS = [read("nfs", "rpc_nfs_dgx.txt")]
+
+
+def _ints_in(obj: Any) -> list[int]:
+    if isinstance(obj, bool):
+        return []
+    if isinstance(obj, int):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [i for x in obj for i in _ints_in(x)]
+    if hasattr(obj, "__dataclass_fields__"):
+        return [i for f in obj.__dataclass_fields__ for i in _ints_in(getattr(obj, f))]
+    return []
+
+
+@fuzz_settings()
+@given(texts(MOUNTSTATS))
+def test_mountstats_never_raises_and_counters_are_never_negative(text: str) -> None:
+    out = nfs_parse.parse_mountstats(text)
+    assert isinstance(out, nfs_parse.Mountstats)
+    assert all(v >= 0 for m in out.mounts for v in _ints_in(m))
+    assert len(out.problems) <= nfs_parse.MAX_PROBLEMS + 1
+
+
+@fuzz_settings()
+@given(texts(RPC_NFS))
+def test_rpc_nfs_never_raises(text: str) -> None:
+    out = nfs_parse.parse_rpc_nfs(text)
+    assert isinstance(out, nfs_parse.RpcNfs)
+    assert all(v >= 0 for v in _ints_in(out.net) + _ints_in(out.rpc) + _ints_in(out.procedures))
+
+
+# ---- /sys/class/infiniband ---------------------------------------------------------------------
+
+_IB = FIXTURES / "infiniband" / "dgx_h100" / "sys" / "class" / "infiniband"
+
+
+def _ib_samples(name: str) -> list[str]:
+    return sorted({p.read_text() for p in _IB.glob(f"*/ports/*/{name}")})
+
+
+def _counter_samples() -> tuple[list[str], list[str]]:
+    files = [p for p in _IB.glob("*/ports/*/*counters/*") if p.is_file()]
+    return sorted({p.name for p in files}), sorted({p.read_text() for p in files}) + ["N/A (no PMA)\n"]
+
+
+COUNTER_NAMES, COUNTER_TEXTS = _counter_samples()
+
+
+@st.composite
+def port_files(draw: Any) -> ib_parse.PortFiles:
+    attrs = {k: draw(texts(_ib_samples(k))) for k in ("state", "phys_state", "rate", "link_layer")
+             if draw(st.integers(0, 5))}  # sometimes a file is missing (unreadable)
+    counters = tuple((n, draw(texts(COUNTER_TEXTS))) for n in draw(st.lists(st.sampled_from(COUNTER_NAMES), max_size=6)))
+    hw = tuple((n, draw(texts(COUNTER_TEXTS))) for n in draw(st.lists(st.sampled_from(COUNTER_NAMES), max_size=3)))
+    port = draw(st.one_of(st.just("1"), st.sampled_from(HOSTILE_NUMBERS), st.text(max_size=4)))
+    return ib_parse.PortFiles(port=port, attrs=attrs, counters=counters, hw_counters=hw)
+
+
+@fuzz_settings()
+@given(st.lists(port_files(), max_size=3), st.dictionaries(st.sampled_from(["board_id", "fw_ver", "hca_type"]),
+                                                         texts(["MT_0000000838\n", "28.39.1002\n", "MT4129\n"])))
+def test_infiniband_device_never_raises_and_values_are_sane(ports: list[ib_parse.PortFiles], attrs: dict[str, str]) -> None:
+    out = ib_parse.parse_device(ib_parse.DeviceFiles(name="mlx5_0", attrs=attrs, ports=tuple(ports)))
+    for p in out.device.ports:
+        assert p.rate_bytes_per_second is None or (math.isfinite(p.rate_bytes_per_second)
+                                                    and p.rate_bytes_per_second >= 0), p
+        assert all(v >= 0 for _, v in p.counters + p.hw_counters)
+
+
+@fuzz_settings()
+@given(texts(COUNTER_TEXTS + _ib_samples("rate") + _ib_samples("state") + _ib_samples("phys_state")))
+def test_infiniband_file_parsers_raise_only_value_error(text: str) -> None:
+    for fn in (ib_parse.parse_counter, ib_parse.parse_rate, ib_parse.parse_enum):
+        try:
+            fn(text)
+        except ValueError:
+            pass
+    try:
+        rate = ib_parse.parse_rate(text)
+    except ValueError:
+        return
+    assert math.isfinite(rate) and rate >= 0, (text, rate)
+
+
+# ---- kernel log lines (XID / SXid / fallen off the bus) ----------------------------------------
+
+
+def _kmsg_samples() -> list[str]:
+    out = [ln.split("\t", 1)[0] for f in ("lines.tsv", "nvlink5_expected.tsv") for ln in read("kmsg", f).splitlines()[1:]]
+    out += read("kmsg", "kmsg_records.log").splitlines() + read("kmsg", "syslog_kern.log").splitlines()
+    return [ln for ln in out if ln.strip()]
+
+
+KMSG = _kmsg_samples()
+
+
+def _check_line(p: object) -> None:
+    assert p is None or isinstance(p, (xid_parse.ParsedLine, xid_parse.Malformed))
+    if isinstance(p, xid_parse.ParsedLine):
+        assert p.code >= 0 and len(p.message) <= xid_parse.MAX_TEXT
+        assert p.wall_time is None or math.isfinite(p.wall_time)
+        assert p.mono_time is None or (math.isfinite(p.mono_time) and p.mono_time >= 0)
+
+
+@fuzz_settings(120)
+@given(texts(KMSG), st.one_of(st.none(), st.integers(1, 9999)))
+def test_kernel_lines_never_raise(line: str, year: int | None) -> None:
+    _check_line(xid_parse.parse(line, year=year))
+
+
+@fuzz_settings()
+@given(st.lists(texts(KMSG), max_size=12))
+def test_kernel_line_assembler_never_raises(lines: list[str]) -> None:
+    asm = xid_parse.LineAssembler()
+    for ln in lines:
+        _check_line(asm.feed(ln, year=2025))
+
+
+# ---- nvidia-smi -q -----------------------------------------------------------------------------
+
+SMI = [read("nvidia_smi", "nvidia-smi-q_2gpu_sample.txt")]
+
+
+@fuzz_settings()
+@given(texts(SMI))
+def test_nvidia_smi_raises_only_value_error(text: str) -> None:
+    try:
+        cap = nvidia_smi.parse(text)
+    except ValueError:
+        return
+    assert cap.gpus
+
+
+def test_nvidia_smi_deep_indentation_is_not_a_recursion_error() -> None:
+    head = SMI[0].split("\n    Product Name")[0]
+    deep = "\n".join(" " * (8 + i) + f"K{i} : v" for i in range(5000))
+    try:
+        nvidia_smi.parse(head + "\n" + deep + "\n")
+    except ValueError:
+        pass
+
+
+# ---- nccl-tests ---------------------------------------------------------------------------------
+
+NCCL = [p.read_text() for p in sorted((FIXTURES / "nccl").glob("*.txt"))]
+
+
+@fuzz_settings()
+@given(texts(NCCL), st.floats(0, 1000))
+def test_nccl_output_never_raises_and_is_judged(text: str, gate: float) -> None:
+    run = nccl.parse(text)
+    assert len(run.errors) <= nccl.MAX_ERROR_LINES
+    verdict = nccl.judge(run, nccl.Gates(busbw_gbps=gate, fleet_median_gbps=gate))
+    assert verdict.check == nccl.CHECK
+
+
+# ---- dcgmi diag ---------------------------------------------------------------------------------
+
+DCGM_TEXT = [read("dcgm", "dcgmi_diag_r2_dcgm4_gpu1_fail.txt")]
+DCGM_JSON = [json.loads(p.read_text()) for p in sorted((FIXTURES / "dcgm").glob("*.json"))]
+
+
+def _judge_dcgm(text: str) -> None:
+    try:
+        report = dcgm.parse(text)
+    except dcgm.DiagParseError:
+        return
+    for r in dcgm.results(report):
+        assert r.check
+
+
+@fuzz_settings()
+@given(texts(DCGM_TEXT))
+def test_dcgmi_text_raises_only_diag_parse_error(text: str) -> None:
+    _judge_dcgm(text)
+
+
+@fuzz_settings()
+@given(json_bodies(DCGM_JSON))
+def test_dcgmi_json_raises_only_diag_parse_error(raw: bytes) -> None:
+    _judge_dcgm(raw.decode("utf-8", "surrogatepass"))
+
+
+# ---- the aggregator's request bodies ----------------------------------------------------------
+
+
+def _report(node: str = "dgx01", t: float = 1000.0) -> dict[str, Any]:
+    return {"node": node, "agent_version": "0.1.0", "profile": "dgx-h100", "time": t, "status": "FAIL",
+            "action": "RESET_GPU", "staleness": {"nvml": 0.2},
+            "results": [{"check": "xid", "entity": "GPU0", "status": "FAIL", "action": "RESET_GPU", "since": t - 5,
+                         "evidence": {"xid": "79"}, "summary": "fell off the bus"},
+                        {"check": "nfs", "entity": "/home", "status": "OK", "action": "NONE"}]}
+
+
+REPORTS = [_report(), {"node": "dgx01", "time": 1010.0, "digest": "0123456789abcdef", "agent_version": "0.1.0",
+                       "status": "FAIL", "staleness": {"nvml": 0.2}}]
+EVENTS = [{"node": "dgx01", "events": [
+    {"id": "e1", "type": "event", "time": 1000.0,
+     "event": {"kind": "xid", "code": 79, "time": 1000.0, "text": "NVRM: Xid 79", "id": "e1"}},
+    {"id": "t1", "type": "transition", "time": 1000.0, "old": None,
+     "new": {"check": "xid", "entity": "GPU1", "status": "FAIL", "action": "RESET_GPU", "since": 1000.0}},
+    {"id": "r1", "type": "report", "time": 1000.0, "report": _report()},
+    {"id": "s1", "type": "summary", "time": 1000.0, "first": 900.0, "last": 1000.0, "count": 3,
+     "counts": {"event:xid:79": 3}}]}]
+ALERTS = [{"alerts": [{"status": "firing", "fingerprint": "abc123", "startsAt": "2025-03-04T10:20:30.123456789Z",
+                       "labels": {"node": "dgx03", "alertname": "PodhealthGpuFallenOffBus", "gpu": "5",
+                                  "action": "DRAIN", "severity": "critical"},
+                       "annotations": {"summary": "GPU 5 fell off the bus"}}]}]
+
+
+@fuzz_settings(120)
+@given(json_bodies(REPORTS))
+def test_posted_reports_raise_only_bad_request(raw: bytes) -> None:
+    try:
+        out = ingest.read_posted(raw)
+    except ingest.BadRequest:
+        return
+    assert math.isfinite(out.time)
+    if isinstance(out, ingest.ParsedReport):
+        assert all(math.isfinite(v.since) for v in out.verdicts)
+
+
+@fuzz_settings(120)
+@given(json_bodies(EVENTS))
+def test_event_batches_raise_only_bad_request(raw: bytes) -> None:
+    try:
+        batch = ingest.parse_events(ingest.loads(raw))
+    except ingest.BadRequest:
+        return
+    assert all(math.isfinite(e.time) for e in batch.events)
+
+
+@fuzz_settings()
+@given(json_bodies(ALERTS))
+def test_alertmanager_webhooks_raise_only_bad_request(raw: bytes) -> None:
+    try:
+        alerts = ingest.parse_alertmanager(ingest.loads(raw), 1000.0, ingest.parse_rfc3339)
+    except ingest.BadRequest:
+        return
+    assert all(math.isfinite(a.time) for a in alerts)
+
+
+@fuzz_settings()
+@given(json_bodies([_report()]))
+def test_agent_health_json_raises_only_value_or_key_error(raw: bytes) -> None:
+    """What `podhealth slurm-health` reads from the agent's /health (it catches these two)."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return
+    except RecursionError:  # the json module's own limit on nesting, before from_json runs
+        return
+    try:
+        NodeReport.from_json(doc)
+    except (ValueError, KeyError):
+        pass
+
+
+# ---- config YAML --------------------------------------------------------------------------------
+
+CONFIG_TEXT = default_yaml()
+CONFIG_DOC = yaml.safe_load(CONFIG_TEXT)
+YAML_SPECIALS = ("!!int abc", "!!float x", "!!binary ~~", "!!timestamp 2025-13-45", "!custom 3", "&a [*a]", "*nope",
+                 "<<: *a", "? [a]\n: b", "!!python/object:os.system x", "{a: [1, {b: 2}]}", "'x", "--- a\n--- b",
+                 "1" + "0" * 5000, ".nan", "-.inf", "0o777", "0b101", "1_0", "@", "%YAML 9.9", "\x00", "\t")
+
+
+@st.composite
+def config_texts(draw: Any) -> str:
+    choice = draw(st.integers(0, 2))
+    if choice == 0:
+        return draw(mutated([CONFIG_TEXT]))
+    doc = draw(mutated_doc([CONFIG_DOC]))
+    try:
+        text = yaml.safe_dump(doc, allow_unicode=True)
+    except (yaml.YAMLError, UnicodeError):
+        text = CONFIG_TEXT
+    if choice == 2:  # a YAML oddity as some key's value
+        lines = text.splitlines()
+        i = draw(st.integers(0, max(len(lines) - 1, 0)))
+        if lines and ":" in lines[i]:
+            key = lines[i].split(":", 1)[0]
+            lines[i] = f"{key}: {draw(st.sampled_from(YAML_SPECIALS))}"
+        text = "\n".join(lines) + "\n"
+    return text
+
+
+@fuzz_settings(120)
+@given(config_texts())
+def test_config_raises_only_config_error(text: str) -> None:
+    try:
+        config_loads(text, "fuzz.yaml")
+    except ConfigError as e:
+        assert str(e).startswith("fuzz.yaml")
+
+
+# ---- scontrol show node (the Slurm fencer's view of a node) ------------------------------------
+
+SCONTROL = [p.read_text() for p in sorted((FIXTURES / "slurm").glob("scontrol_*.txt"))]
+
+
+@fuzz_settings()
+@given(texts(SCONTROL))
+def test_scontrol_show_node_never_raises(text: str) -> None:
+    for n in parse_show_node(text):
+        assert n.name
+
+
+def test_the_samples_themselves_parse() -> None:
+    """The seeds are what the mutations start from: they must be valid input (else the fuzz
+    tests only ever exercise the error paths)."""
+    assert nfs_parse.parse_mountstats(MOUNTSTATS[0]).malformed == 0
+    assert nfs_parse.parse_rpc_nfs(RPC_NFS[0]).malformed == 0
+    assert sum(isinstance(xid_parse.parse(ln), xid_parse.ParsedLine) for ln in KMSG) >= len(KMSG) // 2
+    assert nvidia_smi.parse(SMI[0]).gpus
+    assert all(nccl.parse(t).started for t in NCCL)
+    assert dcgm.parse(DCGM_TEXT[0]).entries and all(dcgm.parse(json.dumps(d)) for d in DCGM_JSON)
+    assert isinstance(ingest.read_posted(dumps_loose(REPORTS[0])), ingest.ParsedReport)
+    assert isinstance(ingest.read_posted(dumps_loose(REPORTS[1])), ingest.Lease)
+    assert len(ingest.parse_events(EVENTS[0]).events) == 4
+    assert len(ingest.parse_alertmanager(ALERTS[0], 0.0, ingest.parse_rfc3339)) == 1
+    config_loads(CONFIG_TEXT, "default.yaml")
+    assert all(parse_show_node(t) for t in SCONTROL)
+    assert Path(FIXTURES).is_dir()
