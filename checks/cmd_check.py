@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, Callable
 
@@ -26,8 +27,12 @@ class CheckError(Exception):
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="run the handover suite on this node or on --node NAME")
-    p.add_argument("--node", help="ask that node's agent (URL from config checks.agents, else DNS)")
+    p.add_argument("--node", help="ask that node's agent: its URL from config checks.agents, else from the "
+                                  "aggregator (--aggregator), else DNS (http://NODE:checks.agent_port)")
     p.add_argument("--url", help="agent base URL (overrides --node's lookup)")
+    p.add_argument("--aggregator", default=None,
+                   help="aggregator base URL that knows each node's agent URL (default: $PODHEALTH_AGGREGATOR, "
+                        "then publish.aggregator_url from config)")
     p.add_argument("--config", help="config file")
     p.add_argument("--token", help="agent token (default: $PODHEALTH_TOKEN, then auth.token from config)")
     p.add_argument("--format", choices=["table", "json", "junit"], default="table")
@@ -52,10 +57,33 @@ def _token(args: argparse.Namespace, cfg: Config) -> str:
     return args.token or os.environ.get("PODHEALTH_TOKEN", "") or cfg.auth.token
 
 
-def agent_url(cfg: Config, node: str) -> str:
+def agent_url(cfg: Config, node: str, aggregator: str = "", token: str = "") -> str:
+    """Where `node`'s agent answers, found as a cluster finds it: the config's checks.agents,
+    then the aggregator (which has each node's agent_url), then DNS."""
     if not valid_node_name(node):
         raise CheckError(f"invalid node name {node!r}")
-    return cfg.checks.agents.get(node) or f"http://{node}:{cfg.checks.agent_port}"
+    if node in cfg.checks.agents:
+        return cfg.checks.agents[node]
+    if aggregator:
+        found = _agent_url_from_aggregator(aggregator, node, token)
+        if found:
+            return found
+    return f"http://{node}:{cfg.checks.agent_port}"
+
+
+def _agent_url_from_aggregator(base: str, node: str, token: str) -> str:
+    url = f"{base.rstrip('/')}/api/v1/nodes/{urllib.parse.quote(node)}"
+    req = urllib.request.Request(url, headers={"Accept": "application/json",
+                                               **({"Authorization": f"Bearer {token}"} if token else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=5.0) as r:
+            return str(json.loads(r.read(1 << 20)).get("agent_url") or "")
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return ""  # not a node the aggregator knows: DNS may still find it
+        raise CheckError(f"aggregator {base} answered HTTP {e.code} for {node}") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise CheckError(f"cannot ask the aggregator {base} for {node}'s agent: {getattr(e, 'reason', e)}") from None
 
 
 def fetch_handover(url: str, token: str, timeout: float, progress: Callable[[dict[str, Any]], None] | None) -> SuiteReport:
@@ -72,6 +100,9 @@ def fetch_handover(url: str, token: str, timeout: float, progress: Callable[[dic
         raise CheckError(f"{url} answered HTTP {e.code}: {body}") from None
     except (urllib.error.URLError, OSError, socket.timeout) as e:
         reason = getattr(e, "reason", e)
+        if isinstance(reason, socket.gaierror):
+            raise CheckError(f"cannot resolve the agent at {url} ({reason.strerror}): pass --url, list the node "
+                             "under checks.agents in the config, or name the aggregator with --aggregator") from None
         raise CheckError(f"cannot reach the agent at {url}: {reason}") from None
     report = None
     with resp:
@@ -133,7 +164,9 @@ def run(args: argparse.Namespace) -> int:
         return run_slurm_health(cfg, drain_self=args.drain_self)
     on_progress, stop = _progress_printer(args.format)
     try:
-        url = args.url or (agent_url(cfg, args.node) if args.node else _local_agent_listening(cfg))
+        aggregator = args.aggregator or os.environ.get("PODHEALTH_AGGREGATOR", "") or cfg.publish.aggregator_url
+        url = args.url or (agent_url(cfg, args.node, aggregator) if args.node
+                           else _local_agent_listening(cfg))
         if url:
             rep = fetch_handover(url, _token(args, cfg), args.timeout, on_progress)
         else:

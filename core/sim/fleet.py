@@ -319,7 +319,9 @@ class Fleet:
                   f"  curl -s {agg}/api/v1/nodes/{first}"]
         if self.fencer.slurm_conf:
             lines.append(f"  SLURM_CONF={self.fencer.slurm_conf} sinfo -N -o '%N %T %E'")
-        lines += [f"  podhealth simulate clear {first}{root_arg}",
+        lines += [f"  PODHEALTH_TOKEN={plan.agent_token} podhealth check --node {first} --aggregator {agg}"
+                  "    # the handover report (exit 1 = fail)",
+                  f"  podhealth simulate clear {first}{root_arg}",
                   "",
                   f"Prometheus scrape config (also in {plan.home / 'prometheus.yml'}):",
                   ""]

@@ -160,6 +160,21 @@ def test_scrape_config_is_valid_for_prometheus(pod: Pod, tmp_path: Path) -> None
         assert r.returncode == 0, f"promtool check config {path}:\n{r.stdout}\n{r.stderr}"
 
 
+def test_check_node_works_as_the_banner_prints_it(pod: Pod) -> None:
+    # `podhealth check --node` finds the agent through the aggregator, not DNS (dgx03 has none).
+    line = next(x.strip() for x in pod.text().splitlines() if " podhealth check --node" in x)
+    env_kv, _, argv = line.split("#")[0].split()[0], None, line.split("#")[0].split()[2:]
+    key, _, token = env_kv.partition("=")
+    assert key == "PODHEALTH_TOKEN" and token
+    r = subprocess.run([sys.executable, "-m", "podhealth", *argv, "--format", "json"], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PODHEALTH_TOKEN": token})
+    assert r.returncode == 0, f"{line}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+    assert json.loads(r.stdout)["node"] == argv[argv.index("--node") + 1]
+    dns = subprocess.run([sys.executable, "-m", "podhealth", "check", "--node", "dgx03"], capture_output=True,
+                         text=True, timeout=60)
+    assert dns.returncode == 2 and "--url" in dns.stderr and "checks.agents" in dns.stderr, dns.stderr
+
+
 def test_xid79_drains_the_node(pod: Pod) -> None:
     info = pod.info()
     r = subprocess.run([sys.executable, "-m", "podhealth", "simulate", "inject", "dgx02", "xid=79", "gpu=3",
