@@ -248,6 +248,14 @@ def connect(path: Path | str, *, readonly: bool = False) -> sqlite3.Connection:
     return conn
 
 
+def rollback(conn: sqlite3.Connection) -> None:
+    """ROLLBACK after a failed statement, if SQLite has not already rolled back by itself (it
+    does on SQLITE_FULL, IOERR, NOMEM): a second ROLLBACK would raise "no transaction is
+    active" and hide the error that matters (the disk is full) behind one that does not."""
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+
+
 def migrate(conn: sqlite3.Connection, upto: int = SCHEMA_VERSION) -> int:
     """Apply pending migrations, each in its own transaction; return the resulting version."""
     version = int(conn.execute("PRAGMA user_version").fetchone()[0])
@@ -263,7 +271,7 @@ def migrate(conn: sqlite3.Connection, upto: int = SCHEMA_VERSION) -> int:
             conn.execute(f"PRAGMA user_version = {version + 1}")
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            rollback(conn)
             raise
         version += 1
     return version
@@ -320,7 +328,7 @@ class Store:
                     c.executemany(sql, params)
             c.execute("COMMIT")
         except BaseException:
-            c.execute("ROLLBACK")
+            rollback(c)
             raise
 
     def begin_action(self, node: str, kind: str, who: str, why: str, now: float, reason: FenceReason | None = None,
@@ -348,7 +356,7 @@ class Store:
                 ids.append(aid)
             c.execute("COMMIT")
         except BaseException:
-            c.execute("ROLLBACK")
+            rollback(c)
             raise
         return ids
 

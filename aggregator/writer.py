@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import sqlite3
 import threading
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -27,6 +28,9 @@ class Writer:
         self._started = False
         self.commits = 0
         self.failures = 0
+        # The last write's error ("" after a success): /healthz says the store cannot write while
+        # it is set, so a full disk is seen before an operator's fence fails on it.
+        self.error = ""
 
     def start(self) -> None:
         if not self._started:
@@ -92,6 +96,8 @@ class Writer:
             try:
                 result = payload(self.store)
             except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+                if isinstance(e, sqlite3.Error):
+                    self.error = f"{type(e).__name__}: {e}"
                 self._resolve(fut, None, e)
             else:
                 self._resolve(fut, result, None)
@@ -103,6 +109,7 @@ class Writer:
         try:
             self.store.apply(op for ops, _ in group for op in ops)
             self.commits += 1
+            self.error = ""
         except Exception as err:
             # One bad op must not fail its neighbours: retry each request on its own.
             if len(group) > 1:
@@ -110,6 +117,7 @@ class Writer:
                     self._commit([one])
                 return
             self.failures += 1
+            self.error = f"{type(err).__name__}: {err}"
             for _, fut in group:
                 self._resolve(fut, None, err)
             return
