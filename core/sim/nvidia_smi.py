@@ -1,9 +1,9 @@
 """Seed a simulated node from a real `nvidia-smi -q` capture.
 
 `parse(text) -> Capture` is pure: it reads the indented `Key : Value` tree nvidia-smi prints and
-keeps what the simulator models (identity, PCI, memory, power limit, clocks, ECC, retired pages,
-row remapping, clocks-event reasons, thermals, fabric state). Truncated input yields what is
-there; a capture without any `GPU <bus id>` section raises ValueError. `to_state(capture, name)`
+keeps what the simulator models (identity, PCI, memory, power limit, current and max clocks, ECC,
+retired pages, row remapping, clocks-event (throttle) reasons, thermals, fabric state). Truncated
+input yields what is there; a capture without any `GPU <bus id>` section raises ValueError. `to_state(capture, name)`
 turns it into a NodeState, filling what a capture does not show (NVLink count, HCAs, mounts)
 from the matching hardware profile.
 """
@@ -74,6 +74,7 @@ class CapturedGpu:
     power_limit_w: float | None = None
     power_draw_w: float | None = None
     max_clocks: tuple[int | None, int | None, int | None, int | None] = (None, None, None, None)
+    clocks: tuple[int | None, int | None, int | None, int | None] = (None, None, None, None)  # current
     ecc_enabled: bool | None = None
     ecc_sbe: tuple[int | None, int | None] = (None, None)  # volatile, aggregate
     ecc_dbe: tuple[int | None, int | None] = (None, None)
@@ -205,6 +206,14 @@ def _reasons(section: _Node | None, warnings: list[str], bus: str) -> int | None
     return bits if seen else None
 
 
+def _clocks(section: _Node | None) -> tuple[int | None, int | None, int | None, int | None]:
+    """(graphics, SM, memory, video) MHz of a `Clocks` / `Max Clocks` section."""
+    if section is None:
+        return (None, None, None, None)
+    return (_int(section.value_of("Graphics")), _int(section.value_of("SM")),
+            _int(section.value_of("Memory")), _int(section.value_of("Video")))
+
+
 def _walk(node: _Node) -> Iterator[_Node]:
     for c in node.children:
         yield c
@@ -231,11 +240,7 @@ def _parse_gpu(bus: str, root: _Node, warnings: list[str]) -> CapturedGpu:
             remap = (corr, unc, bool(_bool(remap_node.value_of("Pending"))),
                      bool(_bool(remap_node.value_of("Remapping Failure Occurred"))))
     temp = root.get("Temperature")
-    maxc = root.get("Max Clocks")
-    max_clocks: tuple[int | None, int | None, int | None, int | None] = (None, None, None, None)
-    if maxc is not None:
-        max_clocks = (_int(maxc.value_of("Graphics")), _int(maxc.value_of("SM")),
-                      _int(maxc.value_of("Memory")), _int(maxc.value_of("Video")))
+    max_clocks, clocks = _clocks(root.get("Max Clocks")), _clocks(root.get("Clocks"))
     return CapturedGpu(
         pci_bus_id=bus.upper().replace("0X", "0x"),
         name=_na(root.value_of("Product Name")),
@@ -253,6 +258,7 @@ def _parse_gpu(bus: str, root: _Node, warnings: list[str]) -> CapturedGpu:
         power_limit_w=power_limit,
         power_draw_w=_float(power.value_of("Power Draw")) if power else None,
         max_clocks=max_clocks,
+        clocks=clocks,
         ecc_enabled=_bool(root.value_of("ECC Mode", "Current")),
         ecc_sbe=(vol[0], agg[0]),
         ecc_dbe=(vol[1], agg[1]),
@@ -358,6 +364,8 @@ def to_state(capture: Capture, name: str, profile: str | None = None,
             retired_pages_dbe=c.retired_dbe if c.retired_dbe is not None else (0 if retires else None),
             retired_pages_pending=bool(c.retired_pending),
             clocks_event_reasons=0x1 if c.clocks_event_reasons is None else c.clocks_event_reasons,
+            clock_graphics_mhz=c.clocks[0], clock_sm_mhz=c.clocks[1], clock_mem_mhz=c.clocks[2],
+            clock_video_mhz=c.clocks[3],
             pcie_replay=c.pcie_replay or 0,
             temperature_c=idle.temperature_c if c.temperature_c is None else c.temperature_c,
             mem_temperature_c=idle.mem_temperature_c if c.mem_temperature_c is None else c.mem_temperature_c,

@@ -117,7 +117,11 @@ class GpuView:
 def _idle_clocks(g: GpuSpec) -> tuple[int, int, int, int]:
     # An idle Hopper GPU parks graphics/SM at 345 MHz and video near half its max; memory stays at max.
     low = min(345, g.max_sm_clock_mhz)
-    return (low, low, g.max_mem_clock_mhz, g.max_video_clock_mhz // 2)
+    idle = (low, low, g.max_mem_clock_mhz, g.max_video_clock_mhz // 2)
+    # a node seeded from nvidia-smi -q answers the captured clocks
+    seeded = (g.clock_graphics_mhz, g.clock_sm_mhz, g.clock_mem_mhz, g.clock_video_mhz)
+    return (seeded[0] if seeded[0] is not None else idle[0], seeded[1] if seeded[1] is not None else idle[1],
+            seeded[2] if seeded[2] is not None else idle[2], seeded[3] if seeded[3] is not None else idle[3])
 
 
 def gpu_view(state: NodeState, index: int, now: float) -> GpuView:

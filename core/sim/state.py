@@ -69,6 +69,12 @@ class GpuSpec:
     retired_pages_dbe: int | None = None
     retired_pages_pending: bool = False
     clocks_event_reasons: int = 0x1  # idle
+    # Current clocks in MHz (graphics, SM, memory, video) as a capture showed them; None = the
+    # simulator's idle clocks (podhealth.sim.nvml_lib._idle_clocks).
+    clock_graphics_mhz: int | None = None
+    clock_sm_mhz: int | None = None
+    clock_mem_mhz: int | None = None
+    clock_video_mhz: int | None = None
     pcie_replay: int = 0
     temperature_c: int = 33
     mem_temperature_c: int = 38

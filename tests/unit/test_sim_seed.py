@@ -172,3 +172,84 @@ def test_shared_capture_facts(shared_fixtures: Path) -> None:
 
     h200 = nvidia_smi.parse((d / "nvidia-smi-q_h200_1gpu_vm_passthrough_550.90.12_thamada.txt").read_text())
     assert nvidia_smi.guess_profile(h200) == "dgx-h200" and h200.gpus[0].memory_total_mib == 143771
+
+
+# nvidia-smi's reason names -> pynvml's own constants (an independent mapping from the parser's)
+_PYNVML_REASON = {
+    "Idle": "nvmlClocksThrottleReasonGpuIdle",
+    "Applications Clocks Setting": "nvmlClocksThrottleReasonApplicationsClocksSetting",
+    "SW Power Cap": "nvmlClocksThrottleReasonSwPowerCap",
+    "HW Slowdown": "nvmlClocksThrottleReasonHwSlowdown",
+    "Sync Boost": "nvmlClocksThrottleReasonSyncBoost",
+    "SW Thermal Slowdown": "nvmlClocksThrottleReasonSwThermalSlowdown",
+    "HW Thermal Slowdown": "nvmlClocksThrottleReasonHwThermalSlowdown",
+    "HW Power Brake Slowdown": "nvmlClocksThrottleReasonHwPowerBrakeSlowdown",
+    "Display Clock Setting": "nvmlClocksThrottleReasonDisplayClockSetting",
+}
+
+
+def _grep_clocks(section: str) -> tuple[tuple[int, ...] | None, int | None]:
+    """(graphics, SM, memory, video) MHz under `    Clocks`, and the active reasons as pynvml bits."""
+    m = re.search(r"^    Clocks\n((?:        .*\n)+)", section, re.M)
+    clocks = None
+    if m:
+        mhz = dict(re.findall(r"^\s+(Graphics|SM|Memory|Video)\s+: (\d+) MHz", m.group(1), re.M))
+        clocks = tuple(int(mhz[k]) for k in ("Graphics", "SM", "Memory", "Video"))
+    m = re.search(r"^    Clocks (?:Event|Throttle) Reasons\n((?:        .*\n)+)", section, re.M)
+    bits = None
+    if m:
+        bits = 0
+        for name, state in re.findall(r"^\s+(\S.*?)\s+: (Active|Not Active)\s*$", m.group(1), re.M):
+            if state == "Active":
+                bits |= getattr(pynvml, _PYNVML_REASON[name])
+    return clocks, bits
+
+
+def test_clocks_and_throttle_reasons_answer_as_captured(shared_fixtures: Path, tmp_path: Path) -> None:
+    """pynvml's current clocks and clocks-event (throttle) reasons on a node seeded from every
+    shared nvidia-smi -q capture are what the capture's Clocks / Clocks Event Reasons show."""
+    checked_reasons = checked_clocks = 0
+    for i, path in enumerate(_captures(shared_fixtures)):
+        text = path.read_text(errors="replace")
+        sections = re.split(r"^GPU [0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-9A-F]\s*$", text, flags=re.M)[1:]
+        node = SimNode.create(tmp_path, f"clk{i}", seed=nvidia_smi.to_state(nvidia_smi.parse(text), f"clk{i}"))
+        nvml_lib.install(node)
+        try:
+            pynvml.nvmlInit()
+            for k, section in enumerate(sections):
+                h = pynvml.nvmlDeviceGetHandleByIndex(k)
+                clocks, bits = _grep_clocks(section + "\n")
+                if bits is not None:
+                    assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(h) == bits, (path.name, k)
+                    assert pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h) == bits, (path.name, k)
+                    checked_reasons += 1
+                if clocks is not None:
+                    got = tuple(pynvml.nvmlDeviceGetClockInfo(h, c) for c in (
+                        pynvml.NVML_CLOCK_GRAPHICS, pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_MEM, pynvml.NVML_CLOCK_VIDEO))
+                    assert got == clocks, (path.name, k)
+                    checked_clocks += 1
+        finally:
+            pynvml.nvmlShutdown()
+            nvml_lib.uninstall()
+    assert checked_reasons >= 10 and checked_clocks >= 10
+
+
+def test_throttled_gpu_of_the_h100_capture(shared_fixtures: Path, tmp_path: Path) -> None:
+    path = shared_fixtures / "nvidia_smi" / "nvidia-smi-q_h100_8gpu_gpud_535.183.01.out.0.valid.txt"
+    if not path.is_file():
+        pytest.skip(f"{path} absent (the real-capture corpus lives in ../shared/fixtures)")
+    node = SimNode.create(tmp_path, "thr", seed=nvidia_smi.to_state(nvidia_smi.parse(path.read_text()), "thr"))
+    nvml_lib.install(node)
+    try:
+        pynvml.nvmlInit()
+        busy = pynvml.nvmlDeviceGetHandleByIndex(2)  # 00000000:75:00.0, at full clocks and capped
+        assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(busy) == (
+            pynvml.nvmlClocksThrottleReasonSwPowerCap | pynvml.nvmlClocksThrottleReasonSwThermalSlowdown
+            | pynvml.nvmlClocksThrottleReasonHwPowerBrakeSlowdown)
+        assert pynvml.nvmlDeviceGetClockInfo(busy, pynvml.NVML_CLOCK_SM) == 1980
+        idle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(idle) == pynvml.nvmlClocksThrottleReasonGpuIdle
+        assert pynvml.nvmlDeviceGetClockInfo(idle, pynvml.NVML_CLOCK_VIDEO) == 765
+    finally:
+        pynvml.nvmlShutdown()
+        nvml_lib.uninstall()
