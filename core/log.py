@@ -17,6 +17,8 @@ def setup(level: str = "info", fmt: Literal["auto", "json", "console"] = "auto",
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer(colors=True) if use_console else structlog.processors.JSONRenderer()
     )
+    if not use_console and to_journal(stream):
+        renderer = _with_priority(renderer)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -29,6 +31,30 @@ def setup(level: str = "info", fmt: Literal["auto", "json", "console"] = "auto",
         logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
+
+
+# sd-daemon(3) priority prefixes: journald (SyslogLevelPrefix=yes, its default) strips "<N>" from a
+# stderr line and files the line at that priority, so `journalctl -p warning` finds warnings.
+_PRIORITY = {"critical": 2, "error": 3, "exception": 3, "warning": 4, "warn": 4, "info": 6, "debug": 7}
+
+
+def to_journal(stream) -> bool:  # type: ignore[no-untyped-def]
+    """True when `stream` is the journal stream systemd gave us ($JOURNAL_STREAM = "dev:inode")."""
+    import os
+
+    want = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        st = os.fstat(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+    return bool(want) and want == f"{st.st_dev}:{st.st_ino}"
+
+
+def _with_priority(render: structlog.typing.Processor) -> structlog.typing.Processor:
+    def proc(logger, name, event_dict):  # type: ignore[no-untyped-def]
+        prio = _PRIORITY.get(str(event_dict.get("level", name)).lower(), 6)
+        return f"<{prio}>{render(logger, name, event_dict)}"
+    return proc
 
 
 def get(name: str) -> structlog.typing.FilteringBoundLogger:

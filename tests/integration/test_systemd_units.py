@@ -68,3 +68,20 @@ def test_install_units_writes_verifiable_units_and_keeps_site_config(tmp_path: P
     assert (tmp_path / "etc/default/podhealth-agent").exists()
     v = subprocess.run([need("systemd-analyze"), "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=60)
     assert v.returncode == 0 and v.stderr.strip() == "", v.stderr
+
+
+@pytest.mark.parametrize("name,cmd,cfg", [
+    ("podhealth-agent.service", "agent", "/etc/podhealth/podhealth.yaml"),
+    ("podhealth-aggregator.service", "aggregator", "/etc/podhealth/aggregator.yaml"),
+])
+def test_no_restart_loop_without_a_config(name: str, cmd: str, cfg: str, tmp_path: Path) -> None:
+    text = (REPO / "systemd" / name).read_text()
+    assert f"ConditionPathExists={cfg}" in text and "RestartPreventExitStatus=2" in text
+    # ... and 2 is what a missing or broken config really exits with, in one line, no traceback.
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "podhealth", cmd, "--config", str(tmp_path / "missing.yaml")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 2, r.stderr
