@@ -28,6 +28,7 @@ from typing import Any, Callable
 import aiohttp
 
 from podhealth import log as plog
+from podhealth.agent.sequence import Sequencer
 from podhealth.config import PublishConfig
 from podhealth.vocab import NodeReport
 
@@ -56,8 +57,10 @@ class HeartbeatStats:
 
 
 class Heartbeat:
-    def __init__(self, cfg: PublishConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, cfg: PublishConfig, clock: Callable[[], float] = time.monotonic,
+                 sequencer: Sequencer | None = None) -> None:
         self.cfg = cfg
+        self.sequencer = sequencer  # the publisher's: heartbeats and spooled records share one order
         self.url = cfg.aggregator_url.rstrip("/") + "/v1/reports"
         self.stats = HeartbeatStats()
         self._clock = clock
@@ -127,6 +130,8 @@ class Heartbeat:
         headers = {"Content-Type": "application/json"}
         if self.cfg.token:
             headers["Authorization"] = f"Bearer {self.cfg.token}"
+        if self.sequencer is not None:
+            self.sequencer.stamp(body)  # at sending: a resent report is newer than what came between
         data = json.dumps(body, separators=(",", ":")).encode()
         try:
             timeout = aiohttp.ClientTimeout(total=self.cfg.timeout)

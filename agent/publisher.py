@@ -28,6 +28,7 @@ from typing import Any
 import aiohttp
 
 from podhealth import log as plog
+from podhealth.agent.sequence import Sequencer
 from podhealth.config import PublishConfig
 from podhealth.vocab import CheckResult, Event, NodeReport
 
@@ -269,9 +270,12 @@ def summarise(recs: list[dict[str, Any]]) -> dict[str, Any]:
 
 class Publisher:
     def __init__(self, cfg: PublishConfig, node: str, *, fsync_batch: float = 0.05,
-                 max_backoff: float = 30.0) -> None:
+                 max_backoff: float = 30.0, sequencer: Sequencer | None = None) -> None:
         self.cfg = cfg
         self.node = node
+        # Stamps each record with (boot_id, seq) when it is published, so the aggregator orders
+        # it among heartbeats by the agent's own sequence, not by its wall clock (sequence.py).
+        self.sequencer = sequencer
         self.enabled = bool(cfg.aggregator_url)
         self.url = cfg.aggregator_url.rstrip("/") + "/v1/events"
         self.stats = PublisherStats()
@@ -329,6 +333,8 @@ class Publisher:
     def _put(self, rec: dict[str, Any]) -> None:
         if not self.enabled:
             return
+        if self.sequencer is not None:
+            self.sequencer.stamp(rec)
         self._buf.append(json.dumps(rec, separators=(",", ":")).encode() + b"\n")
         self.stats.published += 1
         self._have_new.set()

@@ -160,9 +160,12 @@ def install(agent: "Agent", spool_dir: Path | None = None) -> Extras:
         from podhealth.agent.heartbeat import Heartbeat
         from podhealth.agent.publisher import Publisher
 
+        from podhealth.agent.sequence import Sequencer
+
         pcfg = dataclasses.replace(cfg.publish, spool_dir=spool_dir) if spool_dir is not None else cfg.publish
-        x.publisher = Publisher(pcfg, agent.node)
-        x.heartbeat = Heartbeat(pcfg)
+        seq = Sequencer(cfg.paths.procfs_root)
+        x.publisher = Publisher(pcfg, agent.node, sequencer=seq)
+        x.heartbeat = Heartbeat(pcfg, sequencer=seq)
         h.on_transition.append(x._on_transition)
         agent.on_events.append(x._on_events)
         agent.add_metric_source(x._families)

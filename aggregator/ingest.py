@@ -2,11 +2,15 @@
 
 Parsing is pure and all-or-nothing: a batch with one bad event is rejected whole, with the
 reason, before anything is applied, so a 400 never leaves half a batch behind. Applying is
-idempotent: events carry ids (a re-sent one is counted as a duplicate and skipped), reports
-carry a time (an older or equal one is stale and skipped).
+idempotent: events carry ids (a re-sent one is counted as a duplicate and skipped), and every
+record from an agent carries its place in the agent's own order, `boot_id` and `seq`
+(agent/sequence.py): one older than what was applied is stale and skipped. The `time` a record
+carries is the agent's claim: it orders nothing, the aggregator's clock times what it stores,
+and a claim beyond `max_clock_skew` ahead is counted (clock_ahead). Records without `seq` (an
+older agent, a pulled /health) are ordered by arrival.
 
 `POST /v1/reports` takes a full report (NodeReport.to_json()) or, from a node whose verdicts did
-not change since its last full report, a lease: {"node", "time", "digest", ...} where digest is
+not change since its last full report, a lease: {"node", "time", "digest", "boot_id", "seq", ...} where digest is
 what the aggregator answered to that report. A lease saves sending and decoding ~16 KB of
 results every interval (as Kubernetes' node Lease does for NodeStatus); one the aggregator
 cannot match (it restarted, or a transition arrived since) is refused with 409 and the agent
@@ -14,7 +18,7 @@ sends the full report at once.
 
 Wire format of `POST /v1/events` (what agent/publisher.py sends):
 
-    {"node": "dgx01", "events": [
+    {"node": "dgx01", "events": [          (each record also carries "boot_id" and "seq")
       {"id": "…", "type": "event",      "time": t, "event": <Event.to_json()>},
       {"id": "…", "type": "transition", "time": t, "old": <CheckResult>|null, "new": <CheckResult>},
       {"id": "…", "type": "report",     "time": t, "report": <NodeReport.to_json()>},
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal, Mapping
 
 import orjson
@@ -34,11 +38,13 @@ import orjson
 from podhealth.vocab import Action, Status
 
 from podhealth.aggregator.config import node_name_problem
-from podhealth.aggregator.state import Memory, Verdict, digest_of
+from podhealth.aggregator.state import Memory, Order, Verdict, digest_of
 from podhealth.aggregator.store import Op
 
 MAX_ID = 128
 MAX_NAME = 128
+MAX_BOOT_ID = 64
+MAX_SEQ = 2**63 - 1  # SQLite's INTEGER
 EventType = Literal["event", "transition", "report", "summary"]
 _EVENT_TYPES = ("event", "transition", "report", "summary")
 _STATUSES = {s.value: s for s in Status}
@@ -56,6 +62,7 @@ class ParsedReport:
     verdicts: tuple[Verdict, ...]  # the results that are not OK (OK ones only count for the fingerprint)
     raw: str | bytes  # the report's JSON (bytes: valid UTF-8, left undecoded); what the store keeps
     fp: int = 0  # fingerprint of every (check, entity, status, action): unchanged reports are cheap
+    order: Order | None = None  # the agent's (boot_id, seq); None: ordered by arrival
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +72,7 @@ class Lease:
     node: str
     time: float
     digest: str
+    order: Order | None = None
 
 
 _DIGEST = re.compile(r"[0-9a-f]{16}")
@@ -78,6 +86,7 @@ class WireEvent:
     body: str  # the event as received (JSON), kept for history
     transition: Verdict | None = None
     report: ParsedReport | None = None
+    order: Order | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +138,18 @@ def _num(d: Mapping[str, Any], key: str, where: str, default: float | None = Non
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise BadRequest(f"{where}.{key}: expected a number")
     return float(v)
+
+
+def _order(d: Mapping[str, Any], where: str) -> Order | None:
+    """The agent's (boot_id, seq), both or neither."""
+    boot, seq = d.get("boot_id"), d.get("seq")
+    if boot is None and seq is None:
+        return None
+    if not isinstance(boot, str) or not 0 < len(boot) <= MAX_BOOT_ID or not boot.isprintable():
+        raise BadRequest(f"{where}.boot_id: expected a string of 1 to {MAX_BOOT_ID} printable characters with seq")
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq <= MAX_SEQ:
+        raise BadRequest(f"{where}.seq: expected an integer from 0 to {MAX_SEQ} with boot_id")
+    return (boot, seq)
 
 
 def _node(d: Mapping[str, Any], where: str) -> str:
@@ -188,7 +209,8 @@ def parse_report(obj: Any, raw: str | bytes, where: str = "report") -> ParsedRep
     if not isinstance(results, list):
         raise BadRequest(f"{where}.results: expected a list")
     bad, fp = _verdicts(results, f"{where}.results")
-    return ParsedReport(node=_node(d, where), time=_num(d, "time", where), verdicts=bad, raw=raw, fp=fp)
+    return ParsedReport(node=_node(d, where), time=_num(d, "time", where), verdicts=bad, raw=raw, fp=fp,
+                        order=_order(d, where))
 
 
 def read_report(raw: bytes, node: str | None = None, where: str = "report") -> ParsedReport:
@@ -204,7 +226,7 @@ def parse_lease(obj: Any, where: str = "lease") -> Lease:
     digest = d.get("digest")
     if not isinstance(digest, str) or _DIGEST.fullmatch(digest) is None:
         raise BadRequest(f"{where}.digest: expected the 16 hex digits the aggregator answered to a full report")
-    return Lease(node=_node(d, where), time=_num(d, "time", where), digest=digest)
+    return Lease(node=_node(d, where), time=_num(d, "time", where), digest=digest, order=_order(d, where))
 
 
 def read_posted(raw: bytes) -> ParsedReport | Lease:
@@ -230,6 +252,7 @@ def parse_events(obj: Any) -> EventBatch:
         if etype not in _EVENT_TYPES:
             raise BadRequest(f"{where}.type: expected one of {', '.join(_EVENT_TYPES)}")
         t = _num(e, "time", where)
+        order = _order(e, where)
         transition = report = None
         if etype == "event":
             ev = _obj(e.get("event"), f"{where}.event")
@@ -241,12 +264,15 @@ def parse_events(obj: Any) -> EventBatch:
             report = parse_report(e.get("report"), orjson.dumps(e.get("report")), f"{where}.report")
             if report.node != node:
                 raise BadRequest(f"{where}.report.node: {report.node} in a batch for {node}")
+            if order is not None:  # the record's place in the agent's order is the report's
+                report = replace(report, order=order)
         else:
             counts = e.get("counts")
             if not isinstance(counts, dict) or not all(isinstance(v, int) for v in counts.values()):
                 raise BadRequest(f"{where}.counts: expected an object of integers")
         body = "" if etype == "report" else orjson.dumps(e).decode()
-        out.append(WireEvent(id=eid, type=etype, time=t, body=body, transition=transition, report=report))
+        out.append(WireEvent(id=eid, type=etype, time=t, body=body, transition=transition, report=report,
+                             order=order))
     return EventBatch(node=node, events=tuple(out))
 
 
@@ -316,24 +342,25 @@ class Applied:
     duplicate: int = 0
     stale: int = 0
     unchanged: int = 0
+    clock_ahead: int = 0  # time claims beyond max_clock_skew ahead (counted, not in the answer)
 
     def to_json(self) -> dict[str, int]:
         return {"applied": self.applied, "duplicate": self.duplicate, "stale": self.stale, "unchanged": self.unchanged}
 
 
 def apply_report(mem: Memory, rep: ParsedReport, now: float) -> tuple[Applied, list[Op]]:
-    result, ops = mem.apply_report(rep.node, rep.verdicts, rep.time, rep.raw, now, rep.fp)
-    out = Applied()
+    result, ops = mem.apply_report(rep.node, rep.verdicts, rep.time, rep.raw, now, rep.fp, rep.order)
+    out = Applied(clock_ahead=int(mem.claim_ahead(rep.time, now)))
     setattr(out, result, 1)
     return out, ops
 
 
 def apply_lease(mem: Memory, lease: Lease, now: float) -> tuple[Applied | None, list[Op]]:
     """None when the lease does not match what this aggregator knows (the caller answers 409)."""
-    result, ops = mem.apply_lease(lease.node, lease.digest, lease.time, now)
+    result, ops = mem.apply_lease(lease.node, lease.digest, lease.time, now, lease.order)
     if result == "conflict":
         return None, ops
-    out = Applied()
+    out = Applied(clock_ahead=int(mem.claim_ahead(lease.time, now)))
     setattr(out, result, 1)
     return out, ops
 
@@ -347,10 +374,11 @@ def apply_events(mem: Memory, batch: EventBatch, now: float) -> tuple[Applied, l
     ops += node_ops
     in_batch: set[str] = set()
     for e in batch.events:
+        out.clock_ahead += mem.claim_ahead(e.time, now)
         if e.type == "report":
             assert e.report is not None
             res, rops = mem.apply_report(batch.node, e.report.verdicts, e.report.time, e.report.raw, now,
-                                         e.report.fp)
+                                         e.report.fp, e.report.order)
             ops += rops
             setattr(out, res, getattr(out, res) + 1)
             continue
@@ -361,7 +389,7 @@ def apply_events(mem: Memory, batch: EventBatch, now: float) -> tuple[Applied, l
         new_ids.append(e.id)
         ops.append(mem.record_event(e.id, batch.node, e.type, e.time, e.body, now))
         if e.transition is not None:
-            res, vops = mem.apply_verdict(batch.node, e.transition, e.time, now, "agent", ref=e.id)
+            res, vops = mem.apply_verdict(batch.node, e.transition, e.time, now, "agent", ref=e.id, order=e.order)
             ops += vops
             if res == "stale":
                 out.stale += 1

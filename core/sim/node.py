@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -238,7 +239,19 @@ class SimNode:
             if f.unit is not None:
                 units[f.unit] = "failed"
         _atomic_write(self.units_path, json.dumps(units, indent=1, sort_keys=True))
+        self._write_boot_id(state)
         self._log_new_faults(state)
+
+    def _write_boot_id(self, state: NodeState) -> None:
+        """proc/sys/kernel/random/boot_id: one per simulated boot (the node's t0), as the kernel's
+        changes on every boot and only then; the agent orders what it sends by it."""
+        path = self.proc_root / "sys" / "kernel" / "random" / "boot_id"
+        text = str(uuid.uuid5(uuid.NAMESPACE_URL, f"podhealth-sim:{state.name}:{state.t0!r}")) + "\n"
+        with contextlib.suppress(FileNotFoundError):
+            if path.read_text(encoding="ascii") == text:
+                return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, text)
 
     def _delivered_path(self) -> Path:
         return self.dir / "kmsg.faults"

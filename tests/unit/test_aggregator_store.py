@@ -164,20 +164,21 @@ def test_event_ids_older_than_retention_are_forgotten(tmp_path: Path) -> None:
 
 def test_conditions_keep_their_start_while_they_persist() -> None:
     m = Memory()
-    m.apply_report("dgx01", (Verdict("xid", "GPU0", Status.FAIL, Action.RESET_GPU, since=10.0),), 20.0, "", 21.0)
+    m.apply_report("dgx01", (Verdict("xid", "GPU0", Status.FAIL, Action.RESET_GPU, since=10.0),), 20.0, "", 21.0,
+                   order=("b1", 20))
     m.apply_report("dgx01", (Verdict("xid", "GPU0", Status.FAIL, Action.RESET_GPU, since=10.0),
-                             Verdict("nfs", "/home", Status.WARN),), 30.0, "", 31.0)
+                             Verdict("nfs", "/home", Status.WARN),), 30.0, "", 31.0, order=("b1", 30))
     c = m.conditions[("dgx01", "xid", "GPU0")]
-    assert (c.since, c.observed) == (10.0, 31.0)
-    # an older report is stale and changes nothing
-    assert m.apply_report("dgx01", (), 25.0, "", 32.0) == ("stale", [])
+    assert (c.since, c.observed, c.opened) == (10.0, 31.0, 21.0)
+    # an older report (by the agent's sequence) is stale and changes nothing
+    assert m.apply_report("dgx01", (), 25.0, "", 32.0, order=("b1", 25)) == ("stale", [])
     assert ("dgx01", "xid", "GPU0") in m.conditions
     # the same verdicts again only refresh the observation time
     status, ops = m.apply_report("dgx01", (Verdict("xid", "GPU0", Status.FAIL, Action.RESET_GPU, since=10.0),
-                                           Verdict("nfs", "/home", Status.WARN)), 40.0, "", 41.0)
+                                           Verdict("nfs", "/home", Status.WARN)), 40.0, "", 41.0, order=("b1", 40))
     assert status == "unchanged" and ops == [] and m.conditions[("dgx01", "xid", "GPU0")].observed == 41.0
     # gone from the report: closed, and the node is OK from then on
-    m.apply_report("dgx01", (Verdict("xid", "GPU0", Status.OK),), 50.0, "", 51.0)
+    m.apply_report("dgx01", (Verdict("xid", "GPU0", Status.OK),), 50.0, "", 51.0, order=("b1", 50))
     assert not m.conditions and m.nodes["dgx01"].status is Status.OK and m.nodes["dgx01"].ok_since == 51.0
 
 

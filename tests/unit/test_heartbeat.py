@@ -9,6 +9,7 @@ import pytest
 from aiohttp import web
 
 from podhealth.agent.heartbeat import Heartbeat
+from podhealth.agent.sequence import Sequencer
 from podhealth.aggregator.state import Verdict
 from podhealth.config import PublishConfig
 from podhealth.vocab import Action, CheckResult, NodeReport, Status
@@ -40,19 +41,27 @@ def failing(t: float) -> NodeReport:
     return NodeReport(rep.node, rep.agent_version, rep.profile, rep.results[:-1] + (bad,), rep.staleness, t)
 
 
+def sequencer(tmp_path: Path, clock: Clock) -> Sequencer:
+    boot = tmp_path / "proc" / "sys" / "kernel" / "random" / "boot_id"
+    boot.parent.mkdir(parents=True)
+    boot.write_text("boot-a\n")
+    return Sequencer(tmp_path / "proc", clock_ns=lambda: int(clock.t * 1e9))
+
+
 async def test_full_report_then_leases_then_full_again_on_change(tmp_path: Path) -> None:
     clock = Clock()
     async with running(config(tmp_path), [MemFencer()]) as (agg, url):
-        hb = Heartbeat(PublishConfig(aggregator_url=url, full_report_interval=300.0), clock=clock)
+        hb = Heartbeat(PublishConfig(aggregator_url=url, full_report_interval=300.0), clock=clock,
+                       sequencer=sequencer(tmp_path, clock))
         await hb.start()
         try:
             rec = agg.mem.nodes["dgx01"]
             assert await hb.send(healthy(1000))
-            assert (hb.stats.full, hb.stats.leases) == (1, 0) and rec.report_time == 1000
-            # readings changed, verdicts did not: a lease, and the aggregator moves on to its time
+            assert (hb.stats.full, hb.stats.leases) == (1, 0) and (rec.boot_id, rec.report_seq) == ("boot-a", 5000e9)
+            # readings changed, verdicts did not: a lease, and the aggregator moves on in the agent's order
             assert hb.lease_for(healthy(1030, temp="36.0")) is not None
             assert await hb.send(healthy(1030, temp="36.0"))
-            assert (hb.stats.full, hb.stats.leases) == (1, 1) and rec.report_time == 1030
+            assert (hb.stats.full, hb.stats.leases) == (1, 1) and rec.report_seq == 5000e9 + 1
             assert rec.status is Status.OK
             # a verdict changed: the full report, and the aggregator opens the condition
             assert hb.lease_for(failing(1060)) is None
