@@ -130,7 +130,7 @@ def test_hardware_faults_each_named_with_entity_and_action(agent: Service) -> No
         ("ecc", "gpu1"): ("FAIL", "RESET_GPU"),
         ("row_remap", "gpu2"): ("FAIL", "RESET_GPU"),
         ("pcie", "gpu4"): ("FAIL", "DRAIN"),
-        ("clocks", "gpu6"): ("FAIL", "DRAIN"),
+        ("clocks", "node"): ("FAIL", "DRAIN"),       # one node-level finding naming GPU 6
         ("temperature", "gpu6"): ("FAIL", "DRAIN"),
         ("nvlink", "gpu0"): ("FAIL", "REBOOT"),
         ("fabric", "gpu5"): ("FAIL", "REBOOT"),
@@ -140,6 +140,7 @@ def test_hardware_faults_each_named_with_entity_and_action(agent: Service) -> No
         ("systemd_unit", "nvidia-fabricmanager.service"): ("FAIL", "REBOOT"),
     })
     assert "x8" in h[("pcie", "gpu4")]["summary"] and h[("nvlink", "gpu0")]["evidence"]["down"] == "5"
+    assert h[("clocks", "node")]["evidence"]["gpus"] == "6"
     # Nothing else on the node was blamed: the other GPUs and ports stay OK.
     assert h[("ecc", "gpu0")]["status"] == "OK" and h[("ib_port", "mlx5_2/1")]["status"] == "OK"
     rep = json.loads(http_get(f"{agent.url}/health")[1])
@@ -160,13 +161,14 @@ def test_degradations_warn_and_hangs(agent: Service) -> None:
     inject(agent, "fault=nfs-hung", "mount=/cm/shared")
     h = expect(agent, {
         ("row_remap", "gpu2"): ("FAIL", "REPLACE"),
-        ("clocks", "gpu6"): ("FAIL", "DRAIN"),
+        ("clocks", "node"): ("WARN", "NONE"),        # power brake: PSU/BMC/rack power, not a drain
         ("ib_port", "mlx5_4/1"): ("FAIL", "DRAIN"),
         ("ib_errors", "mlx5_6/1"): ("WARN", "NONE"),
         ("nvlink", "gpu0"): ("WARN", "NONE"),
         ("nfs_mount", "/cm/shared"): ("FAIL", "DRAIN"),
     })
     assert "hung" in h[("nfs_mount", "/cm/shared")]["summary"]
+    assert h[("clocks", "node")]["evidence"]["hw_power_brake_slowdown"] == "6"
     assert "symbol_error" in h[("ib_errors", "mlx5_6/1")]["evidence"]["counters"]
     clear(agent)
     all_ok(agent)

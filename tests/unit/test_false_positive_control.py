@@ -157,7 +157,7 @@ def test_fatal_kind_fences_at_first_reading_even_in_boot_grace(kind: str) -> Non
 
 # ---- boot and driver grace -----------------------------------------------------------------------
 
-FABRIC_BAD = {5: {"gpu_fabric_state": 2, "gpu_fabric_healthy": 0}}
+FABRIC_BAD: dict[int, dict[str, float]] = {5: {"gpu_fabric_state": 2, "gpu_fabric_healthy": 0}}
 
 
 def test_recent_boot_holds_a_non_fatal_fail_as_warn_until_the_grace_ends() -> None:
