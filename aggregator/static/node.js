@@ -63,7 +63,14 @@ function renderHead(n) {
     releasing: "releasing (in flight)", external: "drained by someone else (podhealth will not touch it)" }[n.fence] || n.fence;
   add("fence", n.fence_reason ? `${fence} — reason "${n.fence_reason}"` : fence);
   if (n.fenced_at) add("fenced at", fmtTime(n.fenced_at));
-  if (n.hold) add("hold", "operator fence: no automatic return to service");
+  if (n.hold) add("hold", `${n.hold_reason || "operator fence"}: no automatic return to service`);
+  // The agent's clock is a claim: records are ordered by its (boot, seq); a wrong clock is shown, not trusted.
+  const clock = n.clock || {};
+  if (clock.ahead) add("agent clock", `${clock.ahead} record(s) claimed a time beyond the allowed skew ahead `
+    + `(last offset ${clock.offset >= 0 ? "+" : ""}${Number(clock.offset).toFixed(1)} s): fix NTP on the node`);
+  else if (Math.abs(clock.offset || 0) >= 5) add("agent clock", `offset ${Number(clock.offset).toFixed(1)} s`);
+  const order = n.order || {};
+  if (order.boot_id) add("order", `boot ${order.boot_id.slice(0, 13)} · seq ${order.seq}`);
   if (n.opted_out) add("opted out", "podhealth.io/managed=false: never fenced");
   if (n.handover) add("handover", `${n.handover} ${n.handover_at ? `(${fmtTime(n.handover_at)})` : ""}`);
   if (n.ok_since) add("all OK since", fmtTime(n.ok_since));
