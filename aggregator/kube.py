@@ -15,6 +15,13 @@ purposes (a cordon says nothing about health): podhealth can still fence it, rec
 cordon so it never uncordons it. The label `podhealth.io/managed=false` opts a node out: podhealth
 neither fences nor releases it.
 
+Beside those marks the fencer keeps a NodeCondition `PodhealthFenced` in the Node's status (as
+node-problem-detector keeps its own): True with the check as reason and the why as message while
+fenced, False after release, so `kubectl describe node` shows it and controllers that read
+conditions (draino, cluster-autoscaler) see it. It is written through the nodes/status
+subresource with a strategic merge patch keyed by type, so the kubelet's own conditions are
+untouched; like the Event it is best effort and never fails or undoes the fence.
+
 The client is blocking, so every call runs in a worker thread with the client's own
 `_request_timeout` plus an asyncio deadline; no call can hold the event loop.
 """
@@ -42,6 +49,7 @@ TAINT_KEY = "podhealth.io/unhealthy"
 TAINT_EFFECT = "NoSchedule"
 ANNOTATION = "podhealth.io/fenced"
 MANAGED_LABEL = "podhealth.io/managed"
+CONDITION_TYPE = "PodhealthFenced"
 MAX_WHY_CHARS = 512
 BATCH_CONCURRENCY = 8  # API calls in flight for one batch (each runs in a worker thread)
 
@@ -108,6 +116,7 @@ class NodeView:
     record: FenceRecord | None
     has_annotation: bool
     opted_out: bool
+    condition: str = ""  # status of our PodhealthFenced condition ("True"/"False"), "" when absent
 
     @property
     def our_taint(self) -> Json | None:
@@ -132,7 +141,9 @@ class NodeView:
                    unschedulable=spec.get("unschedulable") is True,
                    taints=tuple(t for t in spec.get("taints") or () if isinstance(t, dict)),
                    record=FenceRecord.parse(annotations.get(ANNOTATION)), has_annotation=ANNOTATION in annotations,
-                   opted_out=str(labels.get(MANAGED_LABEL, "")).lower() == "false")
+                   opted_out=str(labels.get(MANAGED_LABEL, "")).lower() == "false",
+                   condition=next((str(c.get("status", "")) for c in (node.get("status") or {}).get("conditions") or ()
+                                   if isinstance(c, dict) and c.get("type") == CONDITION_TYPE), ""))
 
     def state(self) -> FenceState:
         if self.ours:
@@ -146,6 +157,19 @@ class NodeView:
                           "resourceVersion": self.resource_version}, sort_keys=True)
         return FenceState(node=self.name, exists=True, fenced=self.ours, ours=self.ours, reason=reason,
                           opted_out=self.opted_out, raw=raw)
+
+
+def condition_reason(check: str) -> str:
+    """A check name as a condition reason (CamelCase, as Kubernetes reasons are): ib_port -> IbPort."""
+    words = [w for w in re.split(r"[^A-Za-z0-9]+", check) if w]
+    return "".join(w[:1].upper() + w[1:] for w in words)[:128] or "Unknown"
+
+
+def condition_patch(fenced: bool, reason: str, message: str, now: str) -> Json:
+    """Strategic merge patch for nodes/status that sets our condition (pure)."""
+    return {"status": {"conditions": [{"type": CONDITION_TYPE, "status": "True" if fenced else "False",
+                                       "reason": reason, "message": message[:1024],
+                                       "lastHeartbeatTime": now, "lastTransitionTime": now}]}}
 
 
 def fence_patch(view: NodeView, record: FenceRecord, value: str) -> Json:
@@ -245,8 +269,11 @@ class KubeFencer:
                     return FenceOutcome(ok=False, changed=False, command=command,
                                         error=f"node {node} is opted out ({MANAGED_LABEL}=false)")
                 if view.complete:
+                    note = "" if view.condition == "True" else await self._condition(
+                        node, True, condition_reason(view.record.check if view.record else reason.check),
+                        view.record.why if view.record else why, deadline)
                     return FenceOutcome(ok=True, changed=False, command=command,
-                                        output=f"already fenced by podhealth: {view.state().reason}")
+                                        output=f"already fenced by podhealth: {view.state().reason}{note}")
                 record = FenceRecord(why=why, when=_iso(self.clock()), id=reason.id, check=reason.check,
                                      cordoned_before=view.unschedulable and not view.ours)
                 try:
@@ -258,6 +285,7 @@ class KubeFencer:
                     return FenceOutcome(ok=False, changed=True, command=command, output=done.state().raw,
                                         error="the patch was accepted but the node does not show the fence")
                 note = await self._event(done, "PodhealthFenced", "Warning", "Fence", why, deadline)
+                note += await self._condition(node, True, condition_reason(reason.check), why, deadline)
                 extra = " (was already cordoned by someone else; release will leave that cordon)" \
                     if (done.record and done.record.cordoned_before) else ""
                 return FenceOutcome(ok=True, changed=True, command=command, output=f"fenced: {why}{extra}{note}")
@@ -298,6 +326,7 @@ class KubeFencer:
                 kept = done.unschedulable
                 msg = f"released: {view.state().reason}" + (" (cordon kept: not podhealth's)" if kept else "")
                 note = await self._event(done, "PodhealthReleased", "Normal", "Release", msg, deadline)
+                note += await self._condition(node, False, "PodhealthReleased", msg, deadline)
                 return FenceOutcome(ok=True, changed=True, command=command, output=msg + note)
             return FenceOutcome(ok=False, changed=False, command=command,
                                 error=f"gave up after {self.attempts} conflicting updates (409)")
@@ -396,6 +425,17 @@ class KubeFencer:
                 self.event_namespace, body, _request_timeout=self._rt(deadline)), deadline)
         except Exception as e:  # noqa: BLE001 - see the docstring
             return f"; event not recorded: {e}"
+        return ""
+
+    async def _condition(self, node: str, fenced: bool, reason: str, message: str, deadline: float) -> str:
+        """Best effort, like the Event: a condition that cannot be written never fails the fence."""
+        body = condition_patch(fenced, reason, message, _iso(self.clock()))
+        try:
+            await self._call(lambda: self.core.patch_node_status(
+                node, body, _content_type="application/strategic-merge-patch+json",
+                _request_timeout=self._rt(deadline)), deadline)
+        except Exception as e:  # noqa: BLE001 - see the docstring
+            return f"; condition {CONDITION_TYPE} not recorded: {e}"
         return ""
 
     async def _call(self, fn: Callable[[], T], deadline: float) -> T:

@@ -464,7 +464,7 @@ class KubeAPI:
         if method in ("PATCH", "PUT") and len(parts) in (4, 5) and parts[:3] == ["api", "v1", "nodes"]:
             if len(parts) == 5 and parts[4] != "status":
                 raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
-            return 200, self._write_node(method, parts[3], ctype, body, query)
+            return 200, self._write_node(method, parts[3], ctype, body, query, status=len(parts) == 5)
         if method == "POST" and _is_events_path(parts):
             return 201, self._create_event(parts, body)
         if method == "POST" and len(parts) == 6 and parts[2] == "namespaces" and parts[4:] == ["pods", "eviction"]:
@@ -521,7 +521,8 @@ class KubeAPI:
                          "items": items}
         raise ApiError(404, "NotFound", f"the server could not find the requested resource (/{'/'.join(parts)})")
 
-    def _write_node(self, method: str, name: str, ctype: str, body: bytes, query: dict[str, list[str]]) -> Json:
+    def _write_node(self, method: str, name: str, ctype: str, body: bytes, query: dict[str, list[str]],
+                    status: bool = False) -> Json:
         try:
             doc = json.loads(body or b"null")
         except ValueError as e:
@@ -567,6 +568,12 @@ class KubeAPI:
                                    {"name": name, "kind": "nodes"})
             if "All" in query.get("dryRun", []):
                 return copy.deepcopy(new)
+            # As the apiserver's node strategies do: a write to the Node ignores status, and a write
+            # to nodes/status changes only status.
+            if status:
+                new = {**copy.deepcopy(current), "status": new.get("status", current.get("status"))}
+            else:
+                new["status"] = copy.deepcopy(current.get("status"))
             for k in ("uid", "creationTimestamp"):
                 new["metadata"][k] = current["metadata"][k]
             new["metadata"]["name"] = name

@@ -292,3 +292,31 @@ def test_stand_in_put_conflict_and_patch_flavours(api: KubeAPI) -> None:
     code, _ = _raw(api, "PATCH", "/api/v1/nodes/dgx09", {"metadata": {"name": "other"}},
                    "application/merge-patch+json")
     assert code == 422 and api.node("dgx09")["metadata"]["name"] == "dgx09"
+
+
+async def test_fence_sets_a_node_condition_that_kubectl_describe_shows(api: KubeAPI, kubectl: Any,
+                                                                      fencer: KubeFencer) -> None:
+    node = "dgx06"
+    before = {c["type"]: c for c in kget(kubectl, node)["status"]["conditions"]}
+    out = await fencer.fence(node, FenceReason(check="ib_port", entity="mlx5_0/1", action="DRAIN", id="ev-cond"))
+    assert out.ok and "not recorded" not in out.output, out
+    conds = {c["type"]: c for c in kget(kubectl, node)["status"]["conditions"]}
+    ours = conds["PodhealthFenced"]
+    assert (ours["status"], ours["reason"]) == ("True", "IbPort") and "mlx5_0/1" in ours["message"]
+    assert ours["lastTransitionTime"]
+    assert {t: c for t, c in conds.items() if t != "PodhealthFenced"} == before  # the kubelet's stay as they were
+    described = kubectl("describe", "node", node)
+    assert "PodhealthFenced" in described and "IbPort" in described
+    out = await fencer.release(node)
+    assert out.ok and "not recorded" not in out.output, out
+    ours = {c["type"]: c for c in kget(kubectl, node)["status"]["conditions"]}["PodhealthFenced"]
+    assert (ours["status"], ours["reason"]) == ("False", "PodhealthReleased")
+    # A second fence of a node whose condition someone removed puts it back.
+    await fencer.fence(node, FenceReason(check="xid", entity="gpu1", action="REBOOT", id="ev-cond2"))
+    api.update_node(node, lambda n: n["status"].update(
+        conditions=[c for c in n["status"]["conditions"] if c["type"] != "PodhealthFenced"]))
+    again = await fencer.fence(node, FenceReason(check="xid", entity="gpu1", action="REBOOT", id="ev-cond2"))
+    assert again.ok and not again.changed
+    ours = {c["type"]: c for c in kget(kubectl, node)["status"]["conditions"]}["PodhealthFenced"]
+    assert (ours["status"], ours["reason"]) == ("True", "Xid")
+    await fencer.release(node)
