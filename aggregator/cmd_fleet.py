@@ -1,4 +1,4 @@
-"""`podhealth fleet status|history NODE|release NODE --reason|fence NODE --reason|breaker-reset`.
+"""`podhealth fleet status|history NODE|release NODE --reason|fence NODE --reason|breaker-reset|versions`.
 
 A thin client of the aggregator's API (stdlib only, so the CLI starts fast). The URL comes from
 --url, $PODHEALTH_AGGREGATOR_URL, or the config's aggregator.listen; the admin token from
@@ -42,6 +42,10 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
         a.add_argument("node")
         a.add_argument("--reason", required=True)
         a.set_defaults(func=_release if name == "release" else _fence)
+    v = fs.add_parser("versions", help="which nodes run which driver, VBIOS, HCA firmware, OFED, kernel")
+    v.add_argument("--name-few", type=int, default=8, metavar="N",
+                   help="name the nodes of a version at most N nodes run (not the most common one); default 8")
+    v.set_defaults(func=_versions)
     b = fs.add_parser("breaker-reset", help="reset a tripped circuit breaker (held observations are NOT replayed)")
     b.add_argument("--reason", default="")
     b.set_defaults(func=_breaker_reset)
@@ -177,6 +181,22 @@ def _fence(args: argparse.Namespace) -> int:
     out = _call(args, "POST", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/fence",
                 {"reason": args.reason, "who": _who()}, admin=True)
     return _print_action(args, out)
+
+
+@_run
+def _versions(args: argparse.Namespace) -> int:
+    from podhealth.aggregator.versions import lines
+
+    view = _call(args, "GET", "/api/v1/fleet/versions")
+    if args.json:
+        print(json.dumps(view, indent=2))
+        return 0
+    for line in lines(view, args.name_few):
+        print(line)
+    print(f"({view['reporting']} nodes report versions"
+          + (f"; {len(view['not_reported'])} do not: {', '.join(view['not_reported'][:20])}"
+             + (" ..." if len(view["not_reported"]) > 20 else "") if view["not_reported"] else "") + ")")
+    return 0
 
 
 @_run

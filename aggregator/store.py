@@ -507,6 +507,16 @@ class Store:
                 "FROM reports r, json_each(r.report, '$.results') j "
                 "WHERE json_valid(r.report) AND json_extract(j.value, '$.check') = 'drift'")]
 
+    def drift_readings(self) -> list[tuple[str, str, str]]:
+        """(node, field, versions) from every stored report's `drift` results (checks/drift.py):
+        SQLite's JSON functions pick them out, so the ~12 KB reports are not parsed in Python.
+        A report from an agent without the drift check gives no row."""
+        with self._read_lock:
+            return [(str(n), str(f), str(v or "")) for n, f, v in self._read().execute(
+                "SELECT r.name, json_extract(j.value, '$.entity'), json_extract(j.value, '$.evidence.observed') "
+                "FROM reports r, json_each(r.report, '$.results') j "
+                "WHERE json_valid(r.report) AND json_extract(j.value, '$.check') = 'drift'")]
+
     def actions_of(self, node: str, limit: int = 50) -> list[ActionRow]:
         with self._read_lock:
             rows = self._read().execute(f"SELECT {_ACTION_COLS} FROM actions WHERE node = ? ORDER BY id DESC LIMIT ?",

@@ -85,8 +85,10 @@ def drift(ctx: Context) -> list[CheckResult]:
         expected = p.versions.get(field)
         seen = observed[field]
         shown = ", ".join(distinct(seen)) if seen else ""
+        # The version is in the summary as well as the evidence: a heartbeat lease vouches for
+        # summaries, not evidence, so an upgrade reaches the aggregator's fleet view at once.
         if not _stated(expected):
-            out.append(ok("drift", field, "not stated in the profile", observed=shown))
+            out.append(ok("drift", field, f"{shown or 'not read'} (not stated in the profile)", observed=shown))
             continue
         want = (" ".join(f"{b}={v}" for b, v in sorted(expected.items())) if isinstance(expected, Mapping)
                 else str(expected))
@@ -102,7 +104,7 @@ def drift(ctx: Context) -> list[CheckResult]:
             if unlisted and len(unlisted) == len(seen):
                 out.append(unknown("drift", field, "no HCA board here is listed in the profile", **ev))
             else:
-                out.append(ok("drift", field, **ev))
+                out.append(ok("drift", field, shown, **ev))
             continue
         ev["differs"] = " ".join(f"{s.where}={s.version}" for s in differ)
         summary = f"{field} {', '.join(distinct(differ))} where the profile states {want}"

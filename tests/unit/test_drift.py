@@ -60,7 +60,7 @@ def test_every_field_same_is_ok_and_reports_what_runs() -> None:
 def test_not_stated_is_ok_with_the_observed_version() -> None:
     res = judge(samples(driver="560.35.03"), versions={})
     assert all(r.status is Status.OK for r in res.values())
-    assert res["driver"].summary == "not stated in the profile"
+    assert res["driver"].summary == "560.35.03 (not stated in the profile)"
     assert dict(res["driver"].evidence)["observed"] == "560.35.03"
 
 
