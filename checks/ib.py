@@ -191,13 +191,15 @@ def ib_errors(ctx: Context) -> list[CheckResult]:
     layers = {k: s.label("link_layer") for k, s in _by_port(ctx.samples("infiniband_port_link_layer_info")).items()}
     rising: dict[PortKey, list[str]] = {}
     saturated: dict[PortKey, list[str]] = {}
+    stuck_other: dict[PortKey, list[str]] = {}  # saturated, but not error counters (congestion)
     seen: set[PortKey] = set()
     for c in ctx.samples("infiniband_port_stat"):
         key = (c.label("device"), c.label("port"))
         seen.add(key)
         name = c.label("counter")
         if meanings.saturated(name, c.value):
-            saturated.setdefault(key, []).append(f"{name}={int(c.value)} ({meanings.widths[name]}-bit)")
+            where = saturated if name in meanings.errors else stuck_other
+            where.setdefault(key, []).append(f"{name}={int(c.value)} ({meanings.widths[name]}-bit)")
             continue  # stuck: its increase is 0 and says nothing
         if name not in meanings.rising:
             continue
@@ -224,6 +226,8 @@ def ib_errors(ctx: Context) -> list[CheckResult]:
     for key in sorted(seen):
         e = _entity(*key)
         ev: dict[str, object] = {}
+        if key in stuck_other:
+            ev["saturated_not_errors"] = " ".join(stuck_other[key])
         if key in rising:
             ev["counters"] = " ".join(rising[key])
         if key in saturated:
@@ -236,7 +240,7 @@ def ib_errors(ctx: Context) -> list[CheckResult]:
         elif key in rising:
             out.append(warn("ib_errors", e, "error counters rising", **ev))
         else:
-            out.append(ok("ib_errors", e))
+            out.append(ok("ib_errors", e, **ev))
     return out
 
 

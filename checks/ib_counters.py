@@ -22,7 +22,8 @@ class CountersError(ValueError):
 
 @dataclass(frozen=True)
 class CounterMeanings:
-    widths: Mapping[str, int]  # sysfs counters/ file name -> bits
+    widths: Mapping[str, int]  # sysfs counters/ file name -> bits (error and other counters)
+    errors: frozenset[str]  # the error counters among them: saturated = blind to new errors
     rising: Mapping[str, str | None]  # counter -> profile threshold key (per hour); None = any increase
     substitutes: Mapping[str, float]  # hw_counters file name -> per-hour rate worth reporting
     clear: Mapping[str, str]  # link layer -> how operators clear the counters ({device}, {port})
@@ -50,14 +51,15 @@ def _section(doc: Mapping[str, Any], key: str) -> Mapping[str, Any]:
 def parse(doc: Any) -> CounterMeanings:
     if not isinstance(doc, Mapping):
         raise CountersError(f"{_SRC}: expected a mapping at the top")
-    unknown = sorted(set(doc) - {"counters", "rising", "substitutes", "clear"})
+    unknown = sorted(set(doc) - {"error_counters", "other_counters", "rising", "substitutes", "clear"})
     if unknown:
         raise CountersError(f"{_SRC}: {unknown[0]}: unknown key")
     widths: dict[str, int] = {}
-    for k, v in _section(doc, "counters").items():
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 64:
-            raise CountersError(f"{_SRC}: counters.{k}: expected a width in bits (1-64), got {v!r}")
-        widths[str(k)] = v
+    for section in ("error_counters", "other_counters"):
+        for k, v in _section(doc, section).items():
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 64:
+                raise CountersError(f"{_SRC}: {section}.{k}: expected a width in bits (1-64), got {v!r}")
+            widths[str(k)] = v
     rising: dict[str, str | None] = {}
     for k, v in _section(doc, "rising").items():
         if not isinstance(v, str) or not v:
@@ -69,7 +71,7 @@ def parse(doc: Any) -> CounterMeanings:
             raise CountersError(f"{_SRC}: substitutes.{k}: expected a rate per hour > 0, got {v!r}")
         subs[str(k)] = float(v)
     clear = {str(k): str(v) for k, v in _section(doc, "clear").items()}
-    return CounterMeanings(widths, rising, subs, clear)
+    return CounterMeanings(widths, frozenset(map(str, _section(doc, "error_counters"))), rising, subs, clear)
 
 
 @lru_cache(maxsize=1)
