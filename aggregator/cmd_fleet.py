@@ -1,4 +1,5 @@
-"""`podhealth fleet status|history NODE|release NODE --reason|fence NODE --reason|breaker-reset|versions`.
+"""`podhealth fleet status|history NODE|release NODE --reason|fence NODE --reason|reset-order NODE --reason|
+breaker-reset|versions`.
 
 A thin client of the aggregator's API (stdlib only, so the CLI starts fast). The URL comes from
 --url, $PODHEALTH_AGGREGATOR_URL, or the config's aggregator.listen; the admin token from
@@ -46,6 +47,11 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     v.add_argument("--name-few", type=int, default=8, metavar="N",
                    help="name the nodes of a version at most N nodes run (not the most common one); default 8")
     v.set_defaults(func=_versions)
+    o = fs.add_parser("reset-order", help="forget the order of a node's records (after a forged or runaway seq "
+                      "left its real reports stale); audited")
+    o.add_argument("node")
+    o.add_argument("--reason", required=True)
+    o.set_defaults(func=_reset_order)
     b = fs.add_parser("breaker-reset", help="reset a tripped circuit breaker (held observations are NOT replayed)")
     b.add_argument("--reason", default="")
     b.set_defaults(func=_breaker_reset)
@@ -196,6 +202,19 @@ def _versions(args: argparse.Namespace) -> int:
     print(f"({view['reporting']} nodes report versions"
           + (f"; {len(view['not_reported'])} do not: {', '.join(view['not_reported'][:20])}"
              + (" ..." if len(view["not_reported"]) > 20 else "") if view["not_reported"] else "") + ")")
+    return 0
+
+
+@_run
+def _reset_order(args: argparse.Namespace) -> int:
+    out = _call(args, "POST", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/reset-order",
+                {"reason": args.reason, "who": _who()}, admin=True)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        was = out["was"]
+        print(f"{out['node']}: order reset (was boot {was['boot_id'] or '-'} seq {was['seq']}); "
+              "its next record starts afresh")
     return 0
 
 

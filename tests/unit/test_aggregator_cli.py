@@ -53,6 +53,8 @@ async def test_fleet_commands_against_a_running_aggregator(tmp_path: Path) -> No
         assert rc == 0 and "release done by operator:" in out and "RMA 42" in out
         rc, out, _ = await fleet(url, "breaker-reset", "--reason", "test")
         assert rc == 0 and "was not tripped" in out
+        rc, out, _ = await fleet(url, "reset-order", "dgx02", "--reason", "forged seq")
+        assert rc == 0 and "dgx02: order reset (was boot - seq 0)" in out
         rc, _, err = await fleet(url, "history", "dgx99")
         assert rc == 1 and "HTTP 404" in err
 
