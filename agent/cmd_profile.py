@@ -20,9 +20,15 @@ import json
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from podhealth import config as config_mod
 from podhealth.config import Config
+
+if TYPE_CHECKING:
+    from podhealth.checks.profile_capture import Observation
+    from podhealth.checks.profiles import Profile
+    from podhealth.snapshot import Snapshot
 
 EXIT_UNKNOWN = 2
 # What a profile describes; kmsg and dcgm have nothing to say about it.
@@ -52,7 +58,11 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
         sp.add_argument("--config", help="config file (default /etc/podhealth/podhealth.yaml if present)")
         sp.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the node (default 30)")
         sp.set_defaults(func=run)
-    p.set_defaults(func=lambda args: (p.print_help(), EXIT_UNKNOWN)[1])
+    def usage(args: argparse.Namespace) -> int:
+        p.print_help()
+        return EXIT_UNKNOWN
+
+    p.set_defaults(func=usage)
     return p
 
 
@@ -66,7 +76,7 @@ def _load_config(path: str | None) -> Config:
     return load(path)
 
 
-def _read_node(args: argparse.Namespace, cfg: Config):  # type: ignore[no-untyped-def]
+def _read_node(args: argparse.Namespace, cfg: Config) -> "tuple[Snapshot, str, str]":
     """(snapshot, node name, where it came from)."""
     from podhealth.checks.handover import LocalCollector
 
@@ -99,7 +109,7 @@ def _read_node(args: argparse.Namespace, cfg: Config):  # type: ignore[no-untype
     return snap, node, origin
 
 
-def _observe(snap, node: str, prof):  # type: ignore[no-untyped-def]
+def _observe(snap: "Snapshot", node: str, prof: "Profile") -> "Observation":
     from podhealth.checks import profile_capture, profile_network
 
     roles, notes = profile_network.observe_roles(snap, prof)

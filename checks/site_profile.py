@@ -24,8 +24,8 @@ from typing import Any, Literal, Mapping, Optional
 from podhealth.checks import profiles
 from podhealth.configload import ConfigError, load_file, load_text
 
-# Mappings whose keys are the site's own (HCA board ids): any string key, values of this type.
-_OPEN_MAPPINGS: dict[str, Any] = {"versions.hca_fw": str}
+# Mappings whose keys are the site's own (HCA board ids): their type.
+_OPEN_MAPPINGS: dict[str, Any] = {"versions.hca_fw": Mapping[str, str]}
 # Lists of strings whose shipped default is empty.
 _STR_LISTS = {"nfs_mounts"}
 # Keys whose values are words from a fixed set.
@@ -34,7 +34,7 @@ _WORDS: dict[str, Any] = {"drift": Literal["OK", "WARN", "FAIL"]}
 
 def _field_type(path: str, default: Any) -> Any:
     if path in _OPEN_MAPPINGS:
-        return Mapping[str, _OPEN_MAPPINGS[path]]  # type: ignore[index]
+        return _OPEN_MAPPINGS[path]
     parent = path.rpartition(".")[0]
     if parent in _WORDS:
         return _WORDS[parent]
