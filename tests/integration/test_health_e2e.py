@@ -28,6 +28,8 @@ checks:
   damping: {fail_after: 2, recover_after: 2}
   rate_window: 20
   required_units: [nvidia-fabricmanager.service]
+  # a port down longer than this drains (the shipped 240 s waits out a retrain or an SM sweep)
+  overrides: {network.down_max_s: 2}
 collectors:
   nvml: {interval: 1, timeout: 2}
   nvlink: {interval: 1, timeout: 2}
@@ -123,7 +125,7 @@ def test_hardware_faults_each_named_with_entity_and_action(agent: Service) -> No
     inject(agent, "fault=nvlink-down", "gpu=0", "link=5")
     inject(agent, "fault=fabric-incomplete", "gpu=5")
     inject(agent, "fault=persistence-off", "gpu=7")
-    inject(agent, "fault=ib-down", "device=mlx5_3")
+    inject(agent, "fault=ib-down", "device=mlx5_5")
     inject(agent, "fault=nfs-missing", "mount=/home")
     inject(agent, "fault=unit-down", "unit=nvidia-fabricmanager.service")
     h = expect(agent, {
@@ -135,14 +137,14 @@ def test_hardware_faults_each_named_with_entity_and_action(agent: Service) -> No
         ("nvlink", "gpu0"): ("FAIL", "REBOOT"),
         ("fabric", "gpu5"): ("FAIL", "REBOOT"),
         ("persistence", "gpu7"): ("WARN", "NONE"),
-        ("ib_port", "mlx5_3/1"): ("FAIL", "DRAIN"),
+        ("ib_port", "mlx5_5/1"): ("FAIL", "DRAIN"),
         ("nfs_mount", "/home"): ("FAIL", "DRAIN"),
         ("systemd_unit", "nvidia-fabricmanager.service"): ("FAIL", "REBOOT"),
     })
     assert "x8" in h[("pcie", "gpu4")]["summary"] and h[("nvlink", "gpu0")]["evidence"]["down"] == "5"
     assert h[("clocks", "node")]["evidence"]["gpus"] == "6"
     # Nothing else on the node was blamed: the other GPUs and ports stay OK.
-    assert h[("ecc", "gpu0")]["status"] == "OK" and h[("ib_port", "mlx5_2/1")]["status"] == "OK"
+    assert h[("ecc", "gpu0")]["status"] == "OK" and h[("ib_port", "mlx5_bond_0/1")]["status"] == "OK"
     rep = json.loads(http_get(f"{agent.url}/health")[1])
     assert rep["status"] == "FAIL" and rep["action"] == "REBOOT"
     code, metrics = http_get(f"{agent.url}/metrics")

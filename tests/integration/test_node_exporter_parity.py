@@ -240,7 +240,7 @@ def _ours(sys_root: Path, proc_root: Path) -> tuple[tuple[Sample, ...], tuple[Sa
 
 def test_simulated_dgx_h100(tmp_path: Path) -> None:
     st = (default_state("dgx01", "dgx-h100", now=T0)
-          .with_fault(Fault("ib-down", T0 + 60, device="mlx5_3"))
+          .with_fault(Fault("ib-down", T0 + 60, device="mlx5_7"))
           .with_fault(Fault("ib-rate", T0 + 60, device="mlx5_4", rate=200.0))
           .with_fault(Fault("ib-symbol-errors", T0 + 60, device="mlx5_5", rate=25.0))
           .with_fault(Fault("nfs-hung", T0 + 60, mount="/cm/shared")))
@@ -255,7 +255,7 @@ def test_simulated_dgx_h100(tmp_path: Path) -> None:
     ops = len(PROCEDURES["3"]) + len(PROCEDURES["4"])
     assert n >= 2 * 2 + ops * 8 + 2 * 3 + 5  # bytes, per-op, transport, rpc/net
     # the faults are visible to both
-    assert ne.values[("node_infiniband_state_id", frozenset({("device", "mlx5_3"), ("port", "1")}))] == 1
+    assert ne.values[("node_infiniband_state_id", frozenset({("device", "mlx5_7"), ("port", "1")}))] == 1
     assert ne.values[("node_infiniband_symbol_error_total", frozenset({("device", "mlx5_5"), ("port", "1")}))] == 25 * 540
 
 

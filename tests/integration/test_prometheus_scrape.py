@@ -89,9 +89,9 @@ def test_prometheus_scrapes_gpu_nvlink_ib_and_nfs(tmp_path: Path) -> None:
 
         # A fault injected into the running node reaches PromQL.
         p = subprocess.run([sys.executable, "-m", "podhealth", "simulate", "inject", "--root",
-                            str(tmp_path / "sim"), NODE, "fault=ib-down", "device=mlx5_3"],
+                            str(tmp_path / "sim"), NODE, "fault=ib-down", "device=mlx5_5"],
                            capture_output=True, text=True, timeout=30)
         assert p.returncode == 0, p.stderr
-        wait_until(lambda: scalar(prom, 'podhealth_infiniband_port_state{device="mlx5_3"}') not in (None, 4.0),
+        wait_until(lambda: scalar(prom, 'podhealth_infiniband_port_state{device="mlx5_5"}') not in (None, 4.0),
                    30, 0.5, "ib-down in PromQL")
         assert scalar(prom, "count(podhealth_infiniband_port_state == 4)") == 9.0

@@ -68,12 +68,12 @@ def _reason(c: SlurmCluster, node: str) -> tuple[str, str]:
 def test_fail_drains_pass_resumes_only_ours(agent: Service, slurm: SlurmCluster) -> None:
     ok = _health_check(agent, slurm)
     assert ok.returncode == 0 and _reason(slurm, "dgx01")[0] == "idle", ok.stdout + ok.stderr
-    _sim(agent, "inject", "dgx01", "fault=ib-down", "device=mlx5_2")
+    _sim(agent, "inject", "dgx01", "fault=ib-down", "device=mlx5_4")
     wait_until(lambda: _status(agent) == "FAIL", 30, 0.2, "the agent to judge FAIL")
     bad = _health_check(agent, slurm)
-    assert bad.returncode == 1 and "ib_port mlx5_2/1" in bad.stdout
+    assert bad.returncode == 1 and "ib_port mlx5_4/1" in bad.stdout
     state, reason = _reason(slurm, "dgx01")
-    assert state in ("drained", "draining") and reason.startswith("podhealth: ib_port mlx5_2/1 DRAIN"), (state, reason)
+    assert state in ("drained", "draining") and reason.startswith("podhealth: ib_port mlx5_4/1 DRAIN"), (state, reason)
     again = _health_check(agent, slurm)  # idempotent: the reason is not rewritten
     assert again.returncode == 1 and _reason(slurm, "dgx01")[1] == reason
     _sim(agent, "clear", "dgx01")

@@ -27,7 +27,7 @@ def files(root: Path) -> dict[str, bytes]:
 
 def test_node_inject_clear_show_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(tmp_path, "node", "dgx01") == 0
-    assert "created dgx01 (dgx-h100, 8 GPUs, 10 HCAs" in capsys.readouterr().out
+    assert "created dgx01 (dgx-h100, 8 GPUs, 9 HCAs" in capsys.readouterr().out
     assert run(tmp_path, "inject", "dgx01", "xid=79", "gpu=3") == 0
     assert "dgx01: injected xid=79 gpu=3 (#1)" in capsys.readouterr().out
     assert run(tmp_path, "inject", "dgx01", "fault=nvlink-crc", "gpu=0", "link=5", "rate=50") == 0

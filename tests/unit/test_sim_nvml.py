@@ -298,9 +298,9 @@ CASES: list[tuple[list[str], Callable[[dict[tuple[int, str], Any]], dict[tuple[i
         (2, "fabric"): (pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS, pynvml.NVML_SUCCESS)}),
     (["fault=persistence-off", "gpu=1"], lambda b: {(1, "persistence"): 0}),
     # Faults outside NVML's view leave every NVML reading alone.
-    (["fault=ib-down", "device=mlx5_3"], lambda b: {}),
-    (["fault=ib-rate", "device=mlx5_3", "rate=200"], lambda b: {}),
-    (["fault=ib-symbol-errors", "device=mlx5_3", "rate=20"], lambda b: {}),
+    (["fault=ib-down", "device=mlx5_5"], lambda b: {}),
+    (["fault=ib-rate", "device=mlx5_5", "rate=200"], lambda b: {}),
+    (["fault=ib-symbol-errors", "device=mlx5_5", "rate=20"], lambda b: {}),
     (["fault=nfs-missing", "mount=/home"], lambda b: {}),
     (["fault=nfs-hung", "mount=/home"], lambda b: {}),
     (["fault=unit-down", "unit=nvidia-fabricmanager.service"], lambda b: {}),
