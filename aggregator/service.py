@@ -149,10 +149,10 @@ class Aggregator:
         self.mem.recent_fences = collections.deque((m0 - max(0.0, now - t) for t in sorted(loaded.recent_fences)),
                                                    maxlen=self.mem.recent_fences.maxlen)
         cycles = await asyncio.to_thread(store.recent_cycles, now - self.cfg.flap_hold.window)  # writer not yet running
-        for node, at, who in cycles:
+        for node, at, kind, who in cycles:
             rec = self.mem.nodes.get(node)
             if rec is not None:
-                if who.startswith("operator:"):
+                if kind == "release":
                     rec.cycles.clear()  # an operator's release starts the count afresh
                 else:
                     rec.cycles.append(at)
@@ -214,6 +214,7 @@ class Aggregator:
             if isinstance(e, (sqlite3.Error, OSError)):
                 raise StoreError(f"{db}: {getattr(e, 'strerror', None) or e}") from None
             raise
+        self.metrics.lease_epoch.set(info.epoch)
         log.info("store lease taken", db=str(db), epoch=info.epoch, holder=info.holder)
         return store, loaded
 
@@ -472,16 +473,20 @@ class Aggregator:
 
     def _flap_hold(self, node: str, now: float) -> list[Op]:
         """A node fenced again after flap_hold.cycles fence/release cycles within the window
-        stays fenced for an operator: whatever makes it fail and recover, another automatic
-        release would only start the next cycle."""
+        stays fenced for an operator: whatever ends its fences (a passed handover, someone
+        resuming it in Slurm) and makes it fail again, another release would only start the
+        next cycle. Every earlier fence in the window was ended, or this one would not be new."""
         mem = self.mem
         assert mem is not None
         rec = mem.nodes[node]
         fh = self.cfg.flap_hold
-        rec.cycles[:] = [t for t in rec.cycles if now - fh.window < t <= now]
-        if rec.hold or len(rec.cycles) < fh.cycles:
+        # No upper bound: after the wall clock stepped back, recent fences still count.
+        rec.cycles[:] = [t for t in rec.cycles if now - fh.window < t]
+        earlier = len(rec.cycles)
+        rec.cycles.append(now)
+        if rec.hold or earlier < fh.cycles:
             return []
-        why = (f"flapping: fenced/released {len(rec.cycles)} times in {_span(fh.window)}; release by operator")
+        why = f"flapping: fenced/released {earlier} times in {_span(fh.window)}; release by operator"
         log.warning("node held fenced for an operator", node=node, reason=why)
         self.metrics.flap_holds.inc()
         return mem.set_node(node, hold=True, hold_reason=why) + [Store.op_audit(now, node, "podhealth", "hold", why)]
@@ -661,11 +666,8 @@ class Aggregator:
                 await self.commit(ops)
                 raise TransientError(f"{f.name} release {target}: {o.error or o.output}")
         mode = FenceMode.EXTERNAL if foreign else FenceMode.NONE
-        rec = mem.nodes[p.node]
         if p.who.startswith("operator:"):
-            rec.cycles.clear()  # an operator looked at it: the flap count starts afresh
-        else:
-            rec.cycles.append(self.clock())
+            mem.nodes[p.node].cycles.clear()  # an operator looked at it: the flap count starts afresh
         await self._finish(p, "done", "released" + (f" (still fenced by someone else in {foreign})" if foreign else ""),
                            ops + mem.set_node(p.node, fence=mode, fence_reason=foreign, hold=False, hold_reason="",
                                               handover="", handover_at=0.0))

@@ -64,7 +64,7 @@ class NodeRec:
     clock_ahead: int = 0  # records whose time claim was beyond max_clock_skew ahead of ours
     clock_offset: float = 0.0  # the latest report's time claim minus our clock (memory only)
     hold_reason: str = ""
-    cycles: list[float] = field(default_factory=list)  # when its recent releases were done (flap hold)
+    cycles: list[float] = field(default_factory=list)  # when its recent fences were done (flap hold)
     stored_at: float = 0.0  # when its latest full report was last written to the store (memory only)
     fence: FenceMode = FenceMode.NONE
     fence_reason: str = ""

@@ -475,12 +475,13 @@ class Store:
             (now - rate_window,)))
         return Loaded(nodes, conds, ids, breaker, pending, recent)
 
-    def recent_cycles(self, since: float) -> list[tuple[str, float, str]]:
-        """(node, when, who) of every release carried out since `since`, oldest first: the flap
-        hold counts a node's fence/release cycles from them (service.Aggregator)."""
-        return [(r[0], r[1], r[2]) for r in self.conn.execute(
-            "SELECT node, updated, who FROM actions WHERE kind = 'release' AND state = 'done' AND updated >= ? "
-            "ORDER BY updated", (since,))]
+    def recent_cycles(self, since: float) -> list[tuple[str, float, str, str]]:
+        """(node, when, kind, who) of every fence done and every operator's release since
+        `since`, oldest first: the flap hold counts a node's fences from them, from its last
+        operator release on (service.Aggregator._flap_hold)."""
+        return [(r[0], r[1], r[2], r[3]) for r in self.conn.execute(
+            "SELECT node, updated, kind, who FROM actions WHERE state = 'done' AND updated >= ? AND "
+            "(kind = 'fence' OR (kind = 'release' AND who LIKE 'operator:%')) ORDER BY updated, id", (since,))]
 
     def pending_actions(self) -> list[ActionRow]:
         return [_action_row(r) for r in self.conn.execute(
@@ -496,16 +497,6 @@ class Store:
         with self._read_lock:
             row = self._read().execute("SELECT report FROM reports WHERE name = ?", (name,)).fetchone()
         return row[0] if row else ""
-
-    def drift_readings(self) -> list[tuple[str, str, str]]:
-        """(node, field, versions) from every stored report's `drift` results (checks/drift.py):
-        SQLite's JSON functions pick them out, so the ~12 KB reports are not parsed in Python.
-        A report from an agent without the drift check gives no row."""
-        with self._read_lock:
-            return [(str(n), str(f), str(v or "")) for n, f, v in self._read().execute(
-                "SELECT r.name, json_extract(j.value, '$.entity'), json_extract(j.value, '$.evidence.observed') "
-                "FROM reports r, json_each(r.report, '$.results') j "
-                "WHERE json_valid(r.report) AND json_extract(j.value, '$.check') = 'drift'")]
 
     def drift_readings(self) -> list[tuple[str, str, str]]:
         """(node, field, versions) from every stored report's `drift` results (checks/drift.py):

@@ -318,3 +318,24 @@ async def test_the_flap_count_survives_a_restart(tmp_path: Path) -> None:
         agg.run_decide()
         await settle(agg)
         assert agg.mem.nodes["dgx01"].hold and agg.mem.nodes["dgx01"].hold_reason.startswith("flapping: ")
+
+
+async def test_a_node_someone_keeps_resuming_is_held_too(tmp_path: Path) -> None:
+    """The cycle need not end in podhealth's own release: a script that resumes the node in Slurm
+    while it still fails makes podhealth fence it again, and again."""
+    clocks, fencer = Clocks(), MemFencer()
+    async with started(tmp_path, fencer, clocks, decide_interval=3600.0, flap_hold=FlapHoldConfig(cycles=3)) as agg:
+        assert agg.mem is not None
+        rec = agg.mem.nodes["dgx01"]
+        await apply(agg, report("dgx01", clocks.wall))
+        for _ in range(4):
+            agg.run_decide()
+            await settle(agg)
+            assert rec.fence is FenceMode.FENCED
+            if rec.hold:
+                break
+            del fencer.fenced["dgx01"]  # someone resumes it
+            await agg.reconcile()
+            assert rec.fence is FenceMode.NONE
+            clocks.step(30.0)
+        assert fencer.count("fence", "dgx01") == 4 and rec.hold and rec.hold_reason.startswith("flapping: ")
