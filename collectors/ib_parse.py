@@ -202,6 +202,23 @@ def parse_numa_node(text: str) -> int | None:
     return v if v >= 0 else None
 
 
+# PCIe transfer rate per lane (GT/s) -> generation, as the kernel prints current_link_speed
+# ("32.0 GT/s PCIe"; drivers/pci/pci-sysfs.c, pci_speed_string()).
+_PCIE_GEN = {"2.5": 1, "5.0": 2, "8.0": 3, "16.0": 4, "32.0": 5, "64.0": 6}
+
+
+def parse_pcie_speed(text: str) -> int | None:
+    """device/current_link_speed: '32.0 GT/s PCIe' -> 5; 'Unknown' or junk -> None."""
+    word = text.strip().split(" ", 1)[0]
+    return _PCIE_GEN.get(word)
+
+
+def parse_pcie_width(text: str) -> int | None:
+    """device/current_link_width: '16' -> 16; '0' (link down) or junk -> None."""
+    t = text.strip()
+    return int(t) if t.isdigit() and int(t) > 0 else None
+
+
 def parse_netdev(text: str) -> str | None:
     """ports/N/gid_attrs/ndevs/0: the netdev of the port's first GID ('bond0'); empty -> None."""
     name = text.strip()

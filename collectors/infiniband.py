@@ -31,7 +31,8 @@ from typing import Callable, ClassVar, Mapping
 
 from podhealth.collectors.base import Collection, raise_if_local, specs
 from podhealth.collectors.ib_parse import (is_bond_device, parse_bond_slaves, parse_counter, parse_enum,
-                                           parse_netdev, parse_numa_node, parse_pci_address, parse_rate)
+                                           parse_netdev, parse_numa_node, parse_pci_address, parse_pcie_speed,
+                                           parse_pcie_width, parse_rate)
 from podhealth.config import Config
 from podhealth.vocab import Labels, MetricSpec, Sample, labels_of
 
@@ -65,6 +66,8 @@ METRICS: Mapping[str, MetricSpec] = specs(
     MetricSpec("infiniband_port_hw_stat", "counter", "A file in ports/N/hw_counters/, by file name in label counter."),
     MetricSpec("infiniband_info", "info", "HCA board id, firmware version and type."),
     MetricSpec("infiniband_device_pci_info", "info", "Where the HCA sits: PCI address and NUMA node (\"\" = not known)."),
+    MetricSpec("infiniband_device_pcie_link_gen", "gauge", "The HCA's current PCIe link generation (device/current_link_speed)."),
+    MetricSpec("infiniband_device_pcie_link_width", "gauge", "The HCA's current PCIe link width in lanes (device/current_link_width)."),
     MetricSpec("infiniband_port_netdev_info", "info",
                "The port's netdev (gid_attrs/ndevs/0, else device/net/*); bond_slaves when it is a bonding master."),
 )
@@ -419,6 +422,13 @@ class _Topology:
         if pci is not None or numa is not None:
             out.append(Sample("infiniband_device_pci_info", 1.0, labels_of(
                 device=self.device, pci_address=pci or "", numa_node="" if numa is None else str(numa))))
+        # The HCA's own PCIe link (a site golden profile records it; a ConnectX-7 trains gen5 x16).
+        for attr, parse, metric in (("current_link_speed", parse_pcie_speed, "infiniband_device_pcie_link_gen"),
+                                    ("current_link_width", parse_pcie_width, "infiniband_device_pcie_link_width")):
+            text = _optional_text(f"device/{attr}", dfd)
+            value = parse(text) if text is not None else None
+            if value is not None:
+                out.append(Sample(metric, float(value), labels_of(device=self.device)))
         # mlx5: one netdev per RDMA device, so device/net/* is the fallback for every port
         # (IB ports' GIDs have no netdev; RoCE ones name it, a bond's names the bonding master).
         dev_netdevs = _optional_listing("device/net", dfd)

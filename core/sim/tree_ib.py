@@ -246,6 +246,12 @@ def _write_adapter(w: TreeWriter, sys_root: Path, hca: HcaSpec, attrs: dict[str,
         w.put(pci_dir / "numa_node", f"{hca.numa_node}\n")
         w.put(pci_dir / "vendor", MELLANOX_VENDOR + "\n")
         w.put(pci_dir / "device", _pci_device_id(hca) + "\n")
+        # ConnectX-7 / BlueField-3 train PCIe gen5 x16 (a real H100 boot log: mlx5_core "32.0 GT/s PCIe
+        # x16 link", ../shared/fixtures/xid_kernel_logs/dmesg_decode_iso_boot_h100_nvswitch_mlx5.log);
+        # ConnectX-6 (firmware 20.x, Dx 22.x) is a gen4 part.
+        gen4 = hca.fw_ver.split(".", 1)[0] in ("20", "22")
+        w.put(pci_dir / "current_link_speed", ("16.0" if gen4 else "32.0") + " GT/s PCIe\n")
+        w.put(pci_dir / "current_link_width", "16\n")
         _link(w, base / hca.device, dev)
         _link(w, dev / "device", pci_dir)
     else:

@@ -44,6 +44,8 @@ def test_capture_on_the_simulator_round_trips(tmp_path: Path) -> None:
     # every captured value says where it came from
     assert re.search(r"^gpu_count: 8 +# nvml: gpu_devices$", text, re.M)
     assert re.search(r"^  driver: \S+ +# nvml: driver version$", text, re.M)
+    # the HCAs' own PCIe links (infiniband collector, device/current_link_*): a comment, not judged
+    assert "# HCA PCIe links: 9 at gen5 x16" in text
     # the simulator has no kernel release or OFED: said, not guessed
     assert "# kernel: not readable on this node, not stated" in text
     same = cli("diff", str(path), "--simulate", "dgx-h100", "--format", "json", sim_root=tmp_path / "sim")
@@ -173,3 +175,12 @@ def test_snapshot_from_metrics_marks_failing_collectors_stale() -> None:
     assert [s.name for s in snap.samples()] == ["gpu_devices"]  # nfs: no collector health, not trusted
     with pytest.raises(SourceError):
         snapshot_from_metrics("# just text\nfoo 1\n")
+
+
+def test_pcie_link_parsers() -> None:
+    from podhealth.collectors.ib_parse import parse_pcie_speed, parse_pcie_width
+
+    assert parse_pcie_speed("32.0 GT/s PCIe\n") == 5 and parse_pcie_speed("16.0 GT/s PCIe") == 4
+    assert parse_pcie_speed("2.5 GT/s PCIe") == 1
+    assert parse_pcie_speed("Unknown") is None and parse_pcie_speed("") is None
+    assert parse_pcie_width("16\n") == 16 and parse_pcie_width("0") is None and parse_pcie_width("x") is None
