@@ -39,8 +39,11 @@ from podhealth.agent.store import EventsCallback, SnapshotCallback, SnapshotStor
 from podhealth.agent.worker import call_with_timeout
 from podhealth.collectors.base import Collector, CollectorDisabled
 from podhealth.config import CollectorConfig, Config, valid_node_name
+from podhealth.fdlimit import soft_limit
+from podhealth.httpguard import ConnLimits, GuardedSite, fd_share
+from podhealth.logrepeat import Repeats, loop_exception_handler
 from podhealth.snapshot import CollectorState, Snapshot
-from podhealth.vocab import MetricSpec
+from podhealth.vocab import MetricSpec, Sample
 
 __all__ = ["AGENT_KEY", "Agent", "Family", "MetricSource", "registry_factories"]
 
@@ -52,6 +55,12 @@ _log = log.get("podhealth.agent")
 MIN_FACTORY_TIMEOUT = 10.0
 # The longest the on_snapshot hooks wait for a burst of snapshot changes to end.
 HOOK_MAX_DELAY = 0.5
+# HTTP: Prometheus, the aggregator and an operator need a handful of connections; a flood of idle
+# or slow ones must never take the descriptors the collectors read through (httpguard.py).
+HTTP_IDLE_TIMEOUT = 30.0
+HTTP_MAX_CONNECTIONS = 256
+HTTP_SPEC = MetricSpec("http_connections_refused", "counter",
+                       "Connections refused because max connections were open (idle and slow ones time out).")
 
 
 def _registry_factory(name: str) -> Factory:
@@ -110,6 +119,10 @@ class Agent:
         self._hooks: list[SnapshotCallback] = []
         self._hooks_pending = False
         self._hooks_timer: asyncio.TimerHandle | None = None
+        self.http_refused = 0
+        self.http_limits: ConnLimits | None = None  # None: HTTP_MAX_CONNECTIONS / HTTP_IDLE_TIMEOUT
+        self._repeats = Repeats(_log)
+        self._sources.append(self._http_families)
 
     # ---- hooks ------------------------------------------------------------------------------
 
@@ -162,10 +175,14 @@ class Agent:
         self._hooks.append(self._update_status)
         self.invalidate()
         self.scheduler.start()
+        # The loop's own error reports (a failed accept() when fds run out) once per kind a minute.
+        asyncio.get_running_loop().set_exception_handler(loop_exception_handler(self._repeats))
         app = build_app(self, self._routes)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        limits = self.http_limits or ConnLimits(min(HTTP_MAX_CONNECTIONS, fd_share(soft_limit(), 1 / 8)),
+                                                HTTP_IDLE_TIMEOUT)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, **limits.runner_kwargs())
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.cfg.listen.address, self.cfg.listen.port)
+        site = GuardedSite(self._runner, self.cfg.listen.address, self.cfg.listen.port, limits, self._refused)
         await site.start()
         self.port = int(self._runner.addresses[0][1])
         _log.info("agent listening", url=f"{self.url}/metrics", node=self.node,
@@ -176,6 +193,14 @@ class Agent:
         interval = watchdog_interval()
         if interval is not None and self.notifier.enabled:
             self._watchdog = asyncio.get_running_loop().create_task(watchdog(self.notifier, interval), name="watchdog")
+
+    def _refused(self, open_now: int) -> None:
+        self.http_refused += 1
+        self._repeats.emit("warning", "http refused", "HTTP connection refused: too many open",
+                           open=open_now, refused_total=self.http_refused)
+
+    def _http_families(self, snap: Snapshot) -> Iterable[Family]:
+        yield Family(HTTP_SPEC, (Sample.of("http_connections_refused", float(self.http_refused)),))
 
     async def stop(self) -> None:
         self.notifier.stopping()

@@ -76,27 +76,8 @@ def limit_malloc_arenas(n: int = MALLOC_ARENAS) -> bool:
     return bool(mallopt(_M_ARENA_MAX, n))
 
 
-FD_LIMIT = 65536
-
-
-def raise_fd_limit(want: int = FD_LIMIT) -> int:
-    """Raise the soft RLIMIT_NOFILE towards `want` (never above the hard limit, never down).
-
-    The infiniband collector keeps every counter file open (collectors/infiniband.py: ~600 on a
-    DGX H100, more with more HCAs) and systemd's default soft limit is 1024; the hard limit is
-    far higher (Go raises the soft one by itself, which is why node_exporter never meets this).
-    Returns the soft limit in force afterwards."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            return target
-        except (ValueError, OSError):
-            pass
-    return soft
+# The fd limit code is shared with the aggregator (core/fdlimit.py); these names stay for callers.
+from podhealth.fdlimit import FD_LIMIT, raise_fd_limit  # noqa: E402,F401
 
 
 def _fail(msg: str) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -43,6 +43,10 @@ class Metrics:
                                    registry=r)
         self.flap_holds = Counter(P + "flap_holds", "Nodes held fenced for an operator because they flapped\n"
                                   "(flap_hold.cycles fence/release cycles within flap_hold.window).", registry=r)
+        self.http_refused = Counter(P + "http_connections_refused", "Connections refused because max connections\n"
+                                    "were open (idle and slow connections time out).", registry=r)
+        self.lease_epoch = Gauge(P + "store_lease_epoch", "Epoch of this process's exclusive lease on the state\n"
+                                 "store (one more per start: the fencing token).", registry=r)
         self._ingest: dict[str, tuple[Any, Any]] = {}
         self._results: dict[str, Any] = {}
 

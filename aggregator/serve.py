@@ -13,25 +13,53 @@ from podhealth.aggregator.config import AggregatorConfig
 from podhealth.aggregator.server import make_app
 from podhealth.aggregator.service import Aggregator
 from podhealth.aggregator.store import StoreError
+from podhealth.fdlimit import soft_limit
+from podhealth.httpguard import ConnLimits, GuardedSite, fd_share
+from podhealth.logrepeat import Repeats, loop_exception_handler
 
 log = plog.get("podhealth.aggregator")
+# Agents keep a connection between heartbeats; one idle longer than this is closed (they reconnect).
+HTTP_IDLE_TIMEOUT = 60.0
+# Connections may take this share of the open-file limit; the rest stays for the store and fencers.
+HTTP_FD_SHARE = 0.75
+
+
+def http_limits() -> ConnLimits:
+    return ConnLimits(fd_share(soft_limit(), HTTP_FD_SHARE), HTTP_IDLE_TIMEOUT)
+
+
+async def start_http(agg: Aggregator, limits: ConnLimits) -> web.AppRunner:
+    """Start the aggregator (its cleanup_ctx) and its guarded HTTP site; raises StoreError or
+    OSError (nothing left running then)."""
+    cfg = agg.cfg
+    runner = web.AppRunner(make_app(agg), access_log=None, handle_signals=False, **limits.runner_kwargs())
+    await runner.setup()  # runs cleanup_ctx: opens the store, recovers, reconciles
+    refusals = Repeats(log)
+
+    def refused(open_now: int) -> None:
+        agg.metrics.http_refused.inc()
+        refusals.emit("warning", "http refused", "HTTP connection refused: too many open", open=open_now,
+                      max_connections=limits.max_connections)
+    site = GuardedSite(runner, cfg.listen.address, cfg.listen.port, limits, refused, reuse_address=True)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    return runner
 
 
 async def serve(cfg: AggregatorConfig) -> int:
     agg = Aggregator(cfg)
-    app = make_app(agg)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # The loop's own error reports (a failed accept() when fds run out) once per kind a minute.
+    asyncio.get_running_loop().set_exception_handler(loop_exception_handler(Repeats(log)))
     try:
-        await runner.setup()  # runs cleanup_ctx: opens the store, recovers, reconciles
+        runner = await start_http(agg, http_limits())
     except StoreError as e:
         log.error("cannot open the state store", error=str(e))
         return 2
-    site = web.TCPSite(runner, cfg.listen.address, cfg.listen.port, reuse_address=True)
-    try:
-        await site.start()
     except OSError as e:
         log.error("cannot listen", address=cfg.listen.address, port=cfg.listen.port, error=str(e))
-        await runner.cleanup()
         return 2
     log.info("aggregator listening", addresses=[f"{a[0]}:{a[1]}" for a in runner.addresses], dry_run=cfg.dry_run,
              fencers=[f.name for f in agg.fencers], event_loop=aioloop.running_loop_name())
