@@ -98,6 +98,14 @@ def run(args: argparse.Namespace) -> int:
     except CredentialError as e:
         return _fail(str(e))
     log.setup(args.log_level or cfg.log.level, cfg.log.format)
+    from podhealth.checks import profiles
+
+    try:
+        # a bad site profile (checks.profile_file) or override: file, line and key, not a traceback
+        profiles.of_config(replace(cfg, node=replace(cfg.node, profile=args.simulate)) if args.simulate else cfg)
+    except profiles.ProfileError as e:
+        print(e, file=sys.stderr)
+        return 2
     if args.simulate and cfg.listen.address == config.ListenConfig().address and not args.listen:
         cfg = replace(cfg, listen=replace(cfg.listen, address="127.0.0.1"))
     if args.listen:

@@ -68,6 +68,10 @@ def test_config_overrides_apply_on_top_of_the_site_file(tmp_path: Path) -> None:
     ("extends: dgx-h100\nnfs_mounts: /home\n", "site.yaml:2: nfs_mounts: expected a list"),
     ("extends: dgx-h100\ngpu_cuont: 8\n", "site.yaml:2: gpu_cuont: unknown key"),
     ("extends: dgx-h100\n  bad: [\n", "site.yaml:2: invalid YAML"),
+    # the network section is validated by its owner (checks/ib_profile.py); the line is found here
+    ("extends: dgx-h100\nnetwork:\n  roles:\n    compute: {count: 8}\n    storage:\n      count: -2\n",
+     "site.yaml:6: network.roles.storage.count: expected a whole number >= 0"),
+    ("extends: dgx-h100\nnetwork:\n  flap_cuont: 3\n", "site.yaml:3: network.flap_cuont: unknown key"),
 ])
 def test_errors_name_file_line_and_key(tmp_path: Path, text: str, where: str) -> None:
     with pytest.raises(profiles.ProfileError) as e:
