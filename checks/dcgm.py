@@ -104,7 +104,7 @@ def parse_json(text: str) -> DiagReport:
     """DCGM 4 or legacy `dcgmi diag -j` JSON. Raises DiagParseError when it is neither."""
     try:
         doc = json.loads(text)
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, or an integer literal of more than 4,300 digits
         raise DiagParseError(f"not JSON: {e}") from None
     except RecursionError:
         raise DiagParseError("not JSON: nested too deeply") from None

@@ -102,8 +102,8 @@ def _wrong(tok: str) -> int | None:
 
 def _row(line: str) -> NcclRow | None:
     toks = line.split()
-    if len(toks) < 10 or not toks[0].isdigit() or not toks[1].isdigit():
-        return None
+    if len(toks) < 10 or not toks[0].isdigit() or not toks[1].isdigit() or len(toks[0]) > 20:
+        return None  # > 20 digits: no byte count (and int * float would overflow judging it)
     try:
         tail = toks[-8:]
         return NcclRow(
