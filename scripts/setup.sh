@@ -32,6 +32,10 @@ fi
 pip_install() { $PY -m pip install -q --disable-pip-version-check "$@"; }
 if [ "${1:-}" = "--test" ]; then
   pip_install -e ".[test]"
+  # checkov (the Kubernetes bundle's security scan) is heavy and pins its own versions: its own venv.
+  [ -x .venv-checkov/bin/checkov ] || { ${PYTHON:-python3} -m venv .venv-checkov &&
+    .venv-checkov/bin/python -m pip install -q --disable-pip-version-check checkov; } ||
+    echo "note: checkov not installed; the bundle's checkov test will skip" >&2
   # CPU build of PyTorch for the burn-in and NCCL/Gloo runner tests (podhealth[burnin] on a GPU node).
   $PY -c 'import torch' 2>/dev/null || pip_install 'torch==2.13.0' || echo "note: torch not installed; burn-in tests will skip" >&2
 else
