@@ -146,3 +146,26 @@ def test_version_reader_prefers_ofed_info_and_never_runs_it_for_a_foreign_root(t
 def test_parse_ofed_info() -> None:
     assert parse_ofed_info("MLNX_OFED_LINUX-23.10-1.1.9.0:\n") == "MLNX_OFED_LINUX-23.10-1.1.9.0"
     assert parse_ofed_info("\n  \n") is None
+
+
+@pytest.mark.parametrize("tree", ["procfs_tree", "node_exporter_tree"])
+def test_hca_firmware_drift_on_real_sysfs_trees(shared_fixtures: Path, tree: str) -> None:
+    """Real captured /sys/class/infiniband trees through the collector: what each board runs is
+    its fw_ver file, and a profile stating another version for one board flags only that board."""
+    from podhealth.collectors.infiniband import InfinibandCollector
+
+    sys_dir = shared_fixtures / "infiniband" / tree / "sys"
+    class_dir = sys_dir / "class" / "infiniband"
+    files = {d.name: ((d / "board_id").read_text().strip(), (d / "fw_ver").read_text().strip())
+             for d in sorted(class_dir.iterdir()) if (d / "fw_ver").exists()}
+    assert files, f"no fw_ver in {class_dir}"
+    col = InfinibandCollector(sys_dir).collect()
+    by = samples() | {"infiniband": list(col.samples)}
+    stated = {board: fw for board, fw in files.values() if board}
+    res = judge(by, versions={"hca_fw": stated})
+    assert res["hca_fw"].status is Status.OK, res["hca_fw"]
+    assert dict(res["hca_fw"].evidence)["observed"] == ", ".join(sorted({fw for _, fw in files.values()}))
+    device, (board, fw) = next((d, bf) for d, bf in files.items() if bf[0])
+    res = judge(by, versions={"hca_fw": {**stated, board: fw + ".1"}})
+    assert res["hca_fw"].status is Status.WARN
+    assert f"{device}={fw}" in dict(res["hca_fw"].evidence)["differs"]
