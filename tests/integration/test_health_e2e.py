@@ -28,8 +28,9 @@ checks:
   damping: {fail_after: 2, recover_after: 2}
   rate_window: 20
   required_units: [nvidia-fabricmanager.service]
-  # a port down longer than this drains (the shipped 240 s waits out a retrain or an SM sweep)
-  overrides: {network.down_max_s: 2}
+  # a port down longer than this drains (the shipped 240 s waits out a retrain or an SM sweep),
+  # and a down/up cycle is a flap WARN for this long (shipped: 12 h) before all is OK again
+  overrides: {network.down_max_s: 2, network.flap_window_s: 5}
 collectors:
   nvml: {interval: 1, timeout: 2}
   nvlink: {interval: 1, timeout: 2}

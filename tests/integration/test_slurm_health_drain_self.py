@@ -20,7 +20,8 @@ slurm = slurm_fixture(nodes=2)
 CONFIG = """
 node: {name: dgx01}
 listen: {port: %d}
-checks: {damping: {fail_after: 1, recover_after: 1}}
+# a port down over 2 s drains (shipped: 240 s); a down/up cycle is a flap WARN for 5 s (shipped: 12 h)
+checks: {damping: {fail_after: 1, recover_after: 1}, overrides: {network.down_max_s: 2, network.flap_window_s: 5}}
 collectors:
   nvml: {interval: 1, timeout: 2}
   nvlink: {interval: 1, timeout: 2}
