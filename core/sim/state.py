@@ -289,7 +289,8 @@ def default_state(name: str, profile: str = "dgx-h100", now: float | None = None
     """A healthy node of kind `profile`; raises profiles.ProfileError for an unknown profile.
 
     `storage` picks the storage-adapter build (podhealth.sim.topology.STORAGE_MODES: bond,
-    ethernet, ib, none); None = the SKU's default. ValueError for another value.
+    ethernet, ib, none); None = what the profile's storage role pins, else the SKU's default.
+    ValueError for another value.
     """
     from podhealth.sim import topology  # it builds HcaSpecs: importing it at the top would be circular
 
@@ -331,6 +332,9 @@ def default_state(name: str, profile: str = "dgx-h100", now: float | None = None
             power_w=70.0 + 6 * jitter,
             has_fabric=prof.has_nvswitch_fabric,
         ))
+    role = prof.network.roles.get("storage")
+    if storage is None and role is not None:
+        storage = topology.storage_mode(role.count, role.bonded, role.link_layers)
     hcas = topology.build(name, profile, prof.compute_hcas, prof.ib_rate_gbps, prof.ib_link_layer,
                           prof.storage_hcas, storage)
     units = dict(DEFAULT_UNITS)

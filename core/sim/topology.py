@@ -93,6 +93,18 @@ LAYOUTS: Mapping[str, Layout] = {
 }
 
 
+def storage_mode(count: int, bonded: str, link_layers: tuple[str, ...]) -> str | None:
+    """The storage build a profile's storage role implies (None = the SKU's default): a role a
+    site pinned to one build (bonded required / forbidden, one link layer) gets that build."""
+    if count == 0:
+        return "none"
+    if bonded == "required":
+        return "bond"
+    if bonded == "forbidden" or link_layers == ("InfiniBand",):
+        return "ib" if "InfiniBand" in link_layers else "ethernet"
+    return None
+
+
 def _guid(node: str, device: str) -> str:
     """A stable node GUID per (node, device) with Mellanox's OUI prefix, as real ones carry."""
     return "a088c203" + hashlib.sha256(f"guid/{node}/{device}".encode()).hexdigest()[:8]

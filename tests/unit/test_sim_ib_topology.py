@@ -287,3 +287,25 @@ def test_cli_from_sysfs_and_storage(tmp_path: Path, own_fixtures: Path) -> None:
     assert [h.link_layer for h in SimNode.open(tmp_path, "dgx03").state.hcas][-2:] == ["Ethernet"] * 2
     r = sim("inject", "dgx01", "fault=ib-flap", "device=mlx5_bond_0", "count=2", "period=30")
     assert r.returncode == 0 and "fault=ib-flap" in r.stdout and "count=2" in r.stdout, r.stderr
+
+
+def test_profile_storage_role_picks_the_build() -> None:
+    from podhealth.sim import topology
+
+    assert topology.storage_mode(2, "allowed", ("InfiniBand", "Ethernet")) is None  # the SKU's default
+    assert topology.storage_mode(0, "allowed", ("InfiniBand",)) == "none"
+    assert topology.storage_mode(2, "required", ("Ethernet",)) == "bond"
+    assert topology.storage_mode(2, "forbidden", ("Ethernet",)) == "ethernet"
+    assert topology.storage_mode(2, "allowed", ("InfiniBand",)) == "ib"
+    # a site profile that forbids bonding on InfiniBand storage builds mlx5_2/mlx5_3 as IB ports
+    from unittest import mock
+
+    from podhealth.checks import profiles
+
+    real = profiles.load
+    pinned = real("dgx-h100", {"network.roles.storage.bonded": "forbidden",
+                               "network.roles.storage.link_layers": ["InfiniBand"]})
+    with mock.patch.object(profiles, "load", lambda name, overrides=None: pinned):
+        st = default_state("dgx01", "dgx-h100", now=T0)
+    assert [(h.device, h.link_layer) for h in st.hcas if h.role == "storage"] == [
+        ("mlx5_2", "InfiniBand"), ("mlx5_3", "InfiniBand")]
