@@ -320,7 +320,7 @@ def main() -> int:
     print(f"aggregator_scale: {args.nodes} nodes x 1 report / {args.interval:g} s = "
           f"{args.nodes / args.interval:.0f} reports/s; concurrency {args.concurrency}")
     with workdir("ph-aggscale-") as wd:
-        settings = {"auth": {"cluster_token": TOKEN}, "learn_nodes": True, "decide_interval": 1.0,
+        settings = {"auth": {"cluster_token": TOKEN, "cluster_token_for_agents": True}, "learn_nodes": True, "decide_interval": 1.0,
                     "unreachable_after": 600.0, "fencers": {"dryrun": {"enabled": True}}}
         with Aggregator(wd, settings) as agg:
             t0 = time.monotonic()

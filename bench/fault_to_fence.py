@@ -365,7 +365,7 @@ def main() -> int:
         ports = free_ports(args.nodes + 4)
         agent_ports, agg_port, prom_port, am_port, sink_port = ports[:args.nodes], *ports[args.nodes:]
         settings = {
-            "auth": {"cluster_token": TOKEN, "admin_token": ADMIN},
+            "auth": {"cluster_token": TOKEN, "cluster_token_for_agents": True, "admin_token": ADMIN},
             "pull_interval": 1.0, "pull_timeout": 1.0, "unreachable_after": 120.0, "manual_release": True,
             "caps": {"max_fenced": args.nodes, "max_percent_per_partition": 100.0},
             "rate_limit": {"fences_per_minute": 10_000},

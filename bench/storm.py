@@ -123,7 +123,8 @@ async def post_reports(session: aiohttp.ClientSession, url: str, bodies: list[by
 
 def agg_settings(names: list[str], fencer: dict[str, Any], raised: bool) -> dict[str, Any]:
     s: dict[str, Any] = {
-        "auth": {"cluster_token": TOKEN, "admin_token": ADMIN},
+        # One shared token for every simulated node (the unsafe migration switch): a bench, not a site.
+        "auth": {"cluster_token": TOKEN, "cluster_token_for_agents": True, "admin_token": ADMIN},
         "learn_nodes": False,
         "unreachable_after": 600.0,
         "nodes": [{"name": n, "partition": "gpu"} for n in names],

@@ -17,6 +17,7 @@ import urllib.request
 from typing import Any, Callable
 
 from podhealth import config as config_mod
+from podhealth.credentials import CredentialError
 from podhealth.checks.report import EXIT_UNKNOWN, SuiteReport, render
 from podhealth.config import Config, valid_node_name
 
@@ -54,7 +55,12 @@ def _load_config(path: str | None) -> Config:
 
 
 def _token(args: argparse.Namespace, cfg: Config) -> str:
-    return args.token or os.environ.get("PODHEALTH_TOKEN", "") or cfg.auth.token
+    if args.token or os.environ.get("PODHEALTH_TOKEN", ""):
+        return str(args.token or os.environ["PODHEALTH_TOKEN"])
+    try:
+        return cfg.auth.resolved().token  # auth.token, auth.token_file or $PODHEALTH_AGENT_TOKEN
+    except CredentialError as e:
+        raise CheckError(str(e)) from None
 
 
 def agent_url(cfg: Config, node: str, aggregator: str = "", token: str = "") -> str:

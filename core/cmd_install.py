@@ -14,8 +14,6 @@ from pathlib import Path
 
 from podhealth import config, credentials
 
-SERVICE_GROUP = "podhealth"  # the units' User= / Group=
-
 ENV_FILES = {
     "etc/default/podhealth-agent": "# Extra flags for `podhealth agent`, e.g. --log-level debug\nPODHEALTH_AGENT_FLAGS=\n",
     "etc/default/podhealth-aggregator": "# Extra flags for `podhealth aggregator`, e.g. --dry-run\nPODHEALTH_AGGREGATOR_FLAGS=\n",
@@ -58,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.dry_run:
             path.parent.mkdir(parents=True, exist_ok=True)
             if private:
-                credentials.write_private(path, text, group=SERVICE_GROUP)
+                credentials.write_private(path, text, group=credentials.SERVICE_GROUP)
             else:
                 path.write_text(text)
     if not args.dry_run:

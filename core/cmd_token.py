@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import secrets
 import sys
+from pathlib import Path
 
 from podhealth import credentials
 from podhealth.aggregator.config import node_name_problem
@@ -20,18 +21,35 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p = sub.add_parser("token", help="make the cluster secret and derive each node's token")
     tsub = p.add_subparsers(dest="token_cmd", metavar="ACTION", required=True)
     n = tsub.add_parser("new", help="print a new random cluster secret (or any token)")
+    n.add_argument("--out", default="", help="write it to this file (0640 root:podhealth, else 0600) instead of printing it")
     n.set_defaults(func=_new)
     d = tsub.add_parser("derive", help="print the token of one node, derived from the cluster secret")
     d.add_argument("--node", required=True, action="append", help="node name (repeat for several)")
     d.add_argument("--secret-file", default="",
                    help=f"file holding the cluster secret (default: ${SECRET_ENV})")
+    d.add_argument("--out", default="", help="write the token to this file (0640 root:podhealth, else 0600; one --node only)")
     d.set_defaults(func=_derive)
     return p
 
 
-def _new(args: argparse.Namespace) -> int:
-    print(secrets.token_hex(32))
+def _emit(text: str, out: str) -> int:
+    """Print `text`, or write it to `out` readable by its owner only (a shell redirect would
+    create it with the umask's mode, usually world-readable)."""
+    if not out:
+        print(text)
+        return 0
+    try:
+        credentials.write_private(Path(out), text + "\n", group=credentials.SERVICE_GROUP)
+    except OSError as e:
+        print(f"podhealth token: cannot write {out}: {e.strerror}", file=sys.stderr)
+        return 2
+    mode = Path(out).stat().st_mode & 0o777
+    print(f"wrote {out} (mode {mode:04o})", file=sys.stderr)
     return 0
+
+
+def _new(args: argparse.Namespace) -> int:
+    return _emit(secrets.token_hex(32), args.out)
 
 
 def _derive(args: argparse.Namespace) -> int:
@@ -48,7 +66,11 @@ def _derive(args: argparse.Namespace) -> int:
         if problem:
             print(f"podhealth token: --node: {problem}", file=sys.stderr)
             return 2
+    if args.out and len(args.node) != 1:
+        print("podhealth token: --out takes one --node", file=sys.stderr)
+        return 2
+    if len(args.node) == 1:
+        return _emit(credentials.derive_node_token(secret, args.node[0]), args.out)
     for node in args.node:
-        token = credentials.derive_node_token(secret, node)
-        print(token if len(args.node) == 1 else f"{node} {token}")
+        print(f"{node} {credentials.derive_node_token(secret, node)}")
     return 0

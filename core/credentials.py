@@ -19,6 +19,7 @@ from pathlib import Path
 
 NODE_PREFIX = b"podhealth-node:"
 MIN_SECRET_CHARS = 16  # a short secret can be guessed offline from one node's token
+SERVICE_GROUP = "podhealth"  # the systemd units' Group=: it may read files that hold tokens
 
 
 class CredentialError(Exception):

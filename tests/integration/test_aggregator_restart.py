@@ -28,7 +28,7 @@ def _config(tmp: Path, port: int, gate_after: bool) -> Path:
 aggregator:
   listen: {{address: 127.0.0.1, port: {port}}}
   db: {tmp}/agg.db
-  auth: {{cluster_token: ctok, admin_token: atok}}
+  auth: {{node_tokens: {{dgx01: n1tok}}, admin_token: atok}}
   fencers:
     file: {{enabled: true, path: {tmp}/fence.json, gate: {tmp}/gate, gate_after: {str(gate_after).lower()}}}
   nodes: [{{name: dgx01}}, {{name: dgx02}}, {{name: dgx03}}, {{name: dgx04}}]
@@ -61,7 +61,7 @@ def test_sigkill_between_decide_and_fence_never_fences_twice(tmp_path: Path, gat
         {"check": "xid", "entity": "GPU4", "status": "FAIL", "action": "RESET_GPU", "since": 995.0}]}
 
     with service("aggregator-1", argv, tmp_path / "logs", port, ready=ready) as first:
-        assert post(f"http://127.0.0.1:{port}/v1/reports", report, "ctok")[0] == 200
+        assert post(f"http://127.0.0.1:{port}/v1/reports", report, "n1tok")[0] == 200
         # the fence is recorded as pending and the fencer has been called: now it waits on the gate
         wait_until(lambda: _fence_file(tmp_path).get("calls", {}).get("dgx01") == 1, what="the fence call")
         wait_until(lambda: _node(port)["pending_actions"], what="a pending action")
@@ -86,7 +86,7 @@ def test_sigkill_between_decide_and_fence_never_fences_twice(tmp_path: Path, gat
         # the same failure reported again after the restart changes nothing
         runs = _decisions(port)
         report["time"] = 2000.0
-        assert post(f"http://127.0.0.1:{port}/v1/reports", report, "ctok")[0] == 200
+        assert post(f"http://127.0.0.1:{port}/v1/reports", report, "n1tok")[0] == 200
         wait_until(lambda: _decisions(port) >= runs + 3, what="the policy to run again")
         assert _fence_file(tmp_path)["fences"]["dgx01"] == 1
 

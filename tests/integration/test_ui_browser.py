@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from podhealth.credentials import derive_node_token
 from tests.harness.agg import post
 from tests.harness.proc import Service, free_port, http_get, need, service, wait_until
 from tests.harness.slurm import SlurmCluster, slurm_fixture
@@ -36,6 +37,11 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 ADMIN = "ui-test-admin-token"
+SECRET = "ui-browser-cluster-secret-0123456789"
+
+
+def tok(node: str) -> str:
+    return derive_node_token(SECRET, node)
 NODES = ("dgx01", "dgx02", "dgx03", "dgx04")
 RED = "rgb(248, 81, 73)"  # --fail in podhealth.css
 MIN_DURATION = 3.0  # seconds a FAIL stays red before the policy fences, so the test can see both
@@ -59,7 +65,9 @@ def aggregator_yaml(tmp_path: Path, port: int, cluster: SlurmCluster | None, age
     cfg = {"aggregator": {
         "listen": {"address": "127.0.0.1", "port": port},
         "db": str(tmp_path / "aggregator.db"),
-        "auth": {"admin_token": ADMIN},
+        # agents are pulled, but ingest must be closed before a fencer may run (issue 14)
+        # ingest must be closed before a fencer may run: each node posts with its own token (tok())
+        "auth": {"admin_token": ADMIN, "cluster_secret": SECRET},
         "pull_interval": 1.0, "pull_timeout": 2.0, "decide_interval": 0.2, "unreachable_after": 120.0,
         "healthy_for": 3600.0,  # no automatic handover during the test: the release is the operator's
         "rules": [
@@ -244,14 +252,14 @@ def test_ui_with_pushed_reports(tmp_path: Path, slurm: SlurmCluster, browser: An
     with start_aggregator(tmp_path, slurm, {}) as agg:
         t0 = time.time()
         for n in NODES:
-            assert post(agg.url + "/v1/reports", agent_report(n, t0))[0] == 200
+            assert post(agg.url + "/v1/reports", agent_report(n, t0), tok(n))[0] == 200
 
         def inject() -> None:
             # What the agent sends when the kernel logs XID 79: the event, then its new verdicts.
             t = time.time()
-            status, body = post(agg.url + "/v1/events", {"node": "dgx02", "events": [xid_event(t, gpu=3)]})
+            status, body = post(agg.url + "/v1/events", {"node": "dgx02", "events": [xid_event(t, gpu=3)]}, tok("dgx02"))
             assert status == 200 and body["applied"] == 1, body
-            status, body = post(agg.url + "/v1/reports", agent_report("dgx02", t, xid_gpu=3))
+            status, body = post(agg.url + "/v1/reports", agent_report("dgx02", t, xid_gpu=3), tok("dgx02"))
             assert status == 200 and body["applied"] == 1, body
 
         walk(browser, agg, slurm, artifacts, "ui-", inject)
@@ -267,7 +275,7 @@ def test_ui_with_simulated_agents(tmp_path: Path, slurm: SlurmCluster, browser: 
             url = f"http://127.0.0.1:{port}"
             agent_cfg = tmp_path / f"agent-{n}.yaml"  # the agent pushes its XID events to the aggregator
             agent_cfg.write_text(json.dumps({"publish": {"aggregator_url": f"http://127.0.0.1:{agg_port}",
-                                                         "spool_dir": str(tmp_path / f"spool-{n}")}}))
+                                                         "token": tok(n), "spool_dir": str(tmp_path / f"spool-{n}")}}))
             stack.enter_context(service(
                 f"agent-{n}", podhealth("agent", "--config", str(agent_cfg), "--simulate", "dgx-h100", "--node", n,
                                         "--sim-root", str(sim), "--listen", f"127.0.0.1:{port}"),
@@ -293,7 +301,7 @@ def test_fleet_page_with_hundreds_of_nodes(tmp_path: Path, browser: Any, artifac
     with start_aggregator(tmp_path, None, {}, nodes=names) as agg:
         t = time.time()
         for n in names:
-            assert post(agg.url + "/v1/reports", agent_report(n, t, xid_gpu=5 if n in failing else None))[0] == 200
+            assert post(agg.url + "/v1/reports", agent_report(n, t, xid_gpu=5 if n in failing else None), tok(n))[0] == 200
         page = new_page(browser)
         page.goto(agg.url + "/ui")
         expect(page.locator("a.tile")).to_have_count(len(names))
@@ -312,7 +320,7 @@ def test_fleet_page_with_hundreds_of_nodes(tmp_path: Path, browser: Any, artifac
         storm = [n for n in names if n not in failing][:80]
         t = time.time()
         for n in storm:
-            assert post(agg.url + "/v1/reports", agent_report(n, t, xid_gpu=1))[0] == 200
+            assert post(agg.url + "/v1/reports", agent_report(n, t, xid_gpu=1), tok(n))[0] == 200
         expect(page.locator("#breaker")).to_be_visible()
         expect(page.locator("#breaker-text")).to_contain_text("TRIPPED")
         expect(page.locator("#breaker-reset")).to_be_hidden()  # read-only without the token

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import grp
 import hashlib
 import hmac
 import os
@@ -21,6 +22,12 @@ def _mode(p: Path) -> int:
     return stat.S_IMODE(p.stat().st_mode)
 
 
+def _private(p: Path) -> bool:
+    """0600, or 0640 with the group podhealth (as root where that group exists)."""
+    mode = _mode(p)
+    return mode == 0o600 or (mode == 0o640 and grp.getgrgid(p.stat().st_gid).gr_name == credentials.SERVICE_GROUP)
+
+
 def test_write_private_is_0600_even_over_a_world_readable_file(tmp_path: Path) -> None:
     p = tmp_path / "agent.yml"
     p.write_text("old")
@@ -36,7 +43,7 @@ def test_write_private_is_0600_even_over_a_world_readable_file(tmp_path: Path) -
 def test_install_units_writes_config_and_environment_files_private(tmp_path: Path) -> None:
     assert main(["install-units", "--root", str(tmp_path), "--exe", "/usr/bin/podhealth"]) == 0
     for rel in ("etc/podhealth/podhealth.yaml", "etc/default/podhealth-agent", "etc/default/podhealth-aggregator"):
-        assert _mode(tmp_path / rel) in (0o600, 0o640), rel  # 0640 only as root with a podhealth group
+        assert _private(tmp_path / rel), rel
     assert _mode(tmp_path / "etc/systemd/system/podhealth-agent.service") == 0o644  # no secrets in units
 
 
@@ -51,6 +58,13 @@ def test_token_derive_prints_the_hmac_of_the_node(tmp_path: Path, capsys: Any, m
     lines = capsys.readouterr().out.splitlines()
     assert lines == [f"dgx01 {want}", f"dgx02 {credentials.derive_node_token(SECRET, 'dgx02')}"]
     assert main(["token", "new"]) == 0 and len(capsys.readouterr().out.strip()) == 64
+    # --out writes 0600 files (a shell redirect would follow the umask)
+    out = tmp_path / "dgx01.token"
+    assert main(["token", "derive", "--node", "dgx01", "--out", str(out)]) == 0
+    assert out.read_text() == want + "\n" and _private(out)
+    assert main(["token", "new", "--out", str(tmp_path / "cluster.secret")]) == 0
+    assert _private(tmp_path / "cluster.secret")
+    assert len(credentials.read_secret("", str(tmp_path / "cluster.secret"), "")) == 64
 
 
 @pytest.mark.parametrize(("argv", "err"), [
