@@ -108,3 +108,20 @@ def test_ethernet_port_is_told_how_its_counters_clear(tmp_path: Path) -> None:
     ctx = Context(snapshot=Snapshot(T0, {"infiniband": st}), profile=H100, now=T0, rates=rates)
     r = {x.entity: x for x in ib.ib_errors(ctx)}["mlx5_bond_0/1"]
     assert r.status is Status.WARN and "mlx5_core" in dict(r.evidence)["clear_with"]
+
+
+def test_simulated_saturated_counter_fault_warns(tmp_path: Path) -> None:
+    """The simulator's `fault=ib-counter-saturated` through the real collector: a WARN that names
+    the counter and its width on that port, nothing else."""
+    from podhealth.sim import tree_ib
+    from podhealth.sim.state import Fault, default_state
+
+    st = default_state("dgx01", "dgx-h100", now=T0).with_fault(
+        Fault("ib-counter-saturated", T0 + 10, device="mlx5_4", counter="local_link_integrity_errors"))
+    tree_ib.write(st, tmp_path / "sys", T0 + 60)
+    samples = InfinibandCollector(tmp_path / "sys").collect().samples
+    cs = CollectorState("infiniband", samples=samples, stale=False, last_success=T0 + 60, last_attempt=T0 + 60)
+    ctx = Context(snapshot=Snapshot(T0 + 60, {"infiniband": cs}), profile=H100, now=T0 + 60, rates=RateTracker(300))
+    res = {r.entity: r for r in ib.ib_errors(ctx)}
+    assert [e for e, r in res.items() if r.status is not Status.OK] == ["mlx5_4/1"]
+    assert dict(res["mlx5_4/1"].evidence)["saturated"] == "local_link_integrity_errors=15 (4-bit)"

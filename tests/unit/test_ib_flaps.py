@@ -151,3 +151,28 @@ def test_saturated_link_downed_is_said_in_flap_evidence(tmp_path: Path) -> None:
     ib.observe_links(links, ctx)
     r = {x.entity: x for x in ib.ib_flap(ctx)}["mlx5_5/1"]
     assert r.status is Status.OK and "state transitions only" in dict(r.evidence)["link_downed"]
+
+
+def test_simulated_ib_flap_fault_becomes_flapping_through_the_evaluator(tmp_path: Path) -> None:
+    """The simulator's `fault=ib-flap` (3 cycles of 60 s, down for the first half) read by the real
+    collector every 10 s and judged by the agent's Evaluator: FLAPPING, DRAIN, on that port only."""
+    from podhealth.checks.engine import Evaluator
+    from podhealth.collectors.infiniband import InfinibandCollector
+    from podhealth.config import ChecksConfig, DampingConfig
+    from podhealth.sim import tree_ib
+    from podhealth.sim.state import Fault, default_state
+
+    st = default_state("dgx01", "dgx-h100", now=T0).with_fault(Fault("ib-flap", T0 + 100, device="mlx5_4", count=3, period=60.0))
+    ev = Evaluator(H100, ChecksConfig(damping=DampingConfig(fail_after=1, recover_after=1)))
+    res: dict[tuple[str, str], CheckResult] = {}
+    for i, t in enumerate(range(int(T0) + 60, int(T0) + 400, 10)):
+        root = tmp_path / str(i) / "sys"
+        tree_ib.write(st, root, float(t))
+        c = InfinibandCollector(root).collect()
+        snap = Snapshot(float(t), {"infiniband": CollectorState("infiniband", samples=c.samples, stale=False,
+                                                                 last_success=float(t), last_attempt=float(t))})
+        res = {(r.check, r.entity): r for r in ev.evaluate(snap, float(t))}
+    r = res[("ib_flap", "mlx5_4/1")]
+    assert r.status is Status.FAIL and r.action is Action.DRAIN and dict(r.evidence)["downs"] == "3", r
+    assert [e for (c, e), x in res.items() if c == "ib_flap" and x.status is not Status.OK] == ["mlx5_4/1"]
+    assert res[("ib_port", "mlx5_4/1")].status is Status.OK  # the link is up again
