@@ -10,20 +10,28 @@ crash (delivered but cursor not yet saved) is applied once by the aggregator.
 Layout of `spool_dir`: `seg-000000000001.jsonl` …, `cursor.json` ({"seq", "offset"} of the first
 undelivered byte), and `rejected.jsonl` (records the aggregator refused as malformed; kept, not
 retried, logged).
+
+Faults of the spool's disk are said out loud and survived: a write that fails (ENOSPC, EIO,
+EDQUOT) keeps its records in memory, bounded by summarising the oldest as the spool does, and is
+retried with backoff; delivery of what is already spooled goes on. Each change of state (failing,
+recovered) is logged once, every failure is counted in `publish_spool_errors{reason}`, and
+`publish_connected` is 0 while records cannot be spooled. A line that cannot be read back
+(corrupt, or cut short by a crash) is logged with where it was and counted (reason="corrupt").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import random
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Callable
 
 import aiohttp
 
@@ -36,6 +44,10 @@ log = plog.get("podhealth.publisher")
 _PREFIX, _SUFFIX = "seg-", ".jsonl"
 BATCH_RECORDS = 500
 BATCH_BYTES = 256 * 1024
+# Records held in memory while the spool cannot be written; beyond this the oldest are summarised.
+MEMORY_MAX_BYTES = 4 * 1024 * 1024
+MAX_CORRUPT_NOTES = 16  # corrupt lines remembered for the log per read (the count has them all)
+Opener = Callable[[Path, str], IO[bytes]]
 
 
 @dataclass
@@ -47,6 +59,9 @@ class PublisherStats:
     corrupt: int = 0  # unreadable spool lines (a write cut short by a crash)
     send_failures: int = 0
     spool_bytes: int = 0
+    spool_errors: dict[str, int] = field(default_factory=dict)  # by reason: ENOSPC, EIO, ..., corrupt
+    spool_failing: str = ""  # why the spool cannot be written now ("" when it can)
+    memory_bytes: int = 0  # records waiting in memory for the spool
 
 
 def _seg_name(seq: int) -> str:
@@ -56,7 +71,10 @@ def _seg_name(seq: int) -> str:
 class Spool:
     """The segment files. Synchronous; the Publisher calls it from a worker thread under a lock."""
 
-    def __init__(self, directory: Path, max_bytes: int) -> None:
+    def __init__(self, directory: Path, max_bytes: int, opener: Opener | None = None) -> None:
+        """`opener(path, mode)` opens every file the spool writes (default open(): a test passes
+        one whose writes fail with ENOSPC)."""
+        self._open: Opener = opener or _binary_open
         self.dir = directory
         self.max_bytes = max_bytes
         self.segment_bytes = max(4096, min(1024 * 1024, max_bytes // 8))
@@ -69,6 +87,8 @@ class Spool:
             self.cursor_seq, self.cursor_off = (segs[0] if segs else self.write_seq), 0
         self._fh: Any = None
         self.stats_corrupt = 0
+        self.corrupt_notes: list[tuple[str, int, bytes]] = []  # (segment, offset, the line's start)
+        self._corrupt_seen: set[tuple[int, int]] = set()  # counted once, however often it is re-read
 
     # -- files --
 
@@ -99,29 +119,45 @@ class Spool:
 
     def _save_cursor(self) -> None:
         tmp = self.dir / "cursor.json.tmp"
-        tmp.write_text(json.dumps({"seq": self.cursor_seq, "offset": self.cursor_off}))
+        with self._open(tmp, "wb") as f:
+            f.write(json.dumps({"seq": self.cursor_seq, "offset": self.cursor_off}).encode())
         os.replace(tmp, self.dir / "cursor.json")
 
     # -- writing --
 
     def append(self, lines: list[bytes]) -> None:
-        """Append records and fsync once for the whole batch."""
-        if self._fh is None:
-            self._fh = open(self.path(self.write_seq), "ab")
-        for line in lines:
-            self._fh.write(line)
-            if self._fh.tell() >= self.segment_bytes:
-                self._rotate()
-        if self._fh is not None:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
+        """Append records and fsync once for the whole batch. On an OSError (a full disk) the
+        segment is given up, so a line it cut short stays isolated as after a crash, and the
+        caller keeps `lines` and calls again (records may then be spooled twice: their ids
+        make the resend harmless)."""
+        try:
+            if self._fh is None:
+                self._fh = self._open(self.path(self.write_seq), "ab")
+            for line in lines:
+                self._fh.write(line)
+                if self._fh.tell() >= self.segment_bytes:
+                    self._rotate()
+            if self._fh is not None:
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+        except OSError:
+            self._abandon()
+            raise
+
+    def _abandon(self) -> None:
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            with contextlib.suppress(OSError):
+                fh.close()  # flushes what it can; the rest of the buffer is lost with the file object
+            self.write_seq += 1
 
     def _rotate(self) -> None:
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
+        self._fh = None
         self.write_seq += 1
-        self._fh = open(self.path(self.write_seq), "ab")
+        self._fh = self._open(self.path(self.write_seq), "ab")
 
     def close(self) -> None:
         if self._fh is not None:
@@ -157,25 +193,39 @@ class Spool:
                     if not isinstance(rec, dict) or "id" not in rec:
                         raise ValueError("not a record")
                 except ValueError:
-                    self.stats_corrupt += 1
+                    self._corrupt(s, off + pos - len(line) - 1, line)
                     continue
                 out.append(rec)
                 size += len(line)
             if s == self.write_seq:
                 return out, (seq, off + pos)
             if pos < len(data):
-                self.stats_corrupt += 1  # a last line without newline in a closed segment: cut by a crash
+                self._corrupt(s, off + pos, data[pos:])  # a last line without newline in a closed segment: cut by a crash
             off += len(data)
         return out, (seq, off)
 
+    def _corrupt(self, seq: int, offset: int, line: bytes) -> None:
+        if (seq, offset) in self._corrupt_seen:
+            return  # read again after a failed delivery: already counted and logged
+        self._corrupt_seen.add((seq, offset))
+        self.stats_corrupt += 1
+        if len(self.corrupt_notes) < MAX_CORRUPT_NOTES:
+            self.corrupt_notes.append((_seg_name(seq), offset, line[:200]))
+
     def ack(self, pos: tuple[int, int]) -> None:
-        """Everything before `pos` is delivered: move the cursor, delete finished segments."""
+        """Everything before `pos` is delivered: move the cursor, delete finished segments.
+
+        The segments go even when the cursor cannot be saved (a full disk): that frees the space,
+        and a restart then resumes at the first segment left, whose records are all undelivered."""
         self.cursor_seq, self.cursor_off = pos
-        self._save_cursor()
-        for s in self.segments():
-            if s < self.cursor_seq:
-                with contextlib.suppress(FileNotFoundError):
-                    self.path(s).unlink()
+        self._corrupt_seen = {k for k in self._corrupt_seen if k[0] >= self.cursor_seq}
+        try:
+            self._save_cursor()
+        finally:
+            for s in self.segments():
+                if s < self.cursor_seq:
+                    with contextlib.suppress(FileNotFoundError):
+                        self.path(s).unlink()
 
     # -- bounding --
 
@@ -205,7 +255,7 @@ class Spool:
             summary = summarise(recs)
             folded += sum(1 for r in recs if r.get("type") != "summary")
             tmp = self.dir / "summary.tmp"
-            with open(tmp, "wb") as f:
+            with self._open(tmp, "wb") as f:
                 f.write(json.dumps(summary, separators=(",", ":")).encode() + b"\n")
                 f.flush()
                 os.fsync(f.fileno())
@@ -270,7 +320,8 @@ def summarise(recs: list[dict[str, Any]]) -> dict[str, Any]:
 
 class Publisher:
     def __init__(self, cfg: PublishConfig, node: str, *, fsync_batch: float = 0.05,
-                 max_backoff: float = 30.0, sequencer: Sequencer | None = None) -> None:
+                 max_backoff: float = 30.0, sequencer: Sequencer | None = None,
+                 spool_opener: Opener | None = None) -> None:
         self.cfg = cfg
         self.node = node
         # Stamps each record with (boot_id, seq) when it is published, so the aggregator orders
@@ -290,14 +341,26 @@ class Publisher:
         self._session: aiohttp.ClientSession | None = None
         self._batch_bytes = BATCH_BYTES
         self._running = False
-        self.connected = False
+        self._reachable = False  # the last delivery succeeded
+        self._opener = spool_opener
+        self._buf_bytes = 0
+        self._memory_max = max(64 * 1024, min(MEMORY_MAX_BYTES, cfg.spool_max_bytes))
+        self._retry = self._fsync_batch
+        self._read_failing = False
+
+    @property
+    def connected(self) -> bool:
+        """What `publish_connected` exports: records get through, i.e. the last delivery
+        succeeded AND new records can be spooled (a full spool disk delivers nothing new)."""
+        return self._reachable and not self.stats.spool_failing
 
     # -- lifecycle --
 
     async def start(self) -> None:
         if not self.enabled:
             return
-        self._spool = await asyncio.to_thread(Spool, Path(self.cfg.spool_dir), self.cfg.spool_max_bytes)
+        self._spool = await asyncio.to_thread(Spool, Path(self.cfg.spool_dir), self.cfg.spool_max_bytes,
+                                              self._opener)
         self.stats.spool_bytes = await asyncio.to_thread(self._spool.size)
         self._session = aiohttp.ClientSession()
         self._running = True
@@ -318,6 +381,9 @@ class Publisher:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._flush()
+        if self._buf:
+            log.error("records lost at exit: the spool could not be written", records=len(self._buf),
+                      error=self.stats.spool_failing)
         if self._spool is not None:
             async with self._lock:
                 await asyncio.to_thread(self._spool.close)
@@ -335,9 +401,34 @@ class Publisher:
             return
         if self.sequencer is not None:
             self.sequencer.stamp(rec)
-        self._buf.append(json.dumps(rec, separators=(",", ":")).encode() + b"\n")
+        line = json.dumps(rec, separators=(",", ":")).encode() + b"\n"
+        self._buf.append(line)
+        self._buf_bytes += len(line)
         self.stats.published += 1
+        if self._buf_bytes > self._memory_max:
+            self._fold_memory()
+        self.stats.memory_bytes = self._buf_bytes
         self._have_new.set()
+
+    def _fold_memory(self) -> None:
+        """Records waiting in memory (the spool cannot take them) over the bound: the oldest
+        become one summary record, as the spool does with its oldest segments."""
+        keep = self._memory_max // 2
+        total, cut = self._buf_bytes, 0
+        while cut < len(self._buf) - 1 and total > keep:
+            total -= len(self._buf[cut])
+            cut += 1
+        recs = []
+        for line in self._buf[:cut]:
+            with contextlib.suppress(ValueError):
+                recs.append(json.loads(line))
+        summary = json.dumps(summarise(recs), separators=(",", ":")).encode() + b"\n"
+        self._buf[:cut] = [summary]
+        self._buf_bytes = total + len(summary)
+        folded = sum(1 for r in recs if r.get("type") != "summary")
+        self.stats.summarised += folded
+        log.warning("spool unwritable: oldest records in memory summarised", records=folded,
+                    memory_bytes=self._buf_bytes, error=self.stats.spool_failing)
 
     def publish_event(self, ev: Event) -> None:
         self._put({"id": ev.id, "type": "event", "time": ev.time, "event": ev.to_json()})
@@ -354,20 +445,45 @@ class Publisher:
 
     async def _flusher(self) -> None:
         while self._running:
-            await self._have_new.wait()
-            self._have_new.clear()
-            await asyncio.sleep(self._fsync_batch)  # let a burst gather into one fsync
+            if self.stats.spool_failing:
+                # Retry on a backoff even when nothing new is published: the disk may have room again.
+                await asyncio.sleep(self._retry * (0.5 + random.random()))
+                self._retry = min(self._retry * 2, self._max_backoff)
+            else:
+                await self._have_new.wait()
+                self._have_new.clear()
+                await asyncio.sleep(self._fsync_batch)  # let a burst gather into one fsync
             await self._flush()
 
     async def _flush(self) -> None:
         if not self._buf or self._spool is None:
             return
-        lines, self._buf = self._buf, []
+        lines, self._buf, self._buf_bytes = self._buf, [], 0
         spool = self._spool
-        async with self._lock:
-            await asyncio.to_thread(spool.append, lines)
-            folded = await asyncio.to_thread(spool.enforce_bound)
-            self.stats.spool_bytes = await asyncio.to_thread(spool.size)
+        try:
+            async with self._lock:
+                await asyncio.to_thread(spool.append, lines)
+        except OSError as e:
+            # Keep them, oldest first, ahead of what was published meanwhile; bounded by folding.
+            self._buf[:0] = lines
+            self._buf_bytes = sum(map(len, self._buf))
+            self._spool_error(e)
+            if self._buf_bytes > self._memory_max:
+                self._fold_memory()
+            self.stats.memory_bytes = self._buf_bytes
+            return
+        self.stats.memory_bytes = self._buf_bytes
+        if self.stats.spool_failing:
+            log.info("spool writable again", dir=str(spool.dir), error_was=self.stats.spool_failing)
+            self.stats.spool_failing = ""
+        self._retry = self._fsync_batch
+        try:
+            async with self._lock:
+                folded = await asyncio.to_thread(spool.enforce_bound)
+                self.stats.spool_bytes = await asyncio.to_thread(spool.size)
+        except OSError as e:
+            folded = 0
+            self._count_error(e)  # the records are spooled; only the bound waits for the next flush
         if folded:
             self.stats.summarised += folded
             log.warning("spool full: oldest records summarised", records=folded, spool_bytes=self.stats.spool_bytes)
@@ -375,30 +491,77 @@ class Publisher:
 
     # -- delivering --
 
+    def _count_error(self, e: OSError) -> str:
+        reason = errno_reason(e)
+        self.stats.spool_errors[reason] = self.stats.spool_errors.get(reason, 0) + 1
+        return reason
+
+    def _spool_error(self, e: OSError) -> None:
+        """A write to the spool failed: counted every time, logged when the state changes."""
+        reason = self._count_error(e)
+        if not self.stats.spool_failing:
+            log.error("spool cannot be written: records kept in memory (bounded), retrying", reason=reason,
+                      error=e.strerror or str(e), dir=str(self.cfg.spool_dir))
+        self.stats.spool_failing = f"{reason}: {e.strerror or e}"
+
+    def _note_corrupt(self, spool: Spool) -> None:
+        """Lines of the spool that could not be read back: logged with where they were, and counted."""
+        new = spool.stats_corrupt - self.stats.corrupt
+        notes, spool.corrupt_notes = spool.corrupt_notes, []
+        self.stats.corrupt = spool.stats_corrupt
+        if new <= 0:
+            return
+        self.stats.spool_errors["corrupt"] = self.stats.spool_errors.get("corrupt", 0) + new
+        for seg, off, head in notes:
+            log.error("corrupt spool record skipped", segment=seg, offset=off,
+                      start=head.decode("utf-8", "replace"))
+        if new > len(notes):
+            log.error("more corrupt spool records skipped", count=new - len(notes))
+
+    async def _spool_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A read-side spool call (read, ack, size) under the lock; an OSError is counted, logged
+        once per failing spell and re-raised for the sender to back off."""
+        try:
+            async with self._lock:
+                out = await asyncio.to_thread(fn, *args)
+        except OSError as e:
+            reason = self._count_error(e)
+            if not self._read_failing:
+                log.error("spool cannot be read: delivery paused, retrying", reason=reason,
+                          error=e.strerror or str(e), dir=str(self.cfg.spool_dir))
+            self._read_failing = True
+            raise
+        if self._read_failing:
+            log.info("spool readable again", dir=str(self.cfg.spool_dir))
+            self._read_failing = False
+        return out
+
     async def _sender(self) -> None:
         backoff = 0.2
         while self._running:
             await self._have_spooled.wait()
             spool = self._spool
             assert spool is not None
-            async with self._lock:
-                recs, pos = await asyncio.to_thread(spool.read_batch, BATCH_RECORDS, self._batch_bytes)
-                self.stats.corrupt = spool.stats_corrupt
-            if not recs:
-                if pos != (spool.cursor_seq, spool.cursor_off):
-                    async with self._lock:
-                        await asyncio.to_thread(spool.ack, pos)  # skipped corrupt lines only
+            try:
+                recs, pos = await self._spool_call(spool.read_batch, BATCH_RECORDS, self._batch_bytes)
+                self._note_corrupt(spool)
+                if not recs:
+                    if pos != (spool.cursor_seq, spool.cursor_off):
+                        await self._spool_call(spool.ack, pos)  # skipped corrupt lines only
+                        continue
+                    self._have_spooled.clear()
+                    self.stats.spool_bytes = await self._spool_call(spool.size)
                     continue
-                self._have_spooled.clear()
-                self.stats.spool_bytes = await asyncio.to_thread(spool.size)
-                continue
-            ok = await self._deliver(recs)
-            if ok:
-                backoff = 0.2
-                async with self._lock:
-                    await asyncio.to_thread(spool.ack, pos)
-                    self.stats.spool_bytes = await asyncio.to_thread(spool.size)
-                self.stats.delivered += len(recs)
+                ok = await self._deliver(recs)
+                if ok:
+                    backoff = 0.2
+                    self.stats.delivered += len(recs)
+                    await self._spool_call(spool.ack, pos)
+                    self.stats.spool_bytes = await self._spool_call(spool.size)
+                    continue
+            except OSError:  # counted and logged by _spool_call: back off, as after a failed delivery
+                await asyncio.sleep(backoff * (0.5 + random.random()))
+                backoff = min(backoff * 2, self._max_backoff)
                 continue
             self.stats.send_failures += 1
             await asyncio.sleep(backoff * (0.5 + random.random()))
@@ -418,13 +581,13 @@ class Publisher:
     async def _deliver(self, recs: list[dict[str, Any]]) -> bool:
         status, text = await self._post(recs)
         if status == 200:
-            if not self.connected:
+            if not self._reachable:
                 log.info("aggregator reachable: delivering", url=self.url)
-            self.connected = True
+            self._reachable = True
             return True
-        if self.connected:
+        if self._reachable:
             log.warning("aggregator unreachable: spooling", url=self.url, status=status, error=text)
-        self.connected = False
+        self._reachable = False
         if status == 413 and len(recs) > 1:
             self._batch_bytes = max(4096, self._batch_bytes // 2)
             return False
@@ -445,6 +608,15 @@ class Publisher:
             elif status != 200:
                 return False
         return True
+
+
+def _binary_open(path: Path, mode: str) -> IO[bytes]:
+    return open(path, mode)  # noqa: SIM115 - the caller closes it
+
+
+def errno_reason(e: OSError) -> str:
+    """The label of a spool error: the errno's name (ENOSPC, EIO, EDQUOT), else the type."""
+    return errno.errorcode.get(e.errno or 0, type(e).__name__)
 
 
 def _append(path: Path, line: str) -> None:

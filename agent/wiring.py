@@ -37,7 +37,11 @@ PUBLISH_SPECS = {m.name: m for m in (
                "Spooled records (transitions, events, reports) by state: published, delivered, summarised\n"
                "(folded into a summary when the spool was full), rejected (refused as malformed; kept)."),
     MetricSpec("publish_spool_bytes", "gauge", "Bytes in the spool waiting for the aggregator.", "bytes"),
-    MetricSpec("publish_connected", "gauge", "1 when the last delivery to the aggregator succeeded."),
+    MetricSpec("publish_connected", "gauge",
+               "1 when records get through: the last delivery to the aggregator succeeded and the spool can be written."),
+    MetricSpec("publish_spool_errors", "counter",
+               "Spool faults by reason: an errno name (ENOSPC, EIO, EDQUOT: a write or read failed; records wait\n"
+               "in memory, bounded, and are retried) or corrupt (a spooled line that could not be read back; logged)."),
 )}
 
 
@@ -97,6 +101,8 @@ class Extras:
                          ("rejected", p.rejected))))
         yield Family(PUBLISH_SPECS["publish_spool_bytes"], (Sample.of("publish_spool_bytes", float(p.spool_bytes)),))
         yield Family(PUBLISH_SPECS["publish_connected"], (Sample.of("publish_connected", float(pub.connected)),))
+        yield Family(PUBLISH_SPECS["publish_spool_errors"], tuple(
+            Sample.of("publish_spool_errors", float(v), reason=k) for k, v in sorted(p.spool_errors.items())))
 
     def _on_events(self, events: tuple[Event, ...]) -> None:
         assert self.publisher is not None

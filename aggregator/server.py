@@ -127,8 +127,8 @@ async def _commit(agg: Aggregator, ops: list[Any], new_ids: Sequence[str] = (),
         if undo is not None:
             agg.mem.rollback(undo)
         agg.mem.forget_ids(new_ids)
-        raise _Reject(503, "store_failing", f"the state store cannot write ({e}); nothing was applied, "
-                                            "send again later") from None
+        raise _Reject(503, "unavailable", f"the state store cannot write ({e}); nothing was applied, "
+                                           "send again later") from None
     agg.poke()
 
 
@@ -275,16 +275,6 @@ async def api_fleet_versions(request: web.Request) -> web.Response:
     return web.json_response(fleet_versions(readings, list(agg.mem.nodes)))
 
 
-async def api_fleet_versions(request: web.Request) -> web.Response:
-    """Which nodes run which driver, VBIOS, HCA firmware, OFED, kernel (aggregator/versions.py)."""
-    from podhealth.aggregator.versions import fleet_versions
-
-    agg = request.app[AGG]
-    assert agg.store is not None and agg.mem is not None
-    readings = await asyncio.to_thread(agg.store.drift_readings)
-    return web.json_response(fleet_versions(readings, list(agg.mem.nodes)))
-
-
 async def _admin_body(request: web.Request, agg: Aggregator, need_reason: bool) -> tuple[str, str]:
     request.app[AUTH].require_admin(request)
     # body_exists, not content_length: a chunked body has no Content-Length and is read all the same.
@@ -403,8 +393,6 @@ def make_app(agg: Aggregator, *, manage: bool = True) -> web.Application:
     app.router.add_post("/api/v1/nodes/{name}/reset-order", same_site_only(_admin(_reset_order)))
     app.router.add_post("/api/v1/breaker/reset", same_site_only(_admin(_breaker_reset)))
     app.router.add_get("/api/v1/fleet", api_fleet)
-    app.router.add_get("/api/v1/fleet/versions", api_fleet_versions)
-    app.router.add_get("/v1/fleet/versions", api_fleet_versions)  # the name issue 13 gives it
     app.router.add_get("/api/v1/fleet/versions", api_fleet_versions)
     app.router.add_get("/v1/fleet/versions", api_fleet_versions)  # the name issue 13 gives it
     app.router.add_get("/metrics", metrics)

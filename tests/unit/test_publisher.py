@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import io
 import json
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from aiohttp import web
 
+from podhealth import log as plog
 from podhealth.agent.publisher import Publisher, Spool, summarise
 from podhealth.config import PublishConfig
 from podhealth.vocab import Action, CheckResult, Event, NodeReport, Status
@@ -219,3 +223,108 @@ def test_disabled_without_an_aggregator_url(tmp_path: Path) -> None:
     pub = Publisher(PublishConfig(aggregator_url="", spool_dir=tmp_path / "s"), "dgx01")
     pub.publish_event(xid(1))
     assert not pub.enabled and pub.stats.published == 0 and not (tmp_path / "s").exists()
+
+
+class _FullDisk:
+    """The spool's opener seam: real files whose writes fail with ENOSPC while `full` is set."""
+
+    def __init__(self) -> None:
+        self.full = False
+        self.refused = 0
+
+    def open(self, path: Path, mode: str) -> Any:
+        return _Writes(open(path, mode), self)
+
+
+class _Writes:
+    def __init__(self, f: Any, disk: _FullDisk) -> None:
+        self.f, self.disk = f, disk
+
+    def write(self, b: bytes) -> int:
+        if self.disk.full:
+            self.disk.refused += 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return int(self.f.write(b))
+
+    def tell(self) -> int:
+        return int(self.f.tell())
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def fileno(self) -> int:
+        return int(self.f.fileno())
+
+    def close(self) -> None:
+        self.f.close()
+
+    def __enter__(self) -> "_Writes":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def test_a_full_spool_disk_keeps_publishing_bounded_and_says_so(tmp_path: Path) -> None:
+    sink = Sink()
+    runner, url = await sink_server(sink)
+    disk = _FullDisk()
+    bound = 64 * 1024
+    pub = Publisher(pcfg(tmp_path, url, max_bytes=bound), "dgx01", max_backoff=0.2, spool_opener=disk.open)
+    await pub.start()
+    try:
+        for i in range(5):
+            pub.publish_event(xid(i))
+        await until(lambda: len(sink.ids) == 5 and pub.connected)
+        disk.full = True
+        for i in range(5, 3005):  # ~600 KB of records: ten times what memory may hold
+            pub.publish_event(xid(i, code=79 if i % 2 else 48))
+            if i % 500 == 0:
+                await asyncio.sleep(0.06)
+        await until(lambda: pub.stats.spool_failing.startswith("ENOSPC") and disk.refused >= 2)
+        assert not pub.connected  # publish_connected tells the truth: nothing new gets through
+        assert pub.stats.spool_errors["ENOSPC"] >= 2  # every failed write counted (retried on a backoff)
+        assert pub.stats.memory_bytes <= bound + 1024 and pub.stats.summarised > 0  # bounded memory
+        assert all(not t.done() for t in pub._tasks)  # both tasks alive
+        disk.full = False
+
+        def accounted() -> int:
+            """Distinct events delivered plus those summarised (a resend of one is harmless: same id)."""
+            events = [e for b in sink.batches for e in b["events"]]
+            return len({e["id"] for e in events if e["type"] == "event"}) + \
+                sum(e["count"] for e in events if e["type"] == "summary")
+        await until(lambda: accounted() >= 3005, timeout=20)  # none lost
+        assert pub.connected and pub.stats.spool_failing == ""
+    finally:
+        await pub.stop()
+        await runner.cleanup()
+
+
+async def test_a_corrupt_spool_record_is_logged_and_counted_once(tmp_path: Path) -> None:
+    buf = io.StringIO()
+    plog.setup("info", "json", stream=buf)
+    try:
+        sp = Spool(tmp_path / "spool", 1 << 20)
+        good = [json.dumps({"id": f"r{i}", "type": "event", "time": i, "event": {"kind": "xid", "code": 79}})
+                for i in range(3)]
+        bad = good[1].replace('"code": 79', '"code": 7\x009').encode()[:-3]  # bit rot inside an XID 79 record
+        sp.append([good[0].encode() + b"\n", bad + b"\n", good[2].encode() + b"\n"])
+        sp.close()
+        sink = Sink()
+        sink.status = 503
+        runner, url = await sink_server(sink)
+        pub = Publisher(pcfg(tmp_path, url), "dgx01", max_backoff=0.05)
+        await pub.start()
+        try:
+            await until(lambda: pub.stats.send_failures >= 3)  # the same batch read again and again
+            sink.status = 200
+            await until(lambda: len(sink.ids) == 2)
+            assert sink.ids == ["r0", "r2"]
+            assert pub.stats.spool_errors == {"corrupt": 1} and pub.stats.corrupt == 1
+        finally:
+            await pub.stop()
+            await runner.cleanup()
+        lines = [json.loads(x) for x in buf.getvalue().splitlines() if "corrupt" in x]
+        assert len(lines) == 1 and lines[0]["segment"].startswith("seg-") and '"r1"' in lines[0]["start"]
+    finally:
+        structlog.reset_defaults()
