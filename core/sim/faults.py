@@ -61,14 +61,14 @@ KINDS: Mapping[str, KindSpec] = {
 _INT_PARAMS = ("gpu", "link", "width", "gen", "code", "port", "count")
 _FLOAT_PARAMS = ("rate", "seconds", "period")
 _STR_PARAMS = ("device", "mount", "unit", "counter")
-# PMA PortCounters widths (IBTA; perfquery / libibmad fields.c): these saturate at their maximum
-# instead of wrapping, and a saturated one can show no new error until it is cleared.
-COUNTER_WIDTH_BITS: Mapping[str, int] = {
-    "symbol_error": 16, "link_error_recovery": 8, "link_downed": 8, "port_rcv_errors": 16,
-    "port_rcv_remote_physical_errors": 16, "port_rcv_switch_relay_errors": 16,
-    "port_xmit_discards": 16, "port_xmit_constraint_errors": 8, "port_rcv_constraint_errors": 8,
-    "local_link_integrity_errors": 4, "excessive_buffer_overrun_errors": 4, "VL15_dropped": 16,
-}
+def counter_widths() -> Mapping[str, int]:
+    """PMA counter widths (checks/data/ib_counters.yaml, the checks' own table): these counters
+    saturate at their maximum instead of wrapping, and a saturated one shows no new error."""
+    from podhealth.checks import ib_counters  # data the checks own; imported late as profiles is
+
+    return ib_counters.load().widths
+
+
 FLAP_COUNT = 3
 FLAP_PERIOD_S = 60.0
 MAX_FLAPS = 1000
@@ -153,9 +153,9 @@ def _convert(key: str, raw: str) -> object:
         return raw.rstrip("/") or "/"
     if key == "unit" and not _UNIT.match(raw):
         raise ValueError(f"bad token {tok!r}: expected a systemd unit name like nvidia-fabricmanager.service")
-    if key == "counter" and raw not in COUNTER_WIDTH_BITS:
+    if key == "counter" and raw not in counter_widths():
         raise ValueError(f"bad token {tok!r}: counter is one of the width-limited PMA counters "
-                         f"({', '.join(sorted(COUNTER_WIDTH_BITS))})")
+                         f"({', '.join(sorted(counter_widths()))})")
     if key == "device" and not _DEVICE.match(raw):
         raise ValueError(f"bad token {tok!r}: expected an HCA name like mlx5_3")
     return raw
@@ -224,7 +224,7 @@ def down_intervals(fault: Fault) -> list[tuple[float, float]]:
 
 def saturated_value(counter: str, value: int) -> int:
     """`value` as the PMA shows it: a width-limited counter stops at its maximum, never wraps."""
-    bits = COUNTER_WIDTH_BITS.get(counter)
+    bits = counter_widths().get(counter)
     return min(value, (1 << bits) - 1) if bits else value
 
 

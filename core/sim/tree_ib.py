@@ -131,8 +131,8 @@ def _synth(state: NodeState, hca: HcaSpec, now: float) -> tuple[dict[str, str], 
         "port_xmit_packets": xmit_pkts, "port_rcv_packets": rcv_pkts,
         "unicast_xmit_packets": xmit_pkts - mcast, "unicast_rcv_packets": rcv_pkts - mcast,
         "multicast_xmit_packets": mcast, "multicast_rcv_packets": mcast,
-        # ticks the port had data but no credits (light congestion); a 32-bit PMA counter
-        "port_xmit_wait": min(int(active * 2.5e5 * j), (1 << 32) - 1),
+        # ticks the port had data but no credits (light congestion); saturates at 32 bits
+        "port_xmit_wait": int(active * 2.5e5 * j),
         # the HCA counts every time the link leaves LinkUp
         "link_downed": len(started),
         "symbol_error": sum(climbed(f, now) for f in sym),
