@@ -82,7 +82,7 @@ def _wait_for(svc: Service, key: tuple[str, str], status: str, timeout: float = 
         r = _health(svc.port).get(key)
         return r if r is not None and r["status"] == status else None
     try:
-        return wait_until(got, timeout, 0.25, f"{key} {status}")  # type: ignore[no-any-return]
+        return wait_until(got, timeout, 0.25, f"{key} {status}")  # type: ignore[return-value]
     except AssertionError:
         raise AssertionError(f"wanted {key} {status}, got {_health(svc.port).get(key)}") from None
 
