@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from aiohttp.web_protocol import RequestPayloadError
 
 from podhealth import log as plog
-from podhealth.aggregator import ingest
+from podhealth.aggregator import ingest, versions
 from podhealth.aggregator.config import node_name_problem
 from podhealth.webguard import require_guarded, same_site_only
 
@@ -267,12 +267,11 @@ async def api_fleet(request: web.Request) -> web.Response:
 
 async def api_fleet_versions(request: web.Request) -> web.Response:
     """Which nodes run which driver, VBIOS, HCA firmware, OFED, kernel (aggregator/versions.py)."""
-    from podhealth.aggregator.versions import fleet_versions
-
     agg = request.app[AGG]
     assert agg.store is not None and agg.mem is not None
-    readings = await asyncio.to_thread(agg.store.drift_readings)
-    return web.json_response(fleet_versions(readings, list(agg.mem.nodes)))
+    stamps = {name: rec.stored_at for name, rec in agg.mem.nodes.items()}
+    view = await asyncio.to_thread(request.app[VERSIONS].view, stamps, agg.store.drift_readings, agg.clock())
+    return web.json_response(view)
 
 
 async def _admin_body(request: web.Request, agg: Aggregator, need_reason: bool) -> tuple[str, str]:
@@ -362,12 +361,14 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 AUTH = web.AppKey("auth", Auth)
+VERSIONS = web.AppKey("fleet_versions", versions.Readings)
 
 
 def make_app(agg: Aggregator, *, manage: bool = True) -> web.Application:
     """The aiohttp app; with `manage`, the aggregator starts and stops with it (cleanup_ctx)."""
     app = web.Application(client_max_size=agg.cfg.max_body_bytes)
     app[AGG] = agg
+    app[VERSIONS] = versions.Readings()
     app[AUTH] = Auth(agg.cfg.auth)
     if manage:
         async def lifecycle(app: web.Application) -> Any:

@@ -498,15 +498,26 @@ class Store:
             row = self._read().execute("SELECT report FROM reports WHERE name = ?", (name,)).fetchone()
         return row[0] if row else ""
 
-    def drift_readings(self) -> list[tuple[str, str, str]]:
-        """(node, field, versions) from every stored report's `drift` results (checks/drift.py):
-        SQLite's JSON functions pick them out, so the ~12 KB reports are not parsed in Python.
-        A report from an agent without the drift check gives no row."""
+    def drift_readings(self, names: Sequence[str] | None = None) -> list[tuple[str, str, str]]:
+        """(node, field, versions) from the stored reports' `drift` results (checks/drift.py), of
+        `names` or of every node. SQLite's JSON functions pick them out of the ~18 KB reports; a
+        report from an agent without the drift check gives no row, one that is not JSON none."""
+        # json_extract, not ->>: SQLite before 3.38 (Ubuntu 22.04) has JSON1 but not the operators
+        sql = ("SELECT r.name, json_extract(j.value, '$.entity'), json_extract(j.value, '$.evidence.observed') "
+               "FROM reports r, json_each(r.report, '$.results') j "
+               "WHERE {where} json_valid(r.report) AND json_extract(j.value, '$.check') = 'drift'")
+        out: list[tuple[str, str, str]] = []
         with self._read_lock:
-            return [(str(n), str(f), str(v or "")) for n, f, v in self._read().execute(
-                "SELECT r.name, json_extract(j.value, '$.entity'), json_extract(j.value, '$.evidence.observed') "
-                "FROM reports r, json_each(r.report, '$.results') j "
-                "WHERE json_valid(r.report) AND json_extract(j.value, '$.check') = 'drift'")]
+            if names is None:
+                rows = self._read().execute(sql.format(where="")).fetchall()
+            else:
+                rows = []
+                for i in range(0, len(names), 500):  # SQLite's bound-parameter limit
+                    chunk = list(names[i:i + 500])
+                    rows += self._read().execute(
+                        sql.format(where=f"r.name IN ({','.join('?' * len(chunk))}) AND"), chunk).fetchall()
+        out.extend((str(n), str(f), str(v or "")) for n, f, v in rows)
+        return out
 
     def actions_of(self, node: str, limit: int = 50) -> list[ActionRow]:
         with self._read_lock:

@@ -11,7 +11,7 @@ versions from any node's report. A field that differs gets the profile's `drift.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from podhealth.checks.context import Context
 from podhealth.checks.result import fail, ok, unknown, warn
@@ -46,16 +46,19 @@ def _where(field: str, s: Sample) -> str:
     return "node"
 
 
-def observe(snap: Snapshot) -> dict[str, tuple[Seen, ...] | None]:
+def observe(snap: Snapshot, samples: Callable[[str], Iterable[Sample]] | None = None,
+            ) -> dict[str, tuple[Seen, ...] | None]:
     """What the node runs, per field; None when the field's source has no fresh data or gave
-    nothing (unreadable), never a guess. Shared by the drift check and `podhealth profile`."""
+    nothing (unreadable), never a guess. Shared by the drift check and `podhealth profile`.
+    `samples`: series by name (the check passes its Context's index; default: a scan)."""
+    by_name = samples or snap.samples
     out: dict[str, tuple[Seen, ...] | None] = {}
     for field, (collector, name, label) in _SOURCES.items():
         if snap.stale(collector):
             out[field] = None
             continue
         seen = tuple(Seen(_where(field, s), s.label(label), s.label("board_id"))
-                     for s in snap.samples(name) if s.label(label))
+                     for s in by_name(name) if s.label(label))
         out[field] = seen or None
     return out
 
@@ -79,7 +82,7 @@ def _stated(expected: object) -> bool:
 
 def drift(ctx: Context) -> list[CheckResult]:
     p = ctx.profile
-    observed = observe(ctx.snapshot)
+    observed = observe(ctx.snapshot, ctx.samples)
     out: list[CheckResult] = []
     for field in FIELDS:
         expected = p.versions.get(field)

@@ -120,3 +120,27 @@ async def test_cli_prints_one_line_per_field(tmp_path: Path) -> None:
         assert f"HCA firmware: 2 nodes run {FW_NEW}, 1 node runs {FW_OLD}" in text
         assert "dgx01" in text  # the odd one out is named
         assert "driver: 3 nodes run 550.54.15" in text
+
+
+def test_readings_reread_only_reports_stored_since() -> None:
+    asked: list[list[str]] = []
+    stored = {"dgx01": FW_OLD, "dgx02": FW_NEW, "dgx03": FW_NEW}
+
+    def read(nodes: Any) -> list[tuple[str, str, str]]:
+        asked.append(sorted(nodes))
+        return [(n, "hca_fw", stored[n]) for n in nodes]
+
+    cache = versions.Readings()
+    stamps = {"dgx01": 100.0, "dgx02": 100.0, "dgx03": 100.0}
+    assert cache.view(stamps, read, now=200.0)["counts"]["hca_fw"] == {FW_NEW: 2, FW_OLD: 1}
+    assert asked == [["dgx01", "dgx02", "dgx03"]]
+    assert cache.view(stamps, read, now=201.0)["counts"]["hca_fw"] == {FW_NEW: 2, FW_OLD: 1}
+    assert asked[1:] == []  # nothing stored since: nothing read
+    stored["dgx01"] = FW_NEW
+    stamps["dgx01"] = 199.0  # just stored: maybe not committed yet, so read again next time too
+    assert cache.view(stamps, read, now=200.0)["counts"]["hca_fw"] == {FW_NEW: 3}
+    assert cache.view(stamps, read, now=206.0)["counts"]["hca_fw"] == {FW_NEW: 3}
+    assert cache.view(stamps, read, now=207.0)["counts"]["hca_fw"] == {FW_NEW: 3}
+    assert asked[1:] == [["dgx01"], ["dgx01"]]
+    del stamps["dgx03"]  # a node the aggregator no longer knows
+    assert cache.view(stamps, read, now=208.0)["hca_fw"] == {FW_NEW: ["dgx01", "dgx02"]}
