@@ -14,7 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from podhealth.checks import drift, gpu, host, ib, nfs, nvlink
+from podhealth.checks import aer, drift, gpu, host, ib, memory_ecc, nfs, nvlink, nvme
 from podhealth.checks.context import Context, observe_counters
 from podhealth.checks.damping import Damper
 from podhealth.checks.grace import GraceClock
@@ -67,11 +67,18 @@ CHECKS: dict[str, CheckDef] = {
     "nfs_mount": CheckDef(nfs.nfs_mount, ("nfs",)),
     "nfs_latency": CheckDef(nfs.nfs_latency, ("nfs",)),
     "systemd_unit": CheckDef(host.systemd_units, ("host",)),
+    "pcie_aer_fatal": CheckDef(aer.pcie_aer_fatal, ("pcie_aer",)),
+    "pcie_aer": CheckDef(aer.pcie_aer, ("pcie_aer",)),
+    "edac_ue": CheckDef(memory_ecc.edac_ue, ("edac",)),
+    "edac_ce": CheckDef(memory_ecc.edac_ce, ("edac",)),
+    "kernel_ras": CheckDef(memory_ecc.kernel_ras, ("kmsg",)),
+    "nvme": CheckDef(nvme.nvme, ("nvme",)),
 }
 
 _COUNTERS = frozenset({
     "gpu_ecc_errors", "gpu_pcie_replay", "nvlink_errors", "infiniband_port_stat", "infiniband_port_hw_stat",
     "nfs_operation_rtt_seconds", "nfs_operation_requests", "nfs_operation_transmissions",
+    "pcie_aer_errors", "edac_mc_errors", "edac_dimm_errors", "nvme_media_errors",
 })
 
 

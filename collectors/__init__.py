@@ -21,6 +21,9 @@ REGISTRY: dict[str, str] = {
     "host": "podhealth.collectors.host:create",
     "dcgm": "podhealth.collectors.dcgm:create",
     "kmsg": "podhealth.collectors.kmsg:create",
+    "pcie_aer": "podhealth.collectors.pcie_aer:create",
+    "edac": "podhealth.collectors.edac:create",
+    "nvme": "podhealth.collectors.nvme:create",
 }
 
 

@@ -10,6 +10,8 @@ Sources:
     richer (pid, process, NVLink5 registers, XID 154's recovery action), so an XID seen both ways
     counts once and the kernel line is preferred: NVML events are held briefly and dropped when the
     matching kernel line shows up.
+Host RAS lines (EDAC memory error summaries, `mce: [Hardware Error]`) become events too
+(kind edac / mce, collectors/ras_parse.py); checks/host_errors.py judges them.
 Collectors export raw facts: what an XID means is decided in checks/xid.py. Every collect() is
 bounded (records and bytes per call) and never blocks.
 """
@@ -27,7 +29,8 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Protocol
 
 from podhealth.collectors.base import Collection, specs
-from podhealth.collectors.xid_parse import LineAssembler, Malformed, ParsedLine, normalise_pci
+from podhealth.collectors import ras_parse
+from podhealth.collectors.xid_parse import LineAssembler, Malformed, ParsedLine, line_timestamps, normalise_pci
 from podhealth.config import Config
 from podhealth.vocab import Event, MetricSpec, Sample
 
@@ -376,6 +379,7 @@ class _Pending:
 class _Counters:
     xid: dict[tuple[str, str, int], int] = field(default_factory=dict)  # (gpu, pci, code)
     sxid: dict[tuple[str, int], int] = field(default_factory=dict)
+    ras: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (kind, mc0/bank4, severity)
     lines: int = 0
     malformed: int = 0
     lost: int = 0
@@ -387,6 +391,9 @@ class KmsgCollector:
     metrics: ClassVar[Mapping[str, MetricSpec]] = specs(
         MetricSpec("xid_events", "counter", "NVIDIA XID events (kernel log and NVML, counted once)"),
         MetricSpec("sxid_events", "counter", "NVSwitch SXid errors from the kernel log"),
+        MetricSpec("ras_kernel_errors", "counter",
+                   "Host memory / machine-check errors reported by EDAC summary and mce lines in the kernel log "
+                   "(labels kind edac|mce, source mc0|bank4, severity corrected|uncorrected|unknown)"),
         MetricSpec("kmsg_lines", "counter", "Kernel log lines read"),
         MetricSpec("kmsg_malformed_lines", "counter", "NVRM Xid / NVSwitch SXid lines that did not parse"),
         MetricSpec("kmsg_records_lost", "counter", "Kernel log records overwritten before they were read"),
@@ -451,6 +458,10 @@ class KmsgCollector:
                 self._c.malformed += 1
                 continue
             if p is None:
+                # Not NVIDIA's: host memory / machine-check lines become events of their own.
+                ras = ras_parse.parse(line)
+                if ras is not None:
+                    new.append(self._ras_event(ras, line, now, boot, year))
                 continue
             ev = self._event(p, now, boot, year)
             if ev.kind == "xid" and nvml is not None:
@@ -497,16 +508,14 @@ class KmsgCollector:
         self._errors_once.extend(notes)
         return self._nvml
 
+    def _ras_event(self, r: ras_parse.RasLine, line: str, now: float, boot: float, year: int) -> Event:
+        wall, mono = line_timestamps(line[:r.start], year)
+        sub = None if r.uncorrected is None else int(r.uncorrected)
+        return Event(kind=r.kind, code=r.count, time=self._when(wall, mono, now, boot, year), text=r.message,
+                     device=r.source, subcode=sub, source="kmsg")
+
     def _event(self, p: ParsedLine, now: float, boot: float, year: int) -> Event:
-        t = p.wall_time
-        if t is not None and t > now + 86400:
-            # Only a syslog stamp (no year, so this year was assumed) lands a day or more in the
-            # future: it was written last year, read across New Year.
-            t -= (366 if _leap(year - 1) else 365) * 86400
-        if t is None and p.mono_time is not None:
-            t = min(boot + p.mono_time, now)
-        if t is None:
-            t = now
+        t = self._when(p.wall_time, p.mono_time, now, boot, year)
         pci = p.pci_bus_id if p.kind != "sxid" else ""
         kind = {"xid": "xid", "sxid": "sxid", "fallen_off_bus": "kernel"}[p.kind]
         return Event(
@@ -514,6 +523,17 @@ class KmsgCollector:
             code=p.code, time=t, text=p.message, pci_bus_id=pci, gpu=self._gpu_of(pci), pid=p.pid,
             process=p.process, device=p.device, subcode=p.subcode, source="kmsg",
         )
+
+    @staticmethod
+    def _when(wall: float | None, mono: float | None, now: float, boot: float, year: int) -> float:
+        t = wall
+        if t is not None and t > now + 86400:
+            # Only a syslog stamp (no year, so this year was assumed) lands a day or more in the
+            # future: it was written last year, read across New Year.
+            t -= (366 if _leap(year - 1) else 365) * 86400
+        if t is None and mono is not None:
+            t = min(boot + mono, now)
+        return now if t is None else t
 
     def _gpu_of(self, pci: str) -> int | None:
         if not pci:
@@ -577,17 +597,25 @@ class KmsgCollector:
         elif ev.kind == "sxid":
             ks = (ev.device, ev.code)
             self._c.sxid[ks] = self._c.sxid.get(ks, 0) + 1
+        elif ev.kind in ("edac", "mce"):
+            kr = (ev.kind, ev.device, _RAS_SEVERITY[ev.subcode])
+            self._c.ras[kr] = self._c.ras.get(kr, 0) + ev.code
 
     def _samples(self) -> tuple[Sample, ...]:
         out = [Sample.of("xid_events", n, gpu=g, pci_bus_id=pci, code=code)
                for (g, pci, code), n in sorted(self._c.xid.items())]
         out += [Sample.of("sxid_events", n, device=d, code=code) for (d, code), n in sorted(self._c.sxid.items())]
+        out += [Sample.of("ras_kernel_errors", n, kind=k, source=src, severity=sev)
+                for (k, src, sev), n in sorted(self._c.ras.items())]
         out += [
             Sample.of("kmsg_lines", self._c.lines),
             Sample.of("kmsg_malformed_lines", self._c.malformed),
             Sample.of("kmsg_records_lost", self._c.lost),
         ]
         return tuple(out)
+
+
+_RAS_SEVERITY = {None: "unknown", 0: "corrected", 1: "uncorrected"}
 
 
 def _leap(y: int) -> bool:

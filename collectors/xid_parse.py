@@ -293,6 +293,12 @@ def _pid_name(rest: str) -> tuple[int | None, str, str]:
     return pid, process, m.group("detail").strip()
 
 
+def line_timestamps(prefix: str, year: int | None) -> tuple[float | None, float | None]:
+    """(wall, mono) from a kernel-log line's prefix (the part before the message): the one
+    timestamp reader for every kind of kernel line the kmsg collector turns into events."""
+    return _timestamps(prefix, year)
+
+
 def _timestamps(prefix: str, year: int | None) -> tuple[float | None, float | None]:
     """(wall, mono) from whatever the prefix carries. Calendar times from `dmesg -T` and syslog
     are local time (that is how dmesg and syslog print them); ISO times honour their offset."""

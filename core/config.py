@@ -126,6 +126,12 @@ class CollectorsConfig:
     host: HostConfig = doc("CPU, memory, disk, load, uptime and systemd units.", factory=HostConfig)
     kmsg: KmsgConfig = doc("XID/SXid lines from the kernel log, and NVML XID events.", factory=KmsgConfig)
     dcgm: DcgmConfig = doc("DCGM profiling fields (optional).", factory=DcgmConfig)
+    pcie_aer: CollectorConfig = doc("PCIe AER counters from <sysfs_root>/bus/pci/devices/*/aer_*.",
+                                    factory=lambda: CollectorConfig(interval=30.0))
+    edac: CollectorConfig = doc("Host memory ECC counters from <sysfs_root>/devices/system/edac/mc.",
+                                factory=lambda: CollectorConfig(interval=30.0))
+    nvme: CollectorConfig = doc("NVMe controllers from <sysfs_root>/class/nvme and `nvme smart-log -o json`\n"
+                                "when nvme-cli is installed.", factory=lambda: CollectorConfig(interval=60.0, timeout=10.0))
 
 
 @dataclass(frozen=True)

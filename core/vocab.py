@@ -214,7 +214,7 @@ class NodeReport:
         )
 
 
-EventKind = Literal["xid", "sxid", "kernel"]
+EventKind = Literal["xid", "sxid", "kernel", "edac", "mce"]  # edac/mce: host RAS lines (collectors/ras_parse.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,108 @@
+"""PCIe AER rules: a fatal error on a GPU's, HCA's or NVSwitch's link fences; error rates warn.
+
+`pcie_aer_fatal`: aer_dev_fatal's TOTAL counts since boot and only a reboot (or a hot reset)
+clears it, so a fatal count on a GPU / HCA / NVSwitch, or on a port above one of them (the ABI:
+errors may be counted at the link partner, not at the endpoint), is a DRAIN that holds until the
+node is rebooted. A fatal error elsewhere (a management NIC, a port serving none of them) warns.
+`pcie_aer`: correctable messages per hour over checks.rate_window above the profile's
+pcie_aer_correctable_per_hour, or any new uncorrectable non-fatal message, warn; rules.yaml makes
+them hold for several readings first.
+"""
+
+from __future__ import annotations
+
+from podhealth.checks.context import Context
+from podhealth.checks.result import fail, ok, unknown, warn
+from podhealth.collectors.pcie_aer import ENDPOINT_KINDS
+from podhealth.collectors.xid_parse import normalise_pci
+from podhealth.vocab import Action, CheckResult, Sample
+
+
+def _gpu_index_by_pci(ctx: Context) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for s in ctx.samples("gpu_up"):
+        pci = normalise_pci(s.label("pci_bus_id"))
+        if pci:
+            out[pci] = s.label("gpu")
+    return out
+
+
+def _name(pci: str, kind: str, device: str, gpus: dict[str, str]) -> str:
+    if kind == "gpu" and pci in gpus:
+        return f"gpu{gpus[pci]}"
+    if kind == "hca" and device:
+        return device
+    return f"{kind}:{pci}" if kind in ("gpu", "nvswitch") else f"pci:{pci}"
+
+
+def _serves(s: Sample, gpus: dict[str, str]) -> str:
+    """A port's `serves` label with GPU PCI addresses turned into gpuN names."""
+    names = []
+    for item in filter(None, s.label("serves").split(",")):
+        kind, _, pci = item.partition(":")
+        names.append(_name(pci, kind, "", gpus) if pci and kind == "gpu" else item)
+    return ",".join(names)
+
+
+def _bits(ctx: Context, pci: str, severity: str) -> str:
+    bits = [f"{b.label('error')}={int(b.value)}" for b in ctx.samples("pcie_aer_error_bits")
+            if b.label("pci") == pci and b.label("severity") == severity]
+    return " ".join(sorted(bits)) or "n/a"
+
+
+def _no_stats(ctx: Context, check: str) -> CheckResult | None:
+    n = ctx.value("pcie_aer_devices")
+    if not n:
+        return unknown(check, "node", "no PCIe AER statistics in sysfs (AER off, or a kernel older than 4.19)")
+    return None
+
+
+def pcie_aer_fatal(ctx: Context) -> list[CheckResult]:
+    missing = _no_stats(ctx, "pcie_aer_fatal")
+    if missing:
+        return [missing]
+    gpus = _gpu_index_by_pci(ctx)
+    out: list[CheckResult] = []
+    for s in ctx.samples("pcie_aer_errors"):
+        if s.label("severity") != "fatal" or s.value <= 0:
+            continue
+        pci, kind = s.label("pci"), s.label("kind")
+        serves = _serves(s, gpus)
+        ent = _name(pci, kind, s.label("device"), gpus)
+        ev = dict(pci=pci, kind=kind, fatal=int(s.value), errors=_bits(ctx, pci, "fatal"))
+        if kind in ENDPOINT_KINDS:
+            out.append(fail("pcie_aer_fatal", ent, f"fatal PCIe AER error on {ent}'s link ({int(s.value)} since boot)",
+                            Action.DRAIN, **ev))
+        elif serves:
+            out.append(fail("pcie_aer_fatal", ent, f"fatal PCIe AER error on the port above {serves}",
+                            Action.DRAIN, serves=serves, **ev))
+        else:
+            out.append(warn("pcie_aer_fatal", ent, f"fatal PCIe AER error on {kind} {pci} (no GPU, HCA or NVSwitch below)",
+                            **ev))
+    return out or [ok("pcie_aer_fatal", "node", "no fatal AER error since boot",
+                      functions=int(ctx.value("pcie_aer_devices") or 0))]
+
+
+def pcie_aer(ctx: Context) -> list[CheckResult]:
+    missing = _no_stats(ctx, "pcie_aer")
+    if missing:
+        return [missing]
+    gpus = _gpu_index_by_pci(ctx)
+    limit = ctx.profile.threshold("pcie_aer_correctable_per_hour")
+    out: list[CheckResult] = []
+    for s in ctx.samples("pcie_aer_errors"):
+        sev, pci, kind = s.label("severity"), s.label("pci"), s.label("kind")
+        ent = _name(pci, kind, s.label("device"), gpus)
+        extra = {"serves": _serves(s, gpus)} if s.label("serves") else {}
+        if sev == "correctable":
+            rate = ctx.rate_per_hour(s)
+            if rate is not None and rate > limit:
+                out.append(warn("pcie_aer", ent, f"correctable PCIe AER errors at {rate:.0f}/h on {ent}",
+                                pci=pci, kind=kind, per_hour=round(rate, 1), limit=limit,
+                                errors=_bits(ctx, pci, sev), **extra))
+        elif sev == "nonfatal":
+            inc = ctx.increase(s)
+            if inc is not None and inc > 0:
+                out.append(warn("pcie_aer", ent, f"{int(inc)} new uncorrectable (non-fatal) PCIe AER errors on {ent}",
+                                pci=pci, kind=kind, new=int(inc), errors=_bits(ctx, pci, sev), **extra))
+    return out or [ok("pcie_aer", "node", "AER error rates within limits", limit_per_hour=limit)]
