@@ -19,6 +19,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -207,6 +208,23 @@ def test_start_while_another_aggregator_holds_the_store_is_one_line(tmp_path: Pa
     assert code == 2 and len(lines) == 1, lines
     assert "in use by another aggregator (aggregator pid 1 on elsewhere)" in lines[0]
     assert not db.exists()  # refused before the store was even opened (nothing migrated)
+
+
+def test_start_on_a_database_another_program_holds_locked_is_one_line(tmp_path: Path) -> None:
+    db = tmp_path / "agg.db"
+    _seeded(db)
+    other = sqlite3.connect(db, isolation_level=None, timeout=1)
+    other.execute("BEGIN EXCLUSIVE")  # e.g. an sqlite3 shell left in a transaction
+    try:
+        t0 = time.monotonic()
+        code, lines = _start(db)
+        took = time.monotonic() - t0
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert code == 2 and len(lines) == 1, lines
+    assert "database is locked" in lines[0] and str(db) in lines[0]
+    assert took < 40  # the store's busy timeout (10 s), not forever
 
 
 @contextlib.contextmanager
