@@ -249,8 +249,9 @@ def test_simulated_dgx_h100(tmp_path: Path) -> None:
     tree_nfs.write(st, root / "proc", T0 + 600)
     ne = scrape_node_exporter(root / "sys", root / "proc", root, tmp_path / "logs")
     ib, nfs = _ours(root / "sys", root / "proc")
-    # 10 ports x (state, phys, rate, 4 data/packet counters, 17 other counters) + 10 info
-    assert compare_infiniband(ne, ib) == 10 * (3 + 4 + 17) + 10
+    # 9 ports (8 compute rails + mlx5_bond_0) x (state, phys, rate, 4 data/packet counters,
+    # 17 other counters) + 9 info
+    assert compare_infiniband(ne, ib) == 9 * (3 + 4 + 17) + 9
     n = compare_nfs(ne, nfs)
     ops = len(PROCEDURES["3"]) + len(PROCEDURES["4"])
     assert n >= 2 * 2 + ops * 8 + 2 * 3 + 5  # bytes, per-op, transport, rpc/net
