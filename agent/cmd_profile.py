@@ -156,9 +156,8 @@ def run(args: argparse.Namespace) -> int:
     log.setup(getattr(args, "log_level", None) or "warning", "auto")
     try:
         cfg = _load_config(args.config)
-        if args.file if args.profile_command == "diff" else False:
-            if not Path(args.file).is_file():
-                raise _Stop(f"{args.file}: no such file")
+        if args.profile_command == "diff" and args.file and not Path(args.file).is_file():
+            raise _Stop(f"{args.file}: no such file")
         return _capture(args, cfg) if args.profile_command == "capture" else _diff(args, cfg)
     except config_mod.ConfigError as e:
         print(e, file=sys.stderr)
