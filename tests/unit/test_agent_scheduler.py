@@ -204,12 +204,17 @@ async def test_factory_problems_disable_only_that_collector() -> None:
         return Fake()
 
     never_called: list[int] = []
+
+    def kmsg(c: config.Config) -> Fake:
+        never_called.append(1)
+        return Fake()
+
     good = Fake()
     cfg = config.loads("listen: {address: 127.0.0.1, port: 0}\ncollectors:\n  nvml: {interval: 0.1, timeout: 0.5}\n"
                        "  kmsg: {enabled: false}\n")
     agent = Agent(cfg, node="n1", factory_timeout=0.5, factories={
         "dcgm": disabled, "infiniband": broken, "nfs": hangs, "nvml": lambda c: good,
-        "kmsg": lambda c: never_called.append(1) or Fake()})
+        "kmsg": kmsg})
     await agent.start()
     try:
         cols = agent.snapshot.collectors
@@ -311,18 +316,31 @@ async def test_on_snapshot_hooks_run_once_per_burst_of_collections() -> None:
     agent = Agent(cfg_with(nvml=(0.4, 2.0), infiniband=(0.4, 2.0)), node="n1",
                   factories={"nvml": lambda c: fast, "infiniband": lambda c: slow})
     runs: list[tuple[int, int]] = []
-    agent.on_snapshot.append(lambda s: runs.append((s.collectors["nvml"].runs, s.collectors["infiniband"].runs)))
+    late: list[int] = []  # hook calls at which the slow collector had overrun its interval again
+    overruns = [0]
+
+    def hook(s: Snapshot) -> None:
+        runs.append((s.collectors["nvml"].runs, s.collectors["infiniband"].runs))
+        if s.collectors["infiniband"].overruns > overruns[0]:
+            overruns[0] = s.collectors["infiniband"].overruns
+            late.append(len(runs) - 1)
+
+    agent.on_snapshot.append(hook)
     await agent.start()
     try:
         await until(lambda: len(slow.calls) >= 8, what="8 runs of the slow collector")
     finally:
         await agent.stop()
     # Once per burst, after both finished (a hook per finished collection would give twice as
-    # many calls, half of them between the two). Margins for a loaded machine, where a burst
-    # can split now and then.
-    both = [r for r in runs if r[0] == r[1]]
-    assert len(both) >= 0.65 * len(runs), runs
-    assert len(runs) <= 1.5 * len(slow.calls) + 2, runs
+    # many calls, half of them between the two). A machine so loaded that the 0.2 s collection
+    # overran its 0.4 s interval splits bursts by design (the fast one starts alone at the tick
+    # the slow one misses): the cycles right after an overrun are not counted. Margins for a
+    # loaded machine, where a burst can split now and then.
+    excused = {i + k for i in late for k in (0, 1, 2)}
+    counted = [r for i, r in enumerate(runs) if i not in excused]
+    both = [r for r in counted if r[0] == r[1]]
+    assert len(both) >= 0.65 * len(counted), (runs, late)
+    assert len(counted) <= 1.5 * len(slow.calls) + 2, (runs, late)
 
 
 async def test_a_hung_collector_does_not_hold_the_hooks_back() -> None:
