@@ -2,11 +2,13 @@
 with a steady stream of XID events and one failing verdict, in a process of its own so the test
 can SIGKILL it at any point and start it again on the same spool.
 
-    python -m tests.harness.chaos_agent NODE AGGREGATOR_URL TOKEN WORKDIR
+    python -m tests.harness.chaos_agent NODE AGGREGATOR_URL TOKEN WORKDIR FAIL_AT
 
 Every event id it writes to WORKDIR/published.txt has been flushed to the spool first (what the
 agent promises survives its own crash); the test checks each of them reaches the aggregator
-exactly once. It stops producing when WORKDIR/stop exists and keeps delivering until killed.
+exactly once. From FAIL_AT (epoch seconds) on, it reports a failing GPU (again after each
+restart, as an agent re-judging its node would). It stops producing when WORKDIR/stop exists and
+keeps delivering until killed.
 """
 
 from __future__ import annotations
@@ -25,18 +27,21 @@ BURST = 5
 PACE_S = 0.05  # between bursts: a production rate, not a wait for anything
 
 
-async def main(node: str, url: str, token: str, work: Path) -> None:
+async def main(node: str, url: str, token: str, work: Path, fail_at: float) -> None:
     cfg = PublishConfig(aggregator_url=url, token=token, spool_dir=work / "spool", spool_max_bytes=8 << 20,
                         timeout=2.0)
     pub = Publisher(cfg, node, max_backoff=0.3)
     await pub.start()
     run = uuid.uuid4().hex[:8]  # ids stay unique across restarts of this node's process
-    # The storm: every node reports a failing GPU once per start (a transition, like the agent's).
-    pub.publish_transition(None, CheckResult("xid", Status.FAIL, "GPU0", action=Action.RESET_GPU,
-                                             summary="chaos: XID 79"))
+    failed = False
     i = 0
     with open(work / "published.txt", "a", buffering=1) as out:
         while not (work / "stop").exists():
+            if not failed and time.time() >= fail_at:
+                # The storm: this node's GPU fails (a transition, as the agent publishes it).
+                pub.publish_transition(None, CheckResult("xid", Status.FAIL, "GPU0", action=Action.RESET_GPU,
+                                                         summary="chaos: XID 79"))
+                failed = True
             ids = [f"{node}-{run}-{i + k:05d}" for k in range(BURST)]
             for eid in ids:
                 pub.publish_event(Event(kind="xid", code=(79, 48, 94)[i % 3], time=time.time(), text=f"Xid {eid}",
@@ -50,4 +55,4 @@ async def main(node: str, url: str, token: str, work: Path) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])))
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4]), float(sys.argv[5])))

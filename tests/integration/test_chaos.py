@@ -35,7 +35,7 @@ from tests.harness.slurm import SlurmCluster, slurm_fixture
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 NODES = 6
-CAP = 2
+CAP = 3
 CHAOS_S = 15.0
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,8 +73,8 @@ aggregator:
 class Fleet:
     """The processes under test, each restartable after a kill; all stopped on exit."""
 
-    def __init__(self, tmp: Path, port: int, cfg: Path) -> None:
-        self.tmp, self.port, self.cfg = tmp, port, cfg
+    def __init__(self, tmp: Path, port: int, cfg: Path, fail_at: dict[str, float]) -> None:
+        self.tmp, self.port, self.cfg, self.fail_at = tmp, port, cfg, fail_at
         self.stack = contextlib.ExitStack()
         self.procs: dict[str, tuple[contextlib.ExitStack, Service]] = {}
         self.starts: dict[str, int] = {}
@@ -85,7 +85,7 @@ class Fleet:
         work = self.tmp / name
         work.mkdir(exist_ok=True)
         return [sys.executable, "-m", "tests.harness.chaos_agent", name, f"http://127.0.0.1:{self.port}",
-                _tokens()[name], str(work)]
+                _tokens()[name], str(work), repr(self.fail_at[name])]
 
     def start(self, name: str) -> None:
         n = self.starts[name] = self.starts.get(name, 0) + 1
@@ -110,8 +110,8 @@ class Fleet:
 
 
 @contextlib.contextmanager
-def fleet(tmp: Path, port: int, cfg: Path) -> Iterator[Fleet]:
-    f = Fleet(tmp, port, cfg)
+def fleet(tmp: Path, port: int, cfg: Path, fail_at: dict[str, float]) -> Iterator[Fleet]:
+    f = Fleet(tmp, port, cfg, fail_at)
     try:
         yield f
     finally:
@@ -179,9 +179,13 @@ def test_random_kills_during_a_storm_keep_every_invariant(tmp_path: Path, slurm:
     port = free_port()
     cfg = _config(tmp_path, port, slurm.conf)
     agents = list(_tokens())
+    # The nodes fail one by one during the first part of the run, so fences are decided and
+    # carried out while processes are being killed, not all before the first kill.
+    t0 = time.time() + 3.0
+    fail_at = {a: t0 + rng.uniform(0.0, CHAOS_S * 0.6) for a in agents}
     kills: list[str] = []
     sampler = DrainSampler(slurm)
-    with fleet(tmp_path, port, cfg) as f:
+    with fleet(tmp_path, port, cfg, fail_at) as f:
         f.start("aggregator")
         for a in agents:
             f.start(a)
