@@ -63,6 +63,8 @@ def setup(cfg: Config, profile: str, root: Path, name: str) -> SimSetup:
     seams: dict[str, dict[str, Any]] = {
         "nfs": {"probe_argv": node.probe_argv},
         "host": {"units_source": node.units_path},
+        # The kernel's sysfs has no SMART log: the node's nvme-cli JSON files stand in for `nvme smart-log`.
+        "nvme": {"smart_source": node.dir / "nvme-smart"},
         # The simulated kernel stamps its records against the simulated node's boot (its t0),
         # not this machine's: without this, every simulated XID would look an hour old.
         "kmsg": {"boot_time": lambda: node.state.t0},

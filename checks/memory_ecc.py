@@ -19,7 +19,7 @@ MAX_LABELS = 4
 
 
 def _no_edac(ctx: Context, check: str) -> CheckResult | None:
-    if not ctx.value("edac_mc_count"):
+    if not ctx.value("edac_memory_controllers"):
         return unknown(check, "node", "no EDAC memory controllers (EDAC driver not loaded): memory errors are not visible")
     return None
 

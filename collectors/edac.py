@@ -34,7 +34,7 @@ METRICS: Mapping[str, MetricSpec] = specs(
                "Memory errors the EDAC driver could not pin to a DIMM (ce_noinfo_count / ue_noinfo_count)."),
     MetricSpec("edac_dimm_errors", "counter",
                "Memory errors on one DIMM (label type ce|ue; dimm is dimmN or csrowR_chC; label its slot label)."),
-    MetricSpec("edac_mc_count", "gauge", "EDAC memory controllers present (0 = no EDAC driver loaded)."),
+    MetricSpec("edac_memory_controllers", "gauge", "EDAC memory controllers present (0 = no EDAC driver loaded)."),
 )
 
 
@@ -93,7 +93,7 @@ class EdacCollector:
         mcs = self._list(base, _MC)
         if not mcs:
             errors.append(f"no EDAC memory controllers under {base} (EDAC driver not loaded)")
-        samples: list[Sample] = [Sample.of("edac_mc_count", len(mcs))]
+        samples: list[Sample] = [Sample.of("edac_memory_controllers", len(mcs))]
         for mc in mcs:
             d = base / mc
             for kind in ("ce", "ue"):

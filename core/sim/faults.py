@@ -56,6 +56,9 @@ KINDS: Mapping[str, KindSpec] = {
     "nfs-hung": KindSpec(("mount",), {}, "NFS server not responding (stat blocks)"),
     "unit-down": KindSpec(("unit",), {}, "systemd unit failed"),
     "reboot": KindSpec((), {}, "the node booted now: <proc>/stat btime = the injection time (boot grace)"),
+    "pcie-aer-fatal": KindSpec(("gpu",), {}, "fatal PCIe AER error (Surprise Down, Completion Timeout) on the GPU's link"),
+    "edac-ue": KindSpec((), {}, "one uncorrectable host memory error on mc0's second DIMM (EDAC + kernel line)"),
+    "nvme-critical": KindSpec((), {}, "nvme0 SMART critical warning 0x04 (reliability degraded) and media errors"),
 }
 
 _INT_PARAMS = ("gpu", "link", "width", "gen", "code", "port", "count")

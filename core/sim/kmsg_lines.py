@@ -13,7 +13,7 @@ from typing import Mapping
 
 from podhealth.sim.state import Fault, GpuSpec, NodeState
 
-LOGGED_KINDS = frozenset({"xid", "fallen-off-bus"})
+LOGGED_KINDS = frozenset({"xid", "fallen-off-bus", "edac-ue"})
 
 # /dev/kmsg prio = facility * 8 + level; the kernel facility is 0. NVRM prints Xids at KERN_ERR
 # severity and its identification lines (GPU at PCI ..., serial) at KERN_INFO.
@@ -69,6 +69,12 @@ def record(prio: int, seq: int, usec: int, message: str) -> str:
 
 def lines_for(state: NodeState, fault: Fault, boot_time: float, first_seq: int) -> list[str]:
     """The kmsg records the driver writes when `fault` happens; [] for kinds it does not log."""
+    if fault.kind == "edac-ue":
+        # edac_mc.c's summary line as i10nm/skx_edac print it (tree_host counts it on mc0's dimm1).
+        usec = max(0, int((fault.injected_at - boot_time) * 1_000_000))
+        return [record(PRIO_ERR, first_seq, usec, "EDAC MC0: 1 UE memory read error on CPU_SrcID#0_MC#0_Chan#1_DIMM#0 "
+                       "(channel:1 slot:0 page:0x1f3a2c offset:0x0 grain:32 -  err_code:0x0000:0x009f socket:0 "
+                       "imc:0 rank:0 bg:1 ba:2 row:0x3e8a col:0x3c0)")]
     if fault.kind not in LOGGED_KINDS or fault.gpu is None:
         return []
     gpu = state.gpu(fault.gpu)

@@ -229,7 +229,7 @@ class SimNode:
     def _refresh_locked(self, now: float) -> None:
         state = self._reload_now()
         for module_name, root in (("tree_ib", self.sys_root), ("tree_nfs", self.proc_root),
-                                  ("tree_proc", self.proc_root)):
+                                  ("tree_proc", self.proc_root), ("tree_host", self.sys_root)):
             module = _tree_module(module_name)
             if module is not None:
                 root.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import Action, CheckResult, Sample, Status
 
 H100 = profiles.load("dgx-h100")
-ALL = ("nvml", "nvlink", "infiniband", "nfs", "host", "kmsg")
+ALL = ("nvml", "nvlink", "infiniband", "nfs", "host", "kmsg", "pcie_aer", "edac", "nvme")
 
 
 def gpu_samples(n: int = 8, **over: dict[int, dict[str, float]]) -> list[Sample]:
@@ -71,7 +71,9 @@ def snap(samples: list[Sample], now: float = 1000.0, stale: tuple[str, ...] = ()
     by: dict[str, list[Sample]] = {c: [] for c in ALL}
     for s in samples:
         c = ("nvlink" if s.name.startswith("nvlink") else "infiniband" if s.name.startswith("infiniband")
-             else "nfs" if s.name.startswith("nfs") else "host" if s.name.startswith("systemd") else "nvml")
+             else "nfs" if s.name.startswith("nfs") else "host" if s.name.startswith("systemd")
+             else "pcie_aer" if s.name.startswith("pcie_aer") else "edac" if s.name.startswith("edac")
+             else "nvme" if s.name.startswith("nvme") else "nvml")
         by[c].append(s)
     return Snapshot(now, {c: CollectorState(c, samples=tuple(v), stale=c in stale, last_success=now,
                                                last_attempt=now) for c, v in by.items()})
@@ -82,8 +84,19 @@ def evaluate(samples: list[Sample], stale: tuple[str, ...] = (), damped: bool = 
     return {(r.check, r.entity): r for r in ev.evaluate(snap(samples, stale=stale), 1000.0, damped=damped)}
 
 
+def host_error_samples() -> list[Sample]:
+    """A clean host: one AER function per GPU, one EDAC controller, one NVMe drive (tests/unit/
+    test_host_errors.py judges the failing cases)."""
+    out = [Sample.of("pcie_aer_devices", 8), Sample.of("edac_memory_controllers", 1),
+           Sample.of("edac_mc_errors", 0, mc="mc0", type="ce"), Sample.of("edac_mc_errors", 0, mc="mc0", type="ue"),
+           Sample.of("nvme_info", 1, controller="nvme0", model="m", serial="s", firmware="f", state="live", pci="")]
+    out += [Sample.of("pcie_aer_errors", 0, pci=f"0000:{0x18 + i:02x}:00.0", severity=sev, kind="gpu")
+            for i in range(8) for sev in ("correctable", "nonfatal", "fatal")]
+    return out
+
+
 def healthy() -> list[Sample]:
-    return gpu_samples() + ib_samples() + nfs_samples() + host_samples()
+    return gpu_samples() + ib_samples() + nfs_samples() + host_samples() + host_error_samples()
 
 
 def test_healthy_node_is_all_ok() -> None:
