@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from aiohttp import web
 
@@ -43,12 +43,33 @@ def fd_share(limit: int, share: float, floor: int = 64) -> int:
 
 
 class _Refuse(asyncio.Protocol):
+    """Answers 503 and closes once the request has arrived (closing with it unread would reset
+    the connection, and the client would see a reset instead of the 503), within a second at most."""
+
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        try:
-            transport.write(_REFUSAL)
-        finally:
-            transport.close()
+        # uvloop's transports are not asyncio.Transport subclasses; they have the same methods.
+        t = self._transport = cast(asyncio.Transport, transport)
+        t.write(_REFUSAL)
+        self._timer = asyncio.get_running_loop().call_later(1.0, t.close)
+
+    def data_received(self, data: bytes) -> None:
+        self._close()
+
+    def eof_received(self) -> bool:
+        self._close()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
 
 
 class GuardedSite(web.TCPSite):

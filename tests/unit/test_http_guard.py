@@ -14,6 +14,7 @@ import io
 import json
 import socket
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -183,3 +184,38 @@ async def test_the_event_loop_handler_logs_a_kind_once_not_a_traceback_each_time
     lines = buf.getvalue().splitlines()
     assert len(lines) == 1 and "Traceback" not in lines[0]
     assert json.loads(lines[0])["error"] == "OSError: [Errno 24] Too many open files"
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_refused_client_reads_the_503_on_either_event_loop(loop: str) -> None:
+    """The daemons run on uvloop, whose transports are not asyncio.Transport subclasses."""
+    from aiohttp import web
+
+    from podhealth.httpguard import GuardedSite
+
+    async def main() -> str:
+        app = web.Application()
+        runner = web.AppRunner(app, access_log=None, **ConnLimits(1, 5.0).runner_kwargs())
+        await runner.setup()
+        port = free_port()
+        site = GuardedSite(runner, "127.0.0.1", port, ConnLimits(1, 5.0))
+        await site.start()
+        try:
+            [hold] = await _connect_many(port, 1)
+            await asyncio.sleep(0.1)
+            try:
+                await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/")
+            except urllib.error.HTTPError as e:
+                return f"{e.code} {e.read().decode().strip()}"
+            finally:
+                hold.close()
+            return "not refused"
+        finally:
+            await runner.cleanup()
+
+    if loop == "uvloop":
+        import uvloop
+        got = uvloop.run(main())
+    else:
+        got = asyncio.run(main())
+    assert got == "503 too many open connections"
