@@ -164,17 +164,20 @@ def ib_port(ctx: Context) -> list[CheckResult]:
             continue
         if not rc.short:
             out.append(ok("ib_port", e, **ev))
+        elif spec.missing == "ok":
+            out.append(ok("ib_port", e, f"{rc.present} of {rc.expected} {rc.role} links present (optional)", **ev))
         elif not rc.decided or portless:
+            # Ports that could not be classified (a fact sysfs did not give, a bond of unknown
+            # size) or devices whose ports could not be listed may be the missing ones.
             undecided = sorted(_entity(*k) for k, (_, a) in assigned.items() if a.undecided)
             out.append(unknown("ib_port", e, f"{rc.present} of {rc.expected} {rc.role} links told apart; "
                                "the rest could not be classified", undecided=" ".join(undecided) or "none",
                                devices_without_ports=portless, **ev))
         elif spec.missing == "fail":
+            # An adapter gone from the PCIe bus (or its driver) comes back with a reboot, if at all.
             out.append(fail("ib_port", e, f"{rc.present} of {rc.expected} {rc.role} links present", Action.REBOOT, **ev))
-        elif spec.missing == "warn":
-            out.append(warn("ib_port", e, f"{rc.present} of {rc.expected} {rc.role} links present", **ev))
         else:
-            out.append(ok("ib_port", e, f"{rc.present} of {rc.expected} {rc.role} links present (optional)", **ev))
+            out.append(warn("ib_port", e, f"{rc.present} of {rc.expected} {rc.role} links present", **ev))
     for key in sorted(views):
         facts, a = assigned[key]
         v = PortView(facts, views[key].state, views[key].phys, views[key].rate_gbps)

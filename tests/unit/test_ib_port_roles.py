@@ -168,3 +168,9 @@ def test_absent_infiniband_class_fails_compute_count(tmp_path: Path) -> None:
     res = judge(tmp_path / "sys")
     assert res[("ib_port", "role/compute")].status is Status.FAIL
     assert res[("ib_port", "role/storage")].status is Status.WARN
+
+
+def test_optional_role_with_missing_ok_is_ok(tmp_path: Path) -> None:
+    prof = profiles.load("dgx-h100", {"network.roles.storage.missing": "ok"})
+    r = judge(write_tree(tmp_path / "sys", dgx_h100("none")), prof)[("ib_port", "role/storage")]
+    assert r.status is Status.OK and "optional" in r.summary
