@@ -185,7 +185,7 @@ def test_exposition_matches_golden_and_lints(tmp_path: Path) -> None:
     assert not diffs, f"values differ from {GOLDEN.name} (PODHEALTH_UPDATE_GOLDEN=1 rewrites it):\n" + \
         "\n".join(f"{k}: {d}" for k, d in diffs[:30])
     assert {k[0] for k in got if k[0].startswith("podhealth_nvlink_")} and \
-        len(value(text, "podhealth_infiniband_port_state")) == 10
+        len(value(text, "podhealth_infiniband_port_state")) == 9  # 8 rails + mlx5_bond_0
 
 
 KNOWN_CONTRACT_LINT: set[str] = set()  # the contract is promtool-clean; keep it that way
@@ -234,7 +234,7 @@ def test_nvml_hang_goes_stale_and_metrics_stay_fast(tmp_path: Path) -> None:
         # Sources that do not use NVML keep serving.
         for c in ("infiniband", "nfs", "host"):
             assert value(text, "podhealth_collector_stale", collector=c) == [0.0], c
-        assert len(value(text, "podhealth_infiniband_port_state")) == 10
+        assert len(value(text, "podhealth_infiniband_port_state")) == 9  # 8 rails + mlx5_bond_0
 
 
 def test_hung_nfs_mount_is_reported_and_metrics_stay_fast(tmp_path: Path) -> None:
