@@ -174,3 +174,14 @@ def test_optional_role_with_missing_ok_is_ok(tmp_path: Path) -> None:
     prof = profiles.load("dgx-h100", {"network.roles.storage.missing": "ok"})
     r = judge(write_tree(tmp_path / "sys", dgx_h100("none")), prof)[("ib_port", "role/storage")]
     assert r.status is Status.OK and "optional" in r.summary
+
+
+def test_port_pinned_to_inband_is_judged_as_inband(tmp_path: Path) -> None:
+    hcas = dgx_h100("ib")
+    hcas[-1].ports[1].state, hcas[-1].ports[1].phys_state = "1: DOWN", "3: Disabled"
+    prof = profiles.load("dgx-h100", {"network.pins": {"mlx5_3": "inband"}, "network.roles.storage.count": 1})
+    res = judge(write_tree(tmp_path / "sys", hcas), prof)
+    assert dict(res[("ib_port", "mlx5_3/1")].evidence)["role"] == "inband"
+    assert res[("ib_port", "mlx5_3/1")].status is Status.WARN  # inband's port_fault is warn
+    assert dict(res[("ib_port", "role/inband")].evidence)["present"] == "1"
+    assert not_ok(res).keys() == {"mlx5_3/1"}
