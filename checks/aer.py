@@ -79,8 +79,33 @@ def pcie_aer_fatal(ctx: Context) -> list[CheckResult]:
         else:
             out.append(warn("pcie_aer_fatal", ent, f"fatal PCIe AER error on {kind} {pci} (no GPU, HCA or NVSwitch below)",
                             **ev))
+    out.extend(_hierarchy_fatal(ctx, gpus, out))
     return out or [ok("pcie_aer_fatal", "node", "no fatal AER error since boot",
                       functions=int(ctx.value("pcie_aer_devices") or 0))]
+
+
+def _hierarchy_fatal(ctx: Context, gpus: dict[str, str], found: list[CheckResult]) -> list[CheckResult]:
+    """A root port counted ERR_FATAL messages (aer_rootport_total_err_fatal) that no function's
+    own counters explain: the error came from below it (a function without AER statistics, or
+    one reset since): the port's GPUs / HCAs are what it threatens."""
+    named = {dict(r.evidence).get("pci", "") for r in found} | {r.entity for r in found}
+    port_serves = {s.label("pci"): _serves(s, gpus) for s in ctx.samples("pcie_aer_errors") if s.label("kind") == "port"}
+    out: list[CheckResult] = []
+    for s in ctx.samples("pcie_aer_rootport_errors"):
+        if s.label("severity") != "fatal" or s.value <= 0:
+            continue
+        pci = s.label("pci")
+        serves = port_serves.get(pci, "")
+        if pci in named or any(name in named for name in serves.split(",") if name):
+            continue  # a function in this hierarchy already carries the error
+        ev = dict(pci=pci, kind="port", rootport_fatal=int(s.value))
+        if serves:
+            out.append(fail("pcie_aer_fatal", f"pci:{pci}", f"fatal PCIe AER error reported below the root port of {serves}",
+                            Action.DRAIN, serves=serves, **ev))
+        else:
+            out.append(warn("pcie_aer_fatal", f"pci:{pci}", "fatal PCIe AER error reported below a root port "
+                            "with no GPU, HCA or NVSwitch", **ev))
+    return out
 
 
 def pcie_aer(ctx: Context) -> list[CheckResult]:

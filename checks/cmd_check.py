@@ -1,6 +1,6 @@
 """`podhealth check`: the handover report (local or `--node dgx01`), and Slurm HealthCheckProgram mode.
 
-Exit codes: 0 pass, 1 fail, 2 could not decide (UNKNOWN, unreachable agent, wrong token).
+Exit codes: 0 pass, 1 fail, 2 could not decide (UNKNOWN, unreachable agent, wrong token), 64 usage.
 """
 
 from __future__ import annotations
@@ -22,12 +22,25 @@ from podhealth.checks.report import EXIT_UNKNOWN, SuiteReport, render
 from podhealth.config import Config, valid_node_name
 
 
+_EXIT_CODES = """exit codes:
+  0   pass (OK, or WARN only)
+  1   fail: at least one check FAILed (the node should not go back into service)
+  2   could not decide: a check was UNKNOWN, the agent could not be reached or refused the
+      token, or the config file is invalid
+  64  usage error: the command line makes no sense (unknown option, bad value)"""
+
+
 class CheckError(Exception):
     """Could not get a verdict (unreachable, refused): printed as one line, exit 2."""
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
-    p = sub.add_parser("check", help="run the handover suite on this node or on --node NAME")
+    p = sub.add_parser("check", help="run the handover suite on this node or on --node NAME",
+                       description="Run the handover suite (the checks a repaired node must pass before users get "
+                                   "it back) on this node, or ask another node's agent with --node/--url, and print "
+                                   "the report (--format table|json|junit). With --slurm-health it is Slurm's "
+                                   "HealthCheckProgram: a fast read of the local agent's verdict.",
+                       epilog=_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--node", help="ask that node's agent: its URL from config checks.agents, else from the "
                                   "aggregator (--aggregator), else DNS (http://NODE:checks.agent_port)")
     p.add_argument("--url", help="agent base URL (overrides --node's lookup)")
@@ -36,11 +49,15 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                         "then publish.aggregator_url from config)")
     p.add_argument("--config", help="config file")
     p.add_argument("--token", help="agent token (default: $PODHEALTH_TOKEN, then auth.token from config)")
-    p.add_argument("--format", choices=["table", "json", "junit"], default="table")
+    p.add_argument("--format", choices=["table", "json", "junit", "bcm"], default="table",
+                   help="bcm: the local agent's verdict as a Base Command Manager health check (PASS/FAIL/UNKNOWN)")
     p.add_argument("-v", "--verbose", action="store_true", help="table: one row per entity, OK ones too")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the suite (default 600)")
     p.add_argument("--slurm-health", action="store_true",
                    help="fast mode for Slurm HealthCheckProgram: reads the local agent's verdict")
+    from podhealth.checks.bcm import add_options as add_bcm_options
+
+    add_bcm_options(p.add_argument_group("--format bcm"))
     p.add_argument("--drain-self", action="store_true",
                    help="with --slurm-health: drain this node on FAIL (reason 'podhealth: ...') and resume only nodes podhealth drained")
     p.set_defaults(func=run)
@@ -136,8 +153,10 @@ def _progress_printer(fmt: str) -> tuple[Callable[[dict[str, Any]], None], Calla
         return (lambda msg: None), (lambda: None)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from podhealth.console import console as make_console
+
     prog = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                    TimeElapsedColumn(), transient=True, console=None)
+                    TimeElapsedColumn(), transient=True, console=make_console(stderr=True))
     prog.start()
     task = prog.add_task("handover", total=None)
 
@@ -162,8 +181,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = _load_config(args.config)
     except config_mod.ConfigError as e:
+        if args.format == "bcm":
+            from podhealth.checks.bcm import config_unknown
+
+            return config_unknown(e, args.unknown_severity, args.info_fd)
         print(e, file=sys.stderr)
         return EXIT_UNKNOWN
+    if args.format == "bcm":
+        from podhealth.checks.bcm import run_bcm
+
+        return run_bcm(cfg, args.budget, args.fail_severity, args.unknown_severity, args.info_fd)
     if args.slurm_health:
         from podhealth.checks.slurm_health import run_slurm_health
 

@@ -73,6 +73,8 @@ def parse_aer_file(text: str) -> AerCounts:
         if not m:
             raise ValueError(f"not '<name> <count>': {line[:60]!r}")
         name, n = m.group("name"), int(m.group("n"))
+        if name.split()[-1].isdigit():  # no kernel name ends in a number: "RxErr 1 2" is garbage
+            raise ValueError(f"not '<name> <count>': {line[:60]!r}")
         if name in _TOTALS:
             total = n
         else:
