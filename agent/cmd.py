@@ -3,8 +3,8 @@
     podhealth agent [--config FILE] [--simulate PROFILE] [--sim-root DIR] [--node NAME]
                     [--listen ADDR:PORT] [--compat dcgm-exporter]
 
-Exit codes: 0 after SIGTERM/SIGINT, 2 on a bad config or argument (the message names
-file:line:key), 1 when the server cannot start (e.g. the port is taken).
+Exit codes: 0 after SIGTERM/SIGINT, 2 on a bad config (the message names file:line:key), 64 on
+a bad argument (EX_USAGE), 1 when the server cannot start (e.g. the port is taken).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 from podhealth import config
 from podhealth.credentials import CredentialError
+from podhealth.exitcodes import EXIT_USAGE
 
 SIM_PROFILES = ("dgx-h100", "dgx-h200", "dgx-b200", "dgx-a100")
 DEFAULT_SIM_NODE = "dgx01"
@@ -85,6 +86,11 @@ def _fail(msg: str) -> int:
     return 2
 
 
+def _usage(msg: str) -> int:
+    print(f"podhealth agent: {msg}", file=sys.stderr)
+    return EXIT_USAGE
+
+
 def run(args: argparse.Namespace) -> int:
     from podhealth import log
 
@@ -112,12 +118,13 @@ def run(args: argparse.Namespace) -> int:
         try:
             host, port = parse_listen(args.listen)
         except ValueError as e:
-            return _fail(str(e))
+            return _usage(str(e))
         cfg = replace(cfg, listen=replace(cfg.listen, address=host, port=port))
     # PODHEALTH_NODE: the DaemonSet passes spec.nodeName (the pod's hostname is not the node's).
     node = args.node or cfg.node.name or os.environ.get("PODHEALTH_NODE", "") or (DEFAULT_SIM_NODE if args.simulate else "")
     if node and not config.valid_node_name(node):
-        return _fail(f"invalid node name {node!r}")
+        # from --node it is a usage error; from the config or $PODHEALTH_NODE, a config error
+        return (_usage if args.node else _fail)(f"invalid node name {node!r}")
     limit_malloc_arenas()
     raise_fd_limit()
     try:

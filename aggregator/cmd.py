@@ -11,6 +11,7 @@ from typing import Any
 
 from podhealth import config
 from podhealth.credentials import CredentialError
+from podhealth.exitcodes import EXIT_USAGE, UsageError
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
@@ -37,11 +38,14 @@ def effective_config(args: argparse.Namespace) -> Any:
     cfg = config.load(args.config) if args.config else config.Config()
     agg = cfg.aggregator
     if args.listen:
-        host, port = parse_listen(args.listen)
+        try:
+            host, port = parse_listen(args.listen)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         agg = dataclasses.replace(agg, listen=dataclasses.replace(agg.listen, address=host, port=port))
     if args.db:
         if not os.path.isabs(args.db):
-            raise ValueError(f'--db: expected an absolute path, got "{args.db}"')
+            raise UsageError(f'--db: expected an absolute path, got "{args.db}"')
         agg = dataclasses.replace(agg, db=Path(args.db))
     if args.dry_run:
         agg = dataclasses.replace(agg, dry_run=True)
@@ -53,6 +57,9 @@ def effective_config(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     try:
         cfg, agg = effective_config(args)
+    except UsageError as e:
+        print(f"podhealth aggregator: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except (config.ConfigError, ValueError, CredentialError) as e:
         print(e, file=sys.stderr)
         return 2

@@ -28,7 +28,8 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--token", default=os.environ.get("PODHEALTH_ADMIN_TOKEN"), help="admin token")
     p.add_argument("--config", default=os.environ.get("PODHEALTH_CONFIG"), help="config file for URL and token")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the aggregator")
-    p.add_argument("--json", action="store_true", help="print the raw JSON answer")
+    p.add_argument("--format", choices=FORMATS, default="table", help="table for people, json: the raw JSON answer")
+    p.add_argument("--json", action="store_true", help="deprecated: same as --format json")
     fs = p.add_subparsers(dest="fleet_cmd", metavar="ACTION", required=True)
     s = fs.add_parser("status", help="fleet counts, breaker, fence budget, and the nodes that are not OK")
     s.add_argument("--all", action="store_true", help="list every node")
@@ -55,7 +56,19 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     b = fs.add_parser("breaker-reset", help="reset a tripped circuit breaker (held observations are NOT replayed)")
     b.add_argument("--reason", default="")
     b.set_defaults(func=_breaker_reset)
+    for action in fs.choices.values():  # `fleet status --format json` as well as `fleet --format json status`
+        action.add_argument("--format", choices=FORMATS, default=argparse.SUPPRESS, help="table or json")
     return p
+
+
+FORMATS = ("table", "json")
+
+
+def _as_json(args: argparse.Namespace) -> bool:
+    if args.json and not getattr(args, "_json_warned", False):
+        print("podhealth fleet: --json is deprecated, use --format json", file=sys.stderr)
+        args._json_warned = True
+    return bool(args.json or args.format == "json")
 
 
 class ApiError(Exception):
@@ -120,7 +133,7 @@ def _when(t: float | None) -> str:
 def _status(args: argparse.Namespace) -> int:
     fleet = _call(args, "GET", "/api/v1/fleet")
     nodes = _call(args, "GET", "/api/v1/nodes")
-    if args.json:
+    if _as_json(args):
         print(json.dumps({"fleet": fleet, "nodes": nodes["nodes"]}, indent=2))
         return 0
     counts = " ".join(f"{k}={v}" for k, v in fleet["counts"].items() if v)
@@ -142,7 +155,7 @@ def _status(args: argparse.Namespace) -> int:
 def _history(args: argparse.Namespace) -> int:
     q = urllib.parse.urlencode({"limit": args.limit})
     h = _call(args, "GET", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/history?{q}")
-    if args.json:
+    if _as_json(args):
         print(json.dumps(h, indent=2))
         return 0
     for it in h["items"]:
@@ -168,7 +181,7 @@ def _who() -> str:
 
 
 def _print_action(args: argparse.Namespace, out: dict[str, Any]) -> int:
-    if args.json:
+    if _as_json(args):
         print(json.dumps(out, indent=2))
     else:
         print(f"{out.get('node', '')}: {out.get('kind', '')} {out.get('state', '')}: {out.get('result', '')}".strip())
@@ -194,7 +207,7 @@ def _versions(args: argparse.Namespace) -> int:
     from podhealth.aggregator.versions import lines
 
     view = _call(args, "GET", "/api/v1/fleet/versions")
-    if args.json:
+    if _as_json(args):
         print(json.dumps(view, indent=2))
         return 0
     for line in lines(view, args.name_few):
@@ -209,7 +222,7 @@ def _versions(args: argparse.Namespace) -> int:
 def _reset_order(args: argparse.Namespace) -> int:
     out = _call(args, "POST", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/reset-order",
                 {"reason": args.reason, "who": _who()}, admin=True)
-    if args.json:
+    if _as_json(args):
         print(json.dumps(out, indent=2))
     else:
         was = out["was"]
@@ -221,7 +234,7 @@ def _reset_order(args: argparse.Namespace) -> int:
 @_run
 def _breaker_reset(args: argparse.Namespace) -> int:
     out = _call(args, "POST", "/api/v1/breaker/reset", {"reason": args.reason, "who": _who()}, admin=True)
-    if args.json:
+    if _as_json(args):
         print(json.dumps(out, indent=2))
     else:
         print("breaker reset" + (f" (was tripped: {out['was_reason']})" if out["was_tripped"] else " (was not tripped)")

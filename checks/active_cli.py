@@ -14,6 +14,7 @@ from podhealth import config as config_mod
 from podhealth.checks import profiles
 from podhealth.checks.report import SuiteReport, render
 from podhealth.config import Config
+from podhealth.exitcodes import EXIT_USAGE
 from podhealth.vocab import CheckResult
 
 DEFAULT_CONFIG = "/etc/podhealth/podhealth.yaml"
@@ -23,6 +24,21 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help=f"config file (default {DEFAULT_CONFIG} when it exists)")
     p.add_argument("--profile", choices=profiles.names(), help="hardware profile (default: node.profile from config)")
     p.add_argument("--format", choices=["table", "json", "junit"], default="table")
+
+
+def add_progress_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--progress-every", type=_positive_seconds, default=30.0, metavar="SECONDS",
+                   help="when stderr is not a terminal: a plain progress line this often (default 30)")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = 0.0
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return v
 
 
 def load_config(path: str | None) -> Config:
@@ -60,8 +76,11 @@ def finish(cfg: Config, prof: profiles.Profile, results: Sequence[CheckResult], 
     rep = SuiteReport(node=node, profile=prof.name, results=tuple(results),
                       durations=((check, time.time() - started),), started=started, finished=time.time(),
                       notes=tuple(notes))
-    render(rep, fmt, sys.stdout)
-    if fmt == "table":
-        for n in notes:
-            print(f"note: {n}")
+    render(rep, fmt, sys.stdout)  # the table prints the notes itself (escaped: rich markup eats `[burnin]`)
     return rep.exit_code
+
+
+def usage_error(command: str, message: str) -> int:
+    """An argument that makes no sense: one line, exit 64 (EX_USAGE), as argparse's own errors."""
+    print(f"podhealth {command}: {message}", file=sys.stderr)
+    return EXIT_USAGE

@@ -14,7 +14,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p = sub.add_parser("burnin", help="GPU burn-in: bf16/fp32 GEMM stress, correctness and TFLOPS per GPU",
                        description="Runs a GEMM stress on all selected GPUs at once, checks every result "
                                    "against a reference and across GPUs, and compares TFLOPS with the profile "
-                                   "gate and the node median. Exit 0 pass, 1 fail, 2 could not decide.")
+                                   "gate and the node median. Exit 0 pass, 1 fail, 2 could not decide, 64 usage error.")
     p.add_argument("--duration", type=float, help="seconds (default: active.burnin.duration)")
     p.add_argument("--gpus", type=active_cli.parse_gpus, help="GPU indices, e.g. 0,1 (default: all)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
@@ -40,14 +40,12 @@ def _run(args: argparse.Namespace) -> int:
     try:
         faults = burnin.parse_faults(args.inject_fault)
     except ValueError as e:
-        print(f"podhealth burnin: {e}", file=sys.stderr)
-        return 2
+        return active_cli.usage_error("burnin", str(e))
     bc = cfg.active.burnin
     duration = args.duration if args.duration is not None else bc.duration
     size = args.size if args.size is not None else bc.size
     if duration <= 0 or size < 0:
-        print("podhealth burnin: --duration must be > 0 and --size >= 0", file=sys.stderr)
-        return 2
+        return active_cli.usage_error("burnin", "--duration must be > 0 and --size >= 0")
     opts = burnin.BurninOptions(duration_s=duration, gpus=args.gpus, device=args.device, size=size or None,
                                 faults=faults)
     mode = args.watch or bc.watcher

@@ -13,12 +13,13 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p = sub.add_parser("dcgm-diag", help="DCGM diagnostics (dcgmi diag -r 1|2|3|4), one result per test and GPU",
                        description="Runs dcgmi diag with a timeout per level and maps DCGM failure codes to "
                                    "actions (checks/data/dcgm_errors.yaml). Without dcgmi the answer is UNKNOWN. "
-                                   "Exit 0 pass, 1 fail, 2 could not decide.")
+                                   "Exit 0 pass, 1 fail, 2 could not decide, 64 usage error.")
     p.add_argument("-r", "--level", type=int, choices=[1, 2, 3, 4], help="run level (default: active.dcgm.level)")
     p.add_argument("--timeout", type=float, help="seconds (default: active.dcgm.timeout_rN)")
     p.add_argument("--dcgmi", help="dcgmi binary (default: active.dcgm.dcgmi)")
     p.add_argument("--from-file", metavar="FILE", help="judge a saved `dcgmi diag` output (JSON or text) instead of running")
     active_cli.add_common(p)
+    active_cli.add_progress_option(p)
     p.set_defaults(func=_run)
     return p
 
@@ -43,8 +44,13 @@ def _run(args: argparse.Namespace) -> int:
     level = args.level or dc.level
     timeouts = {1: dc.timeout_r1, 2: dc.timeout_r2, 3: dc.timeout_r3, 4: dc.timeout_r4}
     if args.timeout is not None and args.timeout <= 0:
-        print("podhealth dcgm-diag: --timeout must be > 0", file=sys.stderr)
-        return 2
-    run = dcgm.run_diag(level, args.dcgmi or dc.dcgmi, args.timeout, timeouts)
+        return active_cli.usage_error("dcgm-diag", "--timeout must be > 0")
+    from podhealth.progress import LongWork
+
+    limit = args.timeout if args.timeout is not None else timeouts[level]
+    # -r 3 takes ~30 min and -r 4 up to an hour: show it is alive (a bar on a TTY, else a line per interval)
+    with LongWork(f"dcgm-diag -r {level}", interval=args.progress_every) as work:
+        work.update(note=f"time limit {limit:g}s")
+        run = work.run(lambda: dcgm.run_diag(level, args.dcgmi or dc.dcgmi, args.timeout, timeouts))
     notes = [f"dcgmi diag -r {level}: exit {run.returncode}, {run.duration_s:.1f}s"] if run.argv else []
     return active_cli.finish(cfg, prof, run.results, args.format, "dcgm_diag", started, notes)

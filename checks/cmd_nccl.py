@@ -16,7 +16,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                        description="Without --nodes: runs nccl-tests all_reduce_perf (when configured) or podhealth's "
                                    "torch.distributed runner on this node. With --nodes: pairwise two-node tests "
                                    "through srun, then re-tests of failing pairs against known-good nodes. "
-                                   "Exit 0 pass, 1 fail, 2 could not decide.")
+                                   "Exit 0 pass, 1 fail, 2 could not decide, 64 usage error.")
     p.add_argument("--nodes", help="Slurm hostlist for pairwise tests, e.g. 'dgx[01-16]'")
     p.add_argument("--reference", action="append", default=[], metavar="NODE",
                    help="a known-good node to test suspects against (repeatable)")
@@ -37,6 +37,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--parallel", type=int, default=8, help="pair tests run at once")
     p.add_argument("--runner-fault", default="", help="testing only: passed to the runner's --fault (slow:NODE, fail:NODE)")
     active_cli.add_common(p)
+    active_cli.add_progress_option(p)
     p.set_defaults(func=_run)
     return p
 
@@ -62,9 +63,8 @@ def _run(args: argparse.Namespace) -> int:
     timeout = args.timeout if args.timeout is not None else nc.timeout
     slow_pct = args.slow_pct if args.slow_pct is not None else nc.fleet_slow_pct
     if min_b <= 0 or max_b < min_b or timeout <= 0 or not 0 <= slow_pct <= 100:
-        print("podhealth nccl: need 0 < --min-bytes <= --max-bytes, --timeout > 0, 0 <= --slow-pct <= 100",
-              file=sys.stderr)
-        return 2
+        return active_cli.usage_error("nccl", "need 0 < --min-bytes <= --max-bytes, --timeout > 0, "
+                                               "0 <= --slow-pct <= 100")
     binary = args.all_reduce_perf if args.all_reduce_perf is not None else nc.all_reduce_perf
     device = "cuda" if binary else _device(args.device)
     started = time.time()
@@ -140,7 +140,7 @@ def _judge_file(args: argparse.Namespace, cfg, prof, slow_pct: float, started: f
 
 def _pairwise(args: argparse.Namespace, cfg, prof, binary: str, device: str, min_b: int, max_b: int,  # type: ignore[no-untyped-def]
               timeout: float, slow_pct: float, started: float) -> int:
-    from podhealth.checks import nccl, nccl_slurm
+    from podhealth.checks import localize, nccl, nccl_slurm
     from podhealth.aggregator.hostnames import expand_hostlist
 
     nc = cfg.active.nccl
@@ -148,11 +148,9 @@ def _pairwise(args: argparse.Namespace, cfg, prof, binary: str, device: str, min
         nodes = list(expand_hostlist(args.nodes))
         refs = [n for r in args.reference for n in expand_hostlist(r)]
     except ValueError as e:
-        print(f"podhealth nccl: --nodes: {e}", file=sys.stderr)
-        return 2
+        return active_cli.usage_error("nccl", f"--nodes: {e}")
     if len(nodes) + len(refs) < 2:
-        print("podhealth nccl: pairwise tests need at least two nodes", file=sys.stderr)
-        return 2
+        return active_cli.usage_error("nccl", "pairwise tests need at least two nodes")
     srun = nc.srun
     scontrol = os.path.join(os.path.dirname(srun), "scontrol") if os.sep in srun else "scontrol"
     ranks = args.nproc or (1 if device == "cpu" else (prof.gpu_count or 1))
@@ -165,7 +163,19 @@ def _pairwise(args: argparse.Namespace, cfg, prof, binary: str, device: str, min
     # On CPU (gloo) the profile's fabric gate means nothing: pairs are judged against their median only.
     gates = nccl.multinode_gates(prof.thresholds, override, slow_pct) if device == "cuda" else \
         nccl.Gates(override, 0.0, slow_pct)
-    out = nccl_slurm.run_pairwise(nodes, job, gates, slow_pct, refs, max_parallel=args.parallel)
+    from podhealth.progress import LongWork
+
+    with LongWork("nccl pair tests", interval=args.progress_every) as work:
+        seen: list[str] = []
+
+        def on_pair(r: "localize.PairResult") -> None:  # rounds follow from the results: no total
+            seen.append(r.outcome)
+            bad = sum(1 for o in seen if o != "pass")
+            work.update(done=len(seen), note=f"{len(seen)} pair test(s) done, {bad} not passing")
+
+        work.update(note="first round of pair tests")
+        out = work.run(lambda: nccl_slurm.run_pairwise(nodes, job, gates, slow_pct, refs, max_parallel=args.parallel,
+                                                       on_pair=on_pair))
     notes = [f"{len(out.pairs)} pair test(s); pairs' median busbw {out.median_gbps:.3g} GB/s"]
     if device != "cuda":
         notes.append("cpu (gloo): the profile's multi-node gate is not applied")

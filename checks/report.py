@@ -10,9 +10,10 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import IO, Sequence
 
+from podhealth.exitcodes import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN
 from podhealth.vocab import CheckResult, Status
 
-EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
+__all__ = ["EXIT_FAIL", "EXIT_PASS", "EXIT_UNKNOWN", "SuiteReport", "render", "worst_exit"]
 
 
 @dataclass(frozen=True)
@@ -82,12 +83,13 @@ def _entities(names: list[str]) -> str:
 
 def render_table(rep: SuiteReport, out: IO[str], verbose: bool = False) -> None:
     """Problems one per row with their evidence; OK results folded into one row per check."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(file=out, highlight=False, width=max(100, Console(file=out).width))
+    from podhealth.console import console as make_console, plain
+
+    console = make_console(out, min_width=100)
     durs = dict(rep.durations)
-    t = Table(title=f"podhealth handover — {rep.node} ({rep.profile})", show_lines=False)
+    t = Table(title=plain(f"podhealth handover — {rep.node} ({rep.profile})"), show_lines=False)
     for col in ("check", "entity", "status", "action", "evidence", "duration"):
         t.add_column(col, overflow="fold")
     by_check: dict[str, list[CheckResult]] = {}
@@ -102,16 +104,16 @@ def render_table(rep: SuiteReport, out: IO[str], verbose: bool = False) -> None:
             ev = r.summary or ", ".join(f"{k}={v}" for k, v in r.evidence)
             if r.summary and r.evidence:
                 ev += " (" + ", ".join(f"{k}={v}" for k, v in r.evidence[:4]) + ")"
-            t.add_row(check, r.entity, f"[{_STYLE[r.status]}]{r.status.value}[/]",
-                      r.action.value if r.status is not Status.OK else "", ev, dur)
+            t.add_row(plain(check), plain(r.entity), f"[{_STYLE[r.status]}]{r.status.value}[/]",
+                      r.action.value if r.status is not Status.OK else "", plain(ev), dur)
         if oks and not verbose:
             sample = oks[0].summary or ", ".join(f"{k}={v}" for k, v in oks[0].evidence[:3])
-            t.add_row(check, _entities([r.entity for r in oks]), f"[{_STYLE[Status.OK]}]OK[/]", "",
-                      sample if len(oks) == 1 else "", dur)
+            t.add_row(plain(check), plain(_entities([r.entity for r in oks])), f"[{_STYLE[Status.OK]}]OK[/]", "",
+                      plain(sample) if len(oks) == 1 else "", dur)
     console.print(t)
     for note in rep.notes:
-        console.print(f"[dim]note: {note}[/]")
-    console.print(f"[{_STYLE[rep.status]}]{rep.summary()}[/]")
+        console.print(f"[dim]note: {plain(note)}[/]")
+    console.print(f"[{_STYLE[rep.status]}]{plain(rep.summary())}[/]")
 
 
 def render_json(rep: SuiteReport, out: IO[str]) -> None:

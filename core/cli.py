@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from podhealth import __version__
+from podhealth.exitcodes import EXIT_USAGE
 
 # name -> module; order is the order in --help.
 COMMANDS: dict[str, str] = {
@@ -31,8 +32,18 @@ COMMANDS: dict[str, str] = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse exits 2 on a bad command line, which podhealth means as "could not decide" (and
+    the systemd units as "config error, do not restart"): usage errors exit 64 (EX_USAGE) here.
+    Subcommand parsers are made with the parent's class, so this covers every subcommand."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="podhealth",
         description="Fleet health for NVIDIA DGX clusters: node agent, checks, aggregator.",
     )
@@ -49,8 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -29,11 +29,14 @@ def test_bad_config_names_file_line_key_and_exits_2(tmp_path: Path) -> None:
     assert p.stderr.strip() == 'agent.yaml:4: collectors.nfs.timeout: expected seconds > 0, got "abc"'
 
 
-def test_bad_arguments_exit_2(tmp_path: Path) -> None:
+def test_bad_arguments_exit_64_usage(tmp_path: Path) -> None:
+    # 64 (EX_USAGE), not 2: 2 is "could not decide" / a bad config file
     p = run_cli("--listen", "nonsense")
-    assert p.returncode == 2 and "--listen: expected ADDR:PORT" in p.stderr
+    assert p.returncode == 64 and "--listen: expected ADDR:PORT" in p.stderr
     p = run_cli("--node", "bad name;rm")
-    assert p.returncode == 2 and "invalid node name" in p.stderr
+    assert p.returncode == 64 and "invalid node name" in p.stderr
+    p = run_cli("--no-such-option")
+    assert p.returncode == 64 and "unrecognized arguments: --no-such-option" in p.stderr
 
 
 def test_parse_listen() -> None:

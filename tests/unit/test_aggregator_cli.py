@@ -59,6 +59,22 @@ async def test_fleet_commands_against_a_running_aggregator(tmp_path: Path) -> No
         assert rc == 1 and "HTTP 404" in err
 
 
+async def test_fleet_format_json_and_the_deprecated_json_alias(tmp_path: Path) -> None:
+    import json
+
+    cfg = config(tmp_path, auth=AggAuthConfig(admin_token="atok"))
+    async with running(cfg, [MemFencer()]) as (agg, url):
+        for argv in (["--format", "json", "status"], ["status", "--format", "json"]):
+            rc, out, err = await fleet(url, *argv)
+            assert rc == 0 and err == "", err
+            assert set(json.loads(out)) == {"fleet", "nodes"}
+        rc, out, err = await fleet(url, "--json", "status")
+        assert rc == 0 and set(json.loads(out)) == {"fleet", "nodes"}
+        assert "--json is deprecated, use --format json" in err
+        rc, out, err = await fleet(url, "status", "--format", "junit")  # no results to report: usage error
+        assert rc == 64 and "invalid choice: 'junit'" in err and out == ""
+
+
 async def test_fleet_says_when_the_aggregator_is_not_there() -> None:
     rc, _, err = await fleet("http://127.0.0.1:9", "status")
     assert rc == 1 and "cannot reach the aggregator" in err
@@ -73,7 +89,7 @@ def test_aggregator_refuses_a_bad_config_with_file_line_key(tmp_path: Path) -> N
     assert r.stderr.strip() == 'agg.yaml:3: aggregator.caps.max_fenced: expected a count >= 0, got "many"'
     r = subprocess.run([sys.executable, "-m", "podhealth", "aggregator", "--db", "rel.db"],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "--db: expected an absolute path" in r.stderr
+    assert r.returncode == 64 and "--db: expected an absolute path" in r.stderr  # a usage error (EX_USAGE)
 
 
 @pytest.mark.parametrize("text, want", [("127.0.0.1:9420", ("127.0.0.1", 9420)), (":80", ("0.0.0.0", 80)),

@@ -223,4 +223,4 @@ def test_cli_rejects_bad_arguments() -> None:
     for extra in (["--gpus", "a,b"], ["--inject-fault", "melt:0"], ["--duration", "0"]):
         r = subprocess.run([sys.executable, "-m", "podhealth", "burnin", "--device", "cpu", *extra],
                            capture_output=True, timeout=60, check=False)
-        assert r.returncode == 2, extra
+        assert r.returncode == 64, extra  # usage errors: EX_USAGE, not 2 ("could not decide")
