@@ -105,10 +105,13 @@ def read(path: Path | str) -> Capture:
         attrs = {a: _text(dev / a, warnings) for a in DEVICE_ATTRS}
         pci = ""
         numa = -1
-        if (dev / "device").exists():
-            target = os.path.basename(os.path.realpath(dev / "device"))
+        if os.path.lexists(dev / "device"):
+            # the link's own text names the PCI address even in a capture that did not copy
+            # devices/ (a dangling link); numa_node needs the target
+            link = dev / "device"
+            target = os.path.basename(os.readlink(link) if link.is_symlink() else os.path.realpath(link))
             pci = target if _PCI.match(target) else ""
-            numa_text = _text(dev / "device" / "numa_node", warnings)
+            numa_text = _text(dev / "device" / "numa_node", warnings) if link.exists() else None
             numa = int(numa_text) if numa_text and re.fullmatch(r"-?\d+", numa_text) else -1
         for port in sorted((dev / "ports").iterdir(), key=lambda p: (len(p.name), p.name)):
             if not port.name.isdigit():

@@ -309,3 +309,18 @@ def test_profile_storage_role_picks_the_build() -> None:
         st = default_state("dgx01", "dgx-h100", now=T0)
     assert [(h.device, h.link_layer) for h in st.hcas if h.role == "storage"] == [
         ("mlx5_2", "InfiniBand"), ("mlx5_3", "InfiniBand")]
+
+
+def test_seed_from_a_class_dir_copied_without_devices(tmp_path: Path, own_fixtures: Path) -> None:
+    """A capture of class/infiniband alone: its device links dangle, but still name the PCI address."""
+    src = own_fixtures / OWN_TREE / "sys" / "class" / "infiniband" / "mlx5_4"
+    dev = tmp_path / "infiniband" / "mlx5_4"
+    (dev / "ports" / "1").mkdir(parents=True)
+    for name in ("fw_ver", "board_id", "hca_type"):
+        (dev / name).write_text((src / name).read_text())
+    for name in ("state", "phys_state", "rate", "link_layer"):
+        (dev / "ports" / "1" / name).write_text((src / "ports" / "1" / name).read_text())
+    os.symlink(os.readlink(src / "device"), dev / "device")
+    (h,) = from_sysfs.read(tmp_path / "infiniband").hcas
+    assert (h.device, h.pci_addr, h.numa_node, h.rate_gbps, h.counters) == ("mlx5_4", "0000:4f:00.0", -1, 400, {})
+    assert h.absent == ("node_guid", "node_type")
