@@ -1,6 +1,7 @@
 """`podhealth simulate fleet`: a simulated SuperPOD on this machine, in the foreground.
 
     podhealth simulate fleet --nodes 16 --profile dgx-h100 [--root DIR] [--base-port P] [--no-slurm]
+                             [--storage bond,ib]
 
 Starts N agents on simulated nodes dgx01..dgxNN (each its own process and port), one aggregator
 (SQLite under <root>/_fleet), and, when Slurm is installed, a loopback Slurm cluster with the same
@@ -64,6 +65,8 @@ class FleetOptions:
     slurm: bool
     cluster: str
     partition: str
+    # storage builds (podhealth.sim.topology.STORAGE_MODES) node i gets storage[i % len]; () = the SKU's
+    storage: tuple[str, ...] = ()
 
 
 @dataclass
@@ -136,8 +139,12 @@ class Fleet:
         from podhealth.sim.node import SimNode
 
         # Fresh nodes every start: faults injected into a previous run must not fence this one.
-        for name in plan.nodes:
-            SimNode.create(plan.root, name, self.opts.profile)
+        from podhealth.sim.state import default_state
+
+        for i, name in enumerate(plan.nodes):
+            storage = self.opts.storage[i % len(self.opts.storage)] if self.opts.storage else None
+            SimNode.create(plan.root, name, self.opts.profile,
+                           seed=default_state(name, self.opts.profile, storage=storage) if storage else None)
         self.say(f"  created {len(plan.nodes)} simulated nodes {plan.nodes[0]}..{plan.nodes[-1]} (healthy)")
 
     def _write_agent_configs(self, plan: FleetPlan) -> None:
@@ -485,11 +492,15 @@ def add_subcommand(sub: argparse._SubParsersAction, common: argparse.ArgumentPar
     p.add_argument("--no-slurm", action="store_true", help="do not start Slurm; use the dry-run fencer")
     p.add_argument("--cluster", default="simpod", help="cluster label in the scrape config (default simpod)")
     p.add_argument("--partition", default="gpu", help="Slurm partition / node pool (default gpu)")
+    p.add_argument("--storage", default=None, metavar="MODE[,MODE...]",
+                   help="storage adapter builds (bond, ethernet, ib, none) given to the nodes in turn, "
+                        "e.g. bond,ib: a pod of both documented builds (default: the SKU's)")
     p.set_defaults(sim_func=run)
 
 
 def options(args: argparse.Namespace) -> FleetOptions:
     from podhealth.aggregator.config import node_name_problem
+    from podhealth.sim.topology import STORAGE_MODES
 
     if not 1 <= args.nodes <= MAX_NODES:
         raise ValueError(f"--nodes: expected 1..{MAX_NODES}, got {args.nodes}")
@@ -497,9 +508,14 @@ def options(args: argparse.Namespace) -> FleetOptions:
         problem = node_name_problem(value)
         if problem:
             raise ValueError(f"{flag}: {problem.replace('node name', 'name')}")
+    storage = tuple(m.strip() for m in args.storage.split(",")) if args.storage else ()
+    bad = [m for m in storage if m not in STORAGE_MODES]
+    if bad:
+        raise ValueError(f"--storage: {bad[0]!r} is not one of {', '.join(STORAGE_MODES)}")
     root = Path(args.root) if args.root else _default_root()
     return FleetOptions(nodes=args.nodes, profile=args.profile, root=root, base_port=args.base_port,
-                        slurm=not args.no_slurm, cluster=args.cluster, partition=args.partition)
+                        slurm=not args.no_slurm, cluster=args.cluster, partition=args.partition,
+                        storage=storage)
 
 
 def run(args: argparse.Namespace) -> int:

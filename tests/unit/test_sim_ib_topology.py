@@ -324,3 +324,24 @@ def test_seed_from_a_class_dir_copied_without_devices(tmp_path: Path, own_fixtur
     (h,) = from_sysfs.read(tmp_path / "infiniband").hcas
     assert (h.device, h.pci_addr, h.numa_node, h.rate_gbps, h.counters) == ("mlx5_4", "0000:4f:00.0", -1, 400, {})
     assert h.absent == ("node_guid", "node_type")
+
+
+def test_fleet_storage_builds_in_turn(tmp_path: Path) -> None:
+    import argparse
+
+    from podhealth.sim import fleet
+
+    def args(storage: str | None) -> argparse.Namespace:
+        return argparse.Namespace(nodes=3, profile="dgx-h100", root=str(tmp_path), base_port=None, no_slurm=True,
+                                  cluster="simpod", partition="gpu", storage=storage)
+
+    with pytest.raises(ValueError, match="--storage: 'bonded' is not one of bond, ethernet, ib, none"):
+        fleet.options(args("bond,bonded"))
+    opts = fleet.options(args("bond, ib"))
+    assert opts.storage == ("bond", "ib")
+    f = fleet.Fleet(opts)
+    f.say = lambda text="": None  # type: ignore[method-assign]
+    f._create_nodes(fleet.make_plan(opts))
+    builds = [sorted(h.device for h in SimNode.open(tmp_path, n).state.hcas if h.role == "storage")
+              for n in ("dgx01", "dgx02", "dgx03")]
+    assert builds == [["mlx5_bond_0"], ["mlx5_2", "mlx5_3"], ["mlx5_bond_0"]]
