@@ -178,7 +178,14 @@ def install(agent: "Agent", spool_dir: Path | None = None) -> Extras:
         _log.info("pushing verdicts and events", aggregator=cfg.publish.aggregator_url, spool=str(pcfg.spool_dir))
     if cfg.exporters.influxdb.enabled:
         from podhealth.agent.export_influx import InfluxExporter
+        from podhealth.extras import MissingExtra, require
 
+        try:
+            require("influx")
+        except MissingExtra as e:
+            # An exporter that cannot load is no reason to stop monitoring the node: say it, go on.
+            _log.error("InfluxDB export is off", error=str(e))
+            return x
         x.influx = InfluxExporter(cfg.exporters.influxdb, agent.node)
         agent.on_snapshot.append(x._on_snapshot_influx)
         _log.info("exporting to InfluxDB", url=cfg.exporters.influxdb.url, bucket=cfg.exporters.influxdb.bucket)

@@ -67,6 +67,13 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"podhealth aggregator: aggregator.{problem[0]}: {problem[1]}", file=sys.stderr)
         return 2
+    from podhealth import extras
+
+    if not agg.dry_run:  # a fencer that cannot load: refuse to start, as for a config error
+        for key, missing in extras.missing(dataclasses.replace(cfg, aggregator=agg)):
+            if key.startswith("aggregator."):
+                print(f"podhealth aggregator: {key}: {missing}", file=sys.stderr)
+                return 2
     from podhealth import log
     log.setup(args.log_level or cfg.log.level, cfg.log.format)
     from podhealth import aioloop

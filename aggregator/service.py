@@ -93,6 +93,9 @@ def build_fencers(cfg: AggregatorConfig) -> list[Fencer]:
         from podhealth.aggregator import slurm
         out.append(slurm.from_config(f.slurm))  # type: ignore[attr-defined]
     if f.kubernetes.enabled:
+        from podhealth.extras import require
+
+        require("kubernetes")  # MissingExtra names `pip install 'podhealth[kubernetes]'`
         from podhealth.aggregator import kube
         out.append(kube.from_config(f.kubernetes))  # type: ignore[attr-defined]
     if f.file.enabled:

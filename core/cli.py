@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "agent": "podhealth.agent.cmd",
     "check": "podhealth.checks.cmd_check",
     "install-units": "podhealth.cmd_install",
+    "assets": "podhealth.cmd_assets",
     "token": "podhealth.cmd_token",
     "simulate": "podhealth.sim.cmd",
     "aggregator": "podhealth.aggregator.cmd",

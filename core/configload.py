@@ -122,8 +122,17 @@ def _show(node: yaml.Node) -> str:
 
 
 class _Loader:
-    def __init__(self, source: str) -> None:
+    """`errors` given: collect every problem (a bad key's default stands in for it, and a mapping
+    with a bad key skips its validate()); else raise the first."""
+
+    def __init__(self, source: str, errors: list[ConfigError] | None = None) -> None:
         self.source = source
+        self.errors = errors
+
+    def report(self, e: ConfigError) -> None:
+        if self.errors is None:
+            raise e
+        self.errors.append(e)
 
     def err(self, node: yaml.Node | None, path: str, msg: str) -> ConfigError:
         line = node.start_mark.line + 1 if node is not None else 0
@@ -161,6 +170,9 @@ class _Loader:
             args = get_args(tp)
             if type(None) in args and isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null"):
                 return None
+            alts = [a for a in args if a is not type(None)]
+            if len(alts) == 1:  # `X | None` given a wrong X: say what X wanted ("an absolute path")
+                return self.convert(alts[0], node, path)
             errors = []
             for a in args:
                 if a is type(None):
@@ -169,8 +181,6 @@ class _Loader:
                     return self.convert(a, node, path)
                 except ConfigError as e:
                     errors.append(e)
-            if len(errors) == 1:
-                raise errors[0]  # `X | None` given a wrong X: say what X wanted ("an absolute path")
             raise self.err(node, path, f"expected {_type_name(tp)}, got {_show(node)}")
         if origin is Literal:
             value = self.construct(node, path) if isinstance(node, yaml.ScalarNode) else None
@@ -224,15 +234,31 @@ class _Loader:
         hints = get_type_hints(cls, include_extras=True)
         fields = {f.name: f for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
+        seen: set[str] = set()
+        before = len(self.errors) if self.errors is not None else 0
         for kn, vn in node.value:
             key = str(kn.value)
             sub = f"{path}.{key}" if path else key
             if key not in fields:
                 near = ", ".join(sorted(fields))
-                raise self.err(kn, sub, f"unknown key (known: {near})")
-            if key in kwargs:
-                raise self.err(kn, sub, "duplicate key")
-            kwargs[key] = self.convert(hints[key], vn, sub)
+                self.report(self.err(kn, sub, f"unknown key (known: {near})"))
+                continue
+            if key in seen:
+                self.report(self.err(kn, sub, "duplicate key"))
+                continue
+            seen.add(key)
+            try:
+                kwargs[key] = self.convert(hints[key], vn, sub)
+            except ConfigError as e:
+                self.report(e)
+        if self.errors is not None and len(self.errors) > before:
+            # Something below was wrong: the object is a stand-in (defaults where the file was
+            # wrong) so the rest of the file can still be checked; its validate() would judge
+            # values the file does not hold.
+            try:
+                return cls(**kwargs)
+            except (TypeError, ValueError):
+                return cls()
         try:
             obj = cls(**kwargs)
         except (TypeError, ValueError) as e:
@@ -261,33 +287,67 @@ def _find(node: yaml.Node, key: str) -> yaml.Node:
 
 
 def load_text(cls: type[Any], text: str, source: str) -> Any:
-    """Parse `text` into `cls`; an empty document gives all defaults."""
+    """Parse `text` into `cls`; an empty document gives all defaults. Raises the first error
+    (`check_text` lists them all)."""
+    obj, errors = _load(cls, text, source)
+    if errors:
+        raise errors[0]
+    return obj
+
+
+def check_text(cls: type[Any], text: str, source: str) -> list[ConfigError]:
+    """Every error in `text`, in file order (empty when it loads)."""
+    return _load(cls, text, source)[1]
+
+
+def _load(cls: type[Any], text: str, source: str) -> tuple[Any, list[ConfigError]]:
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
         line = e.problem_mark.line + 1 if e.problem_mark else 0
-        raise ConfigError(source, line, "", f"invalid YAML: {e.problem}") from None
+        return None, [ConfigError(source, line, "", f"invalid YAML: {e.problem}")]
     except yaml.YAMLError as e:  # the reader's errors (a NUL, a control character) carry no mark
-        raise ConfigError(source, 0, "", "invalid YAML: " + " ".join(str(e).split())) from None
+        return None, [ConfigError(source, 0, "", "invalid YAML: " + " ".join(str(e).split()))]
     except RecursionError:
-        raise ConfigError(source, 0, "", "invalid YAML: nested too deeply") from None
+        return None, [ConfigError(source, 0, "", "invalid YAML: nested too deeply")]
     if node is None:
-        return cls()
+        return cls(), []
+    errors: list[ConfigError] = []
     try:
-        return _Loader(source).dataclass(cls, node, "")
+        obj = _Loader(source, errors).dataclass(cls, node, "")
     except RecursionError:  # an alias that contains itself (`&a [*a]`)
-        raise ConfigError(source, 0, "", "invalid YAML: nested too deeply (a recursive alias?)") from None
+        return None, [ConfigError(source, 0, "", "invalid YAML: nested too deeply (a recursive alias?)")]
+    except ConfigError as e:  # the document itself is not a mapping
+        errors.append(e)
+    errors.sort(key=lambda e: e.line)  # stable: one line's errors keep their order
+    return (None if errors else obj), errors
 
 
-def load_file(cls: type[Any], path: Path | str) -> Any:
+def read_file(path: Path | str) -> tuple[str, str]:
+    """(text, the name errors use) of a config file, or ConfigError."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8"), p.name
     except OSError as e:
         raise ConfigError(str(p), 0, "", f"cannot read: {e.strerror}") from None
     except UnicodeDecodeError:
         raise ConfigError(str(p), 0, "", "not UTF-8 text") from None
-    return load_text(cls, text, p.name)
+
+
+def load_file(cls: type[Any], path: Path | str) -> Any:
+    return load_text(cls, *read_file(path))
+
+
+def line_of(text: str, key: str) -> int:
+    """The line of a dotted key in a YAML document (of its nearest present parent; 0 if none)."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, RecursionError):
+        return 0
+    if node is None:
+        return 0
+    found = _find(node, key)
+    return found.start_mark.line + 1 if found is not node else 0
 
 
 # ---- the commented default ---------------------------------------------------------------
