@@ -93,3 +93,26 @@ def lines_for(state: NodeState, fault: Fault, boot_time: float, first_seq: int) 
             (PRIO_INFO, f"NVRM: GPU {gpu.pci_bus_id_short}: GPU serial number is {gpu.serial}."),
         ]
     return [record(prio, first_seq + i, usec + 3 * i, msg) for i, (prio, msg) in enumerate(messages)]
+
+
+def link_events(state: NodeState, now: float) -> list[tuple[str, float, int, str]]:
+    """The mlx5 driver's port transition lines that IB link faults caused up to `now`:
+    (key, time, prio, message), key unique per transition so each is logged once. The text is
+    the captured driver's: `mlx5_core 0000:53:00.0 mlx5_3: Port: 1 Link DOWN` (and `Link ACTIVE`
+    when it comes back), see ../shared/fixtures/infiniband/dmesg_mlx5_roce_link_flap_*.log."""
+    from podhealth.sim.faults import down_intervals
+
+    out: list[tuple[str, float, int, str]] = []
+    for f in state.faults:
+        if f.kind not in ("ib-down", "ib-flap"):
+            continue
+        for h in state.hcas:
+            if h.device != f.device or f.port not in (None, h.port) or not h.pci_addr:
+                continue
+            head = f"mlx5_core {h.pci_addr} {h.device}: Port: {h.port} Link"
+            for i, (down, up) in enumerate(down_intervals(f)):
+                if down <= now:
+                    out.append((f"{f.seq}/{h.port}/{i}/down", down, PRIO_INFO, f"{head} DOWN"))
+                if up <= now:
+                    out.append((f"{f.seq}/{h.port}/{i}/up", up, PRIO_INFO, f"{head} ACTIVE"))
+    return sorted(out, key=lambda e: e[1])

@@ -99,6 +99,7 @@ class SimNode:
         kmsg = directory / "kmsg.log"
         kmsg.write_text("", encoding="utf-8")
         (directory / "kmsg.seq").write_text("0", encoding="utf-8")
+        (directory / "kmsg.links").unlink(missing_ok=True)  # link lines logged by a previous node
         node = cls(directory, state)
         node._write_delivered(set())
         node.refresh()
@@ -241,6 +242,7 @@ class SimNode:
         _atomic_write(self.units_path, json.dumps(units, indent=1, sort_keys=True))
         self._write_boot_id(state)
         self._log_new_faults(state)
+        self._log_link_events(state, now)
 
     def _write_boot_id(self, state: NodeState) -> None:
         """proc/sys/kernel/random/boot_id: one per simulated boot (the node's t0), as the kernel's
@@ -287,6 +289,37 @@ class SimNode:
             out.write("".join(line + "\n" for line in lines))
         seq_path.write_text(str(seq), encoding="utf-8")
         self._write_delivered(done | {f.seq for f in new})
+
+
+    def _log_link_events(self, state: NodeState, now: float) -> None:
+        """mlx5's `Port: 1 Link DOWN/ACTIVE` lines for IB link faults, each when its transition
+        time has passed (a flap logs as it goes), once: logged keys are kept in kmsg.links."""
+        from podhealth.sim import kmsg_lines
+
+        events = kmsg_lines.link_events(state, now)
+        if not events:
+            return
+        path = self.dir / "kmsg.links"
+        try:
+            done = set(path.read_text(encoding="utf-8").split())
+        except FileNotFoundError:
+            done = set()
+        new = [e for e in events if e[0] not in done]
+        if not new:
+            return
+        seq_path = self.dir / "kmsg.seq"
+        try:
+            seq = int(seq_path.read_text(encoding="utf-8").strip() or 0)
+        except (FileNotFoundError, ValueError):
+            seq = 0
+        lines = []
+        for key, at, prio, message in new:
+            seq += 1
+            lines.append(kmsg_lines.record(prio, seq, max(0, int((at - state.t0) * 1_000_000)), message))
+        with open(self.kmsg_path, "a", encoding="utf-8") as out:
+            out.write("".join(line + "\n" for line in lines))
+        seq_path.write_text(str(seq), encoding="utf-8")
+        _atomic_write(path, " ".join(sorted(done | {e[0] for e in new})))
 
 
 _TREE_WARNED: set[str] = set()

@@ -67,7 +67,8 @@ def test_every_kind_has_a_parse_case() -> None:
         "fault=fabric-incomplete gpu=0", "fault=persistence-off gpu=0", "fault=nvml-hang seconds=1",
         "fault=ib-down device=mlx5_0", "fault=ib-rate device=mlx5_0", "fault=ib-symbol-errors device=mlx5_0",
         "fault=nfs-missing mount=/x", "fault=nfs-hung mount=/x", "fault=unit-down unit=a.service", "fault=reboot",
-        "fault=ib-flap device=mlx5_0", "fault=ib-counter-saturated device=mlx5_0 counter=symbol_error"]}
+        "fault=ib-flap device=mlx5_0", "fault=ib-counter-saturated device=mlx5_0 counter=symbol_error",
+        "fault=pcie-aer-fatal gpu=0", "fault=edac-ue", "fault=nvme-critical"]}
     assert covered == set(faults.KINDS)
 
 

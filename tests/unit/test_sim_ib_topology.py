@@ -345,3 +345,25 @@ def test_fleet_storage_builds_in_turn(tmp_path: Path) -> None:
     builds = [sorted(h.device for h in SimNode.open(tmp_path, n).state.hcas if h.role == "storage")
               for n in ("dgx01", "dgx02", "dgx03")]
     assert builds == [["mlx5_bond_0"], ["mlx5_2", "mlx5_3"], ["mlx5_bond_0"]]
+
+
+def test_link_transitions_reach_the_kernel_log_once_each(tmp_path: Path) -> None:
+    node = SimNode.create(tmp_path, "dgx01")
+    t0 = node.state.t0
+    node.inject(Fault("ib-flap", t0 + 10, device="mlx5_0", count=2, period=20))
+    node.refresh(now=t0 + 15)  # first down
+    node.refresh(now=t0 + 15)  # again: nothing repeated
+    node.refresh(now=t0 + 45)  # up, down, up
+    lines = node.kmsg_path.read_text().splitlines()
+    assert [ln.split(";", 1)[1] for ln in lines] == [
+        "mlx5_core 0000:17:00.0 mlx5_0: Port: 1 Link DOWN", "mlx5_core 0000:17:00.0 mlx5_0: Port: 1 Link ACTIVE",
+    ] * 2
+    # /dev/kmsg records: consecutive sequence numbers, microseconds since boot at each transition
+    assert [ln.split(";")[0] for ln in lines] == ["6,1,10000000,-", "6,2,20000000,-", "6,3,30000000,-",
+                                                  "6,4,40000000,-"]
+    # a node created again under the same name starts a fresh log
+    node = SimNode.create(tmp_path, "dgx01")
+    node.inject(Fault("ib-down", node.state.t0 + 1, device="mlx5_bond_0"))
+    node.refresh(now=node.state.t0 + 2)
+    assert node.kmsg_path.read_text().splitlines() == [
+        "6,1,1000000,-;mlx5_core 0000:a9:00.0 mlx5_bond_0: Port: 1 Link DOWN"]
