@@ -184,8 +184,16 @@ class SlurmFencerConfig:
 class KubeFencerConfig:
     enabled: bool = doc("Cordon + taint through the Kubernetes API.", False)
     kubeconfig: str = doc("kubeconfig path (empty = in_cluster or the default ~/.kube/config).", "")
-    in_cluster: bool = doc("Use the pod's service account.", False)
+    in_cluster: bool = doc("Use the pod's service account ($KUBERNETES_SERVICE_HOST/PORT, token and CA from\n"
+                           "service_account_dir; the token is re-read when the kubelet rotates it).", False)
     timeout: Seconds = doc("Seconds per API call.", 10.0)
+    service_account_dir: str = doc("Where in_cluster finds token and ca.crt.",
+                                   "/var/run/secrets/kubernetes.io/serviceaccount")
+
+    def validate(self) -> tuple[str, str] | None:
+        if not self.service_account_dir.startswith("/"):
+            return ("service_account_dir", f'expected an absolute path, got "{self.service_account_dir}"')
+        return None
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from podhealth.aggregator.fence import FenceOutcome, FenceReason, FenceState, render_reason
+from podhealth.aggregator.kubeauth import DEFAULT_SA_DIR, InClusterError, in_cluster_configuration
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -211,8 +212,10 @@ class KubeFencer:
     def __init__(self, api_client: "ApiClient | None" = None, kubeconfig: str | None = None,
                  in_cluster: bool = False, context: str | None = None, timeout: float = 10.0, attempts: int = 5,
                  backoff: float = 0.1, budget: float | None = None, event_namespace: str = "default",
-                 instance: str | None = None, clock: Callable[[], float] = time.time) -> None:
-        """`timeout` bounds each API call; `budget` (default 1.5 x timeout) one public call with retries."""
+                 instance: str | None = None, clock: Callable[[], float] = time.time,
+                 service_account_dir: str = DEFAULT_SA_DIR) -> None:
+        """`timeout` bounds each API call; `budget` (default 1.5 x timeout) one public call with retries.
+        `in_cluster` uses the pod's service account from `service_account_dir` (aggregator/kubeauth.py)."""
         from kubernetes import client as k8s
         from kubernetes import config as k8s_config
 
@@ -221,13 +224,11 @@ class KubeFencer:
         if api_client is None:
             try:
                 if in_cluster:
-                    cfg = k8s.Configuration()
-                    k8s_config.load_incluster_config(client_configuration=cfg)
-                    api_client = k8s.ApiClient(cfg)
+                    api_client = k8s.ApiClient(in_cluster_configuration(service_account_dir))
                 else:
                     # Its own Configuration: the process-wide default is never touched.
                     api_client = k8s_config.new_client_from_config(config_file=kubeconfig or None, context=context)
-            except (k8s_config.ConfigException, OSError) as e:
+            except (k8s_config.ConfigException, OSError, InClusterError) as e:
                 where = "in-cluster service account" if in_cluster else f"kubeconfig {kubeconfig or '(default)'}"
                 raise ValueError(f"cannot load the Kubernetes {where}: {e}") from None
         self.api = api_client
@@ -489,4 +490,5 @@ def _iso(t: float) -> str:
 
 
 def from_config(cfg: "KubeFencerConfig") -> KubeFencer:
-    return KubeFencer(kubeconfig=cfg.kubeconfig or None, in_cluster=cfg.in_cluster, timeout=cfg.timeout)
+    return KubeFencer(kubeconfig=cfg.kubeconfig or None, in_cluster=cfg.in_cluster, timeout=cfg.timeout,
+                      service_account_dir=cfg.service_account_dir)

@@ -22,23 +22,39 @@ by `uid`) merge item by item, `$patch: replace|delete|merge`, `$setElementOrder/
 `$retainKeys` and `$deleteFromPrimitiveList/<list>`; spec.taints is atomic (replaced whole, as
 in the real NodeSpec) and so are other lists. That covers kubectl cordon/uncordon/taint/label/
 annotate/drain and the Python client's patches (checked with `kubectl -v=8`).
+
+Opt-in, as a real cluster has them (existing callers get plain HTTP and one all-powerful token):
+
+- `tls=True`: HTTPS with a CA and a serving certificate for 127.0.0.1 made at start with the
+  `openssl` CLI in the workdir (`api.ca_cert`), so the Python client's in-cluster config (https +
+  a CA file) and kubectl (certificate-authority-data in the kubeconfig) verify the server.
+- `rbac=Rbac(objects)` (tests/harness/kuberbac.py) with `users={token: "system:serviceaccount:ns:name"}`:
+  each request is authenticated (the kubeconfig's own token is `kubernetes-admin` in
+  `system:masters`, as kubeadm's admin.conf is; no token is `system:anonymous`), mapped to verb,
+  API group, resource/subresource and namespace, and refused with the apiserver's 403 Status
+  unless a bound role allows it. Every refusal is kept in `api.denied`.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
+import ssl
+import subprocess
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.harness.kuberbac import ANONYMOUS, MASTERS, Attributes, Rbac, User, forbidden, request_attributes
 
 Json = dict[str, Any]
 
@@ -341,10 +357,19 @@ class KubeAPI:
     """The stand-in server. Start with `start()` or `with KubeAPI(...) as api:`."""
 
     def __init__(self, nodes: Iterable[str] = ("node-a",), token: str = "podhealth-test-token",
-                 workdir: Path | str | None = None, require_token: bool = False) -> None:
+                 workdir: Path | str | None = None, require_token: bool = False, tls: bool = False,
+                 rbac: Rbac | None = None, users: Mapping[str, str] | None = None) -> None:
         self.token = token
         self.require_token = require_token
         self._lock = threading.RLock()
+        self.tls = tls
+        self.rbac = rbac
+        # bearer token -> user; the kubeconfig's token is the cluster admin (system:masters).
+        self._users: dict[str, User] = {token: User("kubernetes-admin", (MASTERS, "system:authenticated"))}
+        for t, name in (users or {}).items():
+            self.add_token(t, name)
+        self.denied: list[tuple[User, Attributes]] = []
+        self.ca_cert = Path()
         self._rv = 0
         self._nodes: dict[str, Json] = {}
         self._events: list[Json] = []
@@ -367,12 +392,19 @@ class KubeAPI:
         class Handler(_Handler):
             server_api = api
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if self._workdir is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix="phkube-"))
+        self._workdir.mkdir(parents=True, exist_ok=True)
+        if self.tls:
+            self.ca_cert, cert, key = make_tls_files(self._workdir)
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(cert, key)
+            self._server = _TLSServer(("127.0.0.1", 0), Handler, ctx)
+        else:
+            self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="kubeapi", daemon=True)
         self._thread.start()
-        if self._workdir is None:
-            self._workdir = Path(tempfile.mkdtemp(prefix="phkube-"))
         self.kubeconfig = self.write_kubeconfig(self._workdir / "kubeconfig")
         return self
 
@@ -402,13 +434,16 @@ class KubeAPI:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def write_kubeconfig(self, path: Path | str) -> Path:
         """A kubeconfig (JSON is valid YAML) that kubectl and the Python client both accept."""
         path = Path(path)
+        cluster: Json = {"server": self.url}
+        if self.tls:
+            cluster["certificate-authority-data"] = base64.b64encode(self.ca_cert.read_bytes()).decode()
         cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "podhealth-test",
-               "clusters": [{"name": "stand-in", "cluster": {"server": self.url}}],
+               "clusters": [{"name": "stand-in", "cluster": cluster}],
                "users": [{"name": "podhealth", "user": {"token": self.token}}],
                "contexts": [{"name": "podhealth-test", "context": {"cluster": "stand-in", "user": "podhealth"}}],
                "preferences": {}}
@@ -417,6 +452,26 @@ class KubeAPI:
         return path
 
     # ---- test helpers ---------------------------------------------------------------------------
+
+    def add_token(self, token: str, user: str, groups: Iterable[str] = ()) -> None:
+        """Accept `token` as `user` (a service account's groups come with `system:serviceaccount:*`)."""
+        with self._lock:
+            self._users[token] = User.of(user, groups)
+
+    def remove_token(self, token: str) -> None:
+        """Stop accepting `token` (a rotated-out service account token expires)."""
+        with self._lock:
+            self._users.pop(token, None)
+
+    def authenticate(self, header: str | None) -> User | None:
+        """The user an Authorization header names; ANONYMOUS without one; None = 401."""
+        if header is None:
+            return ANONYMOUS
+        scheme, _, token = header.strip().partition(" ")
+        if scheme.lower() != "bearer":  # the scheme is case-insensitive (RFC 7235); the client sends "bearer"
+            return None
+        with self._lock:
+            return self._users.get(token.strip())
 
     def add_node(self, name: str, labels: dict[str, str] | None = None, unschedulable: bool = False) -> None:
         with self._lock:
@@ -513,10 +568,12 @@ class KubeAPI:
         if parts in (["api", "v1", "pods"],) or (len(parts) == 5 and parts[2] == "namespaces" and parts[4] == "pods"):
             return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": str(self._rv)},
                          "items": []}
-        if _is_events_path(parts):
+        if _is_events_path(parts) or parts in (["api", "v1", "events"], ["apis", "events.k8s.io", "v1", "events"]):
+            # one namespace's events, or (`kubectl get events -A`) every namespace's
             api_version = "v1" if parts[0] == "api" else "events.k8s.io/v1"
             with self._lock:
-                items = [copy.deepcopy(e) for e in self._events if e["apiVersion"] == api_version]
+                items = [copy.deepcopy(e) for e in self._events if e["apiVersion"] == api_version
+                         and (len(parts) < 5 or e["metadata"]["namespace"] == parts[-2])]
             return 200, {"kind": "EventList", "apiVersion": api_version, "metadata": {"resourceVersion": str(self._rv)},
                          "items": items}
         raise ApiError(404, "NotFound", f"the server could not find the requested resource (/{'/'.join(parts)})")
@@ -688,9 +745,16 @@ class _Handler(BaseHTTPRequestHandler):
         # kubectl (client-go) never sends a bearer token over plain http, so a request without
         # one is served as anonymous (like --anonymous-auth with a permissive RBAC); a wrong
         # token is still refused, so the Python client's token is really checked.
-        if (auth is None and api.require_token) or (auth is not None and auth != f"Bearer {api.token}"):
+        user = api.authenticate(auth)
+        if user is None or (auth is None and api.require_token):
             self._reply(401, ApiError(401, "Unauthorized", "Unauthorized").status())
             return
+        if api.rbac is not None:
+            attrs = request_attributes(self.command, u.path, parse_qs(u.query))
+            if not api.rbac.allows(user, attrs):
+                api.denied.append((user, attrs))
+                self._reply(403, forbidden(user, attrs))
+                return
         try:
             code, payload = api.handle(self.command, u.path, parse_qs(u.query), ctype, accept, body)
         except ApiError as e:
@@ -708,3 +772,49 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
+
+
+class _TLSServer(ThreadingHTTPServer):
+    """HTTPS: the handshake runs in the request's own thread (finish_request), with a timeout, so
+    a client that connects and says nothing cannot stall the accept loop."""
+
+    def __init__(self, addr: tuple[str, int], handler: type[BaseHTTPRequestHandler], ctx: ssl.SSLContext) -> None:
+        self.ssl_context = ctx
+        super().__init__(addr, handler)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        request.settimeout(10.0)
+        try:
+            tls = self.ssl_context.wrap_socket(request, server_side=True)
+        except (OSError, ssl.SSLError):
+            return  # a client that rejected our certificate or went away; nothing to serve
+        super().finish_request(tls, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        return  # a client hanging up mid-response is not a test failure; the client sees its error
+
+
+def make_tls_files(workdir: Path, timeout: float = 30.0) -> tuple[Path, Path, Path]:
+    """(ca.crt, serving cert, key): a throw-away CA and a certificate it signs for 127.0.0.1 and
+    localhost, made with the openssl CLI (a cluster's serving cert is CA-signed too; Go's verifier
+    and Python's ssl both check the IP SAN)."""
+    def openssl(*args: str) -> None:
+        r = subprocess.run(["openssl", *args], capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+        if r.returncode != 0:
+            raise RuntimeError(f"openssl {args[0]} failed: {r.stderr[-1000:]}")
+
+    ca, ca_key = workdir / "ca.crt", workdir / "ca.key"
+    cert, key, csr, ext = workdir / "apiserver.crt", workdir / "apiserver.key", workdir / "apiserver.csr", \
+        workdir / "apiserver.ext"
+    curve = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    openssl("req", "-x509", *curve, "-keyout", str(ca_key), "-out", str(ca), "-days", "2",
+            "-subj", "/CN=podhealth-stand-in-ca")
+    openssl("req", "-new", *curve, "-keyout", str(key), "-out", str(csr), "-subj", "/CN=kube-apiserver")
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"
+                   "keyUsage=critical,digitalSignature,keyEncipherment\nbasicConstraints=critical,CA:FALSE\n")
+    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+            "-out", str(cert), "-days", "2", "-extfile", str(ext))
+    for p in (csr, ext, workdir / "ca.srl"):
+        p.unlink(missing_ok=True)
+    return ca, cert, key
