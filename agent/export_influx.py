@@ -9,6 +9,11 @@ Line protocol shape: measurement `podhealth_<group>` (the sample name's first wo
 field `<rest of the name>`, tags = the sample's labels plus `node`. So `gpu_temperature_celsius`
 becomes measurement `podhealth_gpu`, field `temperature_celsius` — which VictoriaMetrics exposes
 again as `podhealth_gpu_temperature_celsius`, the same name Prometheus sees.
+
+Lines are written by influxdb-client's own `Point` (its escaping: a newline in a tag value is
+`\\n`, never a second line; a backslash is left as it is), and only in the writer thread: the
+event loop just queues the samples, so a large snapshot costs it no formatting. The client is
+the `podhealth[influx]` extra (core/extras.py): import this module only after `require("influx")`.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ import asyncio
 import collections
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import structlog
+from influxdb_client import Point
+from influxdb_client.domain.write_precision import WritePrecision
 
 from podhealth.config import InfluxConfig
 from podhealth.vocab import MetricSpec, Sample
@@ -27,16 +34,8 @@ from podhealth.vocab import MetricSpec, Sample
 log = structlog.get_logger("influxdb")
 
 
-def _escape_tag(v: str) -> str:
-    return v.replace("\\", "\\\\").replace(",", r"\,").replace("=", r"\=").replace(" ", r"\ ")
-
-
-def _escape_key(v: str) -> str:
-    return v.replace("\\", "\\\\").replace(",", r"\,").replace(" ", r"\ ")
-
-
-def to_line(s: Sample, node: str, ts_ns: int, kind: str = "gauge") -> str | None:
-    """One line of line protocol, or None for info series (their labels are not numbers)."""
+def to_point(s: Sample, node: str, ts_ns: int, kind: str = "gauge") -> Point | None:
+    """The sample as a Point, or None for info series (their labels are not numbers)."""
     if kind == "info":
         return None
     group, _, field = s.name.partition("_")
@@ -44,9 +43,25 @@ def to_line(s: Sample, node: str, ts_ns: int, kind: str = "gauge") -> str | None
         group, field = "agent", s.name
     if kind == "counter":
         field += "_total"
-    tags = ",".join(f"{_escape_key(k)}={_escape_tag(v)}" for k, v in sorted(s.labels + (("node", node),)) if v != "")
-    value = repr(float(s.value))
-    return f"podhealth_{_escape_key(group)},{tags} {_escape_key(field)}={value} {ts_ns}"
+    p = Point(f"podhealth_{group}")
+    for k, v in s.labels + (("node", node),):
+        if v != "":  # line protocol has no empty tag values
+            p.tag(k, v)
+    return p.field(field, float(s.value)).time(ts_ns, WritePrecision.NS)
+
+
+def to_line(s: Sample, node: str, ts_ns: int, kind: str = "gauge") -> str | None:
+    """One line of line protocol, or None (an info series; NaN and infinities have no line)."""
+    p = to_point(s, node, ts_ns, kind)
+    return (p.to_line_protocol() or None) if p is not None else None
+
+
+class Pending(NamedTuple):
+    """A sample waiting in the buffer; made into a line only when it is written."""
+
+    sample: Sample
+    ts_ns: int
+    kind: str
 
 
 @dataclass
@@ -62,7 +77,7 @@ class InfluxExporter:
         self.cfg = cfg
         self.node = node
         self.write_timeout = write_timeout
-        self.buffer: collections.deque[str] = collections.deque()
+        self.buffer: collections.deque[Pending] = collections.deque()
         self.stats = InfluxStats()
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -72,13 +87,13 @@ class InfluxExporter:
         ts_ns = int((ts or time.time()) * 1e9)
         for s in samples:
             spec = specs.get(s.name)
-            line = to_line(s, self.node, ts_ns, spec.kind if spec else "gauge")
-            if line is None:
+            kind = spec.kind if spec else "gauge"
+            if kind == "info":
                 continue
             if len(self.buffer) >= self.cfg.buffer_points:
                 self.buffer.popleft()
                 self.stats.dropped += 1
-            self.buffer.append(line)
+            self.buffer.append(Pending(s, ts_ns, kind))
         if len(self.buffer) >= self.cfg.batch_size:
             self._wake.set()
 
@@ -91,8 +106,14 @@ class InfluxExporter:
                                           timeout=int(self.write_timeout * 1000))
         return self._client.write_api(write_options=SYNCHRONOUS)
 
-    def _write(self, lines: list[str]) -> None:
-        self._write_api().write(bucket=self.cfg.bucket, org=self.cfg.org, record="\n".join(lines))
+    def line(self, p: Pending) -> str | None:
+        return to_line(p.sample, self.node, p.ts_ns, p.kind)
+
+    def _write(self, batch: list[Pending]) -> None:
+        """In the writer thread: format and send one batch."""
+        lines = [ln for ln in map(self.line, batch) if ln is not None]
+        if lines:
+            self._write_api().write(bucket=self.cfg.bucket, org=self.cfg.org, record="\n".join(lines))
 
     async def flush_once(self) -> bool:
         """Write one batch; True when the buffer was empty or the batch went through."""

@@ -177,7 +177,6 @@ def install(agent: "Agent", spool_dir: Path | None = None) -> Extras:
         agent.add_metric_source(x._families)
         _log.info("pushing verdicts and events", aggregator=cfg.publish.aggregator_url, spool=str(pcfg.spool_dir))
     if cfg.exporters.influxdb.enabled:
-        from podhealth.agent.export_influx import InfluxExporter
         from podhealth.extras import MissingExtra, require
 
         try:
@@ -186,6 +185,8 @@ def install(agent: "Agent", spool_dir: Path | None = None) -> Extras:
             # An exporter that cannot load is no reason to stop monitoring the node: say it, go on.
             _log.error("InfluxDB export is off", error=str(e))
             return x
+        from podhealth.agent.export_influx import InfluxExporter
+
         x.influx = InfluxExporter(cfg.exporters.influxdb, agent.node)
         agent.on_snapshot.append(x._on_snapshot_influx)
         _log.info("exporting to InfluxDB", url=cfg.exporters.influxdb.url, bucket=cfg.exporters.influxdb.bucket)
