@@ -299,6 +299,8 @@ class ErrorMap:
     patterns: tuple[tuple[re.Pattern[str], str], ...]
     default_action: Action
     skip_warn_severity: int
+    inconclusive: frozenset[str] = frozenset()  # codes with `outcome: unknown`
+    node_scope: frozenset[str] = frozenset()  # codes with `scope: node`
 
     def classify(self, w: DiagWarning) -> tuple[str, Action]:
         """(code name or '', action) for one warning."""
@@ -332,7 +334,13 @@ def load_error_map(d: Mapping[str, Any]) -> ErrorMap:
             actions[name] = buckets[spec["nvsentinel"]]
     cats = {int(k): Action(v["action"]) for k, v in d["categories"].items()}
     pats = tuple((re.compile(p["pattern"], re.I), str(p["code"])) for p in d["text_patterns"])
-    return ErrorMap(by_id, actions, cats, pats, Action(d["default_action"]), int(d["skip_warn_severity"]))
+    specs = {name: spec or {} for name, spec in d["codes"].items()}
+    for name, spec in specs.items():
+        if spec.get("outcome", "fail") not in ("fail", "unknown") or spec.get("scope", "gpu") not in ("gpu", "node"):
+            raise ValueError(f"dcgm_errors.yaml: codes.{name}: outcome is fail|unknown, scope is gpu|node")
+    return ErrorMap(by_id, actions, cats, pats, Action(d["default_action"]), int(d["skip_warn_severity"]),
+                    frozenset(n for n, sp in specs.items() if sp.get("outcome") == "unknown"),
+                    frozenset(n for n, sp in specs.items() if sp.get("scope") == "node"))
 
 
 def _slug(test: str) -> str:
@@ -361,7 +369,10 @@ def results(report: DiagReport, emap: ErrorMap | None = None) -> list[CheckResul
         if e.info:
             ev["info"] = e.info[0]
         first = e.warnings[0].text if e.warnings else ""
-        if e.status == "fail":
+        if e.status == "fail" and e.warnings and all(c in emap.inconclusive for c, _ in classified):
+            out.append(unknown(check, entity, f"{e.test} could not judge the GPU (the diagnostic itself failed; "
+                                              f"restart DCGM and rerun): {first}", **ev))
+        elif e.status == "fail":
             out.append(fail(check, entity, f"{e.test} failed" + (f": {first}" if first else ""), action, **ev))
         elif e.status == "warn":
             out.append(warn(check, entity, f"{e.test} warned" + (f": {first}" if first else ""), action, **ev))
@@ -374,6 +385,31 @@ def results(report: DiagReport, emap: ErrorMap | None = None) -> list[CheckResul
             out.append(unknown(check, entity, f"{e.test}: unrecognised status {e.status!r}", **ev))
     if not out:
         out.append(unknown(CHECK, "node", "dcgmi diag output held no test results", format=report.format))
+    return _node_scoped(out, emap)
+
+
+def _node_scoped(results_: list[CheckResult], emap: ErrorMap) -> list[CheckResult]:
+    """A test that failed on every GPU for a node-wide cause (`scope: node` codes only) becomes one
+    node-level result naming the GPUs, instead of one hardware-looking FAIL per GPU."""
+    by_check: dict[str, list[CheckResult]] = {}
+    for r in results_:
+        by_check.setdefault(r.check, []).append(r)
+    out: list[CheckResult] = []
+    for check, rs in by_check.items():
+        fails = [r for r in rs if r.status is Status.FAIL and r.entity.startswith("gpu")]
+        codes = [set(str(dict(r.evidence).get("codes", "")).split(",")) - {""} for r in fails]
+        if len(fails) < 2 or len(fails) != len([r for r in rs if r.entity.startswith("gpu")]) \
+                or not all(c and c <= emap.node_scope for c in codes):
+            out.extend(rs)
+            continue
+        first = fails[0]
+        ev = {k: v for k, v in first.evidence if not k.startswith("warning")}
+        ev["gpus"] = ",".join(r.entity.removeprefix("gpu") for r in fails)
+        ev["warning0"] = dict(first.evidence).get("warning0", "")
+        out.extend(r for r in rs if r not in fails)
+        out.append(fail(check, "node", f"{dict(ev).get('test', check)} failed on every GPU for a node-wide cause "
+                        f"({ev.get('codes', '')}): fix the node (e.g. nvidia-fabricmanager), not the GPUs",
+                        Action.worst([r.action for r in fails]), **ev))
     return out
 
 

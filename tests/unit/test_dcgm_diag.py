@@ -18,16 +18,17 @@ from podhealth.vocab import Action, Status
 
 REAL = {
     # file: (format, entries, {(check, entity): (status, action)} that must hold)
+    # cuInit 'system not yet initialized' on all 8 GPUs: the fabric manager, one node-level FAIL.
     "dcgmi_diag_r3_fail_h100_cuinit_no_fabricmanager.txt": ("text", 41, {
-        ("dcgm_diag.gpu_memory", "gpu0"): (Status.FAIL, Action.DRAIN),
-        ("dcgm_diag.gpu_memory", "gpu7"): (Status.FAIL, Action.DRAIN),
+        ("dcgm_diag.gpu_memory", "node"): (Status.FAIL, Action.DRAIN),
         ("dcgm_diag.pcie", "gpu3"): (Status.OK, Action.NONE),
         ("dcgm_diag.persistence_mode", "node"): (Status.OK, Action.NONE)}),
     "dcgmi_diag_r3_v_pass_v100_dcgm3.3.9.txt": ("text", 16, {
         ("dcgm_diag.diagnostic", "gpu0"): (Status.OK, Action.NONE),
         ("dcgm_diag.eud_test", "gpu0"): (Status.OK, Action.NONE)}),
+    # DCGM 4.2.3's own harness broke (NVIDIA/DCGM#253), every GPU passed: could not judge.
     "dcgmi_diag_dcgm4.2.3_4gpu_pcie_fail_internal_error.txt": ("text", 13, {
-        ("dcgm_diag.pcie", "node"): (Status.FAIL, Action.DRAIN),
+        ("dcgm_diag.pcie", "node"): (Status.UNKNOWN, Action.NONE),
         ("dcgm_diag.pcie", "gpu2"): (Status.OK, Action.NONE),
         ("dcgm_diag.memory", "gpu3"): (Status.OK, Action.NONE)}),
     "dcgmi_diag_j_legacy_format_v1.7_4gpu_sm_stress_fail_dcgm_teststring.json": ("legacy-json", 68, {
@@ -53,8 +54,12 @@ def test_real_captures(shared_fixtures: Path, name: str) -> None:
     fmt, n, expect = REAL[name]
     rep = dcgm.parse((shared_fixtures / "dcgm" / name).read_text())
     assert rep.format == fmt and len(rep.entries) == n
-    res = _by_key(dcgm.results(rep))
-    assert len(res) == n, "one result per (test, GPU), no duplicates"
+    results = dcgm.results(rep)
+    res = _by_key(results)
+    assert len(res) == len(results), "one result per (test, entity), no duplicates"
+    gpu_fails_merged = sum(1 for r in results if r.entity == "node" and "gpus" in dict(r.evidence))
+    assert len(res) == n - sum(len(str(dict(r.evidence)["gpus"]).split(",")) - 1 for r in results
+                               if r.entity == "node" and "gpus" in dict(r.evidence)), gpu_fails_merged
     for key, (status, action) in expect.items():
         assert (res[key].status, res[key].action) == (status, action), key
 
@@ -106,8 +111,8 @@ def test_own_dcgm4_json(own_fixtures: Path) -> None:
     assert (mem2.status, mem2.action) == (Status.FAIL, Action.REPLACE)      # FAULTY_MEMORY -> CONTACT_SUPPORT
     assert dict(mem2.evidence)["codes"] == "DCGM_FR_FAULTY_MEMORY"
     assert res[("dcgm_diag.memory", "gpu3")].status is Status.OK              # benign skip
-    assert res[("dcgm_diag.pcie", "node")].status is Status.FAIL              # test-level internal error
-    assert res[("dcgm_diag.pcie", "node")].action is Action.DRAIN
+    assert res[("dcgm_diag.pcie", "node")].status is Status.UNKNOWN           # test-level internal error:
+    assert res[("dcgm_diag.pcie", "node")].action is Action.NONE              # the harness, not the GPU
     assert res[("dcgm_diag.cpu_eud", "node")].status is Status.OK
 
 
@@ -228,3 +233,24 @@ def test_cli_from_fake_dcgmi(tmp_path: Path, shared_fixtures: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "podhealth", "dcgm-diag", "--format", "json", "--profile", "generic"],
                        capture_output=True, env={**os.environ, "PATH": str(tmp_path / "empty")}, timeout=60, check=False)
     assert r.returncode == 2 and json.loads(r.stdout)["results"][0]["status"] == "UNKNOWN"
+
+
+def test_node_wide_cause_is_one_node_result_naming_the_gpus(shared_fixtures: Path) -> None:
+    rep = dcgm.parse((shared_fixtures / "dcgm" / "dcgmi_diag_r3_fail_h100_cuinit_no_fabricmanager.txt").read_text())
+    res = _by_key(dcgm.results(rep))
+    node = res[("dcgm_diag.gpu_memory", "node")]
+    ev = dict(node.evidence)
+    assert ev["gpus"] == "0,1,2,3,4,5,6,7" and ev["codes"] == "DCGM_FR_CUDA_FM_NOT_INITIALIZED"
+    assert "fabricmanager" in node.summary
+    assert not any(k[0] == "dcgm_diag.gpu_memory" and k[1].startswith("gpu") for k in res)
+
+
+def test_a_gpu_fault_next_to_a_node_wide_one_stays_per_gpu() -> None:
+    def entry(gpu: int, text: str) -> dcgm.DiagEntry:
+        return dcgm.DiagEntry(test="memory", category="Hardware", gpu=gpu, status="fail",
+                              warnings=(dcgm.DiagWarning(text=text),))
+    mixed = dcgm.DiagReport(format="text", entries=(
+        entry(0, "Unable to initialize CUDA library: 'system not yet initialized'"),
+        entry(1, "3 volatile double-bit ECC error(s) in GPU 1.")))
+    res = _by_key(dcgm.results(mixed))
+    assert ("dcgm_diag.memory", "gpu0") in res and ("dcgm_diag.memory", "gpu1") in res
