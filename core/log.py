@@ -31,6 +31,45 @@ def setup(level: str = "info", fmt: Literal["auto", "json", "console"] = "auto",
         logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
+    route_stdlib(_LEVELS[level], renderer, stream)
+
+
+# Libraries that log through the standard library: aiohttp's access log and its request-handler
+# tracebacks ("Error handling request"), asyncio's default exception handler. Without this they
+# print plain multi-line tracebacks between the JSON lines, which journald splits into one
+# entry per line at the default priority.
+STDLIB_LOGGERS = ("aiohttp.access", "aiohttp.server", "aiohttp.web", "aiohttp.client", "aiohttp.internal", "asyncio")
+
+
+def route_stdlib(level: int, renderer: structlog.typing.Processor, stream) -> None:  # type: ignore[no-untyped-def]
+    """Send every standard-library log record through the same renderer as structlog's own
+    lines: one JSON line (or console line) with level, logger and timestamp; a traceback becomes
+    the line's `exception` field."""
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            structlog.stdlib.add_logger_name,
+            structlog.stdlib.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+        ],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+    )
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter)
+    handler.set_name("podhealth")
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == "podhealth"]:
+        root.removeHandler(old)  # setup() again (tests, --log-level) replaces, never doubles
+    root.addHandler(handler)
+    root.setLevel(level)
+    for name in STDLIB_LOGGERS:
+        lg = logging.getLogger(name)
+        lg.handlers.clear()
+        lg.propagate = True
+        lg.setLevel(logging.NOTSET)
 
 
 # sd-daemon(3) priority prefixes: journald (SyslogLevelPrefix=yes, its default) strips "<N>" from a
