@@ -121,6 +121,14 @@ def node() -> Board:
     b.add("timeseries", "NVLinks up per GPU", [(f"podhealth_nvlink_links_up{{{SEL}}}", "{{node}} gpu{{gpu}}")])
     b.add("timeseries", "InfiniBand port rate", [(f"podhealth_infiniband_port_rate_bytes_per_second{{{SEL}}}", "{{device}}/{{port}}")], unit="Bps")
     b.add("timeseries", "NFS probe latency", [(f"podhealth_nfs_probe_seconds{{{SEL}}}", "{{mountpoint}}")], unit="s")
+    # Host errors under the GPUs: AER counts are since boot (a fatal one holds until reboot).
+    b.add("timeseries", "PCIe AER errors since boot", [(f"sum by (node, kind, pci, severity) (podhealth_pcie_aer_errors_total{{{SEL}}})", "{{node}} {{kind}} {{pci}} {{severity}}")],
+          w=8, desc="aer_dev_* TOTAL per PCI function (gpu, hca, nvswitch, nvme, port). Fatal on a GPU/HCA link drains the node.")
+    b.add("timeseries", "Host memory errors (EDAC)", [(f"sum by (node, mc, type) (podhealth_edac_mc_errors_total{{{SEL}}})", "{{node}} {{mc}} {{type}}")],
+          w=8, desc="Corrected (ce) and uncorrected (ue) memory errors per memory controller since boot; the check names the DIMM.")
+    b.add("timeseries", "NVMe life used / spare", [(f"podhealth_nvme_percentage_used{{{SEL}}}", "used {{node}} {{controller}}"),
+                                                    (f"podhealth_nvme_available_spare_percent{{{SEL}}}", "spare {{node}} {{controller}}")],
+          w=8, unit="percent", desc="SMART percentage used and available spare (absent without nvme-cli on a real node).")
     b.add("timeseries", "XID events", [(f"sum by (gpu, code) (increase(podhealth_xid_events_total{{{SEL}}}[10m]))", "gpu{{gpu}} XID {{code}}")], w=24)
     return b
 
@@ -156,7 +164,7 @@ def fabric() -> Board:
     b.add("timeseries", "Port rate", [(f"podhealth_infiniband_port_rate_bytes_per_second{{{SEL}}}", "{{node}} {{device}}")], unit="Bps")
     b.add("timeseries", "Error counters (rate per hour)", [(f'3600 * rate(podhealth_infiniband_port_stat_total{{{SEL},counter=~"symbol_error|link_downed|link_error_recovery|port_rcv_errors|local_link_integrity_errors|excessive_buffer_overrun_errors"}}[5m])', "{{node}} {{device}} {{counter}}")])
     b.add("timeseries", "NVLinks up", [(f"sum by (node) (podhealth_nvlink_links_up{{{SEL}}})", "{{node}}")])
-    b.add("timeseries", "NVLink errors (rate per hour)", [(f"3600 * sum by (node, gpu, type) (rate(podhealth_nvlink_errors_total{{{SEL}}}[5m]))", "{{node}} gpu{{gpu}} {{type}}")])
+    b.add("timeseries", "NVLink errors (rate per hour)", [(f"3600 * sum by (node, gpu, type) (rate(podhealth_nvlink_gpu_errors_total{{{SEL}}}[5m]))", "{{node}} gpu{{gpu}} {{type}}")])
     return b
 
 
