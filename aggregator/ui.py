@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
 from aiohttp import web
 
+from podhealth.aggregator import grafana
 from podhealth.aggregator.config import node_name_problem
 from podhealth.webguard import Handler
 
@@ -144,6 +145,7 @@ def load_assets() -> dict[str, Asset]:
 
 
 ASSETS = web.AppKey("ui_assets", dict[str, Asset])
+DASHBOARDS = web.AppKey("ui_dashboards", tuple[grafana.Dashboard, ...])
 
 
 def _asset_response(request: web.Request, name: str) -> web.Response:
@@ -195,6 +197,37 @@ async def fleet_view(request: web.Request) -> web.Response:
     gen, tiles, summary = request.app[FEED].current()
     body = {"generation": gen, "summary": summary, "nodes": [t.to_json() for t in _select(tiles, only).values()]}
     return web.json_response(body, headers={"Cache-Control": "no-store"})
+
+
+HISTORY_HOURS_MAX = 24 * 7  # what ui.history_retention keeps by default
+
+
+async def fleet_history(request: web.Request) -> web.Response:
+    """The fleet chart's data: node counts by state, sampled by the housekeeping loop, over the
+    last `hours` (default 24), plus the counts now so the chart reaches the present."""
+    agg = request.app[FEED].agg
+    try:
+        hours = float(request.query.get("hours", "24"))
+    except ValueError:
+        hours = -1.0
+    if not 0 < hours <= HISTORY_HOURS_MAX:
+        raise web.HTTPBadRequest(text=f"hours: expected a number in (0, {HISTORY_HOURS_MAX}]")
+    assert agg.store is not None and agg.mem is not None
+    now = agg.clock()
+    samples = await asyncio.to_thread(agg.store.fleet_history, now - hours * 3600)
+    body = {"now": now, "hours": hours, "interval": agg.cfg.ui.history_interval,
+            "samples": [{"time": t, "counts": c} for t, c in samples] + [{"time": now, "counts": agg.mem.counts()}]}
+    return web.json_response(body, headers={"Cache-Control": "no-store"})
+
+
+async def node_links(request: web.Request) -> web.Response:
+    """Where else to look at a node: its Grafana dashboards (none without aggregator.ui.grafana_url)."""
+    only = _node_filter(request)
+    if only is None:
+        raise web.HTTPBadRequest(text="node: required")
+    agg = request.app[FEED].agg
+    links = grafana.node_links(agg.cfg.ui.grafana_url, only, request.app[DASHBOARDS])
+    return web.json_response({"node": only, "grafana": links})
 
 
 def _sse(event: str, data: object) -> bytes:
@@ -262,6 +295,7 @@ def setup(app: web.Application, agg: "Aggregator") -> None:
     """Add the UI's routes to the aggregator's (not yet started) app."""
     app[FEED] = Feed(agg)
     app[ASSETS] = load_assets()
+    app[DASHBOARDS] = grafana.node_dashboards() if agg.cfg.ui.grafana_url else ()
 
     async def close_streams(app: web.Application) -> None:
         app[FEED].closing.set()  # open streams end now instead of holding up shutdown
@@ -273,4 +307,6 @@ def setup(app: web.Application, agg: "Aggregator") -> None:
     app.router.add_get("/ui/node/{name}", with_security_headers(node_page))
     app.router.add_get("/ui/static/{file}", with_security_headers(static))
     app.router.add_get("/ui/api/fleet", with_security_headers(fleet_view))
+    app.router.add_get("/ui/api/fleet-history", with_security_headers(fleet_history))
+    app.router.add_get("/ui/api/links", with_security_headers(node_links))
     app.router.add_get("/ui/events", events)
