@@ -31,6 +31,7 @@ from aiohttp import web
 
 from podhealth import __version__, log
 from podhealth.agent.family import Family, MetricSource
+from podhealth.agent.detail import ExportFilter, unknown_families
 from podhealth.agent.render import ExpositionCache, RenderContext
 from podhealth.agent.scheduler import Scheduler
 from podhealth.agent.sdnotify import Notifier, watchdog, watchdog_interval
@@ -169,8 +170,10 @@ class Agent:
         self.started_monotonic = time.monotonic()
         self._started = True
         await self._build_collectors()
+        detail = self._export_filter()
+        specs = {name: detail.specs(name, s) for name, s in self.specs.items()}
         self.exposition.ctx = RenderContext(
-            self.node, self.version, self.cfg.node.profile, dict(self.specs), tuple(self._sources))
+            self.node, self.version, self.cfg.node.profile, specs, tuple(self._sources), detail)
         self.store.on_snapshot.insert(0, self._changed)
         self._hooks.append(self._update_status)
         self.invalidate()
@@ -193,6 +196,17 @@ class Agent:
         interval = watchdog_interval()
         if interval is not None and self.notifier.enabled:
             self._watchdog = asyncio.get_running_loop().create_task(watchdog(self.notifier, interval), name="watchdog")
+
+    def _export_filter(self) -> ExportFilter:
+        """Each collector's detail level and family switches (config) over export_detail.yaml."""
+        ccs = {name: collector_config(self.cfg, name) for name in self.factories}
+        flt = ExportFilter({n: cc.detail for n, cc in ccs.items()},
+                           {n: cc.families for n, cc in ccs.items() if cc.families})
+        for bad in unknown_families(flt, self.specs):
+            # Not fatal: a typo in an export switch must not stop GPU monitoring.
+            _log.warning("config collectors.<name>.families names no metric of that collector; ignored",
+                         key=f"collectors.{bad.replace('.', '.families.', 1)}")
+        return flt
 
     def _refused(self, open_now: int) -> None:
         self.http_refused += 1

@@ -104,6 +104,7 @@ class BlockEncoder:
         merged: dict[str, tuple[_Head, list[tuple[str, Sequence[Sample]]]]] = {}
         groups: dict[str, _Grouping] = {}
         for cname, st in snapshot.collectors.items():
+            st = ctx.exported(cname, st)
             if not st.samples:
                 continue
             g = self._groups.get(cname)

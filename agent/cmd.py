@@ -156,8 +156,9 @@ async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None) 
         agent = Agent(cfg, node=node, seams=seams)
     except ValueError as e:
         return _fail(str(e))
-    if args.compat:
-        agent.add_metric_source(compat.source(args.compat, agent.node))
+    # exporters.compat in the config, or --compat on the command line (either turns a mode on).
+    for mode in dict.fromkeys((*cfg.exporters.compat, *([args.compat] if args.compat else []))):
+        agent.add_metric_source(compat.source(mode, agent.node))
     from podhealth.agent import wiring
 
     spool = sim.node.dir / "spool" if args.simulate else None

@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 from podhealth import log
 from podhealth.agent.family import Family, MetricSource
 from podhealth.agent.selfmetrics import self_families
-from podhealth.snapshot import Snapshot
+from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import Labels, MetricSpec, Sample
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
+
+    from podhealth.agent.detail import ExportFilter
 
 __all__ = ["PREFIX", "Family", "MetricSource", "RenderContext", "Rendered", "SnapshotCollector", "families", "with_node"]
 
@@ -46,6 +48,12 @@ class RenderContext:
     profile: str
     specs: Mapping[str, Mapping[str, MetricSpec]]  # collector -> sample name -> spec
     sources: tuple[MetricSource, ...] = ()
+    # What each collector exports (agent/detail.py); None: everything. Applied here, after the
+    # checks engine has read the snapshot: detail is an export decision, not a collection one.
+    detail: "ExportFilter | None" = None
+
+    def exported(self, cname: str, st: CollectorState) -> CollectorState:
+        return st if self.detail is None else self.detail.state(cname, st)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +190,7 @@ def collector_groups(cname: str, samples: Iterable[Sample],
 
 def _collector_groups(snapshot: Snapshot, ctx: RenderContext) -> Iterator[tuple[str, MetricSpec, Sequence[Sample], bool]]:
     for cname, st in snapshot.collectors.items():
+        st = ctx.exported(cname, st)
         if not st.samples:
             continue
         for spec, samples in collector_groups(cname, st.samples, ctx.specs.get(cname, {})):

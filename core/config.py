@@ -58,6 +58,12 @@ class CollectorConfig:
     enabled: bool = doc("Run this collector.", True)
     interval: Seconds = doc("Seconds between collections.", 10.0)
     timeout: Seconds = doc("Seconds one collection may take before it is abandoned and marked stale.", 5.0)
+    detail: Literal["basic", "full"] = doc(
+        "What /metrics exports of this collector: basic thins the per-link / per-operation families\n"
+        "(checks/data/export_detail.yaml says how), full exports every series. Checks see everything.", "basic")
+    families: Mapping[str, Literal["basic", "full", "none"]] = doc(
+        "Per-family switches over detail, by metric name without podhealth_ and _total\n"
+        "(e.g. nvlink_errors: full, host_load1: none; `off` would be YAML for false).", factory=dict)
 
     def validate(self) -> tuple[str, str] | None:
         if self.timeout > self.interval * 10:
@@ -149,6 +155,9 @@ class InfluxConfig:
 @dataclass(frozen=True)
 class ExportersConfig:
     influxdb: InfluxConfig = doc("InfluxDB v2 export.", factory=InfluxConfig)
+    compat: tuple[Literal["dcgm-exporter"], ...] = doc(
+        "Also expose the GPU series on /metrics under these exporters' names and labels\n"
+        "(dcgm-exporter: DCGM_FI_*; the same as `podhealth agent --compat`).", ())
 
 
 @dataclass(frozen=True)

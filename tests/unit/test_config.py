@@ -32,7 +32,7 @@ def test_empty_document_is_all_defaults() -> None:
         ("collectors:\n  nfs:\n    mounts:\n      - path: /home\n      - path: /x\n        timeout: abc\n",
          'agent.yaml:6: collectors.nfs.mounts[1].timeout: expected seconds > 0, got "abc"'),
         ("collectors:\n  nvml:\n    interval: -1\n", "agent.yaml:3: collectors.nvml.interval: expected seconds > 0, got -1"),
-        ("collectors:\n  nvml:\n    intervall: 3\n", "agent.yaml:3: collectors.nvml.intervall: unknown key (known: enabled, interval, timeout)"),
+        ("collectors:\n  nvml:\n    intervall: 3\n", "agent.yaml:3: collectors.nvml.intervall: unknown key (known: detail, enabled, families, interval, timeout)"),
         ("listen:\n  port: 70000\n", "agent.yaml:2: listen.port: expected a port <= 65535, got 70000"),
         ("log:\n  level: loud\n", "agent.yaml:2: log.level: expected one of 'debug', 'info', 'warning', 'error', got \"loud\""),
         ("node:\n  profile: dgx-z9\n", "agent.yaml:2: node.profile: expected one of 'dgx-h100', 'dgx-h200', 'dgx-b200', 'dgx-a100', 'generic', got \"dgx-z9\""),
