@@ -114,20 +114,27 @@ def pcie_aer(ctx: Context) -> list[CheckResult]:
         return [missing]
     gpus = _gpu_index_by_pci(ctx)
     limit = ctx.profile.threshold("pcie_aer_correctable_per_hour")
-    out: list[CheckResult] = []
+    # one WARN per function, whatever mix of correctable rate and new non-fatal errors it shows
+    found: dict[str, tuple[list[str], dict[str, object]]] = {}
     for s in ctx.samples("pcie_aer_errors"):
         sev, pci, kind = s.label("severity"), s.label("pci"), s.label("kind")
         ent = _name(pci, kind, s.label("device"), gpus)
-        extra = {"serves": _serves(s, gpus)} if s.label("serves") else {}
         if sev == "correctable":
             rate = ctx.rate_per_hour(s)
-            if rate is not None and rate > limit:
-                out.append(warn("pcie_aer", ent, f"correctable PCIe AER errors at {rate:.0f}/h on {ent}",
-                                pci=pci, kind=kind, per_hour=round(rate, 1), limit=limit,
-                                errors=_bits(ctx, pci, sev), **extra))
+            if rate is None or rate <= limit:
+                continue
+            what, ev = f"correctable PCIe AER errors at {rate:.0f}/h", {"per_hour": round(rate, 1), "limit": limit}
         elif sev == "nonfatal":
             inc = ctx.increase(s)
-            if inc is not None and inc > 0:
-                out.append(warn("pcie_aer", ent, f"{int(inc)} new uncorrectable (non-fatal) PCIe AER errors on {ent}",
-                                pci=pci, kind=kind, new=int(inc), errors=_bits(ctx, pci, sev), **extra))
+            if inc is None or inc <= 0:
+                continue
+            what, ev = f"{int(inc)} new uncorrectable (non-fatal) PCIe AER errors", {"nonfatal_new": int(inc)}
+        else:
+            continue
+        whats, evidence = found.setdefault(ent, ([], {"pci": pci, "kind": kind}))
+        whats.append(what)
+        evidence.update(ev, **{f"{sev}_errors": _bits(ctx, pci, sev)})
+        if s.label("serves"):
+            evidence["serves"] = _serves(s, gpus)
+    out = [warn("pcie_aer", ent, f"{'; '.join(whats)} on {ent}", **ev) for ent, (whats, ev) in found.items()]
     return out or [ok("pcie_aer", "node", "AER error rates within limits", limit_per_hour=limit)]

@@ -313,6 +313,16 @@ def test_correctable_aer_rate_warns_after_consecutive_readings() -> None:
     assert dict(last.evidence)["per_hour"] == "1200.0"
 
 
+def test_nonfatal_and_correctable_on_one_function_are_one_warning() -> None:
+    ev = Evaluator(H100, ChecksConfig(), enabled=SOURCES)
+    for i, now in enumerate((1000.0, 1060.0)):
+        res = _judge(_gpus() + [Sample.of("pcie_aer_devices", 1), _aer("0000:18:00.0", "gpu", "correctable", 100 * i),
+                                _aer("0000:18:00.0", "gpu", "nonfatal", 2 * i)], now, ev)
+    warns = [r for r in res.values() if r.check == "pcie_aer"]
+    assert len(warns) == 1 and warns[0].entity == "gpu3" and warns[0].status is Status.WARN
+    assert "6000/h" in warns[0].summary and "2 new uncorrectable (non-fatal)" in warns[0].summary
+
+
 def test_edac_ue_drains_naming_the_dimm_and_ce_rate_warns() -> None:
     edac = EdacCollector(OWN / "edac_tree" / "sys")
     res = _judge(_collected(edac))
