@@ -80,8 +80,10 @@ class _progress:
             return None
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+        from podhealth.console import console
+
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                            TimeElapsedColumn(), transient=True)
+                            TimeElapsedColumn(), transient=True, console=console(stderr=True))
         self.bar.start()  # type: ignore[attr-defined]
 
         def update(gpu: int, dtype: str, frac: float) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from podhealth import credentials
 from podhealth.aggregator.config import node_name_problem
+from podhealth.exitcodes import EXIT_USAGE
 
 SECRET_ENV = "PODHEALTH_CLUSTER_SECRET"
 
@@ -65,10 +66,10 @@ def _derive(args: argparse.Namespace) -> int:
         problem = node_name_problem(node)
         if problem:
             print(f"podhealth token: --node: {problem}", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
     if args.out and len(args.node) != 1:
         print("podhealth token: --out takes one --node", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if len(args.node) == 1:
         return _emit(credentials.derive_node_token(secret, args.node[0]), args.out)
     for node in args.node:

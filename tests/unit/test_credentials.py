@@ -67,16 +67,18 @@ def test_token_derive_prints_the_hmac_of_the_node(tmp_path: Path, capsys: Any, m
     assert len(credentials.read_secret("", str(tmp_path / "cluster.secret"), "")) == 64
 
 
-@pytest.mark.parametrize(("argv", "err"), [
-    (["--node", "dgx01", "--secret-file", "/nonexistent/secret"], "cannot read /nonexistent/secret"),
-    (["--node", "dgx01"], "no cluster secret"),
-    (["--node", "a;b", "--secret-file", "SECRET"], "--node: expected a node name"),
+@pytest.mark.parametrize(("argv", "err", "code"), [
+    (["--node", "dgx01", "--secret-file", "/nonexistent/secret"], "cannot read /nonexistent/secret", 2),
+    (["--node", "dgx01"], "no cluster secret", 2),
+    (["--node", "a;b", "--secret-file", "SECRET"], "--node: expected a node name", 64),  # usage (EX_USAGE)
+    (["--node", "a", "--node", "b", "--out", "x", "--secret-file", "SECRET"], "--out takes one --node", 64),
 ])
-def test_token_derive_bad_input(argv: list[str], err: str, tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+def test_token_derive_bad_input(argv: list[str], err: str, code: int, tmp_path: Path, capsys: Any,
+                                monkeypatch: Any) -> None:
     monkeypatch.delenv("PODHEALTH_CLUSTER_SECRET", raising=False)
     f = tmp_path / "secret"
     f.write_text(SECRET)
     argv = [str(f) if a == "SECRET" else a for a in argv]
-    assert main(["token", "derive", *argv]) == 2
+    assert main(["token", "derive", *argv]) == code
     captured = capsys.readouterr()
     assert err in captured.err and captured.out == ""
