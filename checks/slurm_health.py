@@ -20,7 +20,8 @@ from podhealth.checks.report import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN
 from podhealth.config import Config
 from podhealth.vocab import CheckResult, NodeReport, Status
 
-FAST_COLLECTORS = ("nvml", "nvlink", "infiniband", "nfs", "host", "kmsg")
+# pcie_aer and edac are a few dozen sysfs reads; nvme may run nvme-cli per drive: left to the agent.
+FAST_COLLECTORS = ("nvml", "nvlink", "infiniband", "nfs", "host", "kmsg", "pcie_aer", "edac")
 LOCAL_TIME_CAP = 3.0
 
 
