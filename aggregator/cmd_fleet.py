@@ -53,6 +53,8 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     o.add_argument("node")
     o.add_argument("--reason", required=True)
     o.set_defaults(func=_reset_order)
+    r = fs.add_parser("repairs", help="the repair queue: nodes the remediation ladder handed to a human")
+    r.set_defaults(func=_repairs)
     b = fs.add_parser("breaker-reset", help="reset a tripped circuit breaker (held observations are NOT replayed)")
     b.add_argument("--reason", default="")
     b.set_defaults(func=_breaker_reset)
@@ -148,6 +150,25 @@ def _status(args: argparse.Namespace) -> int:
         print(f"\n{'NODE':<20} {'STATE':<10} {'PARTITION':<12} CHECKS")
         for n in rows:
             print(f"{n['name']:<20} {n['state']:<10} {n['partition'] or '-':<12} {','.join(n['checks']) or '-'}")
+    return 0
+
+
+@_run
+def _repairs(args: argparse.Namespace) -> int:
+    out = _call(args, "GET", "/api/v1/repairs")
+    if _as_json(args):
+        print(json.dumps(out, indent=2))
+        return 0
+    if not out["repairs"]:
+        print("repair queue: empty")
+        return 0
+    print(f"{'NODE':<20} {'SINCE':<20} REASON")
+    for r in out["repairs"]:
+        print(f"{r['node']:<20} {_when(r['since']):<20} {r['reason']}")
+        for a in r["attempts"]:
+            outcome = a["outcome"] or a["state"]
+            print(f"{'':22}{_when(a['created'])}  {a['kind']:<9} {outcome:<9} {a['result'][:100]}")
+    print("\nafter the repair: `podhealth fleet release NODE --reason ...` (the ladder starts afresh)")
     return 0
 
 

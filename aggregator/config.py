@@ -109,7 +109,9 @@ class RuleConfig:
     check: Annotated[str, NonEmpty()] = doc("Check name or glob (alertname for Alertmanager observations).", "*")
     actions: tuple[ActionName, ...] = doc("Actions this rule matches (empty = any).", ())
     min_severity: Severity = doc("Least severity that matches: WARN is warning, FAIL is critical.", "critical")
-    do: Do = doc("notify, fence (drain + cordon), or fence_and_reboot (fences; reboot not yet implemented).", "fence")
+    do: Do = doc(
+        "notify, fence (drain + cordon), or fence_and_reboot (fences, then with ladder.enabled the ladder\n"
+        "starts at REBOOT whatever the failure asks for).", "fence")
     min_duration: Annotated[float, Ge(0, "seconds")] = doc("Seconds a condition must persist before acting.", 0.0)
 
     def matches(self, check: str, action: str, severity: str) -> bool:
@@ -152,6 +154,25 @@ class FlapHoldConfig:
         "Fence/release cycles of one node within `window` after which its next fence holds it for an\n"
         "operator (no automatic release; `podhealth fleet release` clears it).", 3)
     window: Seconds = doc("Seconds over which a node's fence/release cycles are counted.", 3600.0)
+
+
+@dataclass(frozen=True)
+class LadderConfig:
+    enabled: bool = doc(
+        "After podhealth fences a node whose failure asks for RESET_GPU or REBOOT, climb the remediation\n"
+        "ladder: reset the GPU through its agent (POST /v1/gpu-reset), reboot through the scheduler\n"
+        "(Slurm `scontrol reboot ASAP nextstate=DOWN`), then the handover suite. Off: podhealth only fences.", False)
+    max_attempts: Annotated[int, Ge(1, "a count")] = doc(
+        "Failed remediation attempts within `window` after which the node goes to REPAIR: fenced with\n"
+        "the reason `podhealth: REPAIR ...`, held for an operator, listed by `podhealth fleet repairs`.", 2)
+    window: Seconds = doc("Seconds over which a node's failed attempts are counted.", 86400.0)
+    verify_within: Seconds = doc(
+        "Seconds after a reset or reboot within which the node must pass the handover suite (and be\n"
+        "released); past that the attempt counts as failed and the next rung is tried.", 3600.0)
+    max_remediating: Annotated[int, Ge(0, "a count")] = doc(
+        "Most nodes with a reset or reboot in flight or being verified at once (the cap for every rung).", 5)
+    per_minute: Annotated[int, Ge(0, "a count")] = doc("Most new resets/reboots in any 60 s (the rung rate limit).", 2)
+    reset_timeout: Seconds = doc("Seconds the agent's GPU reset (POST /v1/gpu-reset) may take.", 120.0)
 
 
 @dataclass(frozen=True)
@@ -282,6 +303,8 @@ class AggregatorConfig:
         "(podhealth_aggregator_clock_ahead_total, the node's clock.ahead). Agents' records are ordered by\n"
         "their (boot_id, seq) and timed by the aggregator's clock; a claim never orders anything.", 30.0)
     flap_hold: FlapHoldConfig = doc("Hold a flapping node fenced for an operator.", factory=FlapHoldConfig)
+    ladder: LadderConfig = doc("The remediation ladder after a fence (GPU reset, reboot, REPAIR).",
+                               factory=LadderConfig)
     ui: UiConfig = doc("The web UI: Grafana links, fleet history.", factory=UiConfig)
 
     def validate(self) -> tuple[str, str] | None:
@@ -323,6 +346,6 @@ class AggregatorConfig:
 
 __all__ = [
     "AggregatorConfig", "AggListenConfig", "AggAuthConfig", "RuleConfig", "CapsConfig", "RateLimitConfig",
-    "BreakerConfig", "FlapHoldConfig", "NodeEntry", "FencersConfig", "SlurmFencerConfig", "KubeFencerConfig",
+    "BreakerConfig", "FlapHoldConfig", "LadderConfig", "NodeEntry", "FencersConfig", "SlurmFencerConfig", "KubeFencerConfig",
     "DryRunFencerConfig", "FileFencerConfig", "RetryConfig", "UiConfig", "SEVERITY_RANK", "node_name_problem",
 ]

@@ -84,7 +84,43 @@ class BatchFencer(Protocol):
     async def fence_many(self, items: Sequence[tuple[str, FenceReason]]) -> dict[str, FenceOutcome]: ...
 
 
+@runtime_checkable
+class Remediator(Protocol):
+    """Optional extension of Fencer: the scheduler's own way to reboot a node, and to change the
+    reason on a fence podhealth made (REPAIR). Single attempts, like every fencer call: the action
+    runner (aggregator/service.py) is the one retrier."""
+
+    async def reboot(self, node: str, reason: FenceReason) -> FenceOutcome:
+        """Have the node rebooted once its jobs are done, and kept out of service afterwards (the
+        handover suite returns it). Only on a fence podhealth made; a reboot already requested
+        is ok, changed=False."""
+        ...
+
+    async def remark(self, node: str, reason: FenceReason) -> FenceOutcome:
+        """Give podhealth's fence on `node` a new reason; someone else's fence -> ok=False."""
+        ...
+
+
 REASON_PREFIX = "podhealth:"
+REPAIR = "REPAIR"  # the check name of a REPAIR reason: `podhealth: REPAIR <check>/<entity> <action> [<id>]`
+
+
+def parse_reason(text: str) -> FenceReason | None:
+    """A FenceReason back from a rendered `podhealth: check entity action [id]` (Slurm may append
+    text after it, e.g. ` : reboot issued`); None when the text is not one of ours."""
+    if not text.startswith(REASON_PREFIX):
+        return None
+    parts = text[len(REASON_PREFIX):].split()
+    if len(parts) >= 4 and parts[3].startswith("[") and parts[3].endswith("]"):
+        return FenceReason(check=parts[0], entity=parts[1], action=parts[2], id=parts[3][1:-1])
+    return None
+
+
+def repair_reason(r: FenceReason) -> FenceReason:
+    """The distinct reason of a node handed to repair: `podhealth: REPAIR xid/gpu3 RESET_GPU [id]`."""
+    if r.check == REPAIR:
+        return r
+    return FenceReason(check=REPAIR, entity=f"{r.check}/{r.entity}", action=r.action, id=r.id)
 
 
 def render_reason(reason: FenceReason) -> str:
@@ -136,6 +172,17 @@ class DryRunFencer:
 
     async def list_fenced(self) -> dict[str, FenceState]:
         return {k: await self.read(k) for k, v in self._nodes.items() if v.fenced}
+
+    async def reboot(self, node: str, reason: FenceReason) -> FenceOutcome:
+        return FenceOutcome(ok=True, changed=False, command=("dryrun", "reboot", node),
+                            output="would reboot (dry run)")
+
+    async def remark(self, node: str, reason: FenceReason) -> FenceOutcome:
+        n = self._nodes.get(node)
+        if n is not None and n.fenced:
+            n.reason = render_reason(reason)
+        return FenceOutcome(ok=True, changed=n is not None, command=("dryrun", "remark", node, render_reason(reason)),
+                            output="would mark (dry run)")
 
     async def read_many(self, nodes: Sequence[str]) -> dict[str, FenceState]:
         return {n: await self.read(n) for n in nodes}

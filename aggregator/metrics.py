@@ -31,7 +31,8 @@ class Metrics:
                                      ["result"], registry=r)
         self.ingest_latency = Histogram(P + "ingest_duration_seconds", "Ingest request handling time, commit included.",
                                         ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
-        self.actions = Counter(P + "actions", "Actions executed by kind (fence, release, handover, notify) and result.",
+        self.actions = Counter(P + "actions", "Actions executed by kind (fence, release, handover, notify, reset_gpu, reboot,\n"
+                               "repair) and result.",
                                ["kind", "result"], registry=r)
         self.fences = Counter(P + "fences", "Nodes newly fenced by podhealth, by the check and action behind them.",
                               ["check", "action"], registry=r)
@@ -43,6 +44,8 @@ class Metrics:
                                    registry=r)
         self.flap_holds = Counter(P + "flap_holds", "Nodes held fenced for an operator because they flapped\n"
                                   "(flap_hold.cycles fence/release cycles within flap_hold.window).", registry=r)
+        self.repairs = Counter(P + "repairs", "Nodes handed to repair by the remediation ladder (ladder.max_attempts\n"
+                               "failed resets/reboots within ladder.window); they wait for an operator.", registry=r)
         self.http_refused = Counter(P + "http_connections_refused", "Connections refused because max connections\n"
                                     "were open (idle and slow connections time out).", registry=r)
         self.lease_epoch = Gauge(P + "store_lease_epoch", "Epoch of this process's exclusive lease on the state\n"
@@ -79,7 +82,7 @@ class _Fleet(Collector):
         m = self.mem()
         if m is None:
             return
-        nodes = GaugeMetricFamily(P + "nodes", "Nodes by state (OK, WARN, FAIL, UNKNOWN, fenced, returning, drained).",
+        nodes = GaugeMetricFamily(P + "nodes", "Nodes by state (OK, WARN, FAIL, UNKNOWN, fenced, returning, drained, repair).",
                                   labels=["state"])
         for state, n in m.counts().items():
             nodes.add_metric([state], n)

@@ -98,6 +98,15 @@ class NodeView:
     # token) is not, so ghosts cannot dilute the breaker or a partition's cap.
     counted: bool = True
     hold_reason: str = ""  # why it is held for an operator (an operator's fence, or flapping)
+    # The remediation ladder (policy._ladder): what the fence asks for (RESET_GPU / REBOOT, "" =
+    # nothing to climb), on which entity (GPU3); the step now ("" none, "acting" a reset/reboot in
+    # flight, "verifying" done and waiting for the handover suite, "repair" handed to a human);
+    # when that step began; and when earlier attempts failed (from the action journal).
+    remedy: str = ""
+    remedy_entity: str = ""
+    ladder: str = ""
+    ladder_at: float = 0.0
+    ladder_failures: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +124,12 @@ class FleetState:
     # start times of podhealth's recent new fences, on the `now` scale decide() is given (the
     # service measures them with a monotonic clock and converts, so a wall clock step is harmless)
     recent_fences: tuple[float, ...] = ()
+    # start times of recent resets/reboots (the ladder's rate limit), on the same scale
+    recent_remediations: tuple[float, ...] = ()
 
 
-ActionKind = Literal["fence", "release", "handover", "notify"]
+ActionKind = Literal["fence", "release", "handover", "notify", "reset_gpu", "reboot", "repair"]
+LADDER_STEPS = ("reset_gpu", "reboot")  # the rungs that act on a node (repair only marks it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,12 +143,15 @@ class Planned:
     rule: str = ""  # the rule's `do` (fence / fence_and_reboot / notify)
     condition: tuple[str, str, str] | None = None
     dry_run: bool = False
+    entity: str = ""  # reset_gpu: the GPU ("GPU3")
+    failed_verify: bool = False  # the attempt being verified ran out of time: journal it as failed first
 
 
 NoteKind = Literal[
     "dry_run", "breaker_tripped", "breaker_holding", "cap_reached", "partition_cap_reached",
     "rate_limited", "opted_out", "fenced_by_other", "waiting_min_duration", "held_since_reset",
     "awaiting_manual_release", "no_agent_url", "operator_hold", "operator_released",
+    "ladder_verifying", "ladder_held", "repair",
 ]
 
 

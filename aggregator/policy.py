@@ -18,7 +18,7 @@ from podhealth.vocab import Status
 from podhealth.aggregator.config import AggregatorConfig, RuleConfig
 from podhealth.aggregator.fence import FenceReason
 from podhealth.aggregator.model import (
-    BreakerState, Condition, Decision, FenceMode, FleetState, NodeView, Note, Planned,
+    ActionKind, BreakerState, Condition, Decision, FenceMode, FleetState, NodeView, Note, Planned,
 )
 
 RATE_WINDOW = 60.0
@@ -38,6 +38,12 @@ class Policy:
     manual_release: bool = False
     healthy_for: float = 600.0
     dry_run: bool = False
+    ladder: bool = False
+    ladder_max_attempts: int = 2
+    ladder_window: float = 86400.0
+    ladder_verify_within: float = 3600.0
+    ladder_max_remediating: int = 5
+    ladder_per_minute: int = 2
 
     @classmethod
     def from_config(cls, cfg: AggregatorConfig) -> "Policy":
@@ -48,6 +54,9 @@ class Policy:
             breaker_share_percent=cfg.breaker.share_percent, breaker_window=cfg.breaker.window,
             breaker_min_nodes=cfg.breaker.min_nodes, opt_out=frozenset(cfg.opt_out),
             manual_release=cfg.manual_release, healthy_for=cfg.healthy_for, dry_run=cfg.dry_run,
+            ladder=cfg.ladder.enabled, ladder_max_attempts=cfg.ladder.max_attempts, ladder_window=cfg.ladder.window,
+            ladder_verify_within=cfg.ladder.verify_within, ladder_max_remediating=cfg.ladder.max_remediating,
+            ladder_per_minute=cfg.ladder.per_minute,
         )
 
 
@@ -160,12 +169,14 @@ def decide(observations: Iterable[Condition], fleet: FleetState, now: float, pol
         ours += 1
         recent += 1
         part_fenced[view.partition] = part_fenced.get(view.partition, 0) + 1
-        reason = FenceReason(check=cand.cond.check, entity=cand.cond.entity, action=cand.cond.action.value,
-                             id=_reason_id(cand.cond))
+        # fence_and_reboot: the ladder (when on) starts at REBOOT whatever the failure asked for.
+        asked = "REBOOT" if cand.rule.do == "fence_and_reboot" else cand.cond.action.value
+        reason = FenceReason(check=cand.cond.check, entity=cand.cond.entity, action=asked, id=_reason_id(cand.cond))
         actions.append(Planned("fence", cand.node, what, reason=reason, rule=cand.rule.do,
                                condition=cand.cond.key, dry_run=policy.dry_run))
 
     actions.extend(_returns(nodes.values(), now, policy, notes))
+    actions.extend(_ladder(nodes.values(), now, policy, breaker, fleet.recent_remediations, notes))
     return Decision(actions=tuple(actions), notes=tuple(notes), breaker=breaker)
 
 
@@ -197,6 +208,8 @@ def _returns(views: Iterable[NodeView], now: float, policy: Policy, notes: list[
                and now - v.ok_since >= policy.healthy_for]
     for v in sorted(healthy, key=lambda v: v.name):
         assert v.ok_since is not None
+        if v.ladder == "acting":
+            continue  # a reset or reboot is in flight: the handover suite waits for its outcome
         if v.hold:
             notes.append(Note("operator_hold", v.name, (v.hold_reason or "fenced by an operator")
                               + ": waits for `podhealth fleet release`"))
@@ -211,6 +224,80 @@ def _returns(views: Iterable[NodeView], now: float, policy: Policy, notes: list[
         else:
             out.append(Planned("handover", v.name, f"all OK for {now - v.ok_since:.0f}s", dry_run=policy.dry_run))
     return out
+
+
+def _ladder(views: Iterable[NodeView], now: float, policy: Policy, breaker: BreakerState,
+            recent_steps: Sequence[float], notes: list[Note]) -> list[Planned]:
+    """The next rung for each node podhealth fenced for a failure that asks for RESET_GPU or REBOOT.
+
+    A reset (first, when the failure asks for one and names a GPU), then reboots; a step that
+    failed, or that the node did not follow by passing the handover suite within verify_within,
+    is a failed attempt; max_attempts of them within the window (counted from the operator's last
+    release) send the node to REPAIR, which is never retried automatically. Every rung that acts
+    on a node is held by the breaker, the opt-out, the cap on nodes in remediation and the rate
+    limit, in that order, like a fence.
+    """
+    if not policy.ladder:
+        return []
+    fenced = FenceMode.FENCED
+    cands = [v for v in views if v.fence is fenced and (v.remedy or v.ladder)]
+    if not cands:
+        return []
+    busy = sum(1 for v in views if v.ladder in ("acting", "verifying"))
+    recent = sum(1 for t in recent_steps if now - RATE_WINDOW < t <= now)
+    out: list[Planned] = []
+    for v in sorted(cands, key=lambda v: v.name):
+        if v.ladder in ("repair", "acting"):
+            continue
+        if v.hold:
+            notes.append(Note("ladder_held", v.name, (v.hold_reason or "held for an operator") + ": no remediation"))
+            continue
+        failures = [t for t in v.ladder_failures if now - policy.ladder_window < t and t > v.released_at]
+        failed_verify = False
+        if v.ladder == "verifying":
+            if v.ok_since is not None:
+                continue  # healthy again: the handover suite decides whether it returns
+            if now - v.ladder_at < policy.ladder_verify_within:
+                notes.append(Note("ladder_verifying", v.name, f"{now - v.ladder_at:.0f}s of "
+                                  f"{policy.ladder_verify_within:g}s for the handover suite to pass"))
+                continue
+            failed_verify = True
+            failures.append(now)
+        elif (v.ok_since is not None and v.handover != "failed") or not v.remedy:
+            continue  # looks healthy (the handover suite decides), or nothing to climb
+        if len(failures) >= policy.ladder_max_attempts:
+            out.append(Planned("repair", v.name, f"{len(failures)} failed remediation attempts within "
+                               f"{policy.ladder_window:g}s (limit {policy.ladder_max_attempts})",
+                               entity=v.remedy_entity, failed_verify=failed_verify, dry_run=policy.dry_run))
+            continue
+        gpu = gpu_index(v.remedy_entity)
+        step: ActionKind = "reset_gpu" if v.remedy == "RESET_GPU" and not failures and gpu is not None else "reboot"
+        what = f"{step} after {len(failures)} failed attempt(s): {v.remedy} {v.remedy_entity}"
+        others = busy - (1 if v.ladder == "verifying" else 0)
+        if breaker.tripped:
+            notes.append(Note("ladder_held", v.name, f"{what}: breaker tripped"))
+        elif v.name in policy.opt_out or v.opted_out:
+            notes.append(Note("ladder_held", v.name, f"{what}: opted out"))
+        elif others >= policy.ladder_max_remediating:
+            notes.append(Note("ladder_held", v.name, f"{what}: {others} of {policy.ladder_max_remediating} "
+                              "nodes in remediation"))
+        elif recent >= policy.ladder_per_minute:
+            notes.append(Note("ladder_held", v.name, f"{what}: {recent} resets/reboots in the last minute"))
+        else:
+            busy = others + 1
+            recent += 1
+            out.append(Planned(step, v.name, what, entity=v.remedy_entity if step == "reset_gpu" else "",
+                               failed_verify=failed_verify, dry_run=policy.dry_run))
+    return out
+
+
+def gpu_index(entity: str) -> int | None:
+    """`gpu3` (checks/context.py gpu_entity) -> 3: the GPU a reset is for; None when the entity
+    names no single GPU (a node-wide failure cannot be fixed by resetting one)."""
+    head, digits = entity[:3], entity[3:]
+    if head.lower() == "gpu" and digits.isdigit() and len(digits) <= 3:
+        return int(digits)
+    return None
 
 
 def _reason_id(c: Condition) -> str:

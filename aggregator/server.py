@@ -261,6 +261,12 @@ async def api_history(request: web.Request) -> web.Response:
     return web.json_response({"node": name, "items": items})
 
 
+async def api_repairs(request: web.Request) -> web.Response:
+    """The repair queue: nodes the remediation ladder handed to a human, with their attempts."""
+    agg = request.app[AGG]
+    return web.json_response({"repairs": await asyncio.to_thread(agg.repairs_json)})
+
+
 async def api_fleet(request: web.Request) -> web.Response:
     return web.json_response(request.app[AGG].fleet_json())
 
@@ -394,6 +400,7 @@ def make_app(agg: Aggregator, *, manage: bool = True) -> web.Application:
     app.router.add_post("/api/v1/nodes/{name}/reset-order", same_site_only(_admin(_reset_order)))
     app.router.add_post("/api/v1/breaker/reset", same_site_only(_admin(_breaker_reset)))
     app.router.add_get("/api/v1/fleet", api_fleet)
+    app.router.add_get("/api/v1/repairs", api_repairs)
     app.router.add_get("/api/v1/fleet/versions", api_fleet_versions)
     app.router.add_get("/v1/fleet/versions", api_fleet_versions)  # the name issue 13 gives it
     app.router.add_get("/metrics", metrics)

@@ -26,11 +26,12 @@ from podhealth.vocab import Status
 from podhealth.aggregator import ingest
 from podhealth.aggregator.config import AggregatorConfig
 from podhealth.aggregator.fence import (
-    BatchFencer, DryRunFencer, FenceOutcome, FenceReason, FenceState, Fencer, render_reason,
+    BatchFencer, DryRunFencer, FenceOutcome, FenceReason, FenceState, Fencer, Remediator, parse_reason,
+    render_reason, repair_reason,
 )
 from podhealth.aggregator.metrics import Metrics
-from podhealth.aggregator.model import BreakerState, Decision, FenceMode, FleetState, Planned
-from podhealth.aggregator.policy import RATE_WINDOW, Policy, decide, partition_limit
+from podhealth.aggregator.model import LADDER_STEPS, BreakerState, Decision, FenceMode, FleetState, Planned
+from podhealth.aggregator.policy import RATE_WINDOW, Policy, decide, gpu_index, partition_limit
 from podhealth.aggregator.lease import FileLease, LeaseInfo
 from podhealth.aggregator.state import Checkpoint, Memory
 from podhealth.aggregator.store import ActionRow, ActionStart, Loaded, Op, Store, StoreError, reason_to_json
@@ -81,6 +82,9 @@ class PermanentError(Exception):
 
 
 FAILED_FENCE_COOLDOWN = 600.0  # a fence that failed for good is not planned again for this long
+# A reset/reboot whose agent or scheduler keeps not answering fails (a failed attempt on the
+# ladder) after this many postponements, instead of holding its node's rung forever.
+STEP_POSTPONEMENTS = 10
 
 
 def build_fencers(cfg: AggregatorConfig) -> list[Fencer]:
@@ -171,6 +175,7 @@ class Aggregator:
         log.info("aggregator starting", db=str(self.cfg.db), nodes=len(self.mem.nodes), fencers=fencer_names,
                  dry_run=self.cfg.dry_run, pending=len(loaded.pending))
         await self._recover([Pending.of(r) for r in loaded.pending])
+        await self._orphan_steps({r.node for r in loaded.pending})
         await self.reconcile(initial=True)
         self._tasks = [asyncio.create_task(self._decide_loop(), name="decide"),
                        asyncio.create_task(self._pull_loop(), name="pull"),
@@ -274,7 +279,7 @@ class Aggregator:
         fences: list[ActionStart] = []
         # Memory marks a node `fencing` before the store records the action: if that record
         # cannot be written, the node goes back to how it was (never `fencing` with no action).
-        undo = mem.checkpoint(*(a.node for a in d.actions if a.kind in ("fence", "handover")))
+        undo = mem.checkpoint(*(a.node for a in d.actions if a.kind in ("fence", "handover", "repair", *LADDER_STEPS)))
         for a in d.actions:
             start = self._dispatch(a, now, undo)
             if start is not None:
@@ -290,7 +295,8 @@ class Aggregator:
         """The fleet for decide(), its recent fences moved from the monotonic clock onto `now`."""
         assert self.mem is not None
         m = self.mono()
-        return dataclasses.replace(self.mem.fleet(), recent_fences=tuple(now - (m - t) for t in self.mem.recent_fences))
+        return dataclasses.replace(self.mem.fleet(), recent_fences=tuple(now - (m - t) for t in self.mem.recent_fences),
+                                   recent_remediations=tuple(now - (m - t) for t in self.mem.recent_steps))
 
     def _dispatch(self, a: Planned, now: float, undo: Checkpoint | None = None) -> ActionStart | None:
         """Carry out a notify or a handover; a fence comes back to be recorded with the others
@@ -320,7 +326,32 @@ class Aggregator:
         if a.kind == "handover":
             self._spawn(self._begin(a.node, "handover", "policy", a.why, now, None, "",
                                     mem.set_node(a.node, handover="running", handover_at=now), undo))
+        if a.kind in LADDER_STEPS or a.kind == "repair":
+            self._ladder_step(a, now, undo)
         return None
+
+    def _ladder_step(self, a: Planned, now: float, undo: Checkpoint | None) -> None:
+        """Record and start a rung: a reset or reboot (the node is `acting` until it is carried
+        out), or REPAIR (held for an operator, with the distinct reason, never retried)."""
+        mem = self.mem
+        assert mem is not None
+        rec = mem.nodes[a.node]
+        ops: list[Op] = []
+        if a.failed_verify:  # the attempt being verified ran out of time: a failed attempt
+            ops.append(Store.op_ladder_outcome(a.node, "failed", now))
+            mem.ladder_failed(a.node, now)
+        reason = parse_reason(rec.fence_reason) or FenceReason("ladder", "node", "REBOOT", _slug(a.node))
+        if a.kind == "repair":
+            reason = repair_reason(reason)
+            why = f"REPAIR: {a.why}"
+            ops += mem.set_node(a.node, ladder="repair", ladder_at=now, hold=True, hold_reason=why,
+                                fence_reason=render_reason(reason))
+            self.metrics.repairs.inc()
+            log.error("node handed to repair: no more automatic remediation", node=a.node, why=a.why)
+        else:
+            mem.recent_steps.append(self.mono())
+            ops += mem.set_node(a.node, ladder="acting", ladder_at=now)
+        self._spawn(self._begin(a.node, a.kind, "policy", a.why, now, reason, a.entity, ops, undo))
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         t = asyncio.ensure_future(coro)
@@ -387,8 +418,17 @@ class Aggregator:
                     await self._do_release(p)
                 elif p.kind == "handover":
                     await self._do_handover(p)
+                elif p.kind == "reset_gpu":
+                    await self._do_reset(p)
+                elif p.kind == "reboot":
+                    await self._do_reboot(p)
+                elif p.kind == "repair":
+                    await self._do_repair(p)
             except TransientError as e:
-                await self._postpone(p, str(e))
+                if p.kind in LADDER_STEPS and p.attempts + 1 >= STEP_POSTPONEMENTS:
+                    await self._step_failed(p, f"{e} (gave up after {p.attempts + 1} tries)")
+                else:
+                    await self._postpone(p, str(e))
             except PermanentError as e:
                 assert self.mem is not None
                 ops: list[Op] = []
@@ -397,6 +437,9 @@ class Aggregator:
                     ops = self.mem.set_node(p.node, fence=FenceMode.NONE, fence_reason="")
                 elif p.kind == "release":
                     ops = self.mem.set_node(p.node, fence=FenceMode.FENCED)
+                elif p.kind in LADDER_STEPS:
+                    await self._step_failed(p, str(e))
+                    return
                 await self._finish(p, "failed", str(e), ops)
             except asyncio.CancelledError:
                 raise
@@ -673,7 +716,7 @@ class Aggregator:
             mem.nodes[p.node].cycles.clear()  # an operator looked at it: the flap count starts afresh
         await self._finish(p, "done", "released" + (f" (still fenced by someone else in {foreign})" if foreign else ""),
                            ops + mem.set_node(p.node, fence=mode, fence_reason=foreign, hold=False, hold_reason="",
-                                              handover="", handover_at=0.0))
+                                              handover="", handover_at=0.0, ladder="", ladder_at=0.0))
 
     async def _do_handover(self, p: Pending) -> None:
         mem = self.mem
@@ -698,10 +741,15 @@ class Aggregator:
             detail = f"unreachable: {type(e).__name__}: {e}"
         now = self.clock()
         state = "passed" if passed else "failed"
+        ladder: list[Op] = []
+        if rec.ladder == "verifying":  # the suite after a reset/reboot decides that attempt
+            ladder = [Store.op_ladder_outcome(p.node, state, now)] + mem.set_node(p.node, ladder="", ladder_at=now)
+            if not passed:
+                mem.ladder_failed(p.node, now)
         await self._finish(p, "done" if passed else "failed", f"handover {state}: {detail}",
                            [Store.op_audit(now, p.node, p.who, "handover suite", p.why, ("POST", url), detail, passed,
                                            p.id)]
-                           + mem.set_node(p.node, handover=state, handover_at=now))
+                           + mem.set_node(p.node, handover=state, handover_at=now) + ladder)
         if passed and rec.fence is FenceMode.FENCED:
             await self._release_after_handover(p.node, now)
 
@@ -710,6 +758,115 @@ class Aggregator:
         extra = self.mem.set_node(node, fence=FenceMode.RELEASING)
         # Not awaited under this node's lock (we hold it): run as its own task.
         self._spawn(self._begin(node, "release", "podhealth", "handover suite passed", now, None, "", extra))
+
+    # ---- the remediation ladder: reset, reboot, repair ------------------------------------------
+
+    async def _step_failed(self, p: Pending, error: str) -> None:
+        """A reset/reboot that could not be carried out: a failed attempt (the next rung, or REPAIR)."""
+        mem = self.mem
+        assert mem is not None
+        now = self.clock()
+        mem.ladder_failed(p.node, now)
+        await self._finish(p, "failed", error, mem.set_node(p.node, ladder="", ladder_at=now))
+
+    async def _step_done(self, p: Pending, result: str, ops: list[Op]) -> None:
+        """Carried out: the node is verified by the handover suite within ladder.verify_within."""
+        mem = self.mem
+        assert mem is not None
+        now = self.clock()
+        await self._finish(p, "done", result, ops + [Store.op_action_outcome(p.id, "verifying", now)]
+                           + mem.set_node(p.node, ladder="verifying", ladder_at=now, handover="", handover_at=0.0))
+
+    async def _do_reset(self, p: Pending) -> None:
+        """Ask the node's agent to reset one GPU (POST /v1/gpu-reset, the agent token). The agent
+        refuses (409) while processes use the GPU: that is "later", not a failed attempt."""
+        mem = self.mem
+        assert mem is not None and self._session is not None
+        rec = mem.nodes[p.node]
+        gpu = gpu_index(p.rule or (p.reason.entity if p.reason else ""))
+        if not rec.agent_url or gpu is None:
+            raise PermanentError("no agent_url to ask for the reset" if gpu is not None
+                                 else f"no single GPU to reset in {p.rule!r}")
+        url = rec.agent_url.rstrip("/") + "/v1/gpu-reset"
+        headers = {"Authorization": f"Bearer {self.cfg.auth.agent_token}"} if self.cfg.auth.agent_token else {}
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.cfg.ladder.reset_timeout)
+            async with self._session.post(url, headers=headers, json={"gpu": gpu, "reason": p.why},
+                                          timeout=timeout) as resp:
+                body, status = (await resp.text())[:2000], resp.status
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            raise TransientError(f"POST {url}: {type(e).__name__}: {e}") from None
+        audit = Store.op_audit(self.clock(), p.node, p.who, "gpu reset via agent", p.why, ("POST", url, f"gpu={gpu}"),
+                               f"HTTP {status}: {body}", status == 200, p.id)
+        if status == 200:
+            await self._step_done(p, f"GPU {gpu} reset: {body}", [audit])
+            return
+        await self.commit([audit])
+        if status in (409, 503):  # processes use the GPU / the agent cannot tell yet: try later
+            raise TransientError(f"agent: HTTP {status}: {body}")
+        raise PermanentError(f"agent: HTTP {status}: {body}")
+
+    def _remediators(self) -> list[Fencer]:
+        return [f for f in self.fencers if isinstance(f, Remediator)]
+
+    async def _do_reboot(self, p: Pending) -> None:
+        """Reboot through each scheduler that knows the node (Slurm's RebootProgram, the Kubernetes
+        reboot annotation); the node stays fenced until the handover suite passes."""
+        assert p.reason is not None
+        ops: list[Op] = []
+        asked = 0
+        for f, st in await self._read_all(p.node):
+            if not isinstance(f, Remediator) or not st.exists:
+                continue
+            target = self._target(f, p.node)
+            reason = p.reason
+            o = await self._call(f"{f.name} reboot {target}", lambda f=f, t=target: f.reboot(t, reason))  # type: ignore[misc]
+            ops.append(self._audit_outcome(p, f, "reboot", o))
+            if not o.ok:
+                await self.commit(ops)
+                raise PermanentError(f"{f.name} reboot {target}: {o.error or o.output}")
+            asked += 1
+        if not asked:
+            await self.commit(ops)
+            raise PermanentError("no fencer that knows the node can reboot it")
+        await self._step_done(p, f"reboot requested from {asked} scheduler(s)", ops)
+
+    async def _do_repair(self, p: Pending) -> None:
+        """Put the REPAIR reason on podhealth's fence in every backend (best effort: the hold and
+        the repair queue are in the store either way)."""
+        assert p.reason is not None
+        ops: list[Op] = []
+        for f, st in await self._read_all(p.node):
+            if not isinstance(f, Remediator) or not (st.exists and st.fenced and st.ours):
+                continue
+            target = self._target(f, p.node)
+            reason = p.reason
+            o = await self._call(f"{f.name} remark {target}", lambda f=f, t=target: f.remark(t, reason))  # type: ignore[misc]
+            ops.append(self._audit_outcome(p, f, "repair reason", o))
+        await self._finish(p, "done", f"handed to repair: {render_reason(p.reason)}", ops)
+
+    async def _orphan_steps(self, busy: set[str]) -> None:
+        """A node left `acting` with no pending step (cannot happen through the store's
+        transactions; an edited database) would hold its rung forever: it starts afresh."""
+        mem = self.mem
+        assert mem is not None
+        ops: list[Op] = []
+        for rec in list(mem.nodes.values()):
+            if rec.ladder == "acting" and rec.name not in busy and not any(p.node == rec.name for p in self.pending.values()):
+                ops += mem.set_node(rec.name, ladder="", ladder_at=0.0)
+        if ops:
+            await self.commit(ops)
+
+    def repairs_json(self) -> list[dict[str, Any]]:
+        """The repair queue: nodes the ladder handed to a human, oldest first."""
+        mem = self.mem
+        assert mem is not None and self.store is not None
+        out = []
+        for rec in sorted((r for r in mem.nodes.values() if r.ladder == "repair"), key=lambda r: (r.ladder_at, r.name)):
+            out.append({"node": rec.name, "since": rec.ladder_at, "reason": rec.fence_reason,
+                        "hold_reason": rec.hold_reason, "partition": rec.partition,
+                        "attempts": self.store.ladder_attempts(rec.name)})
+        return out
 
     # ---- restart: pending actions, then reconcile ------------------------------------------------
 

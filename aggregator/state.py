@@ -16,6 +16,7 @@ from typing import Iterable, NamedTuple
 
 from podhealth.vocab import Action, Status
 
+from podhealth.aggregator.fence import REPAIR, parse_reason
 from podhealth.aggregator.model import (
     BreakerState, Condition, FenceMode, FleetState, NodeView, Source, severity_of,
 )
@@ -80,19 +81,30 @@ class NodeRec:
     # Reported with a credential that speaks for this node alone (memory only: after a restart a
     # learned node counts again from its next report, so the breaker errs towards tripping).
     vouched: bool = False
+    ladder: str = ""  # the remediation ladder's step: "", acting, verifying, repair (model.NodeView)
+    ladder_at: float = 0.0
+    ladder_failures: tuple[float, ...] = ()  # when its reset/reboot attempts failed (from the journal)
 
     def view(self) -> NodeView:
+        remedy = entity = ""
+        if self.fence is FenceMode.FENCED and self.fence_reason:
+            r = parse_reason(self.fence_reason)
+            if r is not None and r.action in LADDER_ACTIONS and r.check != REPAIR:
+                remedy, entity = r.action, r.entity
         return NodeView(name=self.name, partition=self.partition, fence=self.fence, hold=self.hold,
                         opted_out=self.opted_out, ok_since=self.ok_since, handover=self.handover,
                         handover_at=self.handover_at, can_handover=bool(self.agent_url),
                         released_at=self.released_at, hold_reason=self.hold_reason,
-                        counted=not self.learned or self.vouched)
+                        counted=not self.learned or self.vouched, remedy=remedy, remedy_entity=entity,
+                        ladder=self.ladder, ladder_at=self.ladder_at, ladder_failures=self.ladder_failures)
 
     @property
     def state(self) -> str:
         """One word for the UI and the nodes-by-state metric."""
         if self.fence is FenceMode.EXTERNAL:
             return "drained"
+        if self.ladder == "repair" and self.fence.ours:
+            return "repair"
         if self.fence is FenceMode.RELEASING or (self.fence is FenceMode.FENCED and self.handover == "running"):
             return "returning"
         if self.fence.ours:
@@ -111,6 +123,7 @@ class NodeRec:
             "released_at": self.released_at, "hold_reason": self.hold_reason,
             "order": {"boot_id": self.boot_id, "seq": self.report_seq, "retired_boots": list(self.retired)},
             "clock": {"ahead": self.clock_ahead, "offset": round(self.clock_offset, 3)},
+            "ladder": {"step": self.ladder, "since": self.ladder_at, "failures": list(self.ladder_failures)},
         }
 
 
@@ -124,7 +137,8 @@ def digest_of(fp: int) -> str:
     return format(fp & 0xFFFF_FFFF_FFFF_FFFF, "016x")
 
 
-STATES = ("OK", "WARN", "FAIL", "UNKNOWN", "fenced", "returning", "drained")
+STATES = ("OK", "WARN", "FAIL", "UNKNOWN", "fenced", "returning", "drained", "repair")
+LADDER_ACTIONS = frozenset({"RESET_GPU", "REBOOT"})  # what a fence asks for that the ladder can try
 # An unchanged full report replaces the stored one (the evidence the UI shows) at most this often:
 # agents send one every publish.full_report_interval, but a fleet of agents without leases, or
 # pulled /health, would otherwise rewrite ~16 KB per node per interval.
@@ -140,6 +154,7 @@ class Memory:
     seen_order: collections.deque[tuple[float, str]] = field(default_factory=collections.deque)
     breaker: BreakerState = BreakerState()
     recent_fences: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=10000))
+    recent_steps: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=1000))
     views: dict[str, NodeView] = field(default_factory=dict)
     version: int = 0  # bumped on every change that could alter a decision
     max_skew: float = 30.0  # seconds an agent's time claim may run ahead of our clock (config max_clock_skew)
@@ -157,7 +172,8 @@ class Memory:
                 fenced_at=r.fenced_at, hold=r.hold, opted_out=r.opted_out, ok_since=r.ok_since, handover=r.handover,
                 handover_at=r.handover_at, unreachable_since=r.unreachable_since, released_at=r.released_at,
                 boot_id=r.boot_id, report_seq=r.report_seq, retired=tuple(r.retired_boots.split()),
-                clock_ahead=r.clock_ahead, hold_reason=r.hold_reason)
+                clock_ahead=r.clock_ahead, hold_reason=r.hold_reason, ladder=r.ladder, ladder_at=r.ladder_at,
+                ladder_failures=tuple(loaded.ladder_failures.get(r.name, ())))
         for c in loaded.conditions:
             m.conditions[c.key] = c
             m.by_node.setdefault(c.node, set()).add(c.key)
@@ -224,6 +240,12 @@ class Memory:
         db = {k: (v.value if isinstance(v, FenceMode) else int(v) if isinstance(v, bool) else v)
               for k, v in fields.items()}
         return [Store.op_node_fields(name, **db)]
+
+    def ladder_failed(self, name: str, at: float) -> None:
+        """Count a failed reset/reboot attempt of `name` (memory only: the action journal holds it)."""
+        rec = self.nodes[name]
+        rec.ladder_failures = (*rec.ladder_failures, at)[-64:]
+        self._refresh(rec)
 
     def _refresh(self, rec: NodeRec) -> None:
         self.views[rec.name] = rec.view()

@@ -8,6 +8,7 @@ append-only, enforced by triggers, not by good intentions.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import operator
@@ -129,8 +130,19 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE fleet_samples (time REAL PRIMARY KEY, counts TEXT NOT NULL) WITHOUT ROWID;
     """,
+    # 6: the remediation ladder. A node's step on it (ladder: '', acting, verifying, repair) and
+    # when that began; a reset_gpu/reboot action's outcome after it was carried out ('' not yet,
+    # verifying, passed, failed) and when that was decided: failed attempts are counted from them.
+    """
+    ALTER TABLE nodes ADD COLUMN ladder TEXT NOT NULL DEFAULT '';
+    ALTER TABLE nodes ADD COLUMN ladder_at REAL NOT NULL DEFAULT 0;
+    ALTER TABLE actions ADD COLUMN outcome TEXT NOT NULL DEFAULT '';
+    ALTER TABLE actions ADD COLUMN outcome_at REAL NOT NULL DEFAULT 0;
+    CREATE INDEX actions_ladder ON actions (node, created) WHERE kind IN ('reset_gpu', 'reboot');
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+LADDER_LOOKBACK = 366 * 86400.0  # failed attempts loaded at start: longer than any sane ladder.window
 
 
 @dataclass(frozen=True)
@@ -160,6 +172,8 @@ class NodeRow:
     retired_boots: str = ""  # space-separated, newest first
     clock_ahead: int = 0
     hold_reason: str = ""
+    ladder: str = ""
+    ladder_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -212,6 +226,8 @@ class Loaded:
     breaker: BreakerState
     pending: tuple[ActionRow, ...]
     recent_fences: tuple[float, ...]
+    # node -> when its reset/reboot attempts failed (the ladder's count), oldest first
+    ladder_failures: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
 
 
 def reason_to_json(r: FenceReason | None) -> dict[str, str] | None:
@@ -227,14 +243,15 @@ def _reason_from(text: str) -> FenceReason | None:
 
 _NODE_COLS = ("name, agent_url, slurm_name, k8s_name, partition, learned, first_seen, last_seen, status, "
               "report_time, fence, fence_reason, fenced_at, hold, opted_out, ok_since, handover, handover_at, "
-              "unreachable_since, released_at, boot_id, report_seq, retired_boots, clock_ahead, hold_reason")
+              "unreachable_since, released_at, boot_id, report_seq, retired_boots, clock_ahead, hold_reason, ladder, "
+              "ladder_at")
 _ACTION_COLS = "id, node, kind, state, who, why, reason, rule, dry_run, created, updated, attempts, next_attempt, result"
 
 
 def _node_row(r: Sequence[Any]) -> NodeRow:
     return NodeRow(r[0], r[1], r[2], r[3], r[4], bool(r[5]), r[6], r[7], r[8], r[9], FenceMode(r[10]), r[11],
                    r[12], bool(r[13]), bool(r[14]), r[15], r[16], r[17], r[18], r[19], r[20], r[21], r[22], r[23],
-                   r[24])
+                   r[24], r[25], r[26])
 
 
 def _action_row(r: Sequence[Any]) -> ActionRow:
@@ -452,6 +469,28 @@ class Store:
         return ("UPDATE actions SET state = ?, updated = ?, result = ? WHERE id = ?", (state, now, result[:4096], aid))
 
     @staticmethod
+    def op_action_outcome(aid: int, outcome: str, now: float) -> Op:
+        """A carried-out reset/reboot's outcome: verifying (waiting for the handover suite)."""
+        return ("UPDATE actions SET outcome = ?, outcome_at = ? WHERE id = ?", (outcome, now, aid))
+
+    @staticmethod
+    def op_ladder_outcome(node: str, outcome: str, now: float) -> Op:
+        """Close the node's attempt being verified: passed (released after the handover suite) or
+        failed (the suite failed, or verify_within ran out)."""
+        return ("UPDATE actions SET outcome = ?, outcome_at = ? WHERE node = ? AND outcome = 'verifying'",
+                (outcome, now, node))
+
+    def ladder_attempts(self, node: str, limit: int = 20) -> list[dict[str, Any]]:
+        """The node's recent reset/reboot/repair actions, newest first (the repair queue shows them)."""
+        with self._read_lock:
+            rows = self._read().execute(
+                "SELECT id, kind, state, outcome, created, updated, outcome_at, why, result FROM actions "
+                "WHERE node = ? AND kind IN ('reset_gpu', 'reboot', 'repair') ORDER BY id DESC LIMIT ?",
+                (node, limit)).fetchall()
+        return [{"id": r[0], "kind": r[1], "state": r[2], "outcome": r[3], "created": r[4], "updated": r[5],
+                 "outcome_at": r[6], "why": r[7], "result": r[8]} for r in rows]
+
+    @staticmethod
     def op_breaker(b: BreakerState) -> Op:
         value = json.dumps({"tripped": b.tripped, "tripped_at": b.tripped_at, "reset_at": b.reset_at, "reason": b.reason})
         return ("INSERT OR REPLACE INTO kv (key, value) VALUES ('breaker', ?)", (value,))
@@ -488,7 +527,19 @@ class Store:
         recent = tuple(r[0] for r in c.execute(
             "SELECT created FROM actions WHERE kind = 'fence' AND created > ? AND state != 'failed'",
             (now - rate_window,)))
-        return Loaded(nodes, conds, ids, breaker, pending, recent)
+        return Loaded(nodes, conds, ids, breaker, pending, recent, self.ladder_failures(now - LADDER_LOOKBACK))
+
+    def ladder_failures(self, since: float) -> dict[str, tuple[float, ...]]:
+        """node -> times its reset/reboot attempts failed since `since`: the step itself failed
+        (state failed, at `updated`) or the node did not pass the handover suite after it
+        (outcome failed, at `outcome_at`)."""
+        out: dict[str, list[float]] = {}
+        for node, at in self.conn.execute(
+                "SELECT node, CASE WHEN state = 'failed' THEN updated ELSE outcome_at END AS at FROM actions "
+                "WHERE kind IN ('reset_gpu', 'reboot') AND (state = 'failed' OR outcome = 'failed') "
+                "AND created >= ? ORDER BY at", (since,)):
+            out.setdefault(node, []).append(float(at))
+        return {n: tuple(ts) for n, ts in out.items()}
 
     def recent_cycles(self, since: float) -> list[tuple[str, float, str, str]]:
         """(node, when, kind, who) of every fence done and every operator's release since
@@ -595,4 +646,4 @@ class Store:
 _NODE_FIELDS = frozenset(
     "agent_url slurm_name k8s_name partition learned first_seen last_seen status report_time fence "
     "fence_reason fenced_at hold opted_out ok_since handover handover_at unreachable_since released_at "
-    "boot_id report_seq retired_boots clock_ahead hold_reason".split())
+    "boot_id report_seq retired_boots clock_ahead hold_reason ladder ladder_at".split())

@@ -72,6 +72,26 @@ class MemFencer:
         self.calls.append(("list", ""))
         return {n: await self.read(n) for n in list(self.fenced)}
 
+    # Remediator (the ladder): a reboot is remembered until the test says the node came back.
+    rebooting: set[str] = dataclasses.field(default_factory=set)
+
+    async def reboot(self, node: str, reason: FenceReason) -> FenceOutcome:
+        self._maybe_fail("reboot", node)
+        cmd = ("mem", "reboot", node)
+        if not self.fenced.get(node, "").startswith(REASON_PREFIX):
+            return FenceOutcome(ok=False, changed=False, command=cmd, error="not fenced by podhealth")
+        if node in self.rebooting:
+            return FenceOutcome(ok=True, changed=False, command=cmd, output="reboot already requested")
+        self.rebooting.add(node)
+        return FenceOutcome(ok=True, changed=True, command=cmd, output="reboot requested")
+
+    async def remark(self, node: str, reason: FenceReason) -> FenceOutcome:
+        self._maybe_fail("remark", node)
+        if not self.fenced.get(node, "").startswith(REASON_PREFIX):
+            return FenceOutcome(ok=False, changed=False, error="not fenced by podhealth")
+        self.fenced[node] = render_reason(reason)
+        return FenceOutcome(ok=True, changed=True, command=("mem", "remark", node), output=self.fenced[node])
+
 
 def config(tmp_path: Path, nodes: int = 4, **kw: Any) -> AggregatorConfig:
     base: dict[str, Any] = dict(
