@@ -168,7 +168,7 @@ class Aggregator:
         ops: list[Op] = []
         for n in self.cfg.nodes:
             ops += self.mem.configure_node(n.name, n.agent_url, n.slurm_name, n.k8s_name, n.partition, now)
-        await self.writer.write(ops)
+        await self.writer.write(ops + self.fleet_sample_ops(now))  # the fleet chart starts at the start
         self._session = aiohttp.ClientSession()
         self._running = True
         fencer_names = ", ".join(f.name for f in self.fencers)

@@ -1,5 +1,8 @@
 // Shared by the fleet and node pages. Plain ES modules, no framework, nothing loaded from elsewhere.
 // Rule: data from the API only ever reaches the page through textContent / attributes, never as markup.
+import { relTime, isoUtc } from "/ui/static/timefmt.js";
+
+export { relTime, isoUtc };
 
 export const STATES = ["OK", "WARN", "FAIL", "UNKNOWN", "fenced", "returning", "drained"];
 export const STATE_LABEL = {
@@ -71,21 +74,33 @@ export async function adminPost(path, body, timeoutMs = 60000) {
   }
 }
 
+/** Text for a time where no element fits (a title, a message): relative, never a raw number. */
 export function fmtTime(t) {
-  if (!t) return "—";
-  const d = new Date(t * 1000);
-  const pad = (n) => String(n).padStart(2, "0");
-  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  return t ? relTime(t) : "—";
 }
 
-export function ago(t, now = Date.now() / 1000) {
-  if (!t) return "never";
-  const s = Math.max(0, Math.round(now - t));
-  if (s < 60) return `${s}s ago`;
-  if (s < 3600) return `${Math.floor(s / 60)}m ago`;
-  if (s < 86400) return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m ago`;
-  return `${Math.floor(s / 86400)}d ago`;
+export const ago = relTime;
+
+/**
+ * A time on the page: <time> reading "3 min ago", the ISO instant in UTC on hover. Every such
+ * element is re-read each 15 s (tickTimes), so "just now" does not stay "just now".
+ */
+export function when(t, empty = "—") {
+  if (!t) return document.createTextNode(empty);
+  const iso = isoUtc(t);
+  const e = el("time", { className: "ts", datetime: iso, title: `${iso} (UTC)` }, relTime(t));
+  e.dataset.t = String(t);
+  return e;
 }
+
+function tickTimes() {
+  const now = Date.now() / 1000;
+  for (const e of document.querySelectorAll("time.ts[data-t]")) {
+    const text = relTime(Number(e.dataset.t), now);
+    if (e.textContent !== text) e.textContent = text;
+  }
+}
+setInterval(tickTimes, 15000);
 
 export function showMessage(box, kind, text) {
   box.className = `banner ${kind}`;
@@ -116,12 +131,15 @@ export function tokenWidget(box, onChange) {
   render();
 }
 
-/** Ask for a reason (and who) in the page's <dialog>; resolves {reason, who} or null. */
-export function askReason(title, confirmText, needReason = true) {
+/** Ask for a reason (and who) in the page's <dialog>; resolves {reason, who} or null. A `warning`
+ * shows above the form (in #dlg-warn, where the page has one): what the operator should know first. */
+export function askReason(title, confirmText, needReason = true, warning = "") {
   const dlg = document.getElementById("dlg");
   const reason = document.getElementById("dlg-reason");
   const who = document.getElementById("dlg-who");
   document.getElementById("dlg-title").textContent = title;
+  const warn = document.getElementById("dlg-warn");
+  if (warn) { warn.textContent = warning; warn.hidden = !warning; }
   document.getElementById("dlg-ok").textContent = confirmText;
   reason.value = "";
   reason.required = needReason;

@@ -1,7 +1,8 @@
 // The fleet page: every node as a tile, grouped by partition / node pool, updated live.
 import {
-  STATES, STATE_LABEL, el, clear, natural, session, adminPost, fmtTime, showMessage, tokenWidget, askReason, openFeed,
+  STATES, STATE_LABEL, el, clear, natural, session, adminPost, when, showMessage, tokenWidget, askReason, openFeed,
 } from "/ui/static/common.js";
+import { fleetChart } from "/ui/static/fleetchart.js";
 
 const COMPACT_ABOVE = 256; // past this many nodes, tiles drop their names (hover shows them)
 
@@ -9,6 +10,7 @@ const $ = (id) => document.getElementById(id);
 const nodes = new Map(); // name -> tile JSON from the feed
 const tiles = new Map(); // name -> <a class="tile">
 let summary = {};
+let chartChanged = () => {};
 let namesTouched = false;
 
 // ---- filters (kept in the URL so a NOC screen or a link can carry them) ------------------------
@@ -180,9 +182,11 @@ function renderSummary() {
   }
   const b = summary.breaker || {};
   $("breaker").hidden = !b.tripped;
-  $("breaker-text").textContent = b.tripped
-    ? `Circuit breaker TRIPPED ${fmtTime(b.tripped_at)} — automatic fencing stopped: ${b.reason || "fleet-wide failure"}`
-    : "";
+  const bt = $("breaker-text");
+  clear(bt);
+  if (b.tripped) {
+    bt.append("Circuit breaker TRIPPED ", when(b.tripped_at), ` — automatic fencing stopped: ${b.reason || "fleet-wide failure"}`);
+  }
   $("breaker-reset").hidden = !b.tripped || !session.token();
   const fb = summary.fence_budget || { used: 0, limit: 0 };
   const budget = $("budget");
@@ -228,7 +232,10 @@ function onDelta(d) {
     else paintTile(a, t);
   }
   for (const name of d.remove || []) { nodes.delete(name); structural = true; }
-  if (d.summary) summary = d.summary;
+  if (d.summary) {
+    if (JSON.stringify(d.summary.counts) !== JSON.stringify(summary.counts)) chartChanged();
+    summary = d.summary;
+  }
   if (structural) rebuild(); else refresh();
 }
 
@@ -260,6 +267,7 @@ function main() {
   $("f-names").addEventListener("change", () => { namesTouched = true; writeUrlFilters(); rebuild(); });
   $("filters").addEventListener("submit", (e) => e.preventDefault());
   $("breaker-reset").addEventListener("click", resetBreaker);
+  chartChanged = fleetChart($("fleet-history"));
   openFeed({ onSnapshot, onDelta, onConn });
 }
 

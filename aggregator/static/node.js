@@ -1,9 +1,10 @@
 // The node page: what the agent reports per GPU / NVLink / HCA / mount, events, the audit log,
 // and (with the admin token) fence, release and handover.
 import {
-  STATE_LABEL, el, clear, natural, session, getJSON, adminPost, fmtTime, ago, showMessage, tokenWidget, askReason,
+  STATE_LABEL, el, clear, natural, session, getJSON, adminPost, when, showMessage, tokenWidget, askReason,
   openFeed,
 } from "/ui/static/common.js";
+import { renderTimeline } from "/ui/static/timeline.js";
 
 const $ = (id) => document.getElementById(id);
 const NAME = decodeURIComponent(location.pathname.split("/").pop());
@@ -11,6 +12,7 @@ const API = `/api/v1/nodes/${encodeURIComponent(NAME)}`;
 const GROUPS = ["GPUs", "NVLink", "NVSwitches", "HCAs", "Mounts", "Node"];
 let node = null;
 let busy = false;
+let historyItems = [];
 
 function groupOf(r) {
   const e = r.entity || "node";
@@ -24,11 +26,21 @@ function groupOf(r) {
 
 const pill = (status) => el("span", { className: `cellchip st-${status}` }, status);
 
+// An evidence value that is a Unix time (a 10-digit number of seconds, 2001..2286) under a key
+// that names a time: shown as a time, never as the raw number.
+const EPOCH = /^\d{10}(\.\d+)?$/;
+const TIME_KEY = /(time|_at|since|last|first|when|seen)$/i;
+
+function evidenceValue(k, v) {
+  const s = String(v);
+  return EPOCH.test(s) && TIME_KEY.test(k) ? when(Number(s)) : s;
+}
+
 function evidenceList(ev) {
   const entries = Object.entries(ev || {});
   if (!entries.length) return null;
   const dl = el("dl", { className: "evidence" });
-  for (const [k, v] of entries) dl.append(el("dt", {}, k), el("dd", {}, v));
+  for (const [k, v] of entries) dl.append(el("dt", {}, k), el("dd", {}, evidenceValue(k, v)));
   return dl;
 }
 
@@ -49,7 +61,9 @@ function renderHead(n) {
   const st = $("state");
   st.className = `state-pill st-${n.state}`;
   st.textContent = STATE_LABEL[n.state] || n.state;
-  $("updated").textContent = `report ${ago(n.report_time)} · seen ${ago(n.last_seen)}`;
+  const updated = $("updated");
+  clear(updated);
+  updated.append("report ", when(n.report_time, "never"), " · seen ", when(n.last_seen, "never"));
   const facts = $("facts");
   clear(facts);
   const add = (k, v) => { if (v !== "" && v !== null && v !== undefined) facts.append(el("dt", {}, k), el("dd", {}, v)); };
@@ -62,7 +76,7 @@ function renderHead(n) {
   const fence = { none: "not fenced", fencing: "fencing (in flight)", fenced: "fenced by podhealth",
     releasing: "releasing (in flight)", external: "drained by someone else (podhealth will not touch it)" }[n.fence] || n.fence;
   add("fence", n.fence_reason ? `${fence} — reason "${n.fence_reason}"` : fence);
-  if (n.fenced_at) add("fenced at", fmtTime(n.fenced_at));
+  if (n.fenced_at) add("fenced", when(n.fenced_at));
   if (n.hold) add("hold", `${n.hold_reason || "operator fence"}: no automatic return to service`);
   // The agent's clock is a claim: records are ordered by its (boot, seq); a wrong clock is shown, not trusted.
   const clock = n.clock || {};
@@ -72,9 +86,9 @@ function renderHead(n) {
   const order = n.order || {};
   if (order.boot_id) add("order", `boot ${order.boot_id.slice(0, 13)} · seq ${order.seq}`);
   if (n.opted_out) add("opted out", "podhealth.io/managed=false: never fenced");
-  if (n.handover) add("handover", `${n.handover} ${n.handover_at ? `(${fmtTime(n.handover_at)})` : ""}`);
-  if (n.ok_since) add("all OK since", fmtTime(n.ok_since));
-  if (n.unreachable_since) add("unreachable since", fmtTime(n.unreachable_since));
+  if (n.handover) add("handover", el("span", {}, `${n.handover} `, n.handover_at ? when(n.handover_at) : null));
+  if (n.ok_since) add("all OK since", when(n.ok_since));
+  if (n.unreachable_since) add("unreachable since", when(n.unreachable_since));
   for (const p of n.pending_actions || []) add(`pending ${p.kind}`, `#${p.id} by ${p.who}: ${p.why} (attempts ${p.attempts})`);
   for (const note of n.notes || []) add("policy", `${note.kind}${note.detail ? `: ${note.detail}` : ""}`);
   renderActions(n);
@@ -95,13 +109,22 @@ function renderActions(n) {
   btn.handover.title = n.agent_url ? "ask the agent to run the handover suite; a pass returns the node" : "no agent URL configured";
 }
 
+/** What a release would put back into service: the node's verdict when it is still FAIL, with the checks. */
+function releaseWarning(n) {
+  if (!n || n.status !== "FAIL") return "";
+  const failing = (n.conditions || []).filter((c) => c.status === "FAIL").map((c) => `${c.check} ${c.entity}`);
+  const list = failing.length ? `: ${failing.slice(0, 8).join(", ")}${failing.length > 8 ? ` and ${failing.length - 8} more` : ""}` : "";
+  return `Warning: ${n.name} still reports FAIL${list}. Released now, it goes back into service failing, and the `
+    + "policy may fence it again.";
+}
+
 async function act(action) {
   const titles = {
     fence: [`Fence ${NAME}? It is drained in Slurm / cordoned in Kubernetes and stays out until released.`, "Fence"],
     release: [`Release ${NAME}? It returns to service (Slurm resume / uncordon).`, "Release"],
     handover: [`Re-run the handover suite on ${NAME}? A pass returns it to service.`, "Run handover"],
   };
-  const got = await askReason(titles[action][0], titles[action][1], true);
+  const got = await askReason(titles[action][0], titles[action][1], true, action === "release" ? releaseWarning(node) : "");
   if (!got) return;
   busy = true;
   if (node) renderActions(node);
@@ -133,7 +156,7 @@ function renderConditions(conds) {
   $("cond-count").textContent = conds.length ? `(${conds.length})` : "";
   const rows = conds.map((c) => el("tr", { className: c.status === "FAIL" ? "bad" : "" },
     el("td", {}, pill(c.status)), el("td", { className: "mono" }, c.check), el("td", { className: "mono" }, c.entity),
-    el("td", {}, c.action), el("td", {}, c.source), el("td", { className: "when" }, fmtTime(c.since)), el("td", {}, c.summary)));
+    el("td", {}, c.action), el("td", {}, c.source), el("td", { className: "when" }, when(c.since)), el("td", {}, c.summary)));
   const box = $("conditions");
   clear(box);
   box.append(table(["status", "check", "entity", "action", "source", "since", "summary"], rows, "None: every check is OK."));
@@ -171,7 +194,9 @@ function renderResults(report) {
     box.append(el("p", { className: "muted" }, "No report from the agent yet."));
     return;
   }
-  $("report-meta").textContent = `(${report.results.length} results, agent time ${fmtTime(report.time)})`;
+  const meta = $("report-meta");
+  clear(meta);
+  meta.append(`(${report.results.length} results, agent time `, when(report.time), ")");
   const groups = new Map(GROUPS.map((g) => [g, []]));
   for (const r of report.results) groups.get(groupOf(r)).push(r);
   const rank = { FAIL: 0, UNKNOWN: 1, WARN: 2 };
@@ -180,7 +205,7 @@ function renderResults(report) {
   const rows = bad.map((r) => el("tr", { className: r.status === "FAIL" ? "bad finding" : "finding",
     dataset: { check: r.check, entity: r.entity } },
   el("td", {}, pill(r.status)), el("td", {}, groupOf(r)), el("td", { className: "mono" }, r.entity),
-  el("td", { className: "mono" }, r.check), el("td", {}, r.action), el("td", { className: "when" }, fmtTime(r.since)),
+  el("td", { className: "mono" }, r.check), el("td", {}, r.action), el("td", { className: "when" }, when(r.since)),
   el("td", {}, r.summary || "", evidenceList(r.evidence))));
   box.append(el("h3", {}, "Findings"),
     table(["status", "kind", "entity", "check", "action", "since", "summary / evidence"], rows, "Every check passes."));
@@ -193,12 +218,13 @@ function eventRow(item) {
   const body = item.event || {};
   if (item.kind === "summary") {
     const counts = Object.entries(body.counts || {}).map(([k, v]) => `${k} ×${v}`).join(", ");
-    return el("tr", {}, el("td", { className: "when" }, fmtTime(item.time)), el("td", {}, "summary"), el("td", {}, ""),
-      el("td", {}, ""), el("td", {}, `${body.count || 0} events held while the aggregator was away, ${fmtTime(body.first)} – ${fmtTime(body.last)}: ${counts}`));
+    return el("tr", {}, el("td", { className: "when" }, when(item.time)), el("td", {}, "summary"), el("td", {}, ""),
+      el("td", {}, ""), el("td", {}, `${body.count || 0} events held while the aggregator was away, `, when(body.first),
+        " – ", when(body.last), `: ${counts}`));
   }
   const e = body.event || {};
   const where = e.gpu !== null && e.gpu !== undefined ? `gpu${e.gpu}` : (e.device || e.pci_bus_id || "");
-  return el("tr", { className: "bad" }, el("td", { className: "when" }, fmtTime(item.time)),
+  return el("tr", { className: "bad" }, el("td", { className: "when" }, when(item.time)),
     el("td", {}, String(e.kind || "").toUpperCase()), el("td", { className: "num" }, e.code ?? ""),
     el("td", { className: "mono" }, where), el("td", { className: "mono" }, e.text || ""));
 }
@@ -211,12 +237,12 @@ function renderHistory(items) {
   $("events").append(table(["time", "kind", "code", "where", "text"], events.map(eventRow), "No XID or SXid events."));
   clear($("audit"));
   $("audit").append(table(["time", "who", "what", "why / result"], audit.map((a) => el("tr", { className: a.ok ? "" : "bad" },
-    el("td", { className: "when" }, fmtTime(a.time)), el("td", {}, a.who), el("td", {}, a.what),
+    el("td", { className: "when" }, when(a.time)), el("td", {}, a.who), el("td", {}, a.what),
     el("td", {}, a.why, a.command && a.command.length ? el("div", { className: "mono" }, a.command.join(" ")) : null,
       a.output ? el("pre", { className: "out" }, a.output) : null))), "No actions recorded."));
   clear($("verdicts"));
   $("verdicts").append(table(["time", "status", "check", "entity", "action", "source", "summary"], verdicts.map((v) =>
-    el("tr", { className: v.status === "FAIL" ? "bad" : "" }, el("td", { className: "when" }, fmtTime(v.time)),
+    el("tr", { className: v.status === "FAIL" ? "bad" : "" }, el("td", { className: "when" }, when(v.time)),
       el("td", {}, pill(v.status)), el("td", { className: "mono" }, v.check), el("td", { className: "mono" }, v.entity),
       el("td", {}, v.action), el("td", {}, v.source), el("td", {}, v.summary))), "No verdict changes recorded."));
 }
@@ -236,6 +262,8 @@ async function load() {
       renderConditions(n.conditions || []);
       renderResults(n.report);
       renderHistory(h.items || []);
+      historyItems = h.items || [];
+      drawTimeline();
     } catch (e) {
       showMessage($("message"), "error", `Cannot load ${NAME}: ${e.message}`);
     }
@@ -243,6 +271,25 @@ async function load() {
   await loading;
   loading = null;
   if (again) { again = false; await load(); }
+}
+
+function drawTimeline() {
+  if (node) renderTimeline($("timeline"), historyItems, node, Date.now() / 1000, Number($("timeline-span").value));
+}
+
+async function loadLinks() {
+  try {
+    const got = await getJSON(`/ui/api/links?node=${encodeURIComponent(NAME)}`);
+    const box = $("links");
+    clear(box);
+    for (const l of got.grafana || []) {
+      box.append(el("a", { href: l.url, target: "_blank", rel: "noopener noreferrer", className: "badge link",
+        title: `${l.title} in Grafana, node ${NAME}`, dataset: { uid: l.uid } }, l.title.replace(/^podhealth \/ /, "")));
+    }
+    if (box.firstChild) box.prepend(el("span", { className: "muted" }, "Grafana:"));
+  } catch (e) {
+    // no links is no loss: the page works without them
+  }
 }
 
 function onToken() {
@@ -255,7 +302,9 @@ function main() {
   for (const b of document.querySelectorAll("#actions button[data-action]")) {
     b.addEventListener("click", () => act(b.dataset.action));
   }
+  $("timeline-span").addEventListener("change", drawTimeline);
   load();
+  loadLinks();
   openFeed({
     node: NAME,
     onSnapshot: () => load(),

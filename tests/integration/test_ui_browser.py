@@ -10,7 +10,10 @@ fleet is fed two ways:
 - `test_ui_with_pushed_reports`: reports POSTed to /v1/reports as an agent pushes them, so the UI's
   whole path (live tiles, node page, release into Slurm) is checked even without agents.
 
-Screenshots land in test-artifacts/ (ui-*.png).
+Screenshots land in test-artifacts/ (ui-*.png). Along the walk: the fleet history chart, the
+fenced tile's contrast (WCAG AA, from the computed colours), the node's timeline with its fence and
+XID marks, the release dialog's warning for a node that still reports FAIL, and no raw Unix time
+anywhere in the visible text.
 """
 
 from __future__ import annotations
@@ -44,6 +47,23 @@ def tok(node: str) -> str:
     return derive_node_token(SECRET, node)
 NODES = ("dgx01", "dgx02", "dgx03", "dgx04")
 RED = "rgb(248, 81, 73)"  # --fail in podhealth.css
+EPOCH = re.compile(r"(?<![\d.])\d{10}(?![\d])")  # a Unix time in seconds, as a raw number would show
+# The WCAG 2.x contrast ratio of the element's text colour against each of its background's two
+# stripe colours (the CSS variables the gradient is made of), all read from getComputedStyle.
+CONTRAST_JS = """([el, vars]) => {
+  const probe = document.createElement('span');
+  document.body.append(probe);
+  const rgb = (css) => { probe.style.color = css; const m = getComputedStyle(probe).color.match(/\\d+(\\.\\d+)?/g);
+    return m.slice(0, 3).map(Number); };
+  const lum = ([r, g, b]) => [r, g, b].map((v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; })
+    .reduce((a, v, i) => a + v * [0.2126, 0.7152, 0.0722][i], 0);
+  const root = getComputedStyle(document.documentElement);
+  const fg = lum(rgb(getComputedStyle(el).color));
+  const out = vars.map((v) => { const bg = lum(rgb(root.getPropertyValue(v).trim()));
+    return (Math.max(fg, bg) + 0.05) / (Math.min(fg, bg) + 0.05); });
+  probe.remove();
+  return out;
+}"""
 MIN_DURATION = 3.0  # seconds a FAIL stays red before the policy fences, so the test can see both
 
 slurm = slurm_fixture(scope="module", nodes=4)
@@ -70,6 +90,7 @@ def aggregator_yaml(tmp_path: Path, port: int, cluster: SlurmCluster | None, age
         "auth": {"admin_token": ADMIN, "cluster_secret": SECRET},
         "pull_interval": 1.0, "pull_timeout": 2.0, "decide_interval": 0.2, "unreachable_after": 120.0,
         "healthy_for": 3600.0,  # no automatic handover during the test: the release is the operator's
+        "ui": {"history_interval": 1.0},  # a fleet sample at every housekeeping pass (5 s), not every 5 min
         "rules": [
             {"check": "*", "actions": ["RESET_GPU", "DRAIN", "REBOOT", "REPLACE"], "min_severity": "critical",
              "do": "fence", "min_duration": MIN_DURATION},
@@ -187,6 +208,10 @@ def walk(browser: Any, agg: Service, cluster: SlurmCluster, artifacts: Path, pre
         expect(page.locator(f'a.tile[data-node="{n}"]')).not_to_have_attribute("data-state", "UNKNOWN")
     expect(page.locator("#conn")).to_have_class(re.compile(r"\blive\b"))
     expect(page.locator("#budget-used")).to_have_text("0 of 10")
+    chart = page.locator("#fleet-history svg.fleetchart")
+    expect(chart).to_be_visible()
+    expect(chart.locator('path.area[data-state="OK"]')).to_have_count(1)
+    no_raw_epoch(page)
     page.screenshot(path=str(artifacts / f"{prefix}fleet.png"), full_page=True)
     page.evaluate("window.__sameDocument = 1")  # gone if the page reloads
 
@@ -211,6 +236,12 @@ def walk(browser: Any, agg: Service, cluster: SlurmCluster, artifacts: Path, pre
     reason = slurm_state(cluster, "dgx02")[1]
     assert reason.startswith("podhealth: xid gpu3"), reason
     assert page.evaluate("window.__sameDocument") == 1, "the page reloaded"
+    ratios = page.evaluate(CONTRAST_JS, [tile.element_handle(), ["--fenced-stripe", "--fenced-bg"]])
+    assert min(ratios) >= 4.5, f"fenced tile name contrast {ratios} (WCAG AA needs 4.5:1 on both stripes)"
+    expect(chart.locator('path.area[data-state="fenced"]')).to_have_count(1)  # the chart follows the fence
+    no_raw_epoch(page)
+    page.screenshot(path=str(artifacts / f"{prefix}fleet-fenced.png"), full_page=True)
+    tile.screenshot(path=str(artifacts / f"{prefix}tile-fenced.png"))
 
     tile.click()
     page.wait_for_url(re.compile(r"/ui/node/dgx02$"))
@@ -222,7 +253,17 @@ def walk(browser: Any, agg: Service, cluster: SlurmCluster, artifacts: Path, pre
     expect(page.locator("#audit")).to_contain_text("fence")
     expect(page.locator("#events")).to_contain_text("79")  # the XID itself, from the event feed
     expect(page.locator("#events")).to_contain_text("gpu3")
+    timeline = page.locator("#timeline svg.timeline")
+    expect(timeline.locator('[data-kind="fence"]')).not_to_have_count(0)  # the fence mark
+    expect(timeline.locator('[data-kind="xid"]')).not_to_have_count(0)  # the XID 79 diamond
+    expect(timeline.locator('[data-kind="xid"] text')).to_contain_text(["79"])
+    assert "gpu3" in (timeline.locator('[data-kind="xid"] title').first.text_content() or "")
+    no_raw_epoch(page)
+    when = page.locator("#audit time.ts").first  # relative on the page, ISO UTC on hover
+    assert re.fullmatch(r"just now|\d+ s ago|\d+ min ago", when.inner_text()), when.inner_text()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(UTC\)", when.get_attribute("title") or "")
     page.screenshot(path=str(artifacts / f"{prefix}node.png"), full_page=True)
+    timeline.screenshot(path=str(artifacts / f"{prefix}timeline.png"))
 
     page.fill("#token-input", ADMIN)
     page.click("#token-set")
@@ -231,6 +272,11 @@ def walk(browser: Any, agg: Service, cluster: SlurmCluster, artifacts: Path, pre
     expect(page.locator("#btn-fence")).to_be_disabled()  # already fenced
     release.click()
     expect(page.locator("#dlg")).to_be_visible()
+    warn = page.locator("#dlg-warn")  # the agent still says FAIL: the dialog says so, naming the check
+    expect(warn).to_be_visible()
+    expect(warn).to_contain_text("dgx02 still reports FAIL")
+    expect(warn).to_contain_text("xid gpu3")
+    page.screenshot(path=str(artifacts / f"{prefix}release-dialog.png"))
     page.click("#dlg-ok")  # the reason is required: the browser refuses the empty form
     expect(page.locator("#dlg")).to_be_visible()
     page.fill("#dlg-reason", "GPU3 reseated, field diag passed")
@@ -243,6 +289,11 @@ def walk(browser: Any, agg: Service, cluster: SlurmCluster, artifacts: Path, pre
     expect(page.locator("#audit")).to_contain_text("operator:ui-test")
     page.screenshot(path=str(artifacts / f"{prefix}node-released.png"), full_page=True)
     assert page.js_errors == [], page.js_errors
+
+
+def no_raw_epoch(page: Any) -> None:
+    text = page.locator("body").inner_text()
+    assert not EPOCH.search(text), f"a raw Unix time on the page: {EPOCH.search(text)}"
 
 
 # ---- the tests -------------------------------------------------------------------------------------
