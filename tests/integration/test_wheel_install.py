@@ -107,3 +107,16 @@ def test_assets_export_from_the_wheel(wheel_venv: tuple[Path, Path], tmp_path: P
     r = subprocess.run([str(venv / "bin" / "podhealth"), "assets", "export", str(out)], capture_output=True,
                        text=True, timeout=60, cwd=tmp_path, env=_clean_env())
     assert r.returncode == 1 and "--force" in r.stderr
+
+
+def test_a_config_that_needs_a_missing_extra_names_it(wheel_venv: tuple[Path, Path], tmp_path: Path) -> None:
+    """In the venv without the extras: the real absence, not a stand-in."""
+    _, venv = wheel_venv
+    cfg = tmp_path / "podhealth.yaml"
+    cfg.write_text("aggregator:\n  auth:\n    cluster_secret: 0123456789abcdef0123456789abcdef\n"
+                   "  fencers:\n    kubernetes:\n      enabled: true\n")
+    r = subprocess.run([str(venv / "bin" / "podhealth"), "config", "check", str(cfg)], capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path, env=_clean_env())
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "podhealth.yaml:6: aggregator.fencers.kubernetes.enabled: the Kubernetes fencer needs the kubernetes "
+        "package, which is not installed: pip install 'podhealth[kubernetes]'")
