@@ -47,7 +47,7 @@ def _number(v: object) -> float | None:
     if isinstance(v, bool):
         return None
     if isinstance(v, int):
-        return float(v)
+        return float(v) if 0 <= v < 1 << 128 else None  # a 128-bit counter at most; float() of more overflows
     if isinstance(v, float):
         return v if math.isfinite(v) and v >= 0 else None
     if isinstance(v, str) and re.fullmatch(r"[0-9]{1,40}", v.strip(), re.ASCII):
@@ -72,6 +72,8 @@ def parse_smart_log(text: str) -> SmartLog:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"smart-log is not JSON: {e.msg} at line {e.lineno}") from None
+    except (RecursionError, ValueError) as e:  # nesting too deep, an integer of more than 4,300 digits
+        raise ValueError(f"smart-log is not usable JSON: {type(e).__name__}") from None
     if isinstance(data, dict) and isinstance(data.get("smart_log"), dict):
         data = data["smart_log"]  # the `nvme list` + smart-log combination some tools print
     if not isinstance(data, dict):

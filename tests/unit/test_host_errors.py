@@ -81,7 +81,7 @@ def test_smart_log_v1_16_and_v2_11_shapes() -> None:
     assert new.percentage_used == 104 and new.temperature_c == 45
 
 
-@pytest.mark.parametrize("text", ["", "[]", "{", "not json"])
+@pytest.mark.parametrize("text", ["", "[]", "{", "not json", "[" * 100_000, '{"media_errors": ' + "9" * 5000 + "}"])
 def test_smart_log_garbage_is_a_clear_error(text: str) -> None:
     with pytest.raises(ValueError):
         parse_smart_log(text)
@@ -89,9 +89,9 @@ def test_smart_log_garbage_is_a_clear_error(text: str) -> None:
 
 def test_smart_log_odd_values_are_none_not_zero() -> None:
     log = parse_smart_log(json.dumps({"critical_warning": "x", "media_errors": None, "avail_spare": True,
-                                      "percent_used": -1.0}))
+                                      "percent_used": -1.0, "num_err_log_entries": 10 ** 400, "temperature": -5}))
     assert log.critical_warning is None and log.media_errors is None and log.available_spare_pct is None
-    assert log.percentage_used is None
+    assert log.percentage_used is None and log.error_log_entries is None and log.temperature_c is None
 
 
 def test_ras_lines() -> None:
@@ -515,3 +515,48 @@ def test_a_file_that_cannot_be_read_is_reported_not_judged(tmp_path: Path) -> No
     col = PcieAerCollector(root).collect()
     assert any("aer_dev_fatal" in e for e in col.errors)
     assert not [x for x in col.samples if x.label("pci") == "0000:18:00.0" and x.label("severity") == "fatal"]
+
+
+# ---- fuzz: the pure parsers raise only ValueError, and never invent negative counts ----------
+
+from hypothesis import given, settings  # noqa: E402 - kept beside the tests that use it
+from hypothesis import strategies as st  # noqa: E402
+
+_AER_SEEDS = [(OWN / "aer_tree/sys/devices/pci0000:10/0000:10:01.0/0000:18:00.0" / n).read_text()
+              for n in ("aer_dev_correctable", "aer_dev_fatal")]
+_SMART_SEEDS = [(OWN / n).read_text() for n in ("smart_v1.16_nvme0.json", "smart_v2.11_critical.json")]
+_RAS_SEEDS = (OWN / "kern_ras.log").read_text().splitlines()
+
+
+def _mutated(seeds: list[str]) -> st.SearchStrategy[str]:
+    cut = st.tuples(st.sampled_from(seeds), st.integers(0, 4000), st.text(max_size=40))
+    return st.one_of(st.text(max_size=200), cut.map(lambda t: t[0][:t[1]] + t[2] + t[0][t[1]:]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_mutated(_AER_SEEDS))
+def test_aer_parser_raises_only_value_error(text: str) -> None:
+    try:
+        c = parse_aer_file(text)
+    except ValueError:
+        return
+    assert all(n >= 0 for _, n in c.errors) and c.effective_total >= 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(_mutated(_SMART_SEEDS))
+def test_smart_parser_raises_only_value_error(text: str) -> None:
+    try:
+        log = parse_smart_log(text)
+    except ValueError:
+        return
+    for v in (log.media_errors, log.error_log_entries, log.percentage_used, log.available_spare_pct):
+        assert v is None or v >= 0
+    assert log.critical_warning is None or 0 <= log.critical_warning <= 0xFF
+
+
+@settings(max_examples=300, deadline=None)
+@given(_mutated(_RAS_SEEDS))
+def test_ras_parser_never_raises(line: str) -> None:
+    r = parse_ras(line)
+    assert r is None or (r.count >= 0 and len(r.message) <= 512)
