@@ -133,9 +133,13 @@ class Health:
         body["evaluated_at"] = self.evaluated_at
         return web.json_response(body)
 
-    def _refusal(self, request: web.Request) -> web.Response | None:
-        """Why this caller may not run the handover suite (on a GPU node a 30 s burn-in and NCCL),
-        or None. A cross-site browser request was already refused (webguard.same_site_only)."""
+    def handover_running(self) -> bool:
+        return self._handover_lock.locked()
+
+    def refusal(self, request: web.Request) -> web.Response | None:
+        """Why this caller may not run the handover suite (on a GPU node a 30 s burn-in and NCCL)
+        or reset a GPU (agent/gpureset.py), or None. A cross-site browser request was already
+        refused (webguard.same_site_only)."""
         token = self.agent.cfg.auth.token
         if token:
             if not webguard.same_token(token, webguard.bearer(request)):
@@ -148,7 +152,7 @@ class Health:
         return None
 
     async def post_handover(self, request: web.Request) -> web.StreamResponse:
-        refusal = self._refusal(request)
+        refusal = self.refusal(request)
         if refusal is not None:
             return refusal
         if self._handover_lock.locked():
@@ -204,4 +208,7 @@ def install(agent: "Agent", active_tests: Callable[[], list[ActiveTest]] | None 
     agent.on_snapshot.append(h.on_snapshot)
     agent.add_metric_source(h.families)
     agent.add_routes([web.get("/health", h.get_health), web.post("/v1/handover", webguard.same_site_only(h.post_handover))])
+    from podhealth.agent import gpureset
+
+    gpureset.install(agent, h)  # POST /v1/gpu-reset, behind the same credential as the handover suite
     return h

@@ -10,6 +10,7 @@ the node; a refresher rewrites its trees every second so the collectors see the 
 from __future__ import annotations
 
 import asyncio
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,9 @@ def setup(cfg: Config, profile: str, root: Path, name: str) -> SimSetup:
         cfg,
         node=replace(cfg.node, name=name, profile=profile),  # type: ignore[arg-type]
         paths=replace(cfg.paths, sysfs_root=node.sys_root, procfs_root=node.proc_root, kmsg=node.kmsg_path),
+        # POST /v1/gpu-reset resets the simulated GPU (podhealth.sim.cmd gpu-reset), not a real one
+        gpu_reset=replace(cfg.gpu_reset, command=(sys.executable, "-m", "podhealth", "simulate", "gpu-reset",
+                                                  "--root", str(root), name, "{gpu}")),
     )
     seams: dict[str, dict[str, Any]] = {
         "nfs": {"probe_argv": node.probe_argv},

@@ -269,6 +269,21 @@ class ActiveConfig:
 
 
 @dataclass(frozen=True)
+class GpuResetConfig:
+    command: tuple[str, ...] = doc(
+        "argv of the GPU reset POST /v1/gpu-reset runs (the aggregator's remediation ladder asks for it);\n"
+        "{gpu} becomes the GPU index. The agent first refuses while NVML lists a compute process on\n"
+        "the GPU. `podhealth agent --simulate` points it at `podhealth simulate gpu-reset`.",
+        ("nvidia-smi", "-r", "-i", "{gpu}"))
+    timeout: Seconds = doc("Seconds the reset may take before it is killed (and answered 500).", 120.0)
+
+    def validate(self) -> tuple[str, str] | None:
+        if not self.command:
+            return ("command", "expected the reset command's argv, got an empty list")
+        return None
+
+
+@dataclass(frozen=True)
 class AuthConfig:
     token: str = doc(
         "Bearer token required by POST /v1/handover (and `check --node`); the aggregator's agent_token.\n"
@@ -298,6 +313,7 @@ class Config:
     checks: ChecksConfig = doc("Health checks.", factory=ChecksConfig)
     active: ActiveConfig = doc("Active tests run on demand: burn-in, DCGM diagnostics, NCCL.", factory=ActiveConfig)
     auth: AuthConfig = doc("Agent API authentication.", factory=AuthConfig)
+    gpu_reset: GpuResetConfig = doc("POST /v1/gpu-reset: how this node resets one GPU.", factory=GpuResetConfig)
     aggregator: AggregatorConfig = doc("The central aggregator (podhealth aggregator).", factory=AggregatorConfig)
 
 

@@ -191,6 +191,7 @@ SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction, argparse.ArgumentPa
     "clear": _add_clear,
     "show": _add_show,
     "list": _add_list,
+    "gpu-reset": lambda sub, common: __import__("podhealth.sim.cmd_gpureset", fromlist=["x"]).add_subcommand(sub, common),
     "fleet": lambda sub, common: __import__("podhealth.sim.fleet", fromlist=["fleet"]).add_subcommand(sub, common),
 }
 

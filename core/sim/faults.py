@@ -55,13 +55,26 @@ KINDS: Mapping[str, KindSpec] = {
     "nfs-missing": KindSpec(("mount",), {}, "NFS mount absent"),
     "nfs-hung": KindSpec(("mount",), {}, "NFS server not responding (stat blocks)"),
     "unit-down": KindSpec(("unit",), {}, "systemd unit failed"),
-    "reboot": KindSpec((), {}, "the node booted now: <proc>/stat btime = the injection time (boot grace)"),
+    "reboot": KindSpec((), {}, "the node booted now: <proc>/stat btime = the injection time (boot grace); "
+                               "every fault without persist=1 (and not persistent by nature) is gone"),
+    "gpu-reset-fails": KindSpec(("gpu",), {}, "`nvidia-smi -r` on this GPU fails (podhealth simulate gpu-reset)"),
+    "gpu-busy": KindSpec(("gpu",), {}, "a compute process (pid 4242) runs on the GPU (NVML running processes)"),
     "pcie-aer-fatal": KindSpec(("gpu",), {}, "fatal PCIe AER error (Surprise Down, Completion Timeout) on the GPU's link"),
     "edac-ue": KindSpec((), {}, "one uncorrectable host memory error on mc0's second DIMM (EDAC + kernel line)"),
     "nvme-critical": KindSpec((), {}, "nvme0 SMART critical warning 0x04 (reliability degraded) and media errors"),
 }
 
-_INT_PARAMS = ("gpu", "link", "width", "gen", "code", "port", "count")
+_INT_PARAMS = ("gpu", "link", "width", "gen", "code", "port", "count", "persist")
+# Every kind but reboot also takes persist=1: the fault survives a reboot (a part that is broken,
+# not a state the driver can leave). Kinds that survive one by nature: a failed row remap is
+# recorded in the GPU's InfoROM and stays until the GPU is replaced.
+PERSISTENT_KINDS = frozenset({"row-remap-failure"})
+# What a GPU reset (`nvidia-smi -r`) clears on that GPU: volatile state the driver rebuilds when
+# the GPU re-initialises (pending remaps are applied, volatile ECC counts and XID state cleared).
+RESETTABLE_KINDS = frozenset({"xid", "dbe", "row-remap-pending", "nvlink-down", "nvlink-crc", "fabric-incomplete"})
+# The reset fails while one of these is on the GPU: it cannot be reset, is lost from the bus, or a
+# process still uses it (nvidia-smi refuses then; the agent checks first and answers 409).
+UNRESETTABLE_KINDS = frozenset({"gpu-reset-fails", "fallen-off-bus", "gpu-busy"})
 _FLOAT_PARAMS = ("rate", "seconds", "period")
 _STR_PARAMS = ("device", "mount", "unit", "counter")
 def counter_widths() -> Mapping[str, int]:
@@ -108,7 +121,8 @@ def parse(tokens: Sequence[str], now: float) -> Fault:
     else:
         raise ValueError(f"no fault given in {' '.join(tokens)!r}: start with fault=<kind> or xid=<code>")
     spec = KINDS[kind]
-    allowed = set(spec.required) | set(spec.optional) | ({"code"} if kind == "xid" else set())
+    allowed = (set(spec.required) | set(spec.optional) | ({"code"} if kind == "xid" else set())
+               | ({"persist"} if kind != "reboot" else set()))
     for key in values:
         if key not in allowed:
             raise ValueError(f"bad token '{key}={values[key]}': fault {kind} takes "
@@ -141,6 +155,8 @@ def _convert(key: str, raw: str) -> object:
             raise ValueError(f"bad token {tok!r}: IB ports are numbered 1..255")
         if key == "count" and not 1 <= v <= MAX_FLAPS:
             raise ValueError(f"bad token {tok!r}: count is 1..{MAX_FLAPS}")
+        if key == "persist" and v not in (0, 1):
+            raise ValueError(f"bad token {tok!r}: persist is 0 or 1")
         return v
     if key in _FLOAT_PARAMS:
         try:
@@ -204,6 +220,24 @@ def validate(fault: Fault, state: NodeState) -> None:
     if fault.kind == "unit-down" and fault.unit not in state.units:
         raise ValueError(f"bad token 'unit={fault.unit}': node {state.name} has units "
                          f"{', '.join(sorted(state.units))}")
+
+
+def survives_reboot(f: Fault) -> bool:
+    return bool(f.persist) or f.kind in PERSISTENT_KINDS
+
+
+def after_reboot(faults: Sequence[Fault]) -> tuple[Fault, ...]:
+    """What a reboot leaves of `faults`: the persistent ones, and earlier reboots (btime is the latest)."""
+    return tuple(f for f in faults if f.kind == "reboot" or survives_reboot(f))
+
+
+def after_reset(faults: Sequence[Fault], gpu: int) -> tuple[Fault, ...] | None:
+    """What `nvidia-smi -r -i gpu` leaves of `faults`, or None when the reset fails (a GPU that
+    cannot be reset, or one lost from the bus). A persistent fault survives a reset too."""
+    mine = [f for f in faults if f.gpu == gpu]
+    if any(f.kind in UNRESETTABLE_KINDS for f in mine):
+        return None
+    return tuple(f for f in faults if f.gpu != gpu or f.kind not in RESETTABLE_KINDS or survives_reboot(f))
 
 
 def check_kind(kind: str) -> str:

@@ -202,10 +202,26 @@ class SimNode:
         with self._exclusive():
             state = self._reload_now()
             faults_mod.validate(fault, state)
+            if fault.kind == "reboot":  # what a boot leaves: only the faults that survive one
+                state = replace(state, faults=faults_mod.after_reboot(state.faults))
             state = state.with_fault(fault)
             self._save(state)
         self.refresh(now=fault.injected_at)
         return state.faults[-1]
+
+    def reset_gpu(self, index: int) -> bool:
+        """`nvidia-smi -r -i index` on this node: clears the GPU's resettable faults (True), or
+        fails and changes nothing (False) when the GPU cannot be reset (faults.after_reset)."""
+        with self._exclusive():
+            state = self._reload_now()
+            state.gpu(index)  # KeyError: no such GPU
+            left = faults_mod.after_reset(state.faults, index)
+            if left is None:
+                return False
+            if left != state.faults:
+                self._save(replace(state, faults=left))
+        self.refresh()
+        return True
 
     def clear(self, kind: str | None = None) -> int:
         """Remove all faults, or those of one kind; returns how many were removed."""

@@ -148,6 +148,7 @@ class Fault:
     count: int | None = None  # ib-flap: down/up cycles
     period: float | None = None  # ib-flap: seconds per cycle
     counter: str | None = None  # ib-counter-saturated: counters/ file name
+    persist: int | None = None  # 1: survives a reboot (fault=reboot clears every fault without it)
 
     def describe(self) -> str:
         parts = [f"fault={self.kind}" if self.kind != "xid" else f"xid={self.code}"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
@@ -68,7 +69,8 @@ def test_every_kind_has_a_parse_case() -> None:
         "fault=ib-down device=mlx5_0", "fault=ib-rate device=mlx5_0", "fault=ib-symbol-errors device=mlx5_0",
         "fault=nfs-missing mount=/x", "fault=nfs-hung mount=/x", "fault=unit-down unit=a.service", "fault=reboot",
         "fault=ib-flap device=mlx5_0", "fault=ib-counter-saturated device=mlx5_0 counter=symbol_error",
-        "fault=pcie-aer-fatal gpu=0", "fault=edac-ue", "fault=nvme-critical"]}
+        "fault=pcie-aer-fatal gpu=0", "fault=edac-ue", "fault=nvme-critical", "fault=gpu-reset-fails gpu=0",
+        "fault=gpu-busy gpu=0"]}
     assert covered == set(faults.KINDS)
 
 
@@ -193,7 +195,7 @@ def test_default_root_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     monkeypatch.setenv("PODHEALTH_SIM_DIR", str(tmp_path))
     assert default_root() == tmp_path
     monkeypatch.delenv("PODHEALTH_SIM_DIR")
-    assert default_root() == Path("/tmp/podhealth-sim")
+    assert default_root() == Path(f"/tmp/podhealth-sim-{os.getuid()}")  # one per user
 
 
 def test_another_process_injection_is_seen_by_a_running_node(tmp_path: Path) -> None:
@@ -298,3 +300,26 @@ def test_nfs_probe_healthy_missing_and_hung(tmp_path: Path) -> None:
     hung = _probe(node, "/home", 1.5)
     assert (hung.ok, hung.seconds, hung.detail) == (False, 1.5, "timed out after 1.5s")
     assert _probe(node, "/cm/shared", 30).ok
+
+
+def test_persist_survives_a_reboot_and_resets_clear_only_resettable_faults() -> None:
+    fs = [faults.parse(t.split(), NOW) for t in (
+        "fault=dbe gpu=1", "fault=dbe gpu=2 persist=1", "fault=row-remap-failure gpu=3", "fault=nvlink-down gpu=1 link=2",
+        "fault=thermal gpu=1", "fault=reboot")]
+    assert [f.kind for f in faults.after_reboot(fs)] == ["dbe", "row-remap-failure", "reboot"]
+    assert [f.gpu for f in faults.after_reboot(fs)] == [2, 3, None]
+    left = faults.after_reset(fs, 1)
+    assert left is not None and [(f.kind, f.gpu) for f in left] == [
+        ("dbe", 2), ("row-remap-failure", 3), ("thermal", 1), ("reboot", None)]
+    assert faults.after_reset([*fs, faults.parse(["fault=gpu-reset-fails", "gpu=1"], NOW)], 1) is None
+    assert faults.after_reset([*fs, faults.parse(["fault=gpu-busy", "gpu=1"], NOW)], 1) is None
+    assert faults.after_reset([*fs, faults.parse(["fault=fallen-off-bus", "gpu=2"], NOW)], 1) is not None
+
+
+@pytest.mark.parametrize("tokens, message", [
+    ("fault=dbe gpu=1 persist=2", "persist is 0 or 1"),
+    ("fault=reboot persist=1", "fault reboot takes"),
+])
+def test_persist_is_checked(tokens: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        faults.parse(tokens.split(), NOW)

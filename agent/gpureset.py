@@ -1,0 +1,149 @@
+"""POST /v1/gpu-reset: reset one GPU for the aggregator's remediation ladder, never under a job.
+
+The caller is the aggregator (its agent_token is this agent's auth.token; with none set only a
+caller on this host), as for the handover suite. The agent then:
+
+1. refuses (409) while NVML lists a compute or graphics process on that GPU: a reset kills
+   whatever runs there, and a job must never be killed by accident. A GPU whose processes NVML
+   cannot list (NVML down, the call timed out) is not reset either (503): "could not tell" is
+   never "idle";
+2. refuses (409) while a handover suite or another reset runs;
+3. runs gpu_reset.command (`nvidia-smi -r -i N`; NVML's own reset call is not in the public API)
+   as argv with a timeout, killed past it, and answers 200 with its output, or 500.
+
+The answer is JSON: {"gpu", "ok", "output"} or {"error", ...}. The aggregator treats 409/503 as
+"try later" and 500 as a failed attempt (the next rung of its ladder).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from typing import TYPE_CHECKING
+
+import pynvml
+from aiohttp import web
+
+from podhealth import log, webguard
+
+if TYPE_CHECKING:
+    from podhealth.agent.agent import Agent
+    from podhealth.agent.health import Health
+
+_log = log.get("podhealth.agent.gpureset")
+NVML_TIMEOUT_S = 10.0  # listing a GPU's processes; a wedged driver must not hold the request
+MAX_GPU_INDEX = 63
+OUTPUT_CHARS = 4000
+
+
+class Unreadable(Exception):
+    """NVML could not say whether processes use the GPU."""
+
+
+def gpu_pids(library_path: str, index: int) -> list[int]:
+    """PIDs of the compute and graphics processes on GPU `index` (blocking: run off the loop).
+    Raises Unreadable when NVML cannot tell, LookupError when there is no such GPU."""
+    from podhealth.collectors.nvml_session import NvmlUnavailable, collect_with_reinit, error_text, shared
+
+    session = shared(library_path)
+    session.acquire()
+    try:
+        def once() -> list[int]:
+            count, devices = session.devices()
+            if not 0 <= index < count:
+                raise LookupError(f"no GPU {index} (NVML counts {count})")
+            handle = devices[index].handle
+            if handle is None:
+                raise Unreadable(f"GPU {index}: no NVML handle ({error_text(devices[index].error or Exception())})")
+            procs = list(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+            procs += pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle)
+            return sorted({int(p.pid) for p in procs})
+        try:
+            return collect_with_reinit(session, once)
+        except pynvml.NVMLError as e:
+            raise Unreadable(f"GPU {index}: {error_text(e)}") from None
+        except NvmlUnavailable as e:
+            raise Unreadable(str(e)) from None
+    finally:
+        session.release()
+
+
+class GpuReset:
+    def __init__(self, agent: "Agent", health: "Health") -> None:
+        self.agent = agent
+        self.health = health
+        self._lock = asyncio.Lock()
+
+    async def post(self, request: web.Request) -> web.Response:
+        refusal = self.health.refusal(request)
+        if refusal is not None:
+            return refusal
+        try:
+            body = json.loads(await request.read() or b"{}")
+            gpu = body["gpu"]
+            if not isinstance(gpu, int) or isinstance(gpu, bool) or not 0 <= gpu <= MAX_GPU_INDEX:
+                raise ValueError
+        except (ValueError, KeyError, TypeError):
+            return web.json_response({"error": f'expected {{"gpu": 0..{MAX_GPU_INDEX}}}'}, status=400)
+        reason = str(body.get("reason", ""))[:200] if isinstance(body, dict) else ""
+        if self._lock.locked() or self.health.handover_running():
+            return web.json_response({"error": "a handover suite or another GPU reset is running"}, status=409)
+        async with self._lock:
+            return await self._reset(gpu, reason)
+
+    async def _reset(self, gpu: int, reason: str) -> web.Response:
+        cfg = self.agent.cfg
+        try:
+            pids = await asyncio.wait_for(asyncio.to_thread(gpu_pids, cfg.paths.nvml_library, gpu), NVML_TIMEOUT_S)
+        except LookupError as e:
+            return web.json_response({"error": str(e), "gpu": gpu}, status=404)
+        except (Unreadable, asyncio.TimeoutError) as e:
+            why = str(e) or f"NVML did not answer within {NVML_TIMEOUT_S:g}s"
+            return web.json_response({"error": f"cannot tell whether processes use GPU {gpu}: {why}", "gpu": gpu},
+                                     status=503)
+        if pids:
+            _log.warning("GPU reset refused: processes use the GPU", gpu=gpu, pids=pids[:20])
+            return web.json_response({"error": f"{len(pids)} process(es) use GPU {gpu}: not reset", "gpu": gpu,
+                                      "pids": pids}, status=409)
+        argv = [a.replace("{gpu}", str(gpu)) for a in cfg.gpu_reset.command]
+        started = time.monotonic()
+        rc, output = await _run(argv, cfg.gpu_reset.timeout)
+        took = round(time.monotonic() - started, 3)
+        if rc != 0:
+            _log.error("GPU reset failed", gpu=gpu, rc=rc, output=output[:500], reason=reason)
+            return web.json_response({"error": f"GPU {gpu} reset failed (rc {rc})", "gpu": gpu, "ok": False,
+                                      "command": argv, "output": output, "seconds": took}, status=500)
+        _log.warning("GPU reset", gpu=gpu, reason=reason, seconds=took)
+        self.agent.invalidate()
+        return web.json_response({"gpu": gpu, "ok": True, "command": argv, "output": output, "seconds": took})
+
+
+async def _run(argv: list[str], timeout: float) -> tuple[int | None, str]:
+    """(exit code, stdout+stderr); None when it could not start or was killed past `timeout`."""
+    try:
+        proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
+                                                    stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT)
+    except OSError as e:
+        return None, f"cannot run {argv[0]}: {e}"
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    except asyncio.TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(proc.wait(), 5)
+        return None, f"{argv[0]} timed out after {timeout:g}s (killed)"
+    except asyncio.CancelledError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        raise
+    return proc.returncode, out.decode(errors="replace")[-OUTPUT_CHARS:]
+
+
+def install(agent: "Agent", health: "Health") -> GpuReset:
+    g = GpuReset(agent, health)
+    agent.add_routes([web.post("/v1/gpu-reset", webguard.same_site_only(g.post))])
+    return g
