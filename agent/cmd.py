@@ -35,7 +35,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--simulate", choices=SIM_PROFILES, metavar="PROFILE",
                    help=f"run against a simulated node ({', '.join(SIM_PROFILES)}); binds 127.0.0.1 by default")
     p.add_argument("--sim-root", type=Path, help="directory of simulated nodes (default $PODHEALTH_SIM_DIR "
-                                                 "or /tmp/podhealth-sim)")
+                                                 "or /tmp/podhealth-sim-$UID)")
     p.add_argument("--node", help="node name (default: config node.name, else the short hostname; "
                                   f"'{DEFAULT_SIM_NODE}' when simulating)")
     p.add_argument("--listen", metavar="ADDR:PORT", help="override listen.address and listen.port")

@@ -53,7 +53,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
         src.add_argument("--url", help="read a running agent's /metrics at this base URL")
         src.add_argument("--node", help="read that node's agent (URL from checks.agents, else DNS)")
         sp.add_argument("--sim-root", type=Path, help="directory of simulated nodes (default $PODHEALTH_SIM_DIR "
-                                                      "or /tmp/podhealth-sim)")
+                                                      "or /tmp/podhealth-sim-$UID)")
         sp.add_argument("--sim-node", default="dgx01", help="simulated node's name (default dgx01)")
         sp.add_argument("--config", help="config file (default /etc/podhealth/podhealth.yaml if present)")
         sp.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the node (default 30)")

@@ -1079,7 +1079,7 @@ class Aggregator:
     async def _housekeeping_loop(self) -> None:
         last_reconcile = self.mono()
         last_prune = float("-inf")
-        last_sample = float("-inf")
+        last_sample = self.mono()  # start() took the first sample
         while self._running:
             await asyncio.sleep(self.housekeeping_interval)
             mem, writer = self.mem, self.writer

@@ -7,7 +7,7 @@
     podhealth simulate show dgx01
     podhealth simulate list
 
-Every subcommand takes --root (default $PODHEALTH_SIM_DIR or /tmp/podhealth-sim). Bad input
+Every subcommand takes --root (default $PODHEALTH_SIM_DIR or /tmp/podhealth-sim-$UID). Bad input
 exits 2 with a message and changes nothing. Subcommands are listed in SUBCOMMANDS: add one by
 writing `_add_<name>(sub, common)` and an entry there.
 """
@@ -15,12 +15,16 @@ writing `_add_<name>(sub, common)` and an entry there.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Sequence
+
+if TYPE_CHECKING:
+    from podhealth.sim.state import Fault
 
 EXIT_BAD_INPUT = 2
 
@@ -30,9 +34,15 @@ class _BadInput(Exception):
 
 
 def _root(args: argparse.Namespace) -> Path:
-    from podhealth.sim.node import default_root
+    from podhealth.sim.node import default_root, root_problem
 
-    return Path(args.root) if args.root else default_root()
+    if args.root:
+        return Path(args.root)
+    root = default_root()
+    problem = root_problem(root)
+    if problem:
+        raise _BadInput(problem)
+    return root
 
 
 def _open(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -101,13 +111,49 @@ def _cmd_inject(args: argparse.Namespace) -> int:
     return 0
 
 
+def xid_holds(removed: Sequence[Fault], now: float, window: float) -> list[str]:
+    """What a cleared XID still does: the agent's xid check judges the XIDs of the last `window`
+    seconds (checks.rate_window), so clearing the fault does not clear the verdict; it turns OK
+    `window` after the last XID on that GPU. One line per (code, GPU) still inside the window."""
+    last: dict[tuple[int, int | None], float] = {}
+    for f in removed:
+        if f.kind == "xid" and f.code is not None:
+            key = (f.code, f.gpu)
+            last[key] = max(last.get(key, 0.0), f.injected_at)
+    out = []
+    for (code, gpu), at in sorted(last.items(), key=lambda kv: kv[1]):
+        until = at + window
+        if until > now:
+            where = f"gpu{gpu}" if gpu is not None else "its GPU"
+            out.append(f"XID {code} on {where} keeps the xid check FAIL until "
+                       f"{time.strftime('%H:%M:%S %Z', time.localtime(until))} (window {window:g} s)")
+    return out
+
+
+def _xid_window(root: Path, node: str) -> float:
+    """checks.rate_window of the agent that watches `node`: the fleet's agent config when the node
+    belongs to a `simulate fleet`, else the default."""
+    from podhealth.config import ChecksConfig, load
+    from podhealth.configload import ConfigError
+
+    cfg = root / "_fleet" / "agents" / f"{node}.yml"
+    if cfg.is_file():
+        with contextlib.suppress(ConfigError, OSError):
+            return float(load(cfg).checks.rate_window)
+    return float(ChecksConfig().rate_window)
+
+
 def _cmd_clear(args: argparse.Namespace) -> int:
     node = _open(args)
+    before = node.state.faults
     try:
         n = node.clear(args.kind)
     except ValueError as e:
         raise _BadInput(str(e)) from None
     print(f"{node.name}: cleared {n} fault(s)" + (f" of kind {args.kind}" if args.kind else ""))
+    removed = [f for f in before if args.kind is None or f.kind == args.kind]
+    for line in xid_holds(removed, time.time(), _xid_window(_root(args), node.name)):
+        print(f"{node.name}: {line}")
     return 0
 
 
@@ -202,7 +248,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description=__doc__.split("\n\n")[0] if __doc__ else None)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--root", default=None,
-                        help="directory holding simulated nodes (default $PODHEALTH_SIM_DIR or /tmp/podhealth-sim)")
+                        help="directory holding simulated nodes (default $PODHEALTH_SIM_DIR or "
+                             "/tmp/podhealth-sim-$UID, one per user)")
     sub = parser.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
     for add in SUBCOMMANDS.values():
         add(sub, common)

@@ -206,8 +206,9 @@ class Fleet:
             for c in list(pending):
                 if c.proc.poll() is not None:
                     c.reported_exit = True
-                    raise FleetError(f"{c.name} exited with code {c.proc.returncode} while starting "
-                                     f"(log {c.log}):\n{c.log_tail()}")
+                    hint = self._port_hint(c)
+                    raise FleetError(hint or f"{c.name} exited with code {c.proc.returncode} while starting "
+                                             f"(log {c.log}):\n{c.log_tail()}")
                 if ready(c):
                     pending.remove(c)
             done = len(children) - len(pending)
@@ -229,6 +230,24 @@ class Fleet:
             time.sleep(0.2)
         if len(children) == 1:
             self.say(f"  {what} up ({time.monotonic() - t0:.1f} s)")
+
+    def _port_hint(self, c: Child) -> str | None:
+        """The one line to say when `c` died because its port was taken (which option to change),
+        instead of its log's traceback; None when it died of something else."""
+        try:
+            log = c.log.read_text(errors="replace")
+        except OSError:
+            return None
+        if "address already in use" not in log.lower():
+            return None
+        plan = self.plan
+        assert plan is not None
+        port = plan.aggregator_port if c.name == "aggregator" else _agent_of(plan, c).port
+        if self.opts.base_port:
+            return (f"{c.name}: port {port} is already in use by another program: choose another --base-port "
+                    f"(the pod needs {len(plan.agents) + 1} ports in a row), or leave it out and free ports are picked")
+        return (f"{c.name}: port {port} was taken by another program between picking it and starting: run "
+                "again, or give the pod a fixed range with --base-port")
 
     # ---- run and stop ----------------------------------------------------------------------
 
@@ -384,7 +403,8 @@ def _ports(base: int | None, n: int) -> list[int]:
                 taken.append(p)
     if taken:
         raise ValueError(f"--base-port {base}: port(s) {', '.join(map(str, taken[:5]))} already in use "
-                         f"(the pod needs {base}..{base + n - 1})")
+                         f"(the pod needs {base}..{base + n - 1}): choose another --base-port, or leave it "
+                         "out and free ports are picked")
     return list(range(base, base + n))
 
 
@@ -512,7 +532,15 @@ def options(args: argparse.Namespace) -> FleetOptions:
     bad = [m for m in storage if m not in STORAGE_MODES]
     if bad:
         raise ValueError(f"--storage: {bad[0]!r} is not one of {', '.join(STORAGE_MODES)}")
-    root = Path(args.root) if args.root else _default_root()
+    if args.root:
+        root = Path(args.root)
+    else:
+        from podhealth.sim.node import root_problem
+
+        root = _default_root()
+        problem = root_problem(root)
+        if problem:
+            raise ValueError(problem)
     return FleetOptions(nodes=args.nodes, profile=args.profile, root=root, base_port=args.base_port,
                         slurm=not args.no_slurm, cluster=args.cluster, partition=args.partition,
                         storage=storage)

@@ -19,7 +19,8 @@ API (stable):
     node.clear(kind=None) -> int                 removes faults (all, or of one kind); returns count
     node.refresh(now=None)                       rewrites sys/proc trees, units.json; appends kmsg lines
     node.probe_argv(mount) -> list[str]          a killable `stat` stand-in for the NFS collector
-    default_root() -> Path                       $PODHEALTH_SIM_DIR or /tmp/podhealth-sim
+    default_root() -> Path                       $PODHEALTH_SIM_DIR or /tmp/podhealth-sim-$UID
+    root_problem(root) -> str | None             why `root` cannot be this user's (another user owns it)
 
 `podhealth simulate inject` in another process changes a running agent's node: the agent's
 SimNode sees the new state.json on its next read, and NVML answers change with it.
@@ -52,7 +53,21 @@ _RELOAD_INTERVAL_S = 0.1
 
 
 def default_root() -> Path:
-    return Path(os.environ.get(ENV_ROOT) or "/tmp/podhealth-sim")
+    """$PODHEALTH_SIM_DIR, else /tmp/podhealth-sim-<uid>: one per user, so two people simulating on
+    one machine never share nodes, faults or a fleet's database (nor fail on each other's files)."""
+    return Path(os.environ.get(ENV_ROOT) or f"/tmp/podhealth-sim-{os.getuid()}")
+
+
+def root_problem(root: Path) -> str | None:
+    """Why `root` cannot hold this user's simulated nodes (another user owns it), or None."""
+    try:
+        owner = root.stat().st_uid
+    except OSError:
+        return None  # not there yet: it is created as ours
+    if owner != os.getuid():
+        return (f"{root} belongs to uid {owner}, not to you (uid {os.getuid()}): pass --root DIR "
+                f"or set ${ENV_ROOT}")
+    return None
 
 
 def check_name(name: str) -> str:
