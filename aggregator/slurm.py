@@ -302,6 +302,61 @@ class SlurmFencer:
             node, argv, deadline, "resume", lambda a: not a.fenced,
             lambda a: f"after the resume {node} is still fenced: {a.reason!r}", lambda a: "resumed")
 
+    # ---- Remediator: the ladder's reboot and the REPAIR reason -------------------------------
+
+    async def reboot(self, node: str, reason: FenceReason) -> FenceOutcome:
+        """`scontrol reboot ASAP nextstate=DOWN reason=<ours> NODE`: slurmd runs the RebootProgram
+        once the node's jobs are done. nextstate=DOWN, not RESUME: with RESUME Slurm clears the
+        drain and the reason after the reboot (scontrol(1)), returning the node to users before
+        the handover suite has passed; DOWN keeps it out with our reason, and podhealth's release
+        (State=RESUME) returns it. One scontrol run: the action runner is the one retrier.
+        Idempotent: a reboot already requested or issued (the REBOOT_REQUESTED / REBOOT_ISSUED
+        flags) is not asked again, so a restart never reboots a node twice."""
+        try:
+            validate_node_name(node)
+        except ValueError as e:
+            return FenceOutcome(ok=False, changed=False, error=str(e))
+        text = sanitise_reason(reason)
+        argv = (self.scontrol, "reboot", "ASAP", "nextstate=DOWN", f"reason={text}", node)
+        deadline = time.monotonic() + self.budget
+        before = await self._read(node, deadline)  # SlurmUnavailable: the runner tries again later
+        if not before.exists:
+            return FenceOutcome(ok=False, changed=False, command=argv, error=f"node {node} is not known to Slurm")
+        if not (before.fenced and before.ours):
+            return FenceOutcome(ok=False, changed=False, command=argv, output=before.raw,
+                                error=f"{node} is not fenced by podhealth ({before.reason!r}): not rebooted")
+        if _rebooting(before):
+            return FenceOutcome(ok=True, changed=False, command=argv, output=f"reboot already requested: {before.raw}")
+        run = await self._run(argv, max(0.1, min(self.timeout, deadline - time.monotonic())))
+        if run.rc is None or run.transient:
+            raise SlurmUnavailable(run.text or run.err)
+        if run.rc != 0:
+            return FenceOutcome(ok=False, changed=False, command=argv, output=run.text,
+                                error=f"scontrol reboot failed: {run.text or 'rc ' + str(run.rc)}")
+        after = await self._read(node, deadline)
+        if not (_rebooting(after) or after.raw != before.raw):
+            return FenceOutcome(ok=False, changed=True, command=argv, output=after.raw,
+                                error=f"after scontrol reboot {node} shows no reboot pending: {after.raw[:200]!r}")
+        return FenceOutcome(ok=True, changed=True, command=argv, output=run.text or f"reboot requested: {after.raw}")
+
+    async def remark(self, node: str, reason: FenceReason) -> FenceOutcome:
+        """Replace the reason on podhealth's drain (REPAIR). State=DRAIN keeps a drained node
+        drained and adds the drain to one left DOWN by a reboot, so nothing schedules on it."""
+        try:
+            validate_node_name(node)
+        except ValueError as e:
+            return FenceOutcome(ok=False, changed=False, error=str(e))
+        text = sanitise_reason(reason)
+        argv = (self.scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={text}")
+        deadline = time.monotonic() + self.budget
+        before = await self._read(node, deadline)
+        if not (before.exists and before.fenced and before.ours):
+            return FenceOutcome(ok=False, changed=False, command=argv, output=before.raw,
+                                error=f"{node} is not fenced by podhealth ({before.reason!r}): reason left alone")
+        return await self._update_and_confirm(
+            node, argv, deadline, "drain", lambda a: a.fenced and a.reason.startswith(text),
+            lambda a: f"after the update {node} shows reason {a.reason!r}", lambda a: f"reason now: {a.reason}")
+
     async def _update_and_confirm(self, node: str, argv: tuple[str, ...], deadline: float, verb: str,
                                   done: Callable[[FenceState], bool], not_done: Callable[[FenceState], str],
                                   default_output: Callable[[FenceState], str]) -> FenceOutcome:
@@ -511,6 +566,16 @@ def _parse_listing(text: str) -> tuple[dict[str, FenceState], dict[str, str]]:
         for node in parse_show_node(line):
             out[node.name] = _state_of(node, line.strip())
     return out, missing
+
+
+_REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
+
+
+def _rebooting(st: FenceState) -> bool:
+    """A reboot is pending on the node: its state carries one of Slurm's reboot flags
+    (`IDLE+DRAIN+REBOOT_REQUESTED`, `DOWN+REBOOT_ISSUED`; 22.05 prints REBOOT for the first)."""
+    nodes = parse_show_node(st.raw)
+    return bool(nodes) and bool(_REBOOT_FLAGS & set(nodes[0].flags))
 
 
 def _state_of(n: SlurmNode, raw: str) -> FenceState:
