@@ -1,0 +1,75 @@
+"""The layers point one way (docs/architecture.md): core <- collectors <- checks <- agent, and the
+aggregator on top; the simulator is a top layer too (it builds whole nodes and pods). An import
+that points up fails here, except the few listed in KNOWN_BACK_EDGES, which are debts with a
+plan (issue 15) and may only shrink: a listed edge that is gone must be removed from the list."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+from tests.conftest import REPO
+
+# folder -> layer name; order of LAYERS = who may import whom (a layer imports only earlier ones)
+FOLDERS = {"core": "core", "collectors": "collectors", "checks": "checks", "agent": "agent",
+           "aggregator": "aggregator", "core/sim": "sim"}
+LAYERS = ("core", "collectors", "checks", "agent", "aggregator", "sim")
+MAY_IMPORT = {
+    "core": set(),
+    "collectors": {"core"},
+    "checks": {"core", "collectors"},
+    "agent": {"core", "collectors", "checks", "sim"},  # `agent --simulate` installs the simulated node
+    "aggregator": {"core"},
+    "sim": {"core", "collectors", "checks", "agent", "aggregator"},
+}
+# (importing module, imported layer): why it is still there. Cut them; never add one.
+KNOWN_BACK_EDGES = {
+    ("core/config.py", "aggregator"): "the aggregator's config schema lives in aggregator/config.py (move to core)",
+    ("core/cmd_token.py", "aggregator"): "node_name_problem from aggregator/config.py (move with it)",
+    ("collectors/nvlink.py", "checks"): "reads the profile's NVLink link count (pass it in from the agent)",
+    ("checks/selfdrain.py", "aggregator"): "uses the Slurm fencer (fencers become their own fencing/ layer)",
+    ("checks/nccl_runner.py", "aggregator"): "node names from aggregator/hostnames.py (fencing/ or core)",
+    ("checks/cmd_nccl.py", "aggregator"): "node names from aggregator/hostnames.py (fencing/ or core)",
+}
+
+
+def _layer_of_module(mod: str) -> str | None:
+    if not mod.startswith("podhealth"):
+        return None
+    parts = mod.split(".")
+    if len(parts) > 1 and parts[1] in ("sim", "agent", "collectors", "checks", "aggregator"):
+        return parts[1]
+    return "core"
+
+
+def _edges() -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for folder, layer in FOLDERS.items():
+        for path in sorted((REPO / folder).glob("*.py")):
+            rel = str(path.relative_to(REPO))
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                mods = [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                    else [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                for m in mods:
+                    to = _layer_of_module(m)
+                    if to and to != layer and to not in MAY_IMPORT[layer]:
+                        out[(rel, to)].add(m)
+    return out
+
+
+def test_no_import_points_up() -> None:
+    new = {k: sorted(v) for k, v in _edges().items() if k not in KNOWN_BACK_EDGES}
+    assert not new, "imports that point up a layer (see docs/architecture.md):\n" + "\n".join(
+        f"  {mod} imports {', '.join(v)}" for (mod, _), v in sorted(new.items()))
+
+
+def test_known_back_edges_only_shrink() -> None:
+    gone = sorted(k for k in KNOWN_BACK_EDGES if k not in _edges())
+    assert not gone, f"these back-edges are cut: remove them from KNOWN_BACK_EDGES: {gone}"
+
+
+def test_the_architecture_document_names_every_layer() -> None:
+    text = (REPO / "docs" / "architecture.md").read_text()
+    for layer in LAYERS:
+        assert f"`{layer}`" in text, layer
