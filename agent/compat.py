@@ -13,7 +13,7 @@ price of compatibility and only applies in this mode.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterable
+from typing import Callable, Iterable, Mapping
 
 from podhealth.agent.family import Family, MetricSource
 from podhealth.collectors import compat_dcgm
@@ -28,21 +28,26 @@ def _spec(name: str) -> MetricSpec:
     return replace(spec, kind="gauge") if spec.kind == "counter" else spec
 
 
-def dcgm_exporter_families(snapshot: Snapshot, host: str) -> list[Family]:
+# GPU UUID -> {pod, namespace, container}: who uses each GPU now (issue 17 brings the source).
+# Called in the render thread: it must return an immutable mapping the owner replaces whole.
+JobLabels = Callable[[], Mapping[str, Mapping[str, str]]]
+
+
+def dcgm_exporter_families(snapshot: Snapshot, host: str, jobs: JobLabels | None = None) -> list[Family]:
     kmsg = snapshot.collectors.get("kmsg")
     # Without a kernel-log collector there is no XID knowledge: leave DCGM_FI_DEV_XID_ERRORS out
     # rather than claim "0 = no XID".
     events = snapshot.events if kmsg is not None and kmsg.enabled else None
     by_name: dict[str, list[Sample]] = {}
-    for s in compat_dcgm.to_dcgm(snapshot.samples(), host, events):
+    for s in compat_dcgm.to_dcgm(snapshot.samples(), host, events, jobs() if jobs is not None else None):
         by_name.setdefault(s.name, []).append(s)
     return [Family(_spec(name), tuple(samples), prefixed=False) for name, samples in by_name.items()]
 
 
-def source(mode: str, host: str) -> MetricSource:
+def source(mode: str, host: str, jobs: JobLabels | None = None) -> MetricSource:
     if mode not in MODES:
         raise ValueError(f"unknown compat mode {mode!r} (known: {', '.join(MODES)})")
 
     def families(snapshot: Snapshot) -> Iterable[Family]:
-        return dcgm_exporter_families(snapshot, host)
+        return dcgm_exporter_families(snapshot, host, jobs)
     return families

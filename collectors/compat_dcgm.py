@@ -14,9 +14,10 @@ form "00000000:18:00.0") and DCGM_FI_DRIVER_VERSION (a "label" field in default-
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Sequence
 
+from podhealth.collectors.nvml import CLOCKS_EVENT_REASONS as REASON_BITS
 from podhealth.vocab import Event, Labels, MetricKind, MetricSpec, Sample
 
 MIB = float(1 << 20)
@@ -46,6 +47,10 @@ FIELDS: tuple[FieldMap, ...] = (
     FieldMap("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", "gpu_utilization_ratio", scale=100.0),
     FieldMap("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).",
              "gpu_memory_utilization_ratio", scale=100.0),
+    FieldMap("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).",
+             "gpu_encoder_utilization_ratio", scale=100.0),
+    FieldMap("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).",
+             "gpu_decoder_utilization_ratio", scale=100.0),
     FieldMap("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", "gpu_memory_free_bytes", scale=1 / MIB),
     FieldMap("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", "gpu_memory_used_bytes", scale=1 / MIB),
     FieldMap("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors.",
@@ -70,13 +75,22 @@ FIELDS: tuple[FieldMap, ...] = (
              "Total number of NVLink retries.", "nvlink_errors", (("type", "replay"),)),
     FieldMap("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter",
              "Total number of NVLink recovery errors.", "nvlink_errors", (("type", "recovery"),)),
+    # DCGM's per-link DCGM_FI_DEV_NVLINK_BANDWIDTH_L* count rx + tx bytes, headers included; the
+    # total adds every link: NVML's raw throughput fields summed over links, both directions.
+    FieldMap("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
+             "Total number of NVLink bandwidth counters for all lanes.", "nvlink_transmitted_bytes"),
+    FieldMap("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
+             "Total number of NVLink bandwidth counters for all lanes.", "nvlink_received_bytes"),
     FieldMap("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
              "Number of remapped rows for uncorrectable errors", "gpu_remapped_rows", (("type", "uncorrectable"),)),
     FieldMap("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter",
              "Number of remapped rows for correctable errors", "gpu_remapped_rows", (("type", "correctable"),)),
     FieldMap("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
              "gpu_remapped_rows_failure"),
-    # Profiling fields come from the optional dcgm collector (ratios stay ratios, as in DCGM).
+    # Profiling fields come from the optional dcgm collector (ratios stay ratios, as in DCGM):
+    # NVML has no equivalent, so without DCGM (bindings + nv-hostengine) they are absent.
+    FieldMap("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.",
+             "dcgm_gr_engine_active_ratio"),
     FieldMap("DCGM_FI_PROF_SM_ACTIVE", "gauge", "The ratio of cycles an SM has at least 1 warp assigned.",
              "dcgm_sm_active_ratio"),
     FieldMap("DCGM_FI_PROF_SM_OCCUPANCY", "gauge", "The ratio of number of warps resident on an SM.",
@@ -100,11 +114,19 @@ FIELDS: tuple[FieldMap, ...] = (
 
 FB_RESERVED = MetricSpec("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).")
 XID_ERRORS = MetricSpec("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.")
+# The NVML bitmask (nvmlClocksEventReason*) as DCGM reports it; DCGM 3.3 renamed the field from
+# CLOCK_THROTTLE_REASONS to CLOCKS_EVENT_REASONS and dashboards use either, so both are exported.
+CLOCKS_EVENT_REASONS = MetricSpec("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge",
+                                  "Current clock event reasons (bitmask of nvmlClocksEventReason*).")
+CLOCK_THROTTLE_REASONS = MetricSpec("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge",
+                                    "Current clock throttle reasons (bitmask of nvmlClocksThrottleReason*).")
 
 METRICS: Mapping[str, MetricSpec] = {
     **{f.field: MetricSpec(f.field, f.kind, f.help) for f in FIELDS},
     FB_RESERVED.name: FB_RESERVED,
     XID_ERRORS.name: XID_ERRORS,
+    CLOCKS_EVENT_REASONS.name: CLOCKS_EVENT_REASONS,
+    CLOCK_THROTTLE_REASONS.name: CLOCK_THROTTLE_REASONS,
 }
 
 
@@ -127,6 +149,7 @@ class _Gpu:
     model: str
     pci_bus_id: str
     driver_version: str
+    job: Labels = ()
 
     def labels(self, hostname: str, **extra: str) -> Labels:
         base = {
@@ -138,6 +161,7 @@ class _Gpu:
             "pci_bus_id": dcgm_pci_bus_id(self.pci_bus_id) if self.pci_bus_id else "",
             "DCGM_FI_DRIVER_VERSION": self.driver_version,
         }
+        base.update(self.job)
         base.update(extra)
         return tuple(sorted(base.items()))
 
@@ -163,16 +187,26 @@ def _matches(s: Sample, match: Labels) -> bool:
     return all(s.label(k) == v for k, v in match)
 
 
+# What dcgm-exporter adds when it knows the Kubernetes pod using a GPU (its pod-resources mapping).
+JOB_LABELS = ("pod", "namespace", "container")
+
+
 def to_dcgm(samples: Iterable[Sample], hostname: str,
-            events: Sequence[Event] | None = None) -> tuple[Sample, ...]:
+            events: Sequence[Event] | None = None,
+            jobs: Mapping[str, Mapping[str, str]] | None = None) -> tuple[Sample, ...]:
     """dcgm-exporter-named samples for every GPU the nvml samples identify.
 
     A source metric that is absent stays absent. Series summed per GPU (NVLink errors over links)
     add up their links. `events=None` (no kernel-log collector) leaves DCGM_FI_DEV_XID_ERRORS out;
     a sequence gives each GPU its most recent XID code, or 0 as dcgm-exporter reports when none.
+    `jobs` maps a GPU UUID to the pod / namespace / container using it (a hook: the mapping
+    itself comes from the job source, issue 17); a GPU not in it gets none of those labels.
     """
     items = tuple(samples)
     gpus = _gpus(items)
+    if jobs:
+        gpus = {idx: replace(g, job=tuple((k, v) for k, v in jobs.get(g.uuid, {}).items() if k in JOB_LABELS and v))
+                for idx, g in gpus.items()}
     totals: dict[tuple[str, str], float] = {}
     by_field: dict[str, list[FieldMap]] = {}
     for f in FIELDS:
@@ -187,6 +221,7 @@ def to_dcgm(samples: Iterable[Sample], hostname: str,
                 totals[key] = totals.get(key, 0.0) + s.value * f.scale
     out = [Sample(name, value, gpus[idx].labels(hostname)) for (name, idx), value in totals.items()]
     out.extend(_reserved(items, gpus, hostname))
+    out.extend(_clock_reasons(items, gpus, hostname))
     if events is not None:
         out.extend(_last_xid(events, gpus, hostname))
     out.sort(key=lambda s: (s.name, int(s.label("gpu")) if s.label("gpu").isdigit() else 0))
@@ -205,6 +240,18 @@ def _reserved(samples: Sequence[Sample], gpus: Mapping[str, _Gpu], hostname: str
             reserved = m["gpu_memory_total_bytes"] - m["gpu_memory_used_bytes"] - m["gpu_memory_free_bytes"]
             out.append(Sample(FB_RESERVED.name, max(0.0, reserved) / MIB, gpus[idx].labels(hostname)))
     return out
+
+
+def _clock_reasons(samples: Sequence[Sample], gpus: Mapping[str, _Gpu], hostname: str) -> list[Sample]:
+    """The NVML bitmask again, from the per-reason series (only GPUs that reported reasons)."""
+    bits = dict(REASON_BITS)
+    mask: dict[str, int] = {}
+    for s in samples:
+        if s.name == "gpu_clocks_event_active" and s.label("gpu") in gpus:
+            idx = s.label("gpu")
+            mask[idx] = mask.get(idx, 0) | (bits.get(s.label("reason"), 0) if s.value else 0)
+    return [Sample(spec.name, float(m), gpus[idx].labels(hostname))
+            for idx, m in mask.items() for spec in (CLOCKS_EVENT_REASONS, CLOCK_THROTTLE_REASONS)]
 
 
 def _last_xid(events: Sequence[Event], gpus: Mapping[str, _Gpu], hostname: str) -> list[Sample]:

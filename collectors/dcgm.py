@@ -31,6 +31,7 @@ _GPU_LABELS = "GPU labels gpu, uuid, pci_bus_id, model."
 # dcgm_fields constant -> sample name. DCGM reports the ratios as 0..1 doubles and the *_BYTES
 # profiling fields as bytes per second over its sampling window (not cumulative counters).
 FIELDS: Mapping[str, str] = {
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "dcgm_gr_engine_active_ratio",
     "DCGM_FI_PROF_SM_ACTIVE": "dcgm_sm_active_ratio",
     "DCGM_FI_PROF_SM_OCCUPANCY": "dcgm_sm_occupancy_ratio",
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "dcgm_tensor_active_ratio",
@@ -73,6 +74,7 @@ def _text(v: Any) -> str:
 class DcgmCollector:
     name: ClassVar[str] = "dcgm"
     metrics: ClassVar[Mapping[str, MetricSpec]] = specs(
+        MetricSpec("dcgm_gr_engine_active_ratio", "gauge", "Share of time the graphics/compute engine was busy (DCGM_FI_PROF_GR_ENGINE_ACTIVE). " + _GPU_LABELS),
         MetricSpec("dcgm_sm_active_ratio", "gauge", "Share of time at least one warp was active on an SM (DCGM_FI_PROF_SM_ACTIVE). " + _GPU_LABELS),
         MetricSpec("dcgm_sm_occupancy_ratio", "gauge", "Resident warps over the SM maximum (DCGM_FI_PROF_SM_OCCUPANCY). " + _GPU_LABELS),
         MetricSpec("dcgm_tensor_active_ratio", "gauge", "Share of cycles the tensor pipes were active (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE). " + _GPU_LABELS),

@@ -14,6 +14,7 @@ import pynvml
 
 from podhealth.checks import profiles
 from podhealth.collectors.base import Collection, specs
+from podhealth.collectors.nvml import field_value
 from podhealth.collectors.nvml_session import (
     ABSENT_CODES, REPROBE_EVERY, SLOW_CALL_S, Device, DeviceCalls, NvmlSession,
     collect_with_reinit, error_text, shared,
@@ -38,7 +39,18 @@ METRICS: Mapping[str, MetricSpec] = specs(
     MetricSpec("nvlink_links_up", "gauge", "Active NVLink links of the GPU (labels gpu, uuid)."),
     MetricSpec("nvlink_links_expected", "gauge",
                "NVLink links the node's hardware profile says the GPU must have up."),
+    MetricSpec("nvlink_transmitted_bytes", "counter",
+               "NVLink bytes the GPU sent over all links, headers included (NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX).",
+               "bytes"),
+    MetricSpec("nvlink_received_bytes", "counter",
+               "NVLink bytes the GPU received over all links, headers included (NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX).",
+               "bytes"),
 )
+# Throughput fields (NVML R525+, Hopper on): KiB, summed over all links when scopeId is UINT_MAX.
+# The raw ones count headers too, as DCGM's DCGM_FI_DEV_NVLINK_BANDWIDTH_* fields do.
+THROUGHPUT_FIELDS = (("nvlink_transmitted_bytes", "NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX"),
+                     ("nvlink_received_bytes", "NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX"))
+ALL_LINKS = 0xFFFFFFFF
 
 
 @dataclass
@@ -106,7 +118,24 @@ class NvlinkCollector:
                     out.append(Sample.of("nvlink_errors", v, link=link, type=name, **gpu))
         if not calls.down:
             out.append(Sample.of("nvlink_links_up", up, **gpu))
+        if up:
+            out += self._throughput(calls, h, gpu)
         return out, calls.errors
+
+    @staticmethod
+    def _throughput(calls: DeviceCalls, h: object, gpu: dict[str, object]) -> list[Sample]:
+        ids = [(name, getattr(pynvml, const, None)) for name, const in THROUGHPUT_FIELDS]
+        wanted = [(name, fid) for name, fid in ids if fid is not None]  # an older pynvml lacks them
+        if not wanted:
+            return []
+        values = calls.get("throughput", lambda: pynvml.nvmlDeviceGetFieldValues(
+            h, [(fid, ALL_LINKS) for _, fid in wanted]))
+        out = []
+        for (name, _), v in zip(wanted, values or ()):
+            # A driver before R525 answers NOT_SUPPORTED per field: no series, not a zero.
+            if v.nvmlReturn == pynvml.NVML_SUCCESS:
+                out.append(Sample.of(name, field_value(v) * 1024, **gpu))
+        return out
 
 
 def create(cfg: Config, *, session: NvmlSession | None = None, slow_call_s: float = SLOW_CALL_S) -> NvlinkCollector:

@@ -63,6 +63,8 @@ METRICS: Mapping[str, MetricSpec] = specs(
     _spec("gpu_lost", "gauge", "1 when NVML says the GPU is lost (GPU_IS_LOST, fallen off the bus)."),
     _spec("gpu_utilization_ratio", "gauge", "Fraction of the last sample period a kernel was running (0..1).", "ratio"),
     _spec("gpu_memory_utilization_ratio", "gauge", "Fraction of the last sample period the memory controller was busy (0..1).", "ratio"),
+    _spec("gpu_encoder_utilization_ratio", "gauge", "Fraction of the last sample period the video encoder was busy (0..1).", "ratio"),
+    _spec("gpu_decoder_utilization_ratio", "gauge", "Fraction of the last sample period the video decoder was busy (0..1).", "ratio"),
     _spec("gpu_memory_used_bytes", "gauge", "Framebuffer memory in use.", "bytes"),
     _spec("gpu_memory_free_bytes", "gauge", "Framebuffer memory free.", "bytes"),
     _spec("gpu_memory_total_bytes", "gauge", "Framebuffer memory installed.", "bytes"),
@@ -206,6 +208,12 @@ class NvmlCollector:
         if util is not None:
             put("gpu_utilization_ratio", util.gpu / 100.0)
             put("gpu_memory_utilization_ratio", util.memory / 100.0)
+        for engine, fn in (("encoder", pynvml.nvmlDeviceGetEncoderUtilization),
+                           ("decoder", pynvml.nvmlDeviceGetDecoderUtilization)):
+            # [percent, sampling period in µs]; NOT_SUPPORTED on parts without the engine.
+            pct = calls.get(f"{engine}_utilization", lambda f=fn: f(h))
+            if isinstance(pct, list) and pct:
+                put(f"gpu_{engine}_utilization_ratio", pct[0] / 100.0)
         mem = calls.get("memory", lambda: _first(
             lambda: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2),
             lambda: pynvml.nvmlDeviceGetMemoryInfo(h)))

@@ -467,6 +467,28 @@ def _util(h: int, ptr: int) -> None:
     u.gpu, u.memory = IDLE_UTIL_GPU, 0
 
 
+# An idle H100 SXM reports "Encoder : 0 %" and "Decoder : 0 %" (nvidia-smi -q, driver 565.57.01):
+# NVML answers with a value, not NOT_SUPPORTED, although the SXM part carries no NVENC.
+IDLE_UTIL_ENC = IDLE_UTIL_DEC = 0
+# The window the percentage covers (µs); nvidia-smi does not print it. The driver's value varies
+# with the engine clocks; this one is only plausible, and nothing reads it but the caller.
+ENC_DEC_SAMPLING_US = 167_000
+
+
+@_impl("nvmlDeviceGetEncoderUtilization", args=[P, P, P])
+def _enc_util(h: int, util: int, period: int) -> None:
+    _b().device(h)
+    _put(util, c_uint, IDLE_UTIL_ENC)
+    _put(period, c_uint, ENC_DEC_SAMPLING_US)
+
+
+@_impl("nvmlDeviceGetDecoderUtilization", args=[P, P, P])
+def _dec_util(h: int, util: int, period: int) -> None:
+    _b().device(h)
+    _put(util, c_uint, IDLE_UTIL_DEC)
+    _put(period, c_uint, ENC_DEC_SAMPLING_US)
+
+
 _RESERVED_MIB = 454  # driver-reserved framebuffer on an H100 (nvidia-smi -q, FB Memory Usage)
 _USED_MIB = 1
 

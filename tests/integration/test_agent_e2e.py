@@ -60,6 +60,7 @@ VOLATILE = {
     "podhealth_infiniband_port_data_received_bytes_total", "podhealth_infiniband_port_data_transmitted_bytes_total",
     "podhealth_infiniband_port_packets_received_total", "podhealth_infiniband_port_packets_transmitted_total",
     "podhealth_kmsg_lines_total",
+    "podhealth_nvlink_transmitted_bytes_total", "podhealth_nvlink_received_bytes_total",
 }
 # Traffic counters among the IB port counters the simulator advances with time.
 VOLATILE_COUNTER = re.compile(r"(packets|requests|data)$")

@@ -168,3 +168,49 @@ def test_on_the_collectors_output(sim_samples: list[Sample]) -> None:
     assert all(s.label("DCGM_FI_DRIVER_VERSION") for s in temps)
     assert not [s for s in out if s.name.startswith("DCGM_FI_DEV_RETIRED")]  # H100: not supported
     assert len([s for s in out if s.name == "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"]) == 8
+
+
+def test_video_engines_nvlink_bandwidth_and_clock_reasons() -> None:
+    g = {"gpu": 0, "uuid": "GPU-aaaa"}
+    extra = [
+        Sample.of("gpu_encoder_utilization_ratio", 0.12, **g),
+        Sample.of("gpu_decoder_utilization_ratio", 0.5, **g),
+        Sample.of("nvlink_transmitted_bytes", 1000, **g),
+        Sample.of("nvlink_received_bytes", 234, **g),
+        Sample.of("gpu_clocks_event_active", 0, reason="gpu_idle", **g),
+        Sample.of("gpu_clocks_event_active", 1, reason="hw_slowdown", **g),
+        Sample.of("gpu_clocks_event_active", 1, reason="hw_thermal_slowdown", **g),
+        Sample.of("dcgm_gr_engine_active_ratio", 0.75, **g),
+    ]
+    out = to_dcgm(nvml_samples() + extra, hostname="dgx01")
+    assert get(out, "DCGM_FI_DEV_ENC_UTIL", 0).value == 12
+    assert get(out, "DCGM_FI_DEV_DEC_UTIL", 0).value == 50
+    assert get(out, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", 0).value == 1234  # both directions
+    # nvml.h: HwSlowdown 0x8, HwThermalSlowdown 0x40; the old and the new field name.
+    assert get(out, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 0).value == 0x48
+    assert get(out, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 0).value == 0x48
+    assert get(out, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0).value == 0.75  # a ratio, as DCGM's
+    # GPU 1 reported none of these: absent, not zero.
+    names1 = {s.name for s in out if s.label("gpu") == "1"}
+    assert not names1 & {"DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+                         "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"}
+
+
+def test_job_labels_hook() -> None:
+    jobs = {"GPU-bbbb": {"pod": "train-0", "namespace": "ml", "container": "main", "evil": "x"}}
+    out = to_dcgm(nvml_samples(), hostname="dgx01", jobs=jobs)
+    one = dict(get(out, "DCGM_FI_DEV_GPU_TEMP", 1).labels)
+    assert (one["pod"], one["namespace"], one["container"]) == ("train-0", "ml", "main") and "evil" not in one
+    zero = dict(get(out, "DCGM_FI_DEV_GPU_TEMP", 0).labels)
+    assert not {"pod", "namespace", "container"} & set(zero)  # a GPU nobody uses: no job labels
+
+
+def test_sim_answers_the_new_nvml_calls(sim_samples: list[Sample]) -> None:
+    out = to_dcgm(sim_samples, hostname="dgx01", events=[])
+    # Seeded from an idle H100 capture: encoder and decoder 0 %, only gpu_idle active (bit 0x1).
+    assert [s.value for s in out if s.name == "DCGM_FI_DEV_ENC_UTIL"] == [0.0] * 8
+    assert [s.value for s in out if s.name == "DCGM_FI_DEV_DEC_UTIL"] == [0.0] * 8
+    assert [s.value for s in out if s.name == "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"] == [1.0] * 8
+    bw = [s.value for s in out if s.name == "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"]
+    assert len(bw) == 8 and all(v > 0 for v in bw)  # idle fabric management traffic
+    assert not [s for s in out if s.name.startswith("DCGM_FI_PROF_")]  # no DCGM on the simulator
