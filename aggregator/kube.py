@@ -29,12 +29,13 @@ The client is blocking, so every call runs in a worker thread with the client's 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import json
 import re
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -51,6 +52,11 @@ TAINT_EFFECT = "NoSchedule"
 ANNOTATION = "podhealth.io/fenced"
 MANAGED_LABEL = "podhealth.io/managed"
 CONDITION_TYPE = "PodhealthFenced"
+# The remediation ladder's reboot request. kured (the common reboot operator) reboots a node when
+# its sentinel file exists, or when --reboot-sentinel-command exits 0; it acts on no annotation.
+# podhealth records the request here and documents the sentinel command that reads it (README,
+# "Remediation ladder"); the node stays cordoned and tainted by podhealth across the reboot.
+REBOOT_ANNOTATION = "podhealth.io/reboot-requested"
 MAX_WHY_CHARS = 512
 BATCH_CONCURRENCY = 8  # API calls in flight for one batch (each runs in a worker thread)
 
@@ -118,6 +124,7 @@ class NodeView:
     has_annotation: bool
     opted_out: bool
     condition: str = ""  # status of our PodhealthFenced condition ("True"/"False"), "" when absent
+    annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def our_taint(self) -> Json | None:
@@ -144,7 +151,9 @@ class NodeView:
                    record=FenceRecord.parse(annotations.get(ANNOTATION)), has_annotation=ANNOTATION in annotations,
                    opted_out=str(labels.get(MANAGED_LABEL, "")).lower() == "false",
                    condition=next((str(c.get("status", "")) for c in (node.get("status") or {}).get("conditions") or ()
-                                   if isinstance(c, dict) and c.get("type") == CONDITION_TYPE), ""))
+                                   if isinstance(c, dict) and c.get("type") == CONDITION_TYPE), ""),
+                   annotations={str(k): str(v) for k, v in annotations.items()
+                                if k in (ANNOTATION, REBOOT_ANNOTATION)})
 
     def state(self) -> FenceState:
         if self.ours:
@@ -193,7 +202,8 @@ def release_patch(view: NodeView) -> Json:
     spec: Json = {"taints": taints or None}
     if view.record is not None and not view.record.cordoned_before:
         spec["unschedulable"] = None
-    return {"metadata": {"resourceVersion": view.resource_version, "annotations": {ANNOTATION: None}}, "spec": spec}
+    return {"metadata": {"resourceVersion": view.resource_version,
+                         "annotations": {ANNOTATION: None, REBOOT_ANNOTATION: None}}, "spec": spec}
 
 
 class KubeUnavailable(RuntimeError):
@@ -329,6 +339,56 @@ class KubeFencer:
                 note = await self._event(done, "PodhealthReleased", "Normal", "Release", msg, deadline)
                 note += await self._condition(node, False, "PodhealthReleased", msg, deadline)
                 return FenceOutcome(ok=True, changed=True, command=command, output=msg + note)
+            return FenceOutcome(ok=False, changed=False, command=command,
+                                error=f"gave up after {self.attempts} conflicting updates (409)")
+        except KubeUnavailable as e:
+            return FenceOutcome(ok=False, changed=False, command=command, error=str(e))
+
+    # ---- Remediator: the ladder's reboot request and the REPAIR reason --------------------------
+
+    async def reboot(self, node: str, reason: FenceReason) -> FenceOutcome:
+        """Annotate the node `podhealth.io/reboot-requested` (JSON: id, why, when) for the reboot
+        operator, with an Event. Only on a node podhealth fenced; the same request (same id)
+        already there is ok, changed=False, so a restart never asks twice."""
+        why = render_reason(reason)[:MAX_WHY_CHARS]
+        value = json.dumps({"id": reason.id, "why": why, "when": _iso(self.clock())}, sort_keys=True)
+        return await self._annotate(node, "reboot", REBOOT_ANNOTATION, value,
+                                    lambda old: _request_id(old) == reason.id, why, "PodhealthRebootRequested")
+
+    async def remark(self, node: str, reason: FenceReason) -> FenceOutcome:
+        """Put the REPAIR reason into podhealth's `podhealth.io/fenced` record (and an Event)."""
+        why = render_reason(reason)[:MAX_WHY_CHARS]
+        return await self._annotate(node, "remark", ANNOTATION, None, lambda old: False, why, "PodhealthRepair")
+
+    async def _annotate(self, node: str, verb: str, key: str, value: str | None, same: Callable[[str], bool],
+                        why: str, event: str) -> FenceOutcome:
+        try:
+            validate_kube_node_name(node)
+        except ValueError as e:
+            return FenceOutcome(ok=False, changed=False, error=str(e))
+        command = ("PATCH", f"/api/v1/nodes/{node}", f"annotation {key}")
+        deadline = time.monotonic() + self.budget
+        try:
+            for _ in range(self.attempts):
+                view = await self._view(node, deadline)
+                if view is None:
+                    return FenceOutcome(ok=False, changed=False, command=command, error=f"node {node} not found")
+                if not view.complete or view.opted_out:
+                    return FenceOutcome(ok=False, changed=False, command=command,
+                                        error=f"{node} is not fenced by podhealth (or opted out): not touched")
+                old = view.annotations.get(key, "")
+                if old and same(old):
+                    return FenceOutcome(ok=True, changed=False, command=command, output=f"already {verb}: {old}")
+                text = value
+                if text is None and view.record is not None:  # remark: the record with the new why
+                    text = dataclasses.replace(view.record, why=why).to_json()
+                body = {"metadata": {"resourceVersion": view.resource_version, "annotations": {key: text}}}
+                try:
+                    after = await self._patch(node, body, deadline)
+                except _Conflict:
+                    continue
+                note = await self._event(NodeView.of(after), event, "Warning", verb.capitalize(), why, deadline)
+                return FenceOutcome(ok=True, changed=True, command=command, output=f"{key}: {text}{note}")
             return FenceOutcome(ok=False, changed=False, command=command,
                                 error=f"gave up after {self.attempts} conflicting updates (409)")
         except KubeUnavailable as e:
@@ -471,6 +531,14 @@ class KubeFencer:
                 await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
                 delay *= 2
         raise KubeUnavailable(f"Kubernetes API: {last[:500]}")
+
+
+def _request_id(text: str) -> str:
+    try:
+        d = json.loads(text)
+    except ValueError:
+        return ""
+    return str(d.get("id", "")) if isinstance(d, dict) else ""
 
 
 def _api_message(e: Exception) -> str:
