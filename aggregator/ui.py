@@ -5,7 +5,9 @@ because the API has no equivalent: the tile list (every node with its open probl
 check/entity/status, which /api/v1/nodes flattens to check names) at GET /ui/api/fleet, and a
 Server-Sent Events stream of changes to it at GET /ui/events (a full snapshot on connect, then
 only the tiles that changed). The browser falls back to polling /ui/api/fleet when the stream
-cannot be opened.
+cannot be opened. Two more feed the charts and links: GET /ui/api/fleet-history (node counts by
+state, sampled into the store by the housekeeping loop) and GET /ui/api/links?node=NAME (the
+node's Grafana dashboards when aggregator.ui.grafana_url is set).
 
 Security: assets come from the package (no CDN, works offline) and are served with a strict
 Content-Security-Policy (default-src 'self'; no inline script or style), so data rendered with

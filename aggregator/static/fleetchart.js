@@ -35,7 +35,7 @@ function areaPath(points, x, y) {
     const x0 = x(t);
     const x1 = i + 1 < points.length ? x(points[i + 1][0]) : x0 + 2;
     top.push(`${x0.toFixed(1)},${y(hi).toFixed(1)}`, `${x1.toFixed(1)},${y(hi).toFixed(1)}`);
-    bottom.push(`${x1.toFixed(1)},${y(lo).toFixed(1)}`, `${x0.toFixed(1)},${y(lo).toFixed(1)}`);
+    bottom.push(`${x0.toFixed(1)},${y(lo).toFixed(1)}`, `${x1.toFixed(1)},${y(lo).toFixed(1)}`); // walked back below
   });
   return `M${top.join("L")}L${bottom.reverse().join("L")}Z`;
 }

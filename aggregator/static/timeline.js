@@ -59,9 +59,12 @@ export function fenceSpans(audit, fencedAt, fencedNow, start, now) {
   return spans;
 }
 
+const LABEL_CHARS = 20; // what fits in LABEL_W at the label's size; a longer name is cut, whole on hover
+
 function row(label, y, width, cls = "") {
-  return svg("g", { class: `tl-row ${cls}` },
-    svg("text", { x: 4, y: y + ROW_H / 2 + 4, class: "tl-label" }, label, tip(label)),
+  const cut = label.length > LABEL_CHARS;
+  const text = svg("text", { x: 4, y: y + ROW_H / 2 + 4, class: "tl-label" }, cut ? `${label.slice(0, LABEL_CHARS - 1)}…` : label);
+  return svg("g", { class: `tl-row ${cls}` }, cut ? svg("g", {}, text, tip(label)) : text,
     svg("line", { x1: LABEL_W, x2: width, y1: y + ROW_H / 2, y2: y + ROW_H / 2, class: "tl-track" }));
 }
 
@@ -90,9 +93,10 @@ export function renderTimeline(box, items, node, now = Date.now() / 1000, span =
   const events = inRange.filter((i) => i.type === "event" && i.event && i.event.event);
   const width = Math.max(600, box.clientWidth || 1000);
   const x = timeScale(start, now, LABEL_W + 6, width - RIGHT_PAD);
-  // Before the node was first seen there is nothing to say about it: its verdict row starts there.
-  // Every verdict counts (one that opened before the span still colours it); spans are clipped to it.
-  const known = Math.min(now, node.first_seen || start);
+  // Before the node was first seen (or its first record, if older) there is nothing to say about it:
+  // its verdict row starts there. Every verdict counts (one that opened before the span still
+  // colours it); spans are clipped to the span.
+  const known = Math.min(now, node.first_seen || now, ...items.map((i) => i.time).filter((t) => t > 0));
   const all = verdictSpans(items.filter((i) => i.type === "verdict"), known, now);
   const clip = (spans) => spans.filter((s) => s.t1 > start).map((s) => ({ ...s, t0: Math.max(s.t0, start) }));
   const nodeSpans = clip(all.node);

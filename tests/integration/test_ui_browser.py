@@ -77,7 +77,7 @@ def podhealth(*args: str) -> list[str]:
 
 
 def aggregator_yaml(tmp_path: Path, port: int, cluster: SlurmCluster | None, agent_urls: dict[str, str],
-                    nodes: dict[str, str] | None = None) -> Path:
+                    nodes: dict[str, str] | None = None, ui: dict[str, Any] | None = None) -> Path:
     """Config for the aggregator: `nodes` maps name -> partition (default NODES in "gpu")."""
     nodes = nodes if nodes is not None else dict.fromkeys(NODES, "gpu")
     fencers = ({"slurm": {"enabled": True, "slurm_conf": str(cluster.conf), "timeout": 5.0}} if cluster is not None
@@ -90,7 +90,8 @@ def aggregator_yaml(tmp_path: Path, port: int, cluster: SlurmCluster | None, age
         "auth": {"admin_token": ADMIN, "cluster_secret": SECRET},
         "pull_interval": 1.0, "pull_timeout": 2.0, "decide_interval": 0.2, "unreachable_after": 120.0,
         "healthy_for": 3600.0,  # no automatic handover during the test: the release is the operator's
-        "ui": {"history_interval": 1.0},  # a fleet sample at every housekeeping pass (5 s), not every 5 min
+        # a fleet sample at every housekeeping pass (5 s), not every 5 min
+        "ui": {"history_interval": 1.0, **(ui or {})},
         "rules": [
             {"check": "*", "actions": ["RESET_GPU", "DRAIN", "REBOOT", "REPLACE"], "min_severity": "critical",
              "do": "fence", "min_duration": MIN_DURATION},
@@ -106,9 +107,9 @@ def aggregator_yaml(tmp_path: Path, port: int, cluster: SlurmCluster | None, age
 
 
 def start_aggregator(tmp_path: Path, cluster: SlurmCluster | None, agent_urls: dict[str, str], port: int = 0,
-                     nodes: dict[str, str] | None = None) -> Any:
+                     nodes: dict[str, str] | None = None, ui: dict[str, Any] | None = None) -> Any:
     port = port or free_port()
-    cfg = aggregator_yaml(tmp_path, port, cluster, agent_urls, nodes)
+    cfg = aggregator_yaml(tmp_path, port, cluster, agent_urls, nodes, ui)
     url = f"http://127.0.0.1:{port}"
     return service("aggregator", podhealth("aggregator", "--config", str(cfg)), tmp_path / "logs", port=port,
                    ready=answers(url + "/healthz"), ready_timeout=40,
@@ -394,3 +395,83 @@ def test_fleet_page_with_hundreds_of_nodes(tmp_path: Path, browser: Any, artifac
         expect(polled.locator("#f-state")).to_have_value("FAIL")  # filters come from the URL
         assert polled.locator("a.tile:visible").count() == sum(
             1 for x in json.loads(http_get(agg.url + "/ui/api/fleet")[1])["nodes"] if x["state"] == "FAIL")
+
+
+def seed_a_day(db: Path, now: float) -> int:
+    """A day of history in the store before the aggregator starts: fleet samples every 5 min (dgx03
+    FAIL, then fenced from -9 h to -6 h; dgx02 WARN from -3 h to -2 h), and dgx03's verdicts, XID
+    event and fence / release in the audit log. Returns the number of samples in the last 24 h."""
+    from podhealth.aggregator.store import NodeRow, Store
+
+    store = Store(db)
+    ops = [Store.op_node_insert(NodeRow(name=n, partition="gpu", first_seen=now - 2 * 86400)) for n in NODES]
+    n = 0
+    for i in range(287, 0, -1):  # the last 24 h (a sample at exactly -24 h would fall out as the test runs)
+        t = now - i * 300
+        counts = {"OK": 4}
+        if now - 9 * 3600 <= t < now - 8.9 * 3600:
+            counts = {"OK": 3, "FAIL": 1}
+        elif now - 8.9 * 3600 <= t < now - 6 * 3600:
+            counts = {"OK": 3, "fenced": 1}
+        elif now - 3 * 3600 <= t < now - 2 * 3600:
+            counts = {"OK": 3, "WARN": 1}
+        ops.append(Store.op_fleet_sample(t, counts))
+        n += 1
+    fail, fenced, released = now - 9 * 3600, now - 8.9 * 3600, now - 6 * 3600
+    ops += [
+        Store.op_verdict("dgx03", fail, "xid", "gpu5", "FAIL", "RESET_GPU", "agent", "XID 79: GPU has fallen off the bus"),
+        Store.op_event("dgx03-xid-seeded", "dgx03", "event", fail - 1, fail - 1, json.dumps(xid_event(fail - 1, gpu=5))),
+        Store.op_audit(fenced - 1, "dgx03", "policy", "fence requested", "xid gpu5 FAIL RESET_GPU"),
+        Store.op_audit(fenced, "dgx03", "policy", "fence done", "xid gpu5 FAIL RESET_GPU"),
+        Store.op_verdict("dgx03", released - 600, "xid", "gpu5", "OK", "NONE", "agent"),
+        Store.op_audit(released, "dgx03", "operator:alice", "release done", "GPU5 reseated, diag passed"),
+        Store.op_verdict("dgx03", now - 3 * 3600, "gpu_thermal", "gpu1", "WARN", "NONE", "agent", "91 C"),
+        Store.op_verdict("dgx03", now - 2 * 3600, "gpu_thermal", "gpu1", "OK", "NONE", "agent"),
+    ]
+    store.apply(ops)
+    store.close()
+    return n
+
+
+def test_history_charts_over_a_day(tmp_path: Path, browser: Any, artifacts: Path) -> None:
+    """The fleet chart over a whole day and a node's timeline over hours, from a seeded store; the
+    node's Grafana links (aggregator.ui.grafana_url)."""
+    from playwright.sync_api import expect
+
+    now = time.time()
+    seeded = seed_a_day(tmp_path / "aggregator.db", now)
+    grafana = "https://grafana.example.com/g"
+    with start_aggregator(tmp_path, None, {}, ui={"grafana_url": grafana, "history_interval": 300.0}) as agg:
+        for n in NODES:
+            assert post(agg.url + "/v1/reports", agent_report(n, time.time()), tok(n))[0] == 200
+        page = new_page(browser)
+        page.goto(agg.url + "/ui")
+        chart = page.locator("#fleet-history svg.fleetchart")
+        expect(chart).to_be_visible()
+        expect(page.locator("#history-span")).to_have_text("nodes by state, last 24 h")
+        for state in ("OK", "FAIL", "fenced", "WARN"):
+            expect(chart.locator(f'path.area[data-state="{state}"]')).to_have_count(1)
+        expect(chart.locator('path.area[data-state="returning"]')).to_have_count(0)  # never in the day
+        # one hover strip per sample: the seeded day, the one taken at start, and now
+        expect(chart.locator("rect.hover-strip")).to_have_count(seeded + 2)
+        no_raw_epoch(page)
+        page.screenshot(path=str(artifacts / "ui-history-fleet.png"), full_page=True)
+        chart.screenshot(path=str(artifacts / "ui-history-fleet-chart.png"))
+
+        page.goto(agg.url + "/ui/node/dgx03")
+        timeline = page.locator("#timeline svg.timeline")
+        expect(timeline.locator('[data-kind="fence"]')).to_have_count(1)
+        expect(timeline.locator('[data-kind="release"]')).to_have_count(1)
+        expect(timeline.locator('[data-kind="xid"]')).to_have_count(1)
+        expect(timeline.locator(".tl-label")).to_have_text(["verdict", "xid gpu5", "gpu_thermal gpu1", "fenced",
+                                                            "XID / SXid"])
+        link = page.locator('#links a[data-uid="podhealth-node"]')
+        expect(link).to_have_attribute("href", f"{grafana}/d/podhealth-node?var-node=dgx03")
+        expect(page.locator("#links a")).to_have_count(6)
+        no_raw_epoch(page)
+        page.screenshot(path=str(artifacts / "ui-history-node.png"), full_page=True)
+        timeline.screenshot(path=str(artifacts / "ui-history-timeline.png"))
+        page.select_option("#timeline-span", "3600")  # the last hour: nothing happened, no marks
+        expect(timeline.locator('[data-kind="fence"]')).to_have_count(0)
+        expect(timeline.locator(".tl-label")).to_have_text(["verdict", "fenced", "XID / SXid"])
+        assert page.js_errors == [], page.js_errors
