@@ -67,7 +67,7 @@ def test_prometheus_scrapes_gpu_nvlink_ib_and_nfs(tmp_path: Path) -> None:
         checks = {
             "GPUs": (f'count(podhealth_gpu_up{{node="{NODE}"}} == 1)', 8.0),
             "GPU temperatures": ("count(podhealth_gpu_temperature_celsius)", 8.0),
-            "GPUs with NVLink up": ("count(count by (gpu) (podhealth_nvlink_up == 1))", 8.0),
+            "GPUs with NVLink up": ("count(podhealth_nvlink_links_up >= 18)", 8.0),  # per-link only when down (detail: basic)
             "IB ports": ("count(podhealth_infiniband_port_state)", 9.0),  # 8 rails + mlx5_bond_0
             "IB ports active": ("count(podhealth_infiniband_port_state == 4)", 9.0),
             "NFS mounts present": ("count(podhealth_nfs_mount_present == 1)", float(len(MOUNTS))),
