@@ -4,10 +4,11 @@ import { relTime, isoUtc } from "/ui/static/timefmt.js";
 
 export { relTime, isoUtc };
 
-export const STATES = ["OK", "WARN", "FAIL", "UNKNOWN", "fenced", "returning", "drained"];
+export const STATES = ["OK", "WARN", "FAIL", "UNKNOWN", "fenced", "returning", "drained", "repair"];
 export const STATE_LABEL = {
   OK: "OK", WARN: "WARN", FAIL: "FAIL", UNKNOWN: "UNKNOWN",
   fenced: "fenced", returning: "returning", drained: "drained (not podhealth)",
+  repair: "repair (remediation gave up)",
 };
 const TOKEN_KEY = "podhealth.adminToken";
 const WHO_KEY = "podhealth.who";

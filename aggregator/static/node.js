@@ -78,6 +78,14 @@ function renderHead(n) {
   add("fence", n.fence_reason ? `${fence} — reason "${n.fence_reason}"` : fence);
   if (n.fenced_at) add("fenced", when(n.fenced_at));
   if (n.hold) add("hold", `${n.hold_reason || "operator fence"}: no automatic return to service`);
+  // The remediation ladder (README "Remediation ladder"): its step and the failed attempts counted.
+  const ladder = n.ladder || {};
+  if (ladder.step || (ladder.failures || []).length) {
+    const step = { acting: "reset/reboot in flight", verifying: "waiting for the handover suite",
+      repair: "REPAIR: no more automatic attempts (podhealth fleet repairs)" }[ladder.step] || "idle";
+    add("remediation", el("span", {}, `${step} `, ladder.since ? when(ladder.since) : null,
+      ` · ${(ladder.failures || []).length} failed attempt(s)`));
+  }
   // The agent's clock is a claim: records are ordered by its (boot, seq); a wrong clock is shown, not trusted.
   const clock = n.clock || {};
   if (clock.ahead) add("agent clock", `${clock.ahead} record(s) claimed a time beyond the allowed skew ahead `
