@@ -266,9 +266,31 @@ class UiConfig:
 
 
 @dataclass(frozen=True)
+class StoreConfig:
+    url: str = doc(
+        "Where the state lives: sqlite:////abs/path (one aggregator; empty = the `db` file) or\n"
+        "postgresql://user[:password]@host[:port]/dbname (replicas share it: one leader acts, all ingest;\n"
+        "needs podhealth[postgresql]). Prefer $PGPASSWORD or ~/.pgpass to a password in the URL.", "")
+    lease: Seconds = doc(
+        "PostgreSQL only: seconds the leader's lease lasts without renewal; a follower takes over after\n"
+        "it runs out. The leader renews every lease/4 and stops acting when it could not renew within lease/2.",
+        8.0)
+
+    def validate(self) -> tuple[str, str] | None:
+        u = self.url
+        if not u or u.startswith(("postgresql://", "postgres://")):
+            return None
+        if u.startswith("sqlite://") and u[len("sqlite://"):].startswith("/") and len(u) > len("sqlite:///"):
+            return None
+        return ("url", f'expected sqlite:////abs/path or postgresql://user@host:port/db, got "{u}"')
+
+
+@dataclass(frozen=True)
 class AggregatorConfig:
     listen: AggListenConfig = doc("HTTP server (ingest, API, /metrics).", factory=AggListenConfig)
-    db: Annotated[Path, AbsPath()] = doc("SQLite state file (WAL).", Path("/var/lib/podhealth/aggregator.db"))
+    db: Annotated[Path, AbsPath()] = doc("SQLite state file (WAL); store.url, when set, wins.",
+                                         Path("/var/lib/podhealth/aggregator.db"))
+    store: StoreConfig = doc("The state store (SQLite file or PostgreSQL).", factory=StoreConfig)
     auth: AggAuthConfig = doc("Tokens.", factory=AggAuthConfig)
     max_body_bytes: Annotated[int, Gt(0, "bytes")] = doc("Largest request body accepted (else 413).", 1024 * 1024)
     pull_interval: Seconds = doc("Seconds between pulls of each agent's /health.", 10.0)
@@ -319,6 +341,10 @@ class AggregatorConfig:
                 return ("opt_out", problem)
         return self.exposure_problem()
 
+    def store_url(self) -> str:
+        """The store to open: store.url, else the `db` file."""
+        return self.store.url or f"sqlite://{self.db}"
+
     def fencing_fencers(self) -> tuple[str, ...]:
         """The enabled fencers that take real nodes out of service (not dry-run, not the test file fencer)."""
         if self.dry_run:
@@ -347,5 +373,5 @@ class AggregatorConfig:
 __all__ = [
     "AggregatorConfig", "AggListenConfig", "AggAuthConfig", "RuleConfig", "CapsConfig", "RateLimitConfig",
     "BreakerConfig", "FlapHoldConfig", "LadderConfig", "NodeEntry", "FencersConfig", "SlurmFencerConfig", "KubeFencerConfig",
-    "DryRunFencerConfig", "FileFencerConfig", "RetryConfig", "UiConfig", "SEVERITY_RANK", "node_name_problem",
+    "DryRunFencerConfig", "FileFencerConfig", "RetryConfig", "UiConfig", "StoreConfig", "SEVERITY_RANK", "node_name_problem",
 ]

@@ -1,4 +1,5 @@
-"""The aggregator's durable state: one SQLite file in WAL mode, with versioned migrations.
+"""The aggregator's durable state: one SQLite file in WAL mode (or a PostgreSQL database, shared
+by replicas: `store.url`), with versioned migrations.
 
 The running aggregator keeps a mirror of the hot state in memory (aggregator/state.py) and
 writes here through one writer thread (aggregator/writer.py) that commits in groups, so
@@ -16,7 +17,7 @@ import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from podhealth.vocab import Action, Status
 
@@ -28,6 +29,38 @@ Op = tuple[str, tuple[Any, ...]]
 
 class StoreError(Exception):
     pass
+
+
+class DbConn(Protocol):
+    """What the store needs of a connection: sqlite3's, or aggregator/pgstore.PgConnection."""
+
+    @property
+    def in_transaction(self) -> bool: ...
+
+    def execute(self, sql: str, params: Any = ..., /) -> Any: ...
+
+    def executemany(self, sql: str, seq: Any, /) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+def db_errors() -> tuple[type[Exception], ...]:
+    """The exceptions a database call can raise: sqlite3's, and psycopg's where it is installed."""
+    try:
+        from podhealth.aggregator.pgstore import ERRORS
+    except ImportError:
+        return (sqlite3.Error,)
+    return (sqlite3.Error, *ERRORS)
+
+
+def is_postgres_url(url: str) -> bool:
+    return url.startswith(("postgresql://", "postgres://"))
+
+
+def sqlite_path(url: str) -> Path:
+    """`sqlite:////abs/path` (or `sqlite:///abs/path`) -> /abs/path."""
+    rest = url[len("sqlite://"):]
+    return Path("/" + rest.lstrip("/"))
 
 
 # Each migration moves the schema from version i to i+1; never edit one that has shipped.
@@ -271,7 +304,7 @@ def connect(path: Path | str, *, readonly: bool = False) -> sqlite3.Connection:
     return conn
 
 
-def rollback(conn: sqlite3.Connection) -> None:
+def rollback(conn: DbConn) -> None:
     """ROLLBACK after a failed statement, if SQLite has not already rolled back by itself (it
     does on SQLITE_FULL, IOERR, NOMEM): a second ROLLBACK would raise "no transaction is
     active" and hide the error that matters (the disk is full) behind one that does not."""
@@ -279,8 +312,10 @@ def rollback(conn: sqlite3.Connection) -> None:
         conn.execute("ROLLBACK")
 
 
-def migrate(conn: sqlite3.Connection, upto: int = SCHEMA_VERSION) -> int:
+def migrate(conn: DbConn, upto: int = SCHEMA_VERSION) -> int:
     """Apply pending migrations, each in its own transaction; return the resulting version."""
+    if not isinstance(conn, sqlite3.Connection):
+        return _migrate_pg(conn, upto)
     version = int(conn.execute("PRAGMA user_version").fetchone()[0])
     if version > SCHEMA_VERSION:
         raise StoreError(f"database schema version {version} is newer than this podhealth ({SCHEMA_VERSION}); "
@@ -298,6 +333,33 @@ def migrate(conn: sqlite3.Connection, upto: int = SCHEMA_VERSION) -> int:
             raise
         version += 1
     return version
+
+
+def _migrate_pg(conn: DbConn, upto: int) -> int:
+    """The same migrations on PostgreSQL (pgstore translates each statement). DDL is
+    transactional there too; an advisory lock keeps two replicas starting at once from both
+    running a migration."""
+    from podhealth.aggregator import pgstore
+
+    while True:
+        conn.execute("BEGIN")
+        try:
+            conn.execute(pgstore.MIGRATION_LOCK)
+            pgstore.ensure_version_table(conn)
+            version = pgstore.get_version(conn)
+            if version > SCHEMA_VERSION:
+                raise StoreError(f"database schema version {version} is newer than this podhealth ({SCHEMA_VERSION}); "
+                                 "refusing to touch it")
+            if version >= upto:
+                conn.execute("COMMIT")
+                return version
+            for stmt in _statements(MIGRATIONS[version]):
+                conn.execute(stmt)
+            conn.execute(pgstore.set_version_sql(version + 1))
+            conn.execute("COMMIT")
+        except BaseException:
+            rollback(conn)
+            raise
 
 
 def _statements(script: str) -> list[str]:
@@ -319,14 +381,32 @@ class Store:
     """Synchronous access to the state file. Use from one thread at a time (the writer's)."""
 
     def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.conn = connect(self.path)
-            self.version = migrate(self.conn)
-        except sqlite3.DatabaseError as e:
-            raise StoreError(f"{self.path}: {e}") from None
-        self._reader: sqlite3.Connection | None = None
+        """`path`: a SQLite file, a `sqlite:///path` URL, or a `postgresql://` URL."""
+        text = str(path)
+        self.url = text if is_postgres_url(text) else ""
+        self.backend = "postgresql" if self.url else "sqlite"
+        self.path = Path(sqlite_path(text) if text.startswith("sqlite://") else ("" if self.url else path))
+        self.conn: DbConn
+        if self.url:
+            try:
+                from podhealth.aggregator import pgstore
+            except ImportError:
+                raise StoreError("a postgresql:// store needs psycopg: pip install 'podhealth[postgresql]'") from None
+            self.where = pgstore.redact(self.url)
+            try:
+                self.conn = pgstore.connect(self.url)
+                self.version = migrate(self.conn)
+            except pgstore.ERRORS as e:
+                raise StoreError(f"{self.where}: {str(e).strip()}") from None
+        else:
+            self.where = str(self.path)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.conn = connect(self.path)
+                self.version = migrate(self.conn)
+            except sqlite3.DatabaseError as e:
+                raise StoreError(f"{self.path}: {e}") from None
+        self._reader: DbConn | None = None
         self._read_lock = threading.Lock()
 
     def close(self) -> None:
@@ -368,10 +448,10 @@ class Store:
             for a in starts:
                 cur = c.execute(
                     "INSERT INTO actions (node, kind, state, who, why, reason, rule, dry_run, created, updated) "
-                    "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?)",
+                    "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                     (a.node, a.kind, a.who, a.why, json.dumps(reason_to_json(a.reason)) if a.reason else "", a.rule,
                      int(a.dry_run), a.now, a.now))
-                aid = int(cur.lastrowid or 0)
+                aid = int(cur.fetchone()[0])  # RETURNING, not lastrowid: PostgreSQL has no rowid
                 c.execute("INSERT INTO audit (time, node, action_id, who, what, why) VALUES (?, ?, ?, ?, ?, ?)",
                           (a.now, a.node, aid, a.who, f"{a.kind} requested", a.why))
                 for sql, params in a.extra:
@@ -553,9 +633,13 @@ class Store:
         return [_action_row(r) for r in self.conn.execute(
             f"SELECT {_ACTION_COLS} FROM actions WHERE state = 'pending' ORDER BY id")]
 
-    def _read(self) -> sqlite3.Connection:
+    def _read(self) -> DbConn:
         if self._reader is None:
-            self._reader = connect(self.path)
+            if self.url:
+                from podhealth.aggregator import pgstore
+                self._reader = pgstore.connect(self.url)
+            else:
+                self._reader = connect(self.path)
         return self._reader
 
     def node_report(self, name: str) -> str:
@@ -573,6 +657,8 @@ class Store:
                "FROM reports r, json_each(r.report, '$.results') j "
                "WHERE {where} json_valid(r.report) AND json_extract(j.value, '$.check') = 'drift'")
         out: list[tuple[str, str, str]] = []
+        if self.url:
+            return self._drift_readings_pg(names)
         with self._read_lock:
             if names is None:
                 rows = self._read().execute(sql.format(where="")).fetchall()
@@ -583,6 +669,28 @@ class Store:
                     rows += self._read().execute(
                         sql.format(where=f"r.name IN ({','.join('?' * len(chunk))}) AND"), chunk).fetchall()
         out.extend((str(n), str(f), str(v or "")) for n, f, v in rows)
+        return out
+
+    def _drift_readings_pg(self, names: Sequence[str] | None) -> list[tuple[str, str, str]]:
+        """drift_readings on PostgreSQL, which (before 16) cannot test text for JSON without
+        raising: the few reports that mention drift are picked out there and parsed here."""
+        sql = "SELECT name, report FROM reports WHERE report LIKE '%\"drift\"%'"
+        with self._read_lock:
+            rows = self._read().execute(sql).fetchall()
+        want = None if names is None else set(names)
+        out: list[tuple[str, str, str]] = []
+        for name, text in rows:
+            if want is not None and name not in want:
+                continue
+            try:
+                results = json.loads(text).get("results", [])
+            except (ValueError, AttributeError):
+                continue
+            for r in results if isinstance(results, list) else []:
+                if isinstance(r, dict) and r.get("check") == "drift":
+                    observed = (r.get("evidence") or {}).get("observed") if isinstance(r.get("evidence"), dict) else None
+                    shown = observed if isinstance(observed, str) or observed is None else json.dumps(observed)
+                    out.append((str(name), str(r.get("entity")), str(shown or "")))
         return out
 
     def actions_of(self, node: str, limit: int = 50) -> list[ActionRow]:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install podhealth and what it needs on Debian/Ubuntu. --test adds the real components the test
-# suite starts (Prometheus, Alertmanager, node_exporter, Slurm, VictoriaMetrics, Chromium) and the
+# suite starts (Prometheus, Alertmanager, node_exporter, Slurm, VictoriaMetrics, Chromium, PostgreSQL) and the
 # Python test extras. Python packages go into the active virtualenv, or ./.venv when none is
 # active (never into a global interpreter); scripts/podhealth and scripts/test.sh find it.
 set -euo pipefail
@@ -9,7 +9,7 @@ SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
 want=(python3-venv python3-pip)
 if [ "${1:-}" = "--test" ]; then
   want+=(slurmctld slurmd slurm-client munge prometheus prometheus-alertmanager
-         prometheus-node-exporter victoria-metrics chromium systemd)
+         prometheus-node-exporter victoria-metrics chromium systemd postgresql)
 fi
 missing=()
 for p in "${want[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

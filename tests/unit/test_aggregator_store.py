@@ -2,53 +2,102 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
 from podhealth.aggregator.fence import FenceReason
 from podhealth.aggregator.model import BreakerState, Condition, FenceMode
 from podhealth.aggregator.state import Memory, Verdict
-from podhealth.aggregator.store import MIGRATIONS, SCHEMA_VERSION, NodeRow, Store, StoreError, connect, migrate
+from podhealth.aggregator.store import (
+    MIGRATIONS, SCHEMA_VERSION, DbConn, NodeRow, Store, StoreError, connect, db_errors, migrate,
+)
 from podhealth.vocab import Action, Status
+from tests.harness.pg import pg_fixture
+from tests.harness.proc import free_port
+
+# The store's contract runs on both backends: SQLite files, and databases on a private PostgreSQL.
+pg = pg_fixture()
+Where = Callable[[str], "Path | str"]
 
 
-def test_fresh_store_is_wal_at_the_latest_version(tmp_path: Path) -> None:
-    s = Store(tmp_path / "a.db")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Where:
+    """name -> where that store lives (the same name, the same database)."""
+    if request.param == "sqlite":
+        return lambda name: tmp_path / name
+    server = request.getfixturevalue("pg")
+    urls: dict[str, str] = {}
+    return lambda name: urls.setdefault(name, server.new_database())
+
+
+def raw(where: Path | str) -> DbConn:
+    """A connection without migrations (to build an old schema by hand)."""
+    if isinstance(where, Path):
+        return connect(where)
+    from podhealth.aggregator import pgstore
+    return pgstore.connect(where)
+
+
+def integrity_errors() -> tuple[type[Exception], ...]:
+    out: list[type[Exception]] = [sqlite3.IntegrityError]
+    try:
+        import psycopg
+        out.append(psycopg.IntegrityError)
+    except ImportError:
+        pass
+    return tuple(out)
+
+
+def indexes(s: Store) -> set[str]:
+    if s.backend == "sqlite":
+        return {r[0] for r in s.conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    return {r[0] for r in s.conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = 'public'")}
+
+
+def columns(s: Store, table: str) -> list[str]:
+    if s.backend == "sqlite":
+        return [r[1] for r in s.conn.execute(f"PRAGMA table_info({table})")]
+    return [r[0] for r in s.conn.execute("SELECT column_name FROM information_schema.columns WHERE table_name = ?",
+                                         (table,))]
+
+
+def test_fresh_store_is_at_the_latest_version(db: Where) -> None:
+    s = Store(db("a.db"))
     assert s.version == SCHEMA_VERSION == len(MIGRATIONS)
-    assert s.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert s.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    if s.backend == "sqlite":
+        assert s.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert s.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     s.close()
-    assert Store(tmp_path / "a.db").version == SCHEMA_VERSION  # reopening migrates nothing
+    assert Store(db("a.db")).version == SCHEMA_VERSION  # reopening migrates nothing
 
 
-def test_migrates_an_old_database_keeping_its_data(tmp_path: Path) -> None:
-    db = tmp_path / "old.db"
-    conn = connect(db)
+def test_migrates_an_old_database_keeping_its_data(db: Where) -> None:
+    conn = raw(db("old.db"))
     assert migrate(conn, upto=1) == 1
     conn.execute("INSERT INTO nodes (name, partition, first_seen) VALUES ('dgx01', 'batch', 5)")
     conn.execute("INSERT INTO audit (time, node, who, what, why) VALUES (1, 'dgx01', 'me', 'x', 'y')")
     conn.close()
-    s = Store(db)
+    s = Store(db("old.db"))
     assert s.version == SCHEMA_VERSION
-    indexes = {r[0] for r in s.conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
-    assert {"audit_time", "actions_kind_created"} <= indexes  # what migration 2 adds
+    assert {"audit_time", "actions_kind_created"} <= indexes(s)  # what migration 2 adds
     loaded = s.load(now=10, event_retention=100)
     assert [(n.name, n.partition) for n in loaded.nodes] == [("dgx01", "batch")]
     assert s.counts()["audit"] == 1
 
 
-def test_migration_3_moves_reports_out_of_the_node_rows(tmp_path: Path) -> None:
-    db = tmp_path / "v2.db"
-    conn = connect(db)
+def test_migration_3_moves_reports_out_of_the_node_rows(db: Where) -> None:
+    conn = raw(db("v2.db"))
     assert migrate(conn, upto=2) == 2
     conn.execute("INSERT INTO nodes (name, status, report, last_seen) VALUES ('dgx01', 'OK', '{\"node\": \"dgx01\"}', 7)")
     conn.execute("INSERT INTO nodes (name) VALUES ('dgx02')")
     conn.close()
-    s = Store(db)
+    s = Store(db("v2.db"))
     assert s.version == SCHEMA_VERSION >= 3
-    assert "report" not in [r[1] for r in s.conn.execute("PRAGMA table_info(nodes)")]
+    assert "report" not in columns(s, "nodes") and "status" in columns(s, "nodes")
     assert s.node_report("dgx01") == '{"node": "dgx01"}' and s.node_report("dgx02") == ""
-    assert [(n.name, n.last_seen) for n in s.load(now=10, event_retention=100).nodes] == [("dgx01", 7.0), ("dgx02", 0.0)]
+    assert sorted((n.name, n.last_seen) for n in s.load(now=10, event_retention=100).nodes) == [
+        ("dgx01", 7.0), ("dgx02", 0.0)]
     # a newer report replaces the stored one; a flush of last_seen leaves it alone
     s.apply([Store.op_report("dgx01", '{"v": 2}'), Store.op_node_seen("dgx01", 9.0, 8.0),
              Store.op_node_seen("dgx02", 9.0, 8.0)])
@@ -56,30 +105,40 @@ def test_migration_3_moves_reports_out_of_the_node_rows(tmp_path: Path) -> None:
     # a report kept as the UTF-8 bytes it arrived in is stored (and read back) as text
     s.apply([Store.op_report("dgx02", '{"summary": "caf\u00e9"}'.encode())])
     assert s.node_report("dgx02") == '{"summary": "caf\u00e9"}'
-    assert s.conn.execute("SELECT typeof(report) FROM reports WHERE name = 'dgx02'").fetchone() == ("text",)
-    assert [(n.name, n.last_seen, n.report_time) for n in s.load(now=10, event_retention=100).nodes] == [
+    typeof = "typeof(report)" if s.backend == "sqlite" else "pg_typeof(report)::text"
+    assert tuple(s.conn.execute(f"SELECT {typeof} FROM reports WHERE name = 'dgx02'").fetchone()) == ("text",)
+    assert sorted((n.name, n.last_seen, n.report_time) for n in s.load(now=10, event_retention=100).nodes) == [
         ("dgx01", 9.0, 8.0), ("dgx02", 9.0, 8.0)]
 
 
-def test_refuses_a_database_from_a_newer_podhealth(tmp_path: Path) -> None:
-    db = tmp_path / "new.db"
-    conn = sqlite3.connect(db)
-    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    conn.close()
+def test_refuses_a_database_from_a_newer_podhealth(db: Where) -> None:
+    where = db("new.db")
+    if isinstance(where, Path):
+        conn = sqlite3.connect(where)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+        conn.close()
+    else:
+        c = raw(where)
+        c.execute("CREATE TABLE podhealth_schema (version BIGINT NOT NULL)")
+        c.execute(f"INSERT INTO podhealth_schema (version) VALUES ({SCHEMA_VERSION + 1})")
+        c.close()
     with pytest.raises(StoreError, match="newer than this podhealth"):
-        Store(db)
+        Store(where)
 
 
-def test_a_failed_migration_leaves_the_old_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_migration_leaves_the_old_version(db: Where, monkeypatch: pytest.MonkeyPatch) -> None:
     import podhealth.aggregator.store as store_mod
-    db = tmp_path / "x.db"
-    conn = connect(db)
+    where = db("x.db")
+    conn = raw(where)
     migrate(conn, upto=1)
     monkeypatch.setattr(store_mod, "MIGRATIONS", MIGRATIONS[:1] + ("CREATE INDEX broken ON nope (x);",))
     monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
-    with pytest.raises(sqlite3.OperationalError):
+    with pytest.raises(db_errors()):
         store_mod.migrate(conn)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    if isinstance(where, Path):
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    else:
+        assert conn.execute("SELECT version FROM podhealth_schema").fetchone()[0] == 1
 
 
 def test_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
@@ -89,34 +148,47 @@ def test_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
         Store(p)
 
 
-def test_audit_log_is_append_only(tmp_path: Path) -> None:
-    s = Store(tmp_path / "a.db")
+def test_a_postgresql_nobody_answers_is_a_clear_error() -> None:
+    pytest.importorskip("psycopg")
+    url = f"postgresql://podhealth:secret@127.0.0.1:{free_port()}/podhealth"
+    with pytest.raises(StoreError, match=r"podhealth:\*\*\*@127\.0\.0\.1") as e:
+        Store(url)
+    assert "secret" not in str(e.value)  # the password stays out of the message
+
+
+def test_a_sqlite_url_is_the_file(tmp_path: Path) -> None:
+    s = Store(f"sqlite://{tmp_path}/u.db")
+    assert s.backend == "sqlite" and s.path == tmp_path / "u.db" and (tmp_path / "u.db").exists()
+
+
+def test_audit_log_is_append_only(db: Where) -> None:
+    s = Store(db("a.db"))
     s.apply([Store.op_audit(1.0, "dgx01", "policy", "fence", "xid", ("scontrol", "update"), "ok")])
-    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+    with pytest.raises(integrity_errors(), match="append-only"):
         s.apply([("UPDATE audit SET why = 'nothing happened'", ())])
-    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+    with pytest.raises(integrity_errors(), match="append-only"):
         s.apply([("DELETE FROM audit", ())])
     [row] = s.audit_tail()
     assert row["why"] == "xid" and row["command"] == ["scontrol", "update"]
 
 
-def test_events_are_stored_once_per_id(tmp_path: Path) -> None:
-    s = Store(tmp_path / "a.db")
+def test_events_are_stored_once_per_id(db: Where) -> None:
+    s = Store(db("a.db"))
     op = Store.op_event("e1", "dgx01", "event", 1.0, 2.0, "{}")
     s.apply([op, op])
     s.apply([op])
     assert s.counts()["events"] == 1
 
 
-def test_a_failing_op_rolls_back_the_whole_transaction(tmp_path: Path) -> None:
-    s = Store(tmp_path / "a.db")
-    with pytest.raises(sqlite3.OperationalError):
+def test_a_failing_op_rolls_back_the_whole_transaction(db: Where) -> None:
+    s = Store(db("a.db"))
+    with pytest.raises(db_errors()):
         s.apply([Store.op_event("e1", "dgx01", "event", 1.0, 2.0, "{}"), ("INSERT INTO nope VALUES (1)", ())])
     assert s.counts()["events"] == 0
 
 
-def test_pending_actions_survive_a_reopen(tmp_path: Path) -> None:
-    s = Store(tmp_path / "a.db")
+def test_pending_actions_survive_a_reopen(db: Where) -> None:
+    s = Store(db("a.db"))
     r = FenceReason("xid", "GPU0", "RESET_GPU", "abc")
     aid = s.begin_action("dgx01", "fence", "policy", "xid 79", 100.0, r, "fence",
                          extra=[Store.op_node_insert(NodeRow("dgx01", first_seen=1.0)),
@@ -124,7 +196,7 @@ def test_pending_actions_survive_a_reopen(tmp_path: Path) -> None:
     done = s.begin_action("dgx02", "fence", "policy", "x", 101.0, r)
     s.apply([Store.op_action_finish(done, "done", 102.0, "fenced")])
     s.close()
-    s = Store(tmp_path / "a.db")
+    s = Store(db("a.db"))
     loaded = s.load(now=130.0, event_retention=1000)
     [p] = loaded.pending
     assert (p.id, p.node, p.kind, p.reason) == (aid, "dgx01", "fence", r)
@@ -133,8 +205,8 @@ def test_pending_actions_survive_a_reopen(tmp_path: Path) -> None:
     assert [a["what"] for a in s.audit_tail()] == ["fence requested", "fence requested"]
 
 
-def test_memory_round_trips_through_the_store(tmp_path: Path) -> None:
-    s = Store(tmp_path / "a.db")
+def test_memory_round_trips_through_the_store(db: Where) -> None:
+    s = Store(db("a.db"))
     m = Memory()
     ops = m.apply_report("dgx01", (Verdict("xid", "GPU3", Status.FAIL, Action.RESET_GPU, since=50.0),
                                    Verdict("nfs", "/home", Status.OK)), 60.0, '{"raw": 1}', now=61.0)[1]
@@ -152,8 +224,8 @@ def test_memory_round_trips_through_the_store(tmp_path: Path) -> None:
     assert {h["type"] for h in hist} == {"verdict", "event"}
 
 
-def test_event_ids_older_than_retention_are_forgotten(tmp_path: Path) -> None:
-    s = Store(tmp_path / "a.db")
+def test_event_ids_older_than_retention_are_forgotten(db: Where) -> None:
+    s = Store(db("a.db"))
     m = Memory()
     s.apply([m.record_event("old", "dgx01", "event", 1.0, "{}", now=10.0),
              m.record_event("new", "dgx01", "event", 1.0, "{}", now=500.0)])
