@@ -23,6 +23,21 @@ export function tip(text) {
   return svg("title", {}, text);
 }
 
+/**
+ * Samples split where the sampler was away (the aggregator stopped): a gap longer than `maxGap`
+ * seconds starts a new run, so a chart draws nothing there instead of stretching the last value.
+ */
+export function runs(samples, maxGap) {
+  const out = [];
+  let run = [];
+  for (const s of samples) {
+    if (run.length && s.time - run[run.length - 1].time > maxGap) { out.push(run); run = []; }
+    run.push(s);
+  }
+  if (run.length) out.push(run);
+  return out;
+}
+
 /** Linear time scale [t0, t1] -> [x0, x1]. */
 export function timeScale(t0, t1, x0, x1) {
   const span = Math.max(1e-9, t1 - t0);

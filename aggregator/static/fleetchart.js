@@ -1,7 +1,7 @@
 // The fleet page's history: nodes by state over the last 24 h as a stacked area chart, from
 // GET /ui/api/fleet-history (samples the aggregator takes every ui.history_interval, plus now).
 import { getJSON, STATES, STATE_LABEL } from "/ui/static/common.js";
-import { svg, tip, timeScale, timeAxis } from "./chart.js";
+import { svg, tip, timeScale, timeAxis, runs } from "./chart.js";
 import { relTime, isoUtc, clockUtc } from "./timefmt.js";
 
 const HOURS = 24;
@@ -26,14 +26,15 @@ export function stack(samples, states = STATES) {
   return layers;
 }
 
-function areaPath(points, x, y) {
+function areaPath(points, x, y, step) {
   if (!points.length) return "";
   // Each sample holds until the next one: a step, not a slope (a node is fenced or it is not).
+  // The last of a run holds for one sampling interval.
   const top = [];
   const bottom = [];
   points.forEach(([t, lo, hi], i) => {
     const x0 = x(t);
-    const x1 = i + 1 < points.length ? x(points[i + 1][0]) : x0 + 2;
+    const x1 = i + 1 < points.length ? x(points[i + 1][0]) : Math.max(x0 + 2, x(t + step));
     top.push(`${x0.toFixed(1)},${y(hi).toFixed(1)}`, `${x1.toFixed(1)},${y(hi).toFixed(1)}`);
     bottom.push(`${x0.toFixed(1)},${y(lo).toFixed(1)}`, `${x1.toFixed(1)},${y(lo).toFixed(1)}`); // walked back below
   });
@@ -65,18 +66,24 @@ function render(box, data) {
     yAxis.append(svg("text", { x: PAD_L - 6, y: y(v) + 4, "text-anchor": "end" }, String(v)));
   }
   chart.append(yAxis);
-  for (const layer of stack(samples)) {
-    if (!layer.points.some(([, lo, hi]) => hi > lo)) continue;
-    chart.append(svg("path", { d: areaPath(layer.points, x, y), class: `area st-${layer.state}`, "data-state": layer.state },
-      tip(STATE_LABEL[layer.state] || layer.state)));
-  }
+  // Where the aggregator was not running there are no samples: the chart leaves that span empty.
+  const step = Math.max(data.interval, 5);
+  const maxGap = 3 * step + 30;
+  const parts = runs(samples, maxGap).map((r) => stack(r));
+  STATES.forEach((state, i) => {
+    const layers = parts.map((p) => p[i]).filter((l) => l.points.some(([, lo, hi]) => hi > lo));
+    if (!layers.length) return;
+    const d = layers.map((l) => areaPath(l.points, x, y, Math.min(step, now - l.points[l.points.length - 1][0]))).join("");
+    chart.append(svg("path", { d, class: `area st-${state}`, "data-state": state }, tip(STATE_LABEL[state] || state)));
+  });
   // A hover strip per sample: the counts at that time.
   samples.forEach((s, i) => {
     const x0 = x(s.time);
-    const x1 = i + 1 < samples.length ? x(samples[i + 1].time) : x0 + 4;
-    const parts = STATES.filter((st) => s.counts[st]).map((st) => `${st} ${s.counts[st]}`);
-    chart.append(svg("rect", { x: x0.toFixed(1), y: 6, width: Math.max(1, x1 - x0).toFixed(1), height: plotH,
-      class: "hover-strip" }, tip(`${isoUtc(s.time)} (${relTime(s.time, now)})\n${parts.join(" · ") || "no nodes"}`)));
+    const next = i + 1 < samples.length ? samples[i + 1].time : now;
+    const x1 = x(next - s.time > maxGap ? s.time + step : next);
+    const counts = STATES.filter((st) => s.counts[st]).map((st) => `${st} ${s.counts[st]}`);
+    chart.append(svg("rect", { x: x0.toFixed(1), y: 6, width: Math.max(2, x1 - x0).toFixed(1), height: plotH,
+      class: "hover-strip" }, tip(`${isoUtc(s.time)} (${relTime(s.time, now)})\n${counts.join(" · ") || "no nodes"}`)));
   });
   while (box.firstChild) box.removeChild(box.firstChild);
   box.append(chart);

@@ -93,3 +93,28 @@ def test_time_range() -> None:
     assert hi == NOW and lo == pytest.approx(NOW - 120 * 1.03)  # a new node: two minutes, not 40 s stretched
     lo, _ = js(f"L.timeRange([], {{first_seen: {NOW - 30 * 86400}}}, {NOW}, 0)")
     assert lo == pytest.approx(NOW - 7 * 86400 * 1.03)  # never more than a week on "auto"
+
+
+def chart(expr: str) -> Any:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node (Node.js) is not installed; the browser test exercises the same code")
+    script = (f"const C = await import({json.dumps((STATIC / 'chart.js').as_uri())});\n"
+              f"process.stdout.write(JSON.stringify({expr}));\n")
+    out = subprocess.run([node, "--input-type=module", "-e", script], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_fleet_samples_split_where_the_aggregator_was_away() -> None:
+    times = [0, 300, 600, 5000, 5300, 20000]
+    samples = [{"time": t} for t in times]
+    got = chart(f"C.runs({json.dumps(samples)}, 930).map((r) => r.map((s) => s.time))")
+    assert got == [[0, 300, 600], [5000, 5300], [20000]]
+    assert chart("C.runs([], 930)") == []
+
+
+def test_time_ticks_fall_on_round_utc_times() -> None:
+    ticks = chart(f"C.timeTicks({NOW - 86400}, {NOW})")
+    assert 3 <= len(ticks) <= 6 and all(t % 3600 == 0 for t in ticks)
+    assert all(NOW - 86400 <= t <= NOW for t in ticks)
