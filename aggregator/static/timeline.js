@@ -1,6 +1,7 @@
 // The node page's timeline: what happened to one node, drawn from GET /api/v1/nodes/{name}/history.
 // Rows: the node's worst verdict over time; one row per check/entity that went bad (coloured by
-// status, a dot at each change); fences (the fenced span, a mark at each fence and release); XID /
+// status, a dot at each change); fences (the fenced span, a mark at each fence and release, a square
+// at each remediation step: GPU reset, reboot, repair); XID /
 // SXid events (a diamond with the code). Every mark says what and when (ISO, UTC) on hover.
 import { svg, tip, timeScale, timeAxis } from "./chart.js";
 import { relTime, isoUtc } from "./timefmt.js";
@@ -131,10 +132,17 @@ export function renderTimeline(box, items, node, now = Date.now() / 1000, span =
   const fg = row("fenced", y, width, "tl-fence");
   for (const s of fenced) fg.append(bar(x, s.t0, s.t1, y, "st-fenced", `fenced from ${when(s.t0)}`));
   for (const a of audit) {
-    const m = /^(fence|release) (done|failed)$/.exec(a.what);
+    // fences and releases, and the remediation ladder's steps (aggregator: reset_gpu, reboot, repair)
+    const m = /^(fence|release|reset_gpu|reboot|repair) (done|failed)$/.exec(a.what);
     if (!m) continue;
     const cx = x(a.time);
     const cy = y + ROW_H / 2;
+    if (m[1] !== "fence" && m[1] !== "release") {
+      fg.append(svg("rect", { x: (cx - 5).toFixed(1), y: cy - 5, width: 10, height: 10, rx: 2,
+        class: `tl-mark tl-step ${m[2] === "failed" ? "tl-failed" : ""}`, "data-kind": m[1] },
+      tip(`${a.what} by ${a.who} at ${when(a.time)}\n${a.why || ""}`)));
+      continue;
+    }
     const up = m[1] === "release";
     const pts = up ? `${cx - 6},${cy + 6} ${cx + 6},${cy + 6} ${cx},${cy - 7}` : `${cx - 6},${cy - 6} ${cx + 6},${cy - 6} ${cx},${cy + 7}`;
     fg.append(svg("polygon", { points: pts, class: `tl-mark tl-${m[1]} ${m[2] === "failed" ? "tl-failed" : ""}`,

@@ -423,6 +423,7 @@ def seed_a_day(db: Path, now: float) -> int:
         Store.op_event("dgx03-xid-seeded", "dgx03", "event", fail - 1, fail - 1, json.dumps(xid_event(fail - 1, gpu=5))),
         Store.op_audit(fenced - 1, "dgx03", "policy", "fence requested", "xid gpu5 FAIL RESET_GPU"),
         Store.op_audit(fenced, "dgx03", "policy", "fence done", "xid gpu5 FAIL RESET_GPU"),
+        Store.op_audit(fenced + 600, "dgx03", "ladder", "reset_gpu done", "xid gpu5 FAIL RESET_GPU"),
         Store.op_verdict("dgx03", released - 600, "xid", "gpu5", "OK", "NONE", "agent"),
         Store.op_audit(released, "dgx03", "operator:alice", "release done", "GPU5 reseated, diag passed"),
         Store.op_verdict("dgx03", now - 3 * 3600, "gpu_thermal", "gpu1", "WARN", "NONE", "agent", "91 C"),
@@ -462,6 +463,7 @@ def test_history_charts_over_a_day(tmp_path: Path, browser: Any, artifacts: Path
         timeline = page.locator("#timeline svg.timeline")
         expect(timeline.locator('[data-kind="fence"]')).to_have_count(1)
         expect(timeline.locator('[data-kind="release"]')).to_have_count(1)
+        expect(timeline.locator('[data-kind="reset_gpu"]')).to_have_count(1)  # the ladder's step
         expect(timeline.locator('[data-kind="xid"]')).to_have_count(1)
         expect(timeline.locator(".tl-label")).to_have_text(["verdict", "xid gpu5", "gpu_thermal gpu1", "fenced",
                                                             "XID / SXid"])
