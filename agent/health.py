@@ -8,6 +8,12 @@
   the handover suite undamped and streams progress as NDJSON (or answers one JSON report when
   the client does not ask for a stream);
 - verdict transitions and new XID/SXid events go to the optional `on_transition` / publisher.
+
+The fast path: new kernel-log events (an XID 79 line) are judged at once by the `immediate`
+checks they feed (checks/data/rules.yaml: xid, kernel_ras), without waiting for the end of the
+snapshot burst or the other checks, and their transitions go out straight away. The full
+evaluation that follows finds the same verdict and publishes nothing twice; a full evaluation of
+an older snapshot that finishes later cannot take the fast verdict back (`_fast_hold`).
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ CHECK_STATUS = MetricSpec("check_status", "gauge",
 NODE_HEALTH = MetricSpec("node_health", "gauge",
                          "The node's verdict (worst check): 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN; `action` is the worst FAIL action.")
 HEALTH_KEY: web.AppKey["Health"] = web.AppKey("podhealth_health")
+# The collectors whose events the fast path judges (the kernel log; NVML XID events come through it too).
+EVENT_SOURCES = ("kmsg",)
 # (old, new, evaluated at): the time is the evaluation's, as the report that follows carries it.
 Transition = Callable[[CheckResult | None, CheckResult, float], None]
 
@@ -56,8 +64,14 @@ class Health:
         self.active_tests = active_tests or (lambda: [])
         self._handover_lock = asyncio.Lock()
         self._latest: Snapshot | None = None
+        self._latest_version = 0  # the store's version when _latest was handed over
         self._judged: Snapshot | None = None
         self._judging: asyncio.Task[None] | None = None
+        self._fast: asyncio.Task[None] | None = None
+        self._fast_pending = False
+        # (check, entity) -> (fast verdict, store version it judged): kept until a full evaluation
+        # of that version or a newer one has judged the same facts.
+        self._fast_hold: dict[tuple[str, str], tuple[CheckResult, int]] = {}
         # One thread: evaluations are serial (the Evaluator keeps rate and damping state).
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="health")
 
@@ -77,13 +91,14 @@ class Health:
         snapshot, so the event loop never waits on the rules.
         """
         self._latest = snap
+        self._latest_version = self.agent.store.version
         if self._judging is None or self._judging.done():
             self._judging = asyncio.get_running_loop().create_task(self._judge_loop(), name="health-judge")
 
     async def _judge_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while self._latest is not None and self._latest is not self._judged:
-            snap = self._latest
+            snap, version = self._latest, self._latest_version
             self._judged = snap
             now = time.time()
             try:
@@ -91,7 +106,56 @@ class Health:
             except Exception as e:  # noqa: BLE001 - a bug in a rule must not take the agent down
                 _log.error("check evaluation failed", error=repr(e))
                 return
-            self._publish(results, now)
+            self._publish(self._over_fast(results, version), now)
+
+    # ---- the fast path ------------------------------------------------------------------------
+
+    def on_events(self, events: tuple[object, ...]) -> None:
+        """New events in the store (on the loop): judge the immediate checks they feed now."""
+        if not events or self.evaluator is None:
+            return  # before the first judgement: that one sees the events anyway
+        self._fast_pending = True
+        if self._fast is None or self._fast.done():
+            self._fast = asyncio.get_running_loop().create_task(self._fast_loop(), name="health-fast")
+
+    async def _fast_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._fast_pending and self.evaluator is not None:
+            self._fast_pending = False
+            snap, version = self.agent.store.snapshot, self.agent.store.version
+            now = time.time()
+            try:
+                # The same single worker as the full evaluation: the Evaluator is not thread-safe,
+                # and this queues behind at most one evaluation in flight.
+                results = await loop.run_in_executor(self._pool, self.evaluator.judge_immediate, snap, now,
+                                                     EVENT_SOURCES)
+            except Exception as e:  # noqa: BLE001 - the full evaluation still runs
+                _log.error("fast check evaluation failed", error=repr(e))
+                return
+            self._merge_fast(results, version, now)
+
+    def _merge_fast(self, fresh: tuple[CheckResult, ...], version: int, now: float) -> None:
+        """Fold fast verdicts into the current results: transitions go out now, once."""
+        if not fresh:
+            return
+        for r in fresh:
+            self._fast_hold[(r.check, r.entity)] = (r, version)
+        by_key = {(r.check, r.entity): r for r in fresh}
+        merged = [by_key.pop((r.check, r.entity), r) for r in self.results]
+        merged.extend(by_key.values())  # entities not judged before (a GPU's first XID)
+        self._publish(tuple(merged), now)
+
+    def _over_fast(self, results: tuple[CheckResult, ...], version: int) -> tuple[CheckResult, ...]:
+        """A full evaluation of a snapshot older than a fast verdict's keeps the fast verdict."""
+        if not self._fast_hold:
+            return results
+        newer = {k: r for k, (r, v) in self._fast_hold.items() if v > version}
+        self._fast_hold = {k: hv for k, hv in self._fast_hold.items() if k in newer}
+        if not newer:
+            return results
+        out = [newer.pop((r.check, r.entity), r) for r in results]
+        out.extend(newer.values())
+        return tuple(out)
 
     def _publish(self, results: tuple[CheckResult, ...], now: float) -> None:
         old = {(r.check, r.entity): r for r in self.results}
@@ -206,6 +270,7 @@ def install(agent: "Agent", active_tests: Callable[[], list[ActiveTest]] | None 
     xid.load_catalog()  # parse the catalog now, not inside the first evaluation
     h = Health(agent, active_tests)
     agent.on_snapshot.append(h.on_snapshot)
+    agent.on_events.append(h.on_events)
     agent.add_metric_source(h.families)
     agent.add_routes([web.get("/health", h.get_health), web.post("/v1/handover", webguard.same_site_only(h.post_handover))])
     from podhealth.agent import gpureset

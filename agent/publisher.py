@@ -38,7 +38,7 @@ import aiohttp
 from podhealth import log as plog
 from podhealth.agent.sequence import Sequencer
 from podhealth.config import PublishConfig
-from podhealth.vocab import CheckResult, Event, NodeReport
+from podhealth.vocab import CheckResult, Event, NodeReport, Status
 
 log = plog.get("podhealth.publisher")
 _PREFIX, _SUFFIX = "seg-", ".jsonl"
@@ -347,6 +347,7 @@ class Publisher:
         self._memory_max = max(64 * 1024, min(MEMORY_MAX_BYTES, cfg.spool_max_bytes))
         self._retry = self._fsync_batch
         self._read_failing = False
+        self._urgent = False  # a FAIL waits in the buffer: spool and send it without the batch wait
 
     @property
     def connected(self) -> bool:
@@ -434,7 +435,11 @@ class Publisher:
         self._put({"id": ev.id, "type": "event", "time": ev.time, "event": ev.to_json()})
 
     def publish_transition(self, old: CheckResult | None, new: CheckResult, at: float | None = None) -> None:
-        """`at`: when the transition was judged (the evaluation time, as reports carry it)."""
+        """`at`: when the transition was judged (the evaluation time, as reports carry it). A turn
+        to FAIL is written and sent at once: the aggregator may fence on it, and waiting for a
+        burst to gather only delays the fence (it is one record and one fsync)."""
+        if new.status is Status.FAIL:
+            self._urgent = True
         self._put({"id": uuid.uuid4().hex, "type": "transition", "time": time.time() if at is None else at,
                    "old": old.to_json() if old is not None else None, "new": new.to_json()})
 
@@ -452,7 +457,9 @@ class Publisher:
             else:
                 await self._have_new.wait()
                 self._have_new.clear()
-                await asyncio.sleep(self._fsync_batch)  # let a burst gather into one fsync
+                if not self._urgent:
+                    await asyncio.sleep(self._fsync_batch)  # let a burst gather into one fsync
+                self._urgent = False
             await self._flush()
 
     async def _flush(self) -> None:

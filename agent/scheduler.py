@@ -7,6 +7,12 @@ would only leak threads). A call still running `timeout` seconds after it starte
 collector stale and drops its samples, so hung data never looks fresh; whatever it returns late
 is discarded. Data also goes stale when the last success is older than `stale_after` intervals.
 Only changes are logged (went stale, failing, recovered), never every failure.
+
+A collector with `readable_fd()` (kmsg: /dev/kmsg, or the simulated node's FIFO) is also
+collected as soon as its descriptor turns readable (loop.add_reader), so a kernel record is read
+when the kernel offers it, not up to an interval later. The descriptor is watched only between
+collections (a collection may close and reopen it) and kicks are spaced by KICK_MIN_GAP, so a
+chattering kernel log costs at most a bounded number of extra collections per second.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from podhealth.snapshot import CollectorState, Snapshot
 _log = log.get("podhealth.agent.scheduler")
 
 MAX_ERRORS = 16
+KICK_MIN_GAP = 0.05  # seconds between collections started by readiness (a log storm stays bounded)
 MAX_ERROR_CHARS = 512
 
 
@@ -46,6 +53,9 @@ class _Slot:
     timer: asyncio.TimerHandle | None = None
     task: "asyncio.Task[None] | None" = None
     failing: bool = False  # last outcome was a failure or timeout (for logging the recovery)
+    watched_fd: int | None = None  # registered with loop.add_reader while no collection runs
+    kicked: float = float("-inf")  # monotonic start of the last collection started by readiness
+    kick_timer: asyncio.TimerHandle | None = None
 
 
 class Scheduler:
@@ -89,10 +99,12 @@ class Scheduler:
                 slot.task.cancel()
             if slot.timer is not None:
                 slot.timer.cancel()
+            self._unwatch(slot)
         tasks = [s.task for s in self._slots.values() if s.task is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
         closes = []
         for slot in self._slots.values():
+            self._unwatch(slot)  # a collection that finished meanwhile may have watched again
             if slot.inflight is None:
                 closes.append(self._close(slot, close_timeout))
             else:
@@ -154,8 +166,56 @@ class Scheduler:
             self.store.put(aged)
         self._start(slot)
 
+    # ---- readiness ----------------------------------------------------------------------------
+
+    def _watch(self, slot: _Slot) -> None:
+        """Watch the collector's descriptor until the next collection starts (none: nothing)."""
+        fd_of = getattr(slot.collector, "readable_fd", None)
+        if fd_of is None or self._loop is None or slot.task is None or slot.task.done():
+            return
+        try:
+            fd = fd_of()
+        except Exception as e:  # noqa: BLE001 - a broken hook must not stop the interval ticks
+            _log.warning("collector readable_fd() failed", collector=slot.name, error=repr(e))
+            return
+        if fd is None:
+            return
+        try:
+            self._loop.add_reader(fd, self._readable, slot)
+        except (OSError, ValueError) as e:  # closed under us, or a loop without fd support
+            _log.warning("cannot watch collector descriptor", collector=slot.name, error=repr(e))
+            return
+        slot.watched_fd = fd
+
+    def _unwatch(self, slot: _Slot) -> None:
+        if slot.kick_timer is not None:
+            slot.kick_timer.cancel()
+            slot.kick_timer = None
+        if slot.watched_fd is not None and self._loop is not None:
+            self._loop.remove_reader(slot.watched_fd)
+        slot.watched_fd = None
+
+    def _readable(self, slot: _Slot) -> None:
+        """Records wait on the collector's descriptor: collect now (or after KICK_MIN_GAP)."""
+        assert self._loop is not None
+        self._unwatch(slot)  # level-triggered: unwatched until the records are read
+        if slot.inflight is not None:
+            return  # _done watches again; whatever is still unread makes it readable at once
+        wait = slot.kicked + KICK_MIN_GAP - self._mono()
+        if wait > 0:
+            slot.kick_timer = self._loop.call_later(wait, self._kick, slot)
+            return
+        self._kick(slot)
+
+    def _kick(self, slot: _Slot) -> None:
+        slot.kick_timer = None
+        if slot.inflight is None:
+            slot.kicked = self._mono()
+            self._start(slot)
+
     def _start(self, slot: _Slot) -> None:
         assert self._loop is not None
+        self._unwatch(slot)
         slot.started = self._mono()
         slot.timed_out = False
         fut = slot.worker.submit(slot.collector.collect)
@@ -195,6 +255,12 @@ class Scheduler:
             slot.timer.cancel()
             slot.timer = None
         slot.inflight = None
+        try:
+            self._finish(slot, fut)
+        finally:
+            self._watch(slot)
+
+    def _finish(self, slot: _Slot, fut: "asyncio.Future[Collection]") -> None:
         duration = self._mono() - slot.started
         if fut.cancelled():
             return

@@ -56,10 +56,11 @@ def setup(cfg: Config, profile: str, root: Path, name: str) -> SimSetup:
 
     node = open_or_create(root, name, profile)
     nvml_lib.install(node)
+    kmsg_reader = _kmsg_reader(node, cfg.collectors.kmsg.from_start)
     cfg = replace(
         cfg,
         node=replace(cfg.node, name=name, profile=profile),  # type: ignore[arg-type]
-        paths=replace(cfg.paths, sysfs_root=node.sys_root, procfs_root=node.proc_root, kmsg=node.kmsg_path),
+        paths=replace(cfg.paths, sysfs_root=node.sys_root, procfs_root=node.proc_root, kmsg=node.kmsg_stream),
         # POST /v1/gpu-reset resets the simulated GPU (podhealth.sim.cmd gpu-reset), not a real one
         gpu_reset=replace(cfg.gpu_reset, command=(sys.executable, "-m", "podhealth", "simulate", "gpu-reset",
                                                   "--root", str(root), name, "{gpu}")),
@@ -71,9 +72,22 @@ def setup(cfg: Config, profile: str, root: Path, name: str) -> SimSetup:
         "nvme": {"smart_source": node.dir / "nvme-smart"},
         # The simulated kernel stamps its records against the simulated node's boot (its t0),
         # not this machine's: without this, every simulated XID would look an hour old.
-        "kmsg": {"boot_time": lambda: node.state.t0},
+        "kmsg": {"boot_time": lambda: node.state.t0, "reader": kmsg_reader},
     }
     return SimSetup(node, cfg, seams)
+
+
+def _kmsg_reader(node: "SimNode", from_start: bool) -> Any:
+    """The kmsg collector's reader on the node's kernel-log FIFO, the one /dev/kmsg gets (so the
+    agent is woken by the record, as on a real node), opened now so that every record logged
+    from here on reaches it; with `from_start`, the newest records logged before are replayed."""
+    from podhealth.collectors.kmsg import KmsgDeviceReader
+
+    reader = KmsgDeviceReader(node.kmsg_stream, from_start, fifo=True)
+    err = node.attach_kmsg_reader(reader.open, from_start)
+    if err:
+        raise OSError(err)
+    return reader
 
 
 async def refresher(node: "SimNode", interval: float = REFRESH_INTERVAL) -> None:

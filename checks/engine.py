@@ -167,6 +167,34 @@ class Evaluator:
         return tuple(results)
 
 
+    def judge_immediate(self, snap: Snapshot, now: float, sources: Sequence[str]) -> tuple[CheckResult, ...]:
+        """The fast path for a one-off fatal record (an XID 79 line): only the `immediate` checks
+        (rules.yaml) fed by `sources` (the collectors that just brought events), judged at once.
+
+        It shares the damper with evaluate() (immediate checks pass straight through it, so the
+        next full evaluation shows the same verdict with the same `since`), but leaves counter
+        history, grace and pruning alone: those belong to the full evaluation of each snapshot.
+        """
+        self._remember(snap.events)
+        ctx = Context(snapshot=snap, profile=self.profile, now=now, rates=self.rates,
+                      events=tuple(self._events.values()), required_units=self.cfg.required_units,
+                      required_mounts=self.required_mounts, window=self.cfg.rate_window, ib_links=None)
+        results: list[CheckResult] = []
+        for name, d in CHECKS.items():
+            if not self.rules.damp(name).immediate or not set(d.sources) <= set(sources):
+                continue
+            if self.enabled is not None and not set(d.sources) <= set(self.enabled):
+                continue
+            if ctx.stale(*d.sources):
+                continue  # the full evaluation says UNKNOWN, with the reason
+            try:
+                raw = d.fn(ctx)
+            except Exception:  # noqa: BLE001 - the full evaluation reports it as UNKNOWN
+                continue
+            results.extend(self.damper.apply(r, now) for r in raw)
+        return tuple(results)
+
+
 def _why_stale(snap: Snapshot, stale: list[str]) -> str:
     """The UNKNOWN's summary: which source has no fresh data, and the error of one that failed."""
     why = f"collector {', '.join(stale)} has no fresh data"

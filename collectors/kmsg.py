@@ -3,7 +3,10 @@
 Sources:
   - `cfg.paths.kmsg` as a character device (/dev/kmsg): one record per read(), non-blocking;
     EAGAIN means "no more now", EPIPE means the ring buffer overwrote records we had not read
-    (counted, and reading goes on from the oldest record still there).
+    (counted by the gap in sequence numbers, and reading goes on from the oldest record still
+    there). A FIFO carrying records in that format (the simulated node's kernel) is read the same
+    way. The agent watches the descriptor (`readable_fd()`) and collects as soon as a record
+    waits, so an XID reaches the checks without waiting for the collector's interval.
   - `cfg.paths.kmsg` as a regular file (a syslog / kern.log, a capture): followed like `tail -F`,
     by offset and inode, across truncation and rotation.
   - NVML's XID event set (nvmlEventTypeXidCriticalError), when NVML is usable. The kernel line is
@@ -56,65 +59,125 @@ class LineReader(Protocol):
     def close(self) -> None: ...
 
 
-# ---- /dev/kmsg ----------------------------------------------------------------------------------
+# ---- /dev/kmsg, and streams that behave like it -------------------------------------------------
 
 
 class KmsgDeviceReader:
-    """/dev/kmsg: each read() returns exactly one record ("pri,seq,usec,flags;text\\n KEY=val...")."""
+    """/dev/kmsg, or a FIFO that carries records in its format (the simulated node's kernel log).
 
-    RECORD_BUF = 8192  # the kernel's record limit is ~1 KiB of text plus dictionary
+    /dev/kmsg returns exactly one record per read() ("pri,seq,usec,flags;text\\n KEY=val\\n...");
+    a FIFO returns whatever bytes are there, so both are read the same way: bytes are split into
+    lines, a line that starts with a space is a record's dictionary and is skipped, and a line cut
+    at the end of a read waits for the rest. Reads never block (O_NONBLOCK): the agent learns that
+    records are waiting from the descriptor's readiness (`fileno()`, poll(2) works on both).
+
+    Records the kernel overwrote before we read them (EPIPE, then reading goes on from the oldest
+    record left) or that did not fit our buffer (EINVAL: the kernel skips it) are counted as lost,
+    by the gap in sequence numbers where there is one.
+    """
+
+    RECORD_BUF = 8192  # the kernel's record limit is ~1 KiB of text plus dictionary (CONSOLE_EXT_LOG_MAX)
+    STREAM_BUF = 65536  # a FIFO holds 64 KiB by default: drain it in one read
 
     def __init__(self, path: Path, from_start: bool,
-                 read_fn: Callable[[int, int], bytes] = os.read) -> None:
+                 read_fn: Callable[[int, int], bytes] = os.read, fifo: bool = False) -> None:
         self._path = path
         self._from_start = from_start
         self._read = read_fn
+        self._fifo = fifo
         self._fd: int | None = None
-        self._last_seq = -1  # after a reopen, records up to this sequence number were already read
+        self._last_seq = -1  # the newest sequence number read; a reopened /dev/kmsg repeats up to it
+        self._gap_pending = False  # EPIPE/EINVAL seen: the next record's sequence number says how many
+        self._partial = b""
+        self._ready: deque[bytes] = deque()  # whole lines read past max_lines (a FIFO cannot take them back)
 
     def _open(self) -> int:
+        if self._fifo:
+            # O_RDWR: the FIFO then always has a writer (us), so a simulated kernel that closes its
+            # end leaves us at EAGAIN instead of an endless EOF that poll() reports as readable.
+            return os.open(self._path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
         fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         if not self._from_start:
             os.lseek(fd, 0, os.SEEK_END)  # /dev/kmsg: SEEK_END = after the newest record
         return fd
 
-    def read(self, max_lines: int, max_bytes: int) -> ReadBatch:
+    def open(self) -> str:
+        """Open now (it is opened on the first read otherwise); returns why not, or ""."""
         if self._fd is None:
             try:
                 self._fd = self._open()
             except OSError as e:
-                return ReadBatch(error=f"cannot open {self._path}: {e.strerror or e}")
+                return f"cannot open {self._path}: {e.strerror or e}"
+        return ""
+
+    def fileno(self) -> int | None:
+        """The open descriptor (readable when records wait), or None before the first open."""
+        return self._fd
+
+    def read(self, max_lines: int, max_bytes: int) -> ReadBatch:
+        err = self.open()
+        if err:
+            return ReadBatch(error=err)
+        assert self._fd is not None
         lines: list[str] = []
         lost = 0
-        while len(lines) < max_lines:
+        # Bounded: errors that read no record (EPIPE, EINVAL, EINTR) use up turns too.
+        for _ in range(max_lines + 64):
+            while self._ready and len(lines) < max_lines:
+                lost += self._take(self._ready.popleft(), lines)
+            if len(lines) >= max_lines:
+                break
             try:
-                rec = self._read(self._fd, self.RECORD_BUF)
+                chunk = self._read(self._fd, self.STREAM_BUF if self._fifo else self.RECORD_BUF)
             except BlockingIOError:
                 break  # EAGAIN: nothing more right now
             except BrokenPipeError:
-                lost += 1  # EPIPE: records were overwritten; the next read returns the oldest left
+                self._gap_pending = True  # overwritten; the next read returns the oldest record left
                 continue
             except InterruptedError:
                 continue
             except OSError as e:
-                if e.errno == errno.EINVAL:  # record larger than our buffer: skip it, counted as lost
-                    lost += 1
+                if e.errno == errno.EINVAL:  # record larger than our buffer: the kernel skips it
+                    self._gap_pending = True
                     continue
                 self.close()
                 return ReadBatch(tuple(lines), lost, f"reading {self._path}: {e.strerror or e}")
-            if not rec:
-                break
-            # The first line is the record; " KEY=value" dictionary lines follow it.
-            head = rec.split(b"\n", 1)[0]
-            seq = _record_seq(head)
-            if seq is not None:
-                if seq <= self._last_seq:
-                    continue
-                self._last_seq = seq
-            lines.append(head.decode("utf-8", "replace"))
+            if not chunk:
+                break  # EOF: a FIFO opened read-only whose writer left; /dev/kmsg never ends
+            self._split(chunk)
         return ReadBatch(tuple(lines), lost)
 
+    def _split(self, chunk: bytes) -> None:
+        parts = (self._partial + chunk).split(b"\n")
+        self._partial = parts.pop()
+        if len(self._partial) > MAX_LINE:
+            parts.append(self._partial[:MAX_LINE])
+            self._partial = b""
+        self._ready.extend(p for p in parts if p and not p.startswith(b" "))  # " KEY=val": dictionary
+
+    def _take(self, head: bytes, lines: list[str]) -> int:
+        """Add one record line (unless a reopened /dev/kmsg repeats it); returns records lost before it."""
+        lost = 0
+        seq = _record_seq(head)
+        if seq is not None:
+            if seq <= self._last_seq:
+                if not self._fifo:
+                    return 0  # /dev/kmsg reopened from the start: already read
+                self._last_seq = -1  # a FIFO never repeats: the writer started over (a new boot)
+            if self._last_seq >= 0 and seq > self._last_seq + 1:
+                lost = seq - self._last_seq - 1
+            elif self._gap_pending and self._last_seq < 0:
+                lost = 1  # no earlier number to measure the gap by
+            self._last_seq = seq
+        elif self._gap_pending:
+            lost = 1
+        self._gap_pending = False
+        lines.append(head.decode("utf-8", "replace"))
+        return lost
+
     def close(self) -> None:
+        self._partial = b""
+        self._ready.clear()
         if self._fd is not None:
             try:
                 os.close(self._fd)
@@ -232,10 +295,12 @@ class FileFollower:
 
 
 def open_reader(path: Path, from_start: bool) -> LineReader:
-    """The device reader for a character device (/dev/kmsg), else a file follower."""
+    """The record reader for a character device (/dev/kmsg) or a FIFO carrying kmsg records (the
+    simulated node's), else a file follower (a syslog file, a capture)."""
     try:
-        if stat.S_ISCHR(os.stat(path).st_mode):
-            return KmsgDeviceReader(path, from_start)
+        mode = os.stat(path).st_mode
+        if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+            return KmsgDeviceReader(path, from_start, fifo=stat.S_ISFIFO(mode))
     except OSError:
         pass  # not there yet: follow it as a file once it appears
     return FileFollower(path, from_start)
@@ -478,6 +543,12 @@ class KmsgCollector:
         errors.extend(self._errors_once)
         self._errors_once.clear()
         return Collection(self._samples(), tuple(new), tuple(errors))
+
+    def readable_fd(self) -> int | None:
+        """A descriptor that turns readable when kernel records wait (None for a followed file):
+        the agent collects at once when it does, instead of waiting for the next interval."""
+        fileno = getattr(self._reader, "fileno", None)
+        return fileno() if fileno is not None else None
 
     def close(self) -> None:
         self._reader.close()

@@ -6,6 +6,9 @@ A node is a directory `<root>/<name>/`:
     sys/         sysfs tree (class/infiniband ...), written by podhealth.sim.tree_ib
     proc/        procfs tree (self/mountstats, net/rpc/nfs), written by podhealth.sim.tree_nfs
     kmsg.log     kernel log in /dev/kmsg record format ("<prio>,<seq>,<usec>,-;message")
+    kmsg.fifo    the same records as a stream, as /dev/kmsg hands them out: written one record per
+                 write() while a reader holds it open (the agent reads it like /dev/kmsg, woken by
+                 poll, never polling a file); kmsg.log is the ring buffer a new reader starts from
     units.json   systemd unit -> ActiveState, for the host collector
 
 API (stable):
@@ -18,6 +21,8 @@ API (stable):
     node.inject(fault) -> Fault                  validated; ValueError and no change on bad input
     node.clear(kind=None) -> int                 removes faults (all, or of one kind); returns count
     node.refresh(now=None)                       rewrites sys/proc trees, units.json; appends kmsg lines
+    node.kmsg_stream                             the FIFO (created on first use)
+    node.attach_kmsg_reader(open_fn, from_start) opens a reader on the FIFO; replays the newest records
     node.probe_argv(mount) -> list[str]          a killable `stat` stand-in for the NFS collector
     default_root() -> Path                       $PODHEALTH_SIM_DIR or /tmp/podhealth-sim-$UID
     root_problem(root) -> str | None             why `root` cannot be this user's (another user owns it)
@@ -34,6 +39,7 @@ import importlib
 import json
 import os
 import re
+import stat
 import sys
 import tempfile
 import threading
@@ -42,7 +48,7 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator
+from typing import Callable, Iterator
 
 from podhealth.sim import faults as faults_mod
 from podhealth.sim.state import Fault, NodeState, default_state
@@ -50,6 +56,9 @@ from podhealth.sim.state import Fault, NodeState, default_state
 ENV_ROOT = "PODHEALTH_SIM_DIR"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _RELOAD_INTERVAL_S = 0.1
+# A FIFO's default capacity: what a reader that attaches late gets replayed of kmsg.log (the newest
+# records), as /dev/kmsg's ring buffer keeps only the newest.
+_STREAM_REPLAY_BYTES = 65536
 
 
 def default_root() -> Path:
@@ -149,6 +158,60 @@ class SimNode:
     @property
     def kmsg_path(self) -> Path:
         return self.dir / "kmsg.log"
+
+    @property
+    def kmsg_stream(self) -> Path:
+        return self.dir / "kmsg.fifo"
+
+    def _ensure_stream(self) -> Path:
+        path = self.kmsg_stream
+        try:
+            if stat.S_ISFIFO(path.lstat().st_mode):
+                return path
+            path.unlink()  # not a FIFO (left by something else): make it one
+        except FileNotFoundError:
+            pass
+        with contextlib.suppress(FileExistsError):  # another process made it meanwhile
+            os.mkfifo(path, 0o644)
+        return path
+
+    def attach_kmsg_reader(self, open_fn: Callable[[], str], from_start: bool) -> str:
+        """Open a reader on the kernel-log stream (`open_fn()` opens it; returns an error or "").
+        With `from_start`, the newest records already logged are written to it first, as a new
+        /dev/kmsg reader sees the ring buffer; the lock keeps a concurrent writer from either
+        missing the new reader or writing a record twice."""
+        with self._exclusive():
+            self._ensure_stream()
+            err = open_fn()
+            if err or not from_start:
+                return err
+            try:
+                data = self.kmsg_path.read_bytes()
+            except FileNotFoundError:
+                return ""
+            tail = data[-_STREAM_REPLAY_BYTES:]
+            if len(tail) < len(data):
+                tail = tail.split(b"\n", 1)[-1]  # whole records only
+            self._to_stream([ln.decode("utf-8", "replace") for ln in tail.splitlines() if ln])
+            return ""
+
+    def _to_stream(self, lines: list[str]) -> None:
+        """Write records to the stream, one per write() (atomic below PIPE_BUF), if a reader is
+        attached. A full pipe drops the rest: the reader counts them as lost by the sequence gap,
+        as the kernel overwrites records a slow reader did not read."""
+        try:
+            fd = os.open(self.kmsg_stream, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            # ENXIO: no reader; ENOENT: no stream yet. kmsg.log keeps the records either way, and a
+            # broken stream must not make refresh() log them twice.
+            return
+        try:
+            for line in lines:
+                os.write(fd, (line + "\n").encode("utf-8")[:4096])
+        except OSError:
+            return  # EAGAIN: the pipe is full; EPIPE: the reader left while we wrote
+        finally:
+            os.close(fd)
 
     @property
     def units_path(self) -> Path:
@@ -319,6 +382,7 @@ class SimNode:
         with open(self.kmsg_path, "a", encoding="utf-8") as out:
             out.write("".join(line + "\n" for line in lines))
         seq_path.write_text(str(seq), encoding="utf-8")
+        self._to_stream(lines)
         self._write_delivered(done | {f.seq for f in new})
 
 
@@ -350,6 +414,7 @@ class SimNode:
         with open(self.kmsg_path, "a", encoding="utf-8") as out:
             out.write("".join(line + "\n" for line in lines))
         seq_path.write_text(str(seq), encoding="utf-8")
+        self._to_stream(lines)
         _atomic_write(path, " ".join(sorted(done | {e[0] for e in new})))
 
 
