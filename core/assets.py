@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import podhealth
+from podhealth import alertrules
 
 # export folder -> (folder in the wheel under podhealth/, folder in a checkout, file patterns)
 GROUPS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -56,18 +57,29 @@ def files() -> list[Asset]:
     return out
 
 
-def export(dest: Path, overwrite: bool = False) -> list[Path]:
-    """Copy every asset under `dest` (dashboards/, alerts/, alerts/runbooks/, systemd/).
+RULES = "alerts/podhealth-rules.yml"
+
+
+def export(dest: Path, overwrite: bool = False, job_selector: str = alertrules.DEFAULT_JOB_SELECTOR,
+           runbook_base: str = alertrules.DEFAULT_RUNBOOK_BASE) -> list[Path]:
+    """Copy every asset under `dest` (dashboards/, alerts/, alerts/runbooks/, systemd/), the alert
+    rules written for the site's scrape job and runbook URL (core/alertrules.py).
 
     Refuses (FileExistsError, nothing written) when a file is already there and `overwrite` is off,
-    so a site's edited copy is never replaced by accident."""
-    todo = [(a, dest / a.relpath) for a in files()]
+    so a site's edited copy is never replaced by accident; a bad selector or URL (RulesError)
+    also writes nothing."""
+    todo: list[tuple[bytes, Path]] = []
+    for a in files():
+        data = a.source.read_bytes()
+        if a.relpath == RULES:
+            data = alertrules.render(data.decode(), job_selector, runbook_base).encode()
+        todo.append((data, dest / a.relpath))
     clash = [str(t) for _, t in todo if t.exists()]
     if clash and not overwrite:
         raise FileExistsError(f"{len(clash)} file(s) exist, e.g. {clash[0]} (pass --force to overwrite)")
     written: list[Path] = []
-    for a, target in todo:
+    for data, target in todo:
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(a.source.read_bytes())
+        target.write_bytes(data)
         written.append(target)
     return written

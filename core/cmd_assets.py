@@ -8,7 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from podhealth import assets
+from podhealth import alertrules, assets
+from podhealth.exitcodes import EXIT_USAGE
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
@@ -21,6 +22,12 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                                         "alerts/alertmanager.yml, alerts/runbooks/*.md, systemd/*.service")
     ex.add_argument("dir", type=Path)
     ex.add_argument("--force", action="store_true", help="overwrite files that exist")
+    ex.add_argument("--job-selector", default=alertrules.DEFAULT_JOB_SELECTOR, metavar="MATCHERS",
+                    help="PromQL label matchers that select the agents' scrape job in the alert rules, "
+                         f"e.g. 'job=~\"podhealth.*\"' (default: {alertrules.DEFAULT_JOB_SELECTOR})")
+    ex.add_argument("--runbook-url", default=alertrules.DEFAULT_RUNBOOK_BASE, metavar="URL",
+                    help="where the exported alerts/runbooks/*.md are served; each alert's runbook_url is URL/<name>.md "
+                         "(default: the project's GitHub)")
     ex.add_argument("--format", choices=["table", "json"], default="table")
     ex.set_defaults(func=_export)
     return p
@@ -42,8 +49,15 @@ def _list(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     try:
-        written = assets.export(args.dir, overwrite=args.force)
-    except (assets.AssetsMissing, FileExistsError) as e:
+        alertrules.check_job_selector(args.job_selector)
+        alertrules.check_runbook_base(args.runbook_url)
+    except alertrules.RulesError as e:
+        print(f"podhealth assets: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        written = assets.export(args.dir, overwrite=args.force, job_selector=args.job_selector,
+                                runbook_base=args.runbook_url)
+    except (assets.AssetsMissing, FileExistsError, alertrules.RulesError) as e:
         print(f"podhealth assets: {e}", file=sys.stderr)
         return 1
     except OSError as e:
