@@ -20,11 +20,13 @@ from podhealth.aggregator.store import Store
 from podhealth.config import loads
 from podhealth.configload import ConfigError
 from tests.harness.agg import MemFencer, config, running
+from tests.harness.pg import pg_fixture
 
 pytestmark = pytest.mark.timeout(60)
 
 CSS = (Path(ui.__file__).parent / "static" / "podhealth.css").read_text()
 REPO = Path(__file__).resolve().parents[2]
+pg = pg_fixture()  # the store's part runs on both backends, as tests/unit/test_aggregator_store.py
 
 
 def cfg(tmp_path: Path, **ui_kw: Any) -> Any:
@@ -43,8 +45,15 @@ async def until(what: str, ok: Callable[[], bool], timeout: float = 10.0) -> Non
 # ---- fleet samples ----------------------------------------------------------------------------
 
 
-def test_store_keeps_samples_in_time_order_and_prunes(tmp_path: Path) -> None:
-    s = Store(tmp_path / "a.db")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    if request.param == "sqlite":
+        return tmp_path / "a.db"
+    return str(request.getfixturevalue("pg").new_database())
+
+
+def test_store_keeps_samples_in_time_order_and_prunes(where: Path | str) -> None:
+    s = Store(where)
     s.apply([Store.op_fleet_sample(300.0, {"OK": 3, "FAIL": 1}), Store.op_fleet_sample(100.0, {"OK": 4}),
              Store.op_fleet_sample(200.0, {"OK": 2, "fenced": 2})])
     assert s.fleet_history(0) == [(100.0, {"OK": 4}), (200.0, {"OK": 2, "fenced": 2}), (300.0, {"FAIL": 1, "OK": 3})]
