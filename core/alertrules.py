@@ -26,6 +26,21 @@ _JOB_MATCHER = re.compile(r'\bjob\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"')
 _RUNBOOK_LINE = re.compile(r"^([ \t]*runbook_url:[ \t]*)(\S+)[ \t]*$", re.M)
 
 
+def first_event_increase(counter: str, window: str) -> str:
+    """PromQL for increase(counter[window]) that also counts a series' first appearance.
+
+    podhealth's event counters (XIDs per GPU and code, spool errors per reason, the aggregator's
+    fences per check) are born with their first event, at 1: increase() over a series that starts
+    at 1 and stays there is 0, so the first XID 79, usually the only one, never shows. A series
+    with fewer samples in the window than its target had successful scrapes (`up` summed) appeared
+    during the window while its target was being scraped: all of its value is new. The `up`
+    comparison keeps series that merely reappear (the target was down, Prometheus restarted) from
+    counting their old totals again. Used by alerts/podhealth-rules.yml and dashboards/generate.py.
+    """
+    born = f"count_over_time({counter}[{window}]) < on (job, instance) group_left sum_over_time(up[{window}])"
+    return f"(increase({counter}[{window}]) unless {born}) or ({counter} and {born})"
+
+
 class RulesError(ValueError):
     """A selector or URL that cannot be used, or a rules file the swap cannot be checked on."""
 

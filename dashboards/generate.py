@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from podhealth.alertrules import first_event_increase
+
 HERE = Path(__file__).resolve().parent
 DS = {"type": "prometheus", "uid": "${datasource}"}
 SEL = 'cluster=~"$cluster",partition=~"$partition",node=~"$node"'
@@ -99,11 +101,11 @@ def fleet() -> Board:
           desc="Every (check, entity) that is WARN, FAIL or UNKNOWN, with the action it asks for.",
           transformations=[{"id": "labelsToFields", "options": {}}])
     b.add("timeseries", "Nodes by aggregator state", [("sum by (state) (podhealth_aggregator_nodes)", "{{state}}")], w=12)
-    b.add("timeseries", "Fences by check", [("sum by (check, action) (increase(podhealth_aggregator_fences_total[1h]))", "{{check}} {{action}}")], w=12)
+    b.add("timeseries", "Fences by check", [(f"sum by (check, action) ({first_event_increase('podhealth_aggregator_fences_total', '1h')})", "{{check}} {{action}}")], w=12)
     b.add("timeseries", "Pending fence actions and held-back fences", [
         ("sum(podhealth_aggregator_pending_actions)", "pending"),
         ("sum by (reason) (podhealth_aggregator_fences_held)", "held: {{reason}}")], w=12)
-    b.add("timeseries", "XID events by code (fleet)", [(f"sum by (code) (increase(podhealth_xid_events_total{{{SEL}}}[10m]))", "XID {{code}}")], w=12)
+    b.add("timeseries", "XID events by code (fleet)", [(f"sum by (code) ({first_event_increase(f'podhealth_xid_events_total{{{SEL}}}', '10m')})", "XID {{code}}")], w=12)
     return b
 
 
@@ -129,7 +131,7 @@ def node() -> Board:
     b.add("timeseries", "NVMe life used / spare", [(f"podhealth_nvme_percentage_used{{{SEL}}}", "used {{node}} {{controller}}"),
                                                     (f"podhealth_nvme_available_spare_percent{{{SEL}}}", "spare {{node}} {{controller}}")],
           w=8, unit="percent", desc="SMART percentage used and available spare (absent without nvme-cli on a real node).")
-    b.add("timeseries", "XID events", [(f"sum by (gpu, code) (increase(podhealth_xid_events_total{{{SEL}}}[10m]))", "gpu{{gpu}} XID {{code}}")], w=24)
+    b.add("timeseries", "XID events", [(f"sum by (gpu, code) ({first_event_increase(f'podhealth_xid_events_total{{{SEL}}}', '10m')})", "gpu{{gpu}} XID {{code}}")], w=24)
     return b
 
 
@@ -150,7 +152,7 @@ def gpu() -> Board:
     b.add("timeseries", "PCIe link width / gen", [(f"podhealth_gpu_pcie_link_width{{{g}}}", "width {{node}} gpu{{gpu}}"),
                                                    (f"podhealth_gpu_pcie_link_gen{{{g}}}", "gen {{node}} gpu{{gpu}}")])
     b.add("timeseries", "PCIe replays", [(f"rate(podhealth_gpu_pcie_replay_total{{{g}}}[5m])", "{{node}} gpu{{gpu}}")], unit="ops")
-    b.add("timeseries", "XID events", [(f"sum by (node, gpu, code) (increase(podhealth_xid_events_total{{{g}}}[10m]))", "{{node}} gpu{{gpu}} XID {{code}}")], w=24)
+    b.add("timeseries", "XID events", [(f"sum by (node, gpu, code) ({first_event_increase(f'podhealth_xid_events_total{{{g}}}', '10m')})", "{{node}} gpu{{gpu}} XID {{code}}")], w=24)
     return b
 
 

@@ -7,8 +7,11 @@
 (c) every panel's every query returns data from a real Prometheus scraping a simulated fleet
     (three agents with cluster/partition target labels, the aggregator's /metrics, the shipped
     recording rules), after faults that give the "failing" panels something to show:
-    XID 79 on dgx01 (fenced through the dry-run fencer), an InfiniBand port down on dgx02
-    (opted out, so its fence is held), HW thermal slowdown on dgx03 GPU 0.
+    XID 79 on dgx01 GPU 3 (fenced through the dry-run fencer), XID 79 on dgx02 GPU 1 (opted out,
+    so its fence is held) with an InfiniBand port down, HW thermal slowdown on dgx03 GPU 0;
+(d) a first event shows as 1, not 0: the faults are injected after Prometheus has scraped every
+    target, so the XID and fence series are born while Prometheus watches, and the XID panels,
+    the XID recording rule and "Fences by check" count that single XID 79 and its fence.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any, Iterator
 import pytest
 
 from tests.harness import stack
-from tests.harness.proc import free_port, need
+from tests.harness.proc import free_port, need, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = REPO / "dashboards"
@@ -189,15 +192,22 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.Prometheus
     }) as agg:
         configs = {n: stack.agent_config(publish_url=agg.url, token=agg.node_token(n), spool_dir=tmp / "spool" / n)
                    for n in NODES}
-        with stack.agents(tmp / "agents", sim_root, configs, ports=ports) as agents:
+        with stack.agents(tmp / "agents", sim_root, configs, ports=ports) as agents, \
+                stack.prometheus(tmp / "prometheus", [
+                    stack.ScrapeJob("podhealth", agents.targets(), {"cluster": CLUSTER, "partition": PARTITION}),
+                    stack.ScrapeJob("podhealth-aggregator", (agg.url.removeprefix("http://"),), {"cluster": CLUSTER}),
+                ], rule_files=[stack.RULES]) as prom:
+            # Faults after the first scrapes: an XID's series (and its fence's) is born with it,
+            # and (d) checks that the panels count that first appearance.
+            prom.wait_scraped("podhealth", len(NODES), samples=2, timeout=DATA_TIMEOUT)
+            prom.wait_scraped("podhealth-aggregator", 1, samples=2, timeout=DATA_TIMEOUT)
+            # ib-down is a WARN on the simulated topology (a storage port): dgx02's held fence
+            # comes from its XID 79, the port down still feeds the fabric panels.
             stack.simulate_all(sim_root, [("inject", "dgx01", "xid=79", "gpu=3"),
+                                          ("inject", "dgx02", "xid=79", "gpu=1"),
                                           ("inject", "dgx02", "fault=ib-down", "device=mlx5_0"),
                                           ("inject", "dgx03", "fault=thermal", "gpu=0")])
-            with stack.prometheus(tmp / "prometheus", [
-                stack.ScrapeJob("podhealth", agents.targets(), {"cluster": CLUSTER, "partition": PARTITION}),
-                stack.ScrapeJob("podhealth-aggregator", (agg.url.removeprefix("http://"),), {"cluster": CLUSTER}),
-            ], rule_files=[stack.RULES]) as prom:
-                yield prom
+            yield prom
 
 
 def evaluate(prom: stack.Prometheus, target: dict[str, Any], now: float) -> list[dict[str, Any]]:
@@ -289,3 +299,59 @@ def test_every_variable_query_returns_values(fleet: stack.Prometheus) -> None:
             if not values or not want.get(v["name"], set()) <= values:
                 problems.append(f"{path.stem} ${v['name']}: {sorted(values)} (want at least {sorted(want.get(v['name'], set()))})")
     assert not problems, "\n".join(problems)
+
+
+# ---- (d) the first event shows -------------------------------------------------------------------
+
+
+def panel_expr(board: str, title: str) -> str:
+    found = [t["expr"] for p in load(DASHBOARDS / f"{board}.json")["panels"] if p["title"] == title
+             for t in p["targets"]]
+    assert len(found) == 1, f"{board} / {title}: {len(found)} targets"
+    return found[0]
+
+
+def for_node(expr: str, node: str) -> str:
+    """The panel's query as Grafana sends it with $node = `node` and every other variable "All"."""
+    return substitute(expr.replace("$node", node).replace("${node}", node))
+
+
+def reads(prom: stack.Prometheus, expr: str, **labels: str) -> float | None:
+    """The query's value now for the one series carrying `labels` (None while there is none)."""
+    got = [r for r in prom.query(expr) if all(r["metric"].get(k) == v for k, v in labels.items())]
+    assert len(got) <= 1, got
+    return float(got[0]["value"][1]) if got else None
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_single_xid_79_and_its_fence_show_as_one(fleet: stack.Prometheus) -> None:
+    prom = fleet
+    # Prometheus has scraped the XID (and the aggregator's fence) once its counter is there.
+    wait_until(lambda: prom.query('podhealth_xid_events_total{node="dgx01",gpu="3",code="79"} == 1'),
+               DATA_TIMEOUT, 0.5, "dgx01's XID 79 scraped")
+    wait_until(lambda: prom.query('podhealth_aggregator_fences_total{check="xid"} == 1'),
+               DATA_TIMEOUT, 0.5, "dgx01's fence scraped")
+    want = {  # (what, expr, labels of the series) -> the count it must show
+        ("node board XID events", for_node(panel_expr("podhealth-node", "XID events"), "dgx01"), (("gpu", "3"), ("code", "79"))): 1.0,
+        ("GPU board XID events", for_node(panel_expr("podhealth-gpu", "XID events"), "dgx01"),
+         (("node", "dgx01"), ("gpu", "3"), ("code", "79"))): 1.0,
+        # dgx01 and dgx02 logged one XID 79 each
+        ("fleet XID events by code", substitute(panel_expr("podhealth-fleet", "XID events by code (fleet)")),
+         (("code", "79"),)): 2.0,
+        ("recording rule", "podhealth:gpu_xid_events:increase10m", (("node", "dgx01"), ("gpu", "3"), ("code", "79"))): 1.0,
+        # dgx01 fenced; dgx02 opted out, so its fence is held, not counted
+        ("fleet Fences by check", substitute(panel_expr("podhealth-fleet", "Fences by check")), (("check", "xid"),)): 1.0,
+    }
+    got: dict[str, float | None] = {}
+
+    def all_show() -> bool:
+        for (what, expr, labels), value in want.items():
+            got[what] = reads(prom, expr, **dict(labels))
+        return all(got[what] == value for (what, _, _), value in want.items())
+
+    try:
+        wait_until(all_show, DATA_TIMEOUT, 1.0, "the first XID and fence counted")
+    except AssertionError:
+        pass
+    assert got == {what: value for (what, _, _), value in want.items()}

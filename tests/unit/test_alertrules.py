@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -104,3 +106,32 @@ def test_assets_export_refuses_a_bad_selector_and_writes_nothing(tmp_path: Path)
     assert r.returncode == 64, r.stderr
     assert "--job-selector 'podhealth'" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+# Counters whose series are born with their first event, at 1 (a label set nobody can know
+# before: GPU x XID code, errno, check x action).
+BORN = re.compile(r"increase\(((?:podhealth_xid_events|podhealth_sxid_events|podhealth_publish_spool_errors|"
+                  r"podhealth_aggregator_fences)_total(?:\{[^}]*\})?)\[(\w+)\]\)")
+
+
+def shipped_exprs() -> list[tuple[str, str]]:
+    out = [(str(r.get("alert") or r.get("record")), str(r["expr"])) for r in rules_of(RULES.read_text())]
+    for board in sorted((REPO / "dashboards").glob("*.json")):
+        for p in json.loads(board.read_text())["panels"]:
+            out += [(f"{board.stem} / {p['title']}", t["expr"]) for t in p.get("targets", [])]
+    return out
+
+
+def test_every_increase_over_a_born_counter_counts_its_first_appearance() -> None:
+    found, bare = 0, []
+    for where, expr in shipped_exprs():
+        for m in BORN.finditer(expr):
+            found += 1
+            if alertrules.first_event_increase(m.group(1), m.group(2)) not in expr:
+                bare.append(f"{where}: {m.group(0)}")
+    assert found >= 7, found  # the XID rule and panels, fences, the spool alerts
+    assert not bare, "increase() reads 0 at the first event here:\n" + "\n".join(bare)
+
+
+def test_the_check_finds_a_bare_increase() -> None:
+    assert BORN.search('sum by (code) (increase(podhealth_xid_events_total{node=~"$node"}[10m]))')
