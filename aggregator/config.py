@@ -175,6 +175,43 @@ class LadderConfig:
     reset_timeout: Seconds = doc("Seconds the agent's GPU reset (POST /v1/gpu-reset) may take.", 120.0)
 
 
+JobMode = Literal["wait", "wait_then_force", "now"]
+
+
+def _default_job_modes() -> Mapping[str, JobMode]:
+    return {"RESTART_APP": "wait", "DRAIN": "wait", "REPLACE": "wait", "RESET_GPU": "wait_then_force",
+            "REBOOT": "wait_then_force"}
+
+
+@dataclass(frozen=True)
+class JobsConfig:
+    enabled: bool = doc(
+        "Job-aware actions: after a fence, name the jobs (Slurm) / pods (Kubernetes) on the node and its\n"
+        "GPUs in the audit log and node page, and move them off per `modes`. Off: a fence only drains/cordons.",
+        False)
+    modes: Mapping[str, JobMode] = doc(
+        "Per action the fence asks for: wait (Slurm's drain lets jobs finish; Kubernetes pods are evicted\n"
+        "through the Eviction API, which honours PodDisruptionBudgets, after evict_after), wait_then_force\n"
+        "(as wait, then Slurm jobs are requeued after force_after), now (requeue / evict at once).",
+        factory=_default_job_modes)
+    default: JobMode = doc("Mode for an action not under `modes`.", "wait")
+    fatal: tuple[str, ...] = doc(
+        "Failures after which the job is already dead, acted on now whatever the action: a check name,\n"
+        "or check:XID for an xid/sxid verdict of that code (GPU fallen off the bus, uncontained ECC).",
+        ("gpu_lost", "xid:79", "xid:95"))
+    force_after: Seconds = doc("Seconds after the fence before wait_then_force requeues the jobs.", 3600.0)
+    evict_after: Seconds = doc("Seconds after the fence before Kubernetes pods are evicted (wait modes).", 1800.0)
+
+    def validate(self) -> tuple[str, str] | None:
+        for action in self.modes:
+            if action not in ("NONE", "RESTART_APP", "RESET_GPU", "DRAIN", "REBOOT", "REPLACE"):
+                return ("modes", f'unknown action "{action}" (RESTART_APP, RESET_GPU, DRAIN, REBOOT, REPLACE)')
+        for action, mode in self.modes.items():
+            if mode not in ("wait", "wait_then_force", "now"):
+                return ("modes", f'{action}: expected wait, wait_then_force or now, got "{mode}"')
+        return None
+
+
 @dataclass(frozen=True)
 class NodeEntry:
     name: Annotated[str, NonEmpty()] = doc("Node name (as agents report it).", "dgx01")
@@ -197,6 +234,7 @@ class NodeEntry:
 class SlurmFencerConfig:
     enabled: bool = doc("Drain/resume through scontrol.", False)
     scontrol: Annotated[str, NonEmpty()] = doc("scontrol binary.", "scontrol")
+    squeue: Annotated[str, NonEmpty()] = doc("squeue binary (the jobs on a node, for job-aware actions).", "squeue")
     timeout: Seconds = doc("Seconds per scontrol call.", 10.0)
     slurm_conf: str = doc("SLURM_CONF for scontrol (empty = its default).", "")
 
@@ -325,6 +363,8 @@ class AggregatorConfig:
         "(podhealth_aggregator_clock_ahead_total, the node's clock.ahead). Agents' records are ordered by\n"
         "their (boot_id, seq) and timed by the aggregator's clock; a claim never orders anything.", 30.0)
     flap_hold: FlapHoldConfig = doc("Hold a flapping node fenced for an operator.", factory=FlapHoldConfig)
+    jobs: JobsConfig = doc("Job-aware actions: which jobs a fence touches, and when they are moved off.",
+                           factory=JobsConfig)
     ladder: LadderConfig = doc("The remediation ladder after a fence (GPU reset, reboot, REPAIR).",
                                factory=LadderConfig)
     ui: UiConfig = doc("The web UI: Grafana links, fleet history.", factory=UiConfig)
@@ -372,6 +412,6 @@ class AggregatorConfig:
 
 __all__ = [
     "AggregatorConfig", "AggListenConfig", "AggAuthConfig", "RuleConfig", "CapsConfig", "RateLimitConfig",
-    "BreakerConfig", "FlapHoldConfig", "LadderConfig", "NodeEntry", "FencersConfig", "SlurmFencerConfig", "KubeFencerConfig",
+    "BreakerConfig", "FlapHoldConfig", "LadderConfig", "JobsConfig", "NodeEntry", "FencersConfig", "SlurmFencerConfig", "KubeFencerConfig",
     "DryRunFencerConfig", "FileFencerConfig", "RetryConfig", "UiConfig", "StoreConfig", "SEVERITY_RANK", "node_name_problem",
 ]

@@ -101,6 +101,40 @@ class Remediator(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Job:
+    """Work on a node: a Slurm job or a Kubernetes pod, and the GPUs it holds there."""
+
+    id: str  # Slurm job id; a pod's namespace/name
+    owner: str = ""  # Slurm user; the pod's namespace
+    name: str = ""
+    state: str = ""
+    gpus: tuple[int, ...] = ()  # indices on this node; () = none known (or none requested)
+
+    def label(self) -> str:
+        """`4101 (alice, GPU 0-7)`: how an audit line or a reason names it."""
+        gpus = f", GPU {','.join(str(g) for g in self.gpus)}" if self.gpus else ""
+        return f"{self.id} ({self.owner}{gpus})"
+
+    def to_json(self) -> dict[str, object]:
+        return {"id": self.id, "owner": self.owner, "name": self.name, "state": self.state, "gpus": list(self.gpus)}
+
+
+@runtime_checkable
+class JobSource(Protocol):
+    """Optional extension of Fencer: the work on a node, and getting it off the node."""
+
+    async def jobs(self, node: str) -> list[Job]:
+        """The jobs/pods on `node` now (raises when the backend cannot answer)."""
+        ...
+
+    async def evacuate(self, node: str, jobs: Sequence[Job], force: bool) -> FenceOutcome:
+        """Move `jobs` off a node podhealth fenced. force=False is the polite way (Slurm: the drain
+        already lets jobs finish, nothing to do; Kubernetes: the Eviction API, which honours
+        PodDisruptionBudgets); force=True: Slurm `scontrol requeue`. One attempt."""
+        ...
+
+
 REASON_PREFIX = "podhealth:"
 REPAIR = "REPAIR"  # the check name of a REPAIR reason: `podhealth: REPAIR <check>/<entity> <action> [<id>]`
 

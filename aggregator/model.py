@@ -107,6 +107,9 @@ class NodeView:
     ladder: str = ""
     ladder_at: float = 0.0
     ladder_failures: tuple[float, ...] = ()
+    fenced_at: float = 0.0
+    fence_action: str = ""  # the action podhealth's fence reason names (DRAIN, RESET_GPU, ...)
+    evacuated: str = ""  # its jobs: "" untouched, "polite" (evicted/left to finish), "forced" (requeued)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +131,7 @@ class FleetState:
     recent_remediations: tuple[float, ...] = ()
 
 
-ActionKind = Literal["fence", "release", "handover", "notify", "reset_gpu", "reboot", "repair"]
+ActionKind = Literal["fence", "release", "handover", "notify", "reset_gpu", "reboot", "repair", "evacuate"]
 LADDER_STEPS = ("reset_gpu", "reboot")  # the rungs that act on a node (repair only marks it)
 
 
@@ -145,13 +148,14 @@ class Planned:
     dry_run: bool = False
     entity: str = ""  # reset_gpu: the GPU ("GPU3")
     failed_verify: bool = False  # the attempt being verified ran out of time: journal it as failed first
+    force: bool = False  # evacuate: requeue (Slurm) rather than wait for the jobs
 
 
 NoteKind = Literal[
     "dry_run", "breaker_tripped", "breaker_holding", "cap_reached", "partition_cap_reached",
     "rate_limited", "opted_out", "fenced_by_other", "waiting_min_duration", "held_since_reset",
     "awaiting_manual_release", "no_agent_url", "operator_hold", "operator_released",
-    "ladder_verifying", "ladder_held", "repair",
+    "ladder_verifying", "ladder_held", "repair", "jobs_held",
 ]
 
 

@@ -8,10 +8,11 @@ to touch is left alone; then the caps; then the rate limit.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from podhealth.vocab import Status
 
@@ -44,6 +45,12 @@ class Policy:
     ladder_verify_within: float = 3600.0
     ladder_max_remediating: int = 5
     ladder_per_minute: int = 2
+    jobs: bool = False
+    job_modes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    job_default: str = "wait"
+    job_fatal: tuple[str, ...] = ()
+    job_force_after: float = 3600.0
+    job_evict_after: float = 1800.0
 
     @classmethod
     def from_config(cls, cfg: AggregatorConfig) -> "Policy":
@@ -56,7 +63,9 @@ class Policy:
             manual_release=cfg.manual_release, healthy_for=cfg.healthy_for, dry_run=cfg.dry_run,
             ladder=cfg.ladder.enabled, ladder_max_attempts=cfg.ladder.max_attempts, ladder_window=cfg.ladder.window,
             ladder_verify_within=cfg.ladder.verify_within, ladder_max_remediating=cfg.ladder.max_remediating,
-            ladder_per_minute=cfg.ladder.per_minute,
+            ladder_per_minute=cfg.ladder.per_minute, jobs=cfg.jobs.enabled, job_modes=dict(cfg.jobs.modes),
+            job_default=cfg.jobs.default, job_fatal=cfg.jobs.fatal, job_force_after=cfg.jobs.force_after,
+            job_evict_after=cfg.jobs.evict_after,
         )
 
 
@@ -91,8 +100,11 @@ def decide(observations: Iterable[Condition], fleet: FleetState, now: float, pol
         notes.append(Note("dry_run", detail="dry run: fences go to the dry-run fencer only"))
 
     ready: dict[str, _Candidate] = {}  # node -> earliest condition past its minimum duration
+    fatal: set[str] = set()  # nodes with a failure after which their jobs are already dead
     bad_at: dict[str, float] = {}  # node -> when it turned bad (for the breaker)
     for c in observations:
+        if policy.jobs and c.status is Status.FAIL and is_fatal(c, policy.job_fatal):
+            fatal.add(c.node)
         rule = rule_for(c, policy.rules)
         if rule is None:
             continue
@@ -177,6 +189,7 @@ def decide(observations: Iterable[Condition], fleet: FleetState, now: float, pol
 
     actions.extend(_returns(nodes.values(), now, policy, notes))
     actions.extend(_ladder(nodes.values(), now, policy, breaker, fleet.recent_remediations, notes))
+    actions.extend(_evacuations(nodes.values(), fatal, now, policy, breaker, notes))
     return Decision(actions=tuple(actions), notes=tuple(notes), breaker=breaker)
 
 
@@ -288,6 +301,55 @@ def _ladder(views: Iterable[NodeView], now: float, policy: Policy, breaker: Brea
             recent += 1
             out.append(Planned(step, v.name, what, entity=v.remedy_entity if step == "reset_gpu" else "",
                                failed_verify=failed_verify, dry_run=policy.dry_run))
+    return out
+
+
+def is_fatal(c: Condition, fatal: Sequence[str]) -> bool:
+    """The failure leaves no job alive on the node: `check`, or `check:CODE` for an XID verdict
+    whose summary names that code (checks/xid.py: "XID 95: ...")."""
+    for f in fatal:
+        check, _, code = f.partition(":")
+        if c.check != check:
+            continue
+        if not code or c.summary.split(":", 1)[0].split()[-1:] == [code]:
+            return True
+    return False
+
+
+def job_mode(v: NodeView, fatal: bool, policy: Policy) -> str:
+    return "now" if fatal else policy.job_modes.get(v.fence_action, policy.job_default)
+
+
+def _evacuations(views: Iterable[NodeView], fatal: set[str], now: float, policy: Policy, breaker: BreakerState,
+                 notes: list[Note]) -> list[Planned]:
+    """When the jobs on a node podhealth fenced are moved off (Planned "evacuate").
+
+    wait: Slurm's drain lets them finish; only Kubernetes pods are evicted after evict_after,
+    through the Eviction API (PodDisruptionBudgets hold it). wait_then_force: the same, then
+    Slurm jobs are requeued after force_after. now (a fatal failure: the jobs are already dead):
+    requeued / evicted at once. Once per fence and force; never while the breaker holds, never
+    on an opted-out node.
+    """
+    if not policy.jobs:
+        return []
+    out: list[Planned] = []
+    fenced = FenceMode.FENCED
+    # forced: done for this fence; failed: the backend refused (audited), an operator takes it from there
+    for v in sorted((v for v in views if v.fence is fenced and v.evacuated not in ("forced", "failed")),
+                    key=lambda v: v.name):
+        mode = job_mode(v, v.name in fatal, policy)
+        age = now - v.fenced_at if v.fenced_at else 0.0
+        force = mode == "now" or (mode == "wait_then_force" and age >= policy.job_force_after)
+        polite = not force and not v.evacuated and age >= policy.job_evict_after
+        if not (force or polite):
+            continue
+        what = f"{'requeue/evict' if force else 'evict'} the jobs ({mode}, fenced {age:.0f}s ago)"
+        if breaker.tripped:
+            notes.append(Note("jobs_held", v.name, f"{what}: breaker tripped"))
+        elif v.name in policy.opt_out or v.opted_out:
+            notes.append(Note("jobs_held", v.name, f"{what}: opted out"))
+        else:
+            out.append(Planned("evacuate", v.name, what, force=force, dry_run=policy.dry_run))
     return out
 
 

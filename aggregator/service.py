@@ -26,8 +26,8 @@ from podhealth.vocab import Status
 from podhealth.aggregator import ingest
 from podhealth.aggregator.config import AggregatorConfig
 from podhealth.aggregator.fence import (
-    BatchFencer, DryRunFencer, FenceOutcome, FenceReason, FenceState, Fencer, Remediator, parse_reason,
-    render_reason, repair_reason,
+    BatchFencer, DryRunFencer, FenceOutcome, FenceReason, FenceState, Fencer, Job, JobSource, Remediator,
+    parse_reason, render_reason, repair_reason,
 )
 from podhealth.aggregator.metrics import Metrics
 from podhealth.aggregator.model import LADDER_STEPS, BreakerState, Decision, FenceMode, FleetState, Planned
@@ -138,6 +138,8 @@ class Aggregator:
         self._sem = asyncio.Semaphore(32)
         self._fence_failed: dict[str, float] = {}
         self.reconcile_report: list[str] = []
+        self._evacuating: set[str] = set()  # nodes with an evacuate action in flight
+        self._job_readers: list[Any] | None = None
         self.housekeeping_interval = HOUSEKEEPING_INTERVAL
         self.started_at = 0.0
         self.reconcile_interval = RECONCILE_INTERVAL
@@ -328,6 +330,10 @@ class Aggregator:
                                     mem.set_node(a.node, handover="running", handover_at=now), undo))
         if a.kind in LADDER_STEPS or a.kind == "repair":
             self._ladder_step(a, now, undo)
+        if a.kind == "evacuate" and a.node not in self._evacuating:
+            self._evacuating.add(a.node)  # until it is finished: decide() plans it again meanwhile
+            self._spawn(self._begin(a.node, "evacuate", "policy", a.why, now, None, "force" if a.force else "", [],
+                                    undo))
         return None
 
     def _ladder_step(self, a: Planned, now: float, undo: Checkpoint | None) -> None:
@@ -424,6 +430,8 @@ class Aggregator:
                     await self._do_reboot(p)
                 elif p.kind == "repair":
                     await self._do_repair(p)
+                elif p.kind == "evacuate":
+                    await self._do_evacuate(p)
             except TransientError as e:
                 if p.kind in LADDER_STEPS and p.attempts + 1 >= STEP_POSTPONEMENTS:
                     await self._step_failed(p, f"{e} (gave up after {p.attempts + 1} tries)")
@@ -440,6 +448,8 @@ class Aggregator:
                 elif p.kind in LADDER_STEPS:
                     await self._step_failed(p, str(e))
                     return
+                elif p.kind == "evacuate":  # not planned again for this fence: the audit log says why
+                    self.mem.set_evacuated(p.node, "failed")
                 await self._finish(p, "failed", str(e), ops)
             except asyncio.CancelledError:
                 raise
@@ -462,6 +472,8 @@ class Aggregator:
                                  Store.op_audit(now, p.node, p.who, f"{p.kind} {state}", p.why, (), result,
                                                 state != "failed", p.id)])
         self.pending.pop(p.id, None)
+        if p.kind == "evacuate":
+            self._evacuating.discard(p.node)
         p.result = {"id": p.id, "node": p.node, "kind": p.kind, "state": state, "result": result}
         p.done.set()
         self.metrics.actions.labels(p.kind, state).inc()
@@ -516,6 +528,9 @@ class Aggregator:
         await self._finish(p, "done", "fenced" if changed else "was already fenced",
                            ops + mem.set_node(p.node, fence=FenceMode.FENCED, fenced_at=now, opted_out=False,
                                               handover="", handover_at=0.0) + self._flap_hold(p.node, now))
+        mem.set_evacuated(p.node, "")
+        if self.cfg.jobs.enabled:
+            self._spawn(self._note_jobs(p.node, p.reason))
 
     def _flap_hold(self, node: str, now: float) -> list[Op]:
         """A node fenced again after flap_hold.cycles fence/release cycles within the window
@@ -717,6 +732,7 @@ class Aggregator:
         await self._finish(p, "done", "released" + (f" (still fenced by someone else in {foreign})" if foreign else ""),
                            ops + mem.set_node(p.node, fence=mode, fence_reason=foreign, hold=False, hold_reason="",
                                               handover="", handover_at=0.0, ladder="", ladder_at=0.0))
+        mem.set_evacuated(p.node, "")
 
     async def _do_handover(self, p: Pending) -> None:
         mem = self.mem
@@ -805,6 +821,83 @@ class Aggregator:
         if status in (409, 503):  # processes use the GPU / the agent cannot tell yet: try later
             raise TransientError(f"agent: HTTP {status}: {body}")
         raise PermanentError(f"agent: HTTP {status}: {body}")
+
+    # ---- jobs on a fenced node ---------------------------------------------------------------
+
+    def _job_sources(self) -> list[Any]:
+        """The backends that list and move jobs. In dry run the real Slurm/Kubernetes fencers are
+        built for reading only (jobs()), so a dry run says which jobs each action would touch."""
+        if self._job_readers is None:
+            fencers = self.fencers
+            if self.cfg.dry_run:
+                try:
+                    fencers = build_fencers(dataclasses.replace(self.cfg, dry_run=False))
+                except Exception as e:  # noqa: BLE001 - a dry run must not fail for a backend it cannot reach
+                    log.warning("dry run: cannot build the fencers to list jobs", error=str(e))
+                    fencers = []
+            self._job_readers = [f for f in fencers if isinstance(f, JobSource)]
+        return self._job_readers
+
+    async def _list_jobs(self, node: str) -> list[tuple[Any, list[Job]]]:
+        out = []
+        for f in self._job_sources():
+            target = self._target(f, node)
+            jobs = await self._call(f"{f.name} jobs {target}", lambda f=f, t=target: f.jobs(t))  # type: ignore[misc]
+            out.append((f, jobs))
+        return out
+
+    async def _note_jobs(self, node: str, reason: FenceReason) -> None:
+        """Which jobs the fence hurts: the jobs/pods on the node, and those on the failing GPU,
+        into the audit log and the node page (best effort: a backend that cannot say is logged)."""
+        mem = self.mem
+        assert mem is not None
+        try:
+            found = await self._list_jobs(node)
+        except (TransientError, PermanentError) as e:
+            log.warning("cannot list the jobs on a fenced node", node=node, error=str(e))
+            return
+        jobs = [j for _, js in found for j in js]
+        gpu = gpu_index(reason.entity)
+        hit = [j for j in jobs if gpu is not None and gpu in j.gpus]
+        text = (f"on {reason.entity}: {', '.join(j.label() for j in hit)}; " if hit else "") + \
+            f"on the node: {', '.join(j.label() for j in jobs) or 'none'}"
+        rec = mem.nodes.get(node)
+        if rec is not None:
+            rec.jobs = tuple(j.to_json() for j in jobs)
+        await self.commit([Store.op_audit(self.clock(), node, "podhealth", "jobs at the fence",
+                                          f"{reason.check} {reason.entity}", (), text)])
+
+    async def _do_evacuate(self, p: Pending) -> None:
+        """Move the jobs off a node podhealth fenced (policy._evacuations): requeue (force) or the
+        polite way. A Kubernetes eviction a PodDisruptionBudget refuses (429) is tried again later."""
+        mem = self.mem
+        assert mem is not None
+        force = p.rule == "force"
+        ops: list[Op] = []
+        touched: list[Job] = []
+        for f, jobs in await self._list_jobs(p.node):
+            touched += jobs
+            target = self._target(f, p.node)
+            if self.cfg.dry_run:
+                verb = "would requeue/evict" if force else "would leave to finish (Kubernetes: evict)"
+                ops.append(Store.op_audit(self.clock(), p.node, p.who, f"evacuate via {f.name} (dry run)", p.why,
+                                          (), f"{verb}: {', '.join(j.label() for j in jobs) or 'no jobs'}"))
+                continue
+            o = await self._call(f"{f.name} evacuate {target}",
+                                 lambda f=f, t=target, js=jobs: f.evacuate(t, js, force))  # type: ignore[misc]
+            ops.append(self._audit_outcome(p, f, "evacuate", o))
+            if not o.ok:
+                await self.commit(ops)
+                if "429" in o.error or "disruption budget" in o.error.lower():
+                    raise TransientError(f"{f.name}: {o.error}")
+                raise PermanentError(f"{f.name} evacuate {target}: {o.error or o.output}")
+        rec = mem.nodes.get(p.node)
+        if rec is not None:
+            rec.jobs = tuple(j.to_json() for j in touched)
+        await self._finish(p, "done", f"{'forced' if force else 'polite'}: "
+                           f"{', '.join(j.label() for j in touched) or 'no jobs'}",
+                           ops)
+        mem.set_evacuated(p.node, "forced" if force else "polite")
 
     def _remediators(self) -> list[Fencer]:
         return [f for f in self.fencers if isinstance(f, Remediator)]

@@ -21,13 +21,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, TypeVar
 
-from podhealth.aggregator.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, render_reason
+from podhealth.aggregator.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Job, render_reason
 from podhealth.aggregator.hostnames import is_valid_node_name, validate_node_name
+from podhealth.aggregator.slurmjobs import SQUEUE_FORMAT, parse_show_job, parse_squeue
 
 if TYPE_CHECKING:
     from podhealth.aggregator.config import SlurmFencerConfig
 
 MAX_REASON_CHARS = 200
+MAX_JOBS = 64  # jobs looked at per node (a DGX runs a handful; the cap bounds the scontrol calls)
 READ_CHUNK = 256  # node names per `scontrol show node -o a,b,...` (argv stays well under 16 KB)
 DRAIN_CHUNK = 64  # updates per scontrol session (~3 ms each in slurmctld); sessions run side by side
 _SESSION_UNSAFE = ('"', "\\", "\n", "\r")
@@ -233,12 +235,13 @@ class SlurmFencer:
 
     def __init__(self, scontrol: str = "scontrol", slurm_conf: str | os.PathLike[str] | None = None,
                  timeout: float = 10.0, attempts: int = 3, backoff: float = 0.25,
-                 budget: float | None = None, env: Mapping[str, str] | None = None) -> None:
+                 budget: float | None = None, env: Mapping[str, str] | None = None, squeue: str = "squeue") -> None:
         """`timeout` bounds each scontrol run; `budget` (default 1.5 x timeout) bounds one whole
         public call including retries, so a caller's own deadline of 2 x timeout is never hit."""
         if attempts < 1 or timeout <= 0:
             raise ValueError("attempts must be >= 1 and timeout > 0")
         self.scontrol = scontrol
+        self.squeue = squeue
         self.timeout = timeout
         self.attempts = attempts
         self.backoff = backoff
@@ -301,6 +304,45 @@ class SlurmFencer:
         return await self._update_and_confirm(
             node, argv, deadline, "resume", lambda a: not a.fenced,
             lambda a: f"after the resume {node} is still fenced: {a.reason!r}", lambda a: "resumed")
+
+    # ---- JobSource: the jobs on a node, and requeueing them -----------------------------------
+
+    async def jobs(self, node: str) -> list[Job]:
+        """`squeue -h -w NODE` for the jobs, then `scontrol -d show job ID` for each job's GPUs
+        there (GRES IDX). Raises SlurmUnavailable when Slurm does not answer."""
+        validate_node_name(node)
+        deadline = time.monotonic() + self.budget
+        run = await self._run((self.squeue, "-h", "-w", node, "-o", SQUEUE_FORMAT),
+                              max(0.1, min(self.timeout, deadline - time.monotonic())))
+        if run.rc != 0:
+            raise SlurmUnavailable(f"squeue -w {node}: {run.text or 'rc ' + str(run.rc)}")
+        out: list[Job] = []
+        for j in parse_squeue(run.out)[:MAX_JOBS]:
+            if j.state not in ("RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING", "STOPPED"):
+                continue
+            detail = await self._run((self.scontrol, "-d", "show", "job", j.job_id),
+                                     max(0.1, min(self.timeout, deadline - time.monotonic())))
+            recs = [r for r in parse_show_job(detail.out) if r.job_id == j.job_id] if detail.rc == 0 else []
+            gpus = recs[0].gpus.get(node, ()) if recs else ()
+            out.append(Job(id=j.job_id, owner=j.user, name=j.name, state=j.state, gpus=gpus))
+        return out
+
+    async def evacuate(self, node: str, jobs: Sequence[Job], force: bool) -> FenceOutcome:
+        """force: `scontrol requeue ID[,ID...]` (the jobs go back to the queue, to run elsewhere);
+        otherwise nothing: the drain already lets them finish."""
+        names = ", ".join(j.label() for j in jobs) or "none"
+        if not force or not jobs:
+            return FenceOutcome(ok=True, changed=False, command=(),
+                                output=f"drain lets the job(s) on {node} finish: {names}")
+        ids = [j.id for j in jobs if j.id.replace("_", "").isdigit()]
+        argv = (self.scontrol, "requeue", ",".join(ids))
+        run = await self._run(argv, self.timeout)
+        if run.rc is None or run.transient:
+            raise SlurmUnavailable(run.text or run.err)
+        if run.rc != 0:
+            return FenceOutcome(ok=False, changed=False, command=argv, output=run.text,
+                                error=f"scontrol requeue failed: {run.text or 'rc ' + str(run.rc)}")
+        return FenceOutcome(ok=True, changed=True, command=argv, output=f"requeued {names}")
 
     # ---- Remediator: the ladder's reboot and the REPAIR reason -------------------------------
 
@@ -584,4 +626,4 @@ def _state_of(n: SlurmNode, raw: str) -> FenceState:
 
 
 def from_config(cfg: "SlurmFencerConfig") -> SlurmFencer:
-    return SlurmFencer(scontrol=cfg.scontrol, slurm_conf=cfg.slurm_conf or None, timeout=cfg.timeout)
+    return SlurmFencer(scontrol=cfg.scontrol, slurm_conf=cfg.slurm_conf or None, timeout=cfg.timeout, squeue=cfg.squeue)

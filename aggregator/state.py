@@ -84,11 +84,14 @@ class NodeRec:
     ladder: str = ""  # the remediation ladder's step: "", acting, verifying, repair (model.NodeView)
     ladder_at: float = 0.0
     ladder_failures: tuple[float, ...] = ()  # when its reset/reboot attempts failed (from the journal)
+    evacuated: str = ""  # its jobs since the fence: "", polite, forced (model.NodeView)
+    jobs: tuple[dict[str, object], ...] = ()  # the jobs/pods last seen on it (memory only; node page)
 
     def view(self) -> NodeView:
-        remedy = entity = ""
+        remedy = entity = action = ""
         if self.fence is FenceMode.FENCED and self.fence_reason:
             r = parse_reason(self.fence_reason)
+            action = r.action if r is not None else ""
             if r is not None and r.action in LADDER_ACTIONS and r.check != REPAIR:
                 remedy, entity = r.action, r.entity
         return NodeView(name=self.name, partition=self.partition, fence=self.fence, hold=self.hold,
@@ -96,7 +99,8 @@ class NodeRec:
                         handover_at=self.handover_at, can_handover=bool(self.agent_url),
                         released_at=self.released_at, hold_reason=self.hold_reason,
                         counted=not self.learned or self.vouched, remedy=remedy, remedy_entity=entity,
-                        ladder=self.ladder, ladder_at=self.ladder_at, ladder_failures=self.ladder_failures)
+                        ladder=self.ladder, ladder_at=self.ladder_at, ladder_failures=self.ladder_failures,
+                        fenced_at=self.fenced_at, fence_action=action, evacuated=self.evacuated)
 
     @property
     def state(self) -> str:
@@ -124,6 +128,7 @@ class NodeRec:
             "order": {"boot_id": self.boot_id, "seq": self.report_seq, "retired_boots": list(self.retired)},
             "clock": {"ahead": self.clock_ahead, "offset": round(self.clock_offset, 3)},
             "ladder": {"step": self.ladder, "since": self.ladder_at, "failures": list(self.ladder_failures)},
+            "jobs": list(self.jobs), "evacuated": self.evacuated,
         }
 
 
@@ -173,7 +178,8 @@ class Memory:
                 handover_at=r.handover_at, unreachable_since=r.unreachable_since, released_at=r.released_at,
                 boot_id=r.boot_id, report_seq=r.report_seq, retired=tuple(r.retired_boots.split()),
                 clock_ahead=r.clock_ahead, hold_reason=r.hold_reason, ladder=r.ladder, ladder_at=r.ladder_at,
-                ladder_failures=tuple(loaded.ladder_failures.get(r.name, ())))
+                ladder_failures=tuple(loaded.ladder_failures.get(r.name, ())),
+                evacuated=loaded.evacuated.get(r.name, ""))
         for c in loaded.conditions:
             m.conditions[c.key] = c
             m.by_node.setdefault(c.node, set()).add(c.key)
@@ -245,6 +251,13 @@ class Memory:
         """Count a failed reset/reboot attempt of `name` (memory only: the action journal holds it)."""
         rec = self.nodes[name]
         rec.ladder_failures = (*rec.ladder_failures, at)[-64:]
+        self._refresh(rec)
+
+    def set_evacuated(self, name: str, value: str) -> None:
+        """What was done about the node's jobs since its fence (memory only: the evacuate actions
+        in the journal are the record, Store.evacuations)."""
+        rec = self.nodes[name]
+        rec.evacuated = value
         self._refresh(rec)
 
     def _refresh(self, rec: NodeRec) -> None:

@@ -261,6 +261,8 @@ class Loaded:
     recent_fences: tuple[float, ...]
     # node -> when its reset/reboot attempts failed (the ladder's count), oldest first
     ladder_failures: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
+    # node -> what was done about its jobs since its fence ("polite", "forced", "failed"), from the journal
+    evacuated: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def reason_to_json(r: FenceReason | None) -> dict[str, str] | None:
@@ -607,7 +609,20 @@ class Store:
         recent = tuple(r[0] for r in c.execute(
             "SELECT created FROM actions WHERE kind = 'fence' AND created > ? AND state != 'failed'",
             (now - rate_window,)))
-        return Loaded(nodes, conds, ids, breaker, pending, recent, self.ladder_failures(now - LADDER_LOOKBACK))
+        return Loaded(nodes, conds, ids, breaker, pending, recent, self.ladder_failures(now - LADDER_LOOKBACK),
+                      self.evacuations())
+
+    def evacuations(self) -> dict[str, str]:
+        """node -> what the journal says was done about its jobs since its current fence: the
+        last finished evacuate action recorded after the node's fenced_at (a forced one after a
+        polite one is later, so it wins). No schema of its own: the action journal is the record."""
+        out: dict[str, str] = {}
+        for node, rule, state in self.conn.execute(
+                "SELECT a.node, a.rule, a.state FROM actions a JOIN nodes n ON n.name = a.node "
+                "WHERE a.kind = 'evacuate' AND a.state IN ('done', 'failed') AND a.created >= n.fenced_at "
+                "AND n.fence != 'none' ORDER BY a.id"):
+            out[node] = "failed" if state == "failed" else "forced" if rule == "force" else "polite"
+        return out
 
     def ladder_failures(self, since: float) -> dict[str, tuple[float, ...]]:
         """node -> times its reset/reboot attempts failed since `since`: the step itself failed

@@ -12,12 +12,12 @@ import dataclasses
 import json
 import urllib.request
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 from aiohttp import web
 
 from podhealth.aggregator.config import AggregatorConfig, NodeEntry
-from podhealth.aggregator.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, render_reason
+from podhealth.aggregator.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Job, render_reason
 from podhealth.aggregator.server import make_app
 from podhealth.aggregator.service import Aggregator
 from tests.harness.proc import free_port
@@ -84,6 +84,20 @@ class MemFencer:
             return FenceOutcome(ok=True, changed=False, command=cmd, output="reboot already requested")
         self.rebooting.add(node)
         return FenceOutcome(ok=True, changed=True, command=cmd, output="reboot requested")
+
+    # JobSource: the jobs on each node, as the test sets them; evacuate() records what it was asked.
+    jobs_on: dict[str, list[Job]] = dataclasses.field(default_factory=dict)
+
+    async def jobs(self, node: str) -> list[Job]:
+        self._maybe_fail("jobs", node)
+        return list(self.jobs_on.get(node, []))
+
+    async def evacuate(self, node: str, jobs: Sequence[Job], force: bool) -> FenceOutcome:
+        self._maybe_fail("evacuate" + (" force" if force else ""), node)
+        if force:
+            self.jobs_on[node] = [j for j in self.jobs_on.get(node, []) if j not in jobs]
+        return FenceOutcome(ok=True, changed=force, command=("mem", "requeue" if force else "wait", node),
+                            output=", ".join(j.label() for j in jobs))
 
     async def remark(self, node: str, reason: FenceReason) -> FenceOutcome:
         self._maybe_fail("remark", node)

@@ -226,3 +226,27 @@ async def test_the_breaker_holds_every_rung(tmp_path: Path) -> None:
             await until(lambda: agent.resets)
     finally:
         await runner.cleanup()
+
+
+async def test_jobs_requeued_once_per_fence_even_across_a_restart(tmp_path: Path) -> None:
+    from podhealth.aggregator.config import JobsConfig
+    from podhealth.aggregator.fence import Job
+
+    fencer = MemFencer(jobs_on={"dgx01": [Job("4102", "bob", "eval", "RUNNING", (3, 5)), Job("4103", "carol")]})
+    cfg = config(tmp_path, jobs=JobsConfig(enabled=True))
+    body = {"node": "dgx01", "time": 10.0, "results": [
+        {"check": "gpu_lost", "entity": "gpu3", "status": "FAIL", "action": "REBOOT", "summary": "fallen off"}]}
+    async with running(cfg, [fencer]) as (agg, url), aiohttp.ClientSession() as s:
+        async with s.post(f"{url}/v1/reports", json=body) as r:
+            assert r.status == 200
+        await until(lambda: agg.mem.nodes["dgx01"].evacuated == "forced")
+        await until(lambda: any(a["what"] == "jobs at the fence" for a in agg.store.audit_tail()))
+        noted = [a["output"] for a in agg.store.audit_tail() if a["what"] == "jobs at the fence"]
+        assert noted == ["on gpu3: 4102 (bob, GPU 3,5); on the node: 4102 (bob, GPU 3,5), 4103 (carol)"]
+        assert fencer.count("evacuate force") == 1 and fencer.jobs_on["dgx01"] == []
+    fencer.jobs_on["dgx01"] = [Job("4200", "dave")]  # came back later: this fence already requeued
+    async with running(cfg, [fencer]) as (agg, _):
+        assert agg.mem.nodes["dgx01"].evacuated == "forced"
+        runs = agg.metrics.decisions._value.get()
+        await until(lambda: agg.metrics.decisions._value.get() > runs + 10)
+        assert fencer.count("evacuate force") == 1 and fencer.jobs_on["dgx01"] == [Job("4200", "dave")]

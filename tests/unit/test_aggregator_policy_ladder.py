@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 
 from podhealth.aggregator.config import _default_rules
-from podhealth.aggregator.model import BreakerState, FenceMode, FleetState, NodeView
+from podhealth.aggregator.model import BreakerState, Condition, FenceMode, FleetState, NodeView
 from podhealth.aggregator.policy import Policy, decide, gpu_index
+from podhealth.vocab import Action, Status
 
 NOW = 100_000.0
 DAY = 86400.0
@@ -111,3 +112,66 @@ def test_decide_is_pure_and_repeatable() -> None:
                                            ("gpu3/nvlink5", None), ("mlx5_0", None), ("gpu-1", None)])
 def test_gpu_index(entity: str, index: int | None) -> None:
     assert gpu_index(entity) == index
+
+
+# ---- job-aware actions: when the jobs on a fenced node are moved off --------------------------
+
+def jobs_policy(**kw: object) -> Policy:
+    base: dict[str, object] = dict(jobs=True, job_modes={"DRAIN": "wait", "RESET_GPU": "wait_then_force"},
+                                   job_default="wait", job_fatal=("gpu_lost", "xid:79", "xid:95"),
+                                   job_force_after=3600.0, job_evict_after=1800.0)
+    base.update(kw)
+    return policy(ladder=False, **base)
+
+
+def evac(*views: NodeView, conds: tuple[Condition, ...] = (), pol: Policy | None = None,
+         breaker: BreakerState = BreakerState()) -> list[tuple[str, bool]]:
+    f = FleetState(nodes={v.name: v for v in views}, breaker=breaker)
+    d = decide(conds, f, NOW, pol or jobs_policy())
+    return [(a.node, a.force) for a in d.actions if a.kind == "evacuate"]
+
+
+def fenced(name: str = "dgx01", action: str = "DRAIN", age: float = 60.0, **kw: object) -> NodeView:
+    return view(name, fence_action=action, fenced_at=NOW - age, remedy="", **kw)
+
+
+def fail(check: str, summary: str = "", node: str = "dgx01") -> Condition:
+    return Condition(node=node, check=check, entity="gpu3", status=Status.FAIL, action=Action.REBOOT,
+                     since=NOW - 60, observed=NOW, summary=summary)
+
+
+@pytest.mark.parametrize("v, conds, expected", [
+    # wait: nothing until evict_after, then the polite way once
+    (fenced(age=60), (), []),
+    (fenced(age=1801), (), [("dgx01", False)]),
+    (fenced(age=1801, evacuated="polite"), (), []),
+    # wait_then_force: polite after evict_after, requeue after force_after
+    (fenced(action="RESET_GPU", age=1801), (), [("dgx01", False)]),
+    (fenced(action="RESET_GPU", age=3601, evacuated="polite"), (), [("dgx01", True)]),
+    (fenced(action="RESET_GPU", age=3601, evacuated="forced"), (), []),
+    # the fatal set: now, whatever the action
+    (fenced(age=5), (fail("gpu_lost"),), [("dgx01", True)]),
+    (fenced(age=5), (fail("xid", "XID 79: GPU has fallen off the bus"),), [("dgx01", True)]),
+    (fenced(age=5), (fail("xid", "XID 95: Uncontained memory error"),), [("dgx01", True)]),
+    (fenced(age=5), (fail("xid", "XID 13: Graphics engine exception"),), []),
+    (fenced(age=5), (fail("xid", "XID 950: made up"),), []),
+    # ... but only a FAIL of this node, and only once forced; a failed one is not retried
+    (fenced(age=5), (fail("gpu_lost", node="dgx02"),), []),
+    (fenced(age=5, evacuated="failed"), (fail("gpu_lost"),), []),
+    # not ours / not yet fenced: never
+    (fenced(age=5, fence=FenceMode.EXTERNAL), (fail("gpu_lost"),), []),
+    (fenced(age=5, fence=FenceMode.FENCING), (fail("gpu_lost"),), []),
+])
+def test_when_jobs_are_moved_off(v: NodeView, conds: tuple[Condition, ...], expected: list[tuple[str, bool]]) -> None:
+    assert evac(v, conds=conds) == expected
+
+
+def test_jobs_off_by_default_and_held_by_breaker_and_opt_out() -> None:
+    v, c = fenced(age=5), (fail("gpu_lost"),)
+    assert evac(v, conds=c, pol=jobs_policy(jobs=False)) == []
+    tripped = BreakerState(tripped=True, tripped_at=NOW - 1, reason="outage")
+    assert evac(v, conds=c, breaker=tripped) == []
+    assert evac(fenced(age=5, opted_out=True), conds=c) == []
+    assert evac(v, conds=c, pol=jobs_policy(opt_out=frozenset({"dgx01"}))) == []
+    d = decide(c, FleetState(nodes={"dgx01": v}, breaker=tripped), NOW, jobs_policy())
+    assert "breaker tripped" in d.notes_of("jobs_held")[0].detail
