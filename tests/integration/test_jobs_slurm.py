@@ -118,3 +118,26 @@ async def test_the_fatal_path_requeues_the_wait_path_leaves_the_job_alone(slurm:
             assert len(node["jobs"][0]["gpus"]) == 2
     finally:
         cancel(slurm, dead, alive)
+
+
+async def test_dry_run_says_which_jobs_it_would_requeue_and_touches_nothing(slurm: SlurmCluster,
+                                                                           tmp_path: Any) -> None:
+    from podhealth.aggregator.config import FencersConfig, SlurmFencerConfig
+
+    job = submit(slurm, "dgx04", 1)
+    try:
+        await until(lambda: job_state(slurm, job)[0] == "RUNNING", 30, "the job to run")
+        cfg = config(tmp_path, dry_run=True, jobs=JobsConfig(enabled=True),
+                     fencers=FencersConfig(slurm=SlurmFencerConfig(enabled=True, slurm_conf=str(slurm.conf))))
+        async with running(cfg) as (agg, url), aiohttp.ClientSession() as s:
+            assert [f.name for f in agg.fencers] == ["dryrun"]
+            async with s.post(f"{url}/v1/reports", json=report("dgx04", "gpu_lost", "REBOOT", "lost")) as r:
+                assert r.status == 200
+            await until(lambda: any(a["what"] == "evacuate via slurm (dry run)" for a in agg.store.audit_tail()),
+                        30, "the dry-run evacuation")
+            line = next(a for a in agg.store.audit_tail() if a["what"] == "evacuate via slurm (dry run)")
+            assert line["output"].startswith(f"would requeue/evict: {job} (") and "GPU 0" in line["output"]
+        assert job_state(slurm, job) == ("RUNNING", "dgx04")
+        assert "DRAIN" not in slurm.run("scontrol", "show", "node", "dgx04").stdout  # nothing fenced either
+    finally:
+        cancel(slurm, job)
