@@ -115,6 +115,11 @@ async def test_reset_fails_then_reboot_does_not_help_then_repair(tmp_path: Path)
                     text = await r.text()
             assert [q["node"] for q in queue] == ["dgx01"] and len(queue[0]["attempts"]) == 3
             assert 'podhealth_aggregator_nodes{state="repair"} 1.0' in text
+            from tests.unit.test_aggregator_cli import fleet
+            rc, out, err = await fleet(api, "repairs", token=None)
+            assert rc == 0, err
+            assert "dgx01" in out and "podhealth: REPAIR xid/gpu3 RESET_GPU" in out
+            assert "reset_gpu failed" in out and "reboot    failed" in out
             runs = agg.metrics.decisions._value.get()
             await until(lambda: agg.metrics.decisions._value.get() > runs + 10)
             assert fencer.count("reboot") == 1 and len(agent.resets) == 1 and len(kinds(agg)) == 3
