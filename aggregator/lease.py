@@ -24,9 +24,14 @@ import socket
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
 from podhealth.aggregator.store import Store, StoreError, rollback
+
+if TYPE_CHECKING:
+    from podhealth.aggregator.pgstore import PgConnection
+
+T = TypeVar("T")
 
 
 class LeaseHeld(StoreError):
@@ -126,3 +131,93 @@ def bump_epoch(store: Store, holder: str, now: float) -> int:
     except (sqlite3.Error, ValueError) as e:
         raise StoreError(f"{store.path}: cannot record the lease: {e}") from None
     return epoch
+
+
+class PgLease:
+    """Leadership among replicas on one PostgreSQL: the `lease` row of the kv table, taken when it
+    has run out and renewed by its holder, on a connection of its own (the writer's may be busy
+    with a group commit). Expiry is judged by the database's clock, never a replica's: replicas
+    whose clocks disagree still agree on who leads. Each takeover adds one to the epoch; the
+    store refuses journal writes under an older one (Store._check_epoch)."""
+
+    def __init__(self, url: str, holder: str, duration: float) -> None:
+        self.url = url
+        self.holder = holder
+        self.duration = duration
+        self._conn: "PgConnection | None" = None
+        self.seen: dict[str, Any] = {}  # the last lease row read: who leads, since when
+
+    def _c(self) -> "PgConnection":
+        from podhealth.aggregator import pgstore
+        if self._conn is None:
+            self._conn = pgstore.connect(self.url)
+        return self._conn
+
+    def abandon(self) -> None:
+        """Drop the connection after a call that did not return in time (it may still be stuck
+        in a thread on a frozen socket; the next call opens a new one)."""
+        self._conn = None
+
+    def _locked_row(self) -> tuple[dict[str, Any], float]:
+        c = self._c()
+        c.execute("INSERT INTO kv (key, value) VALUES ('lease', '{\"epoch\": 0, \"expires\": 0}') "
+                  "ON CONFLICT (key) DO NOTHING")
+        row = c.execute("SELECT value, EXTRACT(EPOCH FROM clock_timestamp()) FROM kv WHERE key = 'lease' "
+                        "FOR UPDATE").fetchone()
+        return json.loads(row[0]), float(row[1])
+
+    def _write(self, d: dict[str, Any]) -> None:
+        self._c().execute("UPDATE kv SET value = ? WHERE key = 'lease'", (json.dumps(d),))
+
+    def _txn(self, fn: "Callable[[dict[str, Any], float], T]") -> "T":
+        c = self._c()
+        c.execute("BEGIN")
+        try:
+            d, now = self._locked_row()
+            out = fn(d, now)
+            c.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                rollback(c)
+            raise
+        return out
+
+    def try_acquire(self) -> LeaseInfo | None:
+        """Take the lease if it is free or has run out (or is already ours); None if another
+        replica holds it."""
+        def take(d: dict[str, Any], now: float) -> LeaseInfo | None:
+            self.seen = dict(d)
+            if float(d.get("expires", 0) or 0) > now and d.get("holder") != self.holder:
+                return None
+            epoch = int(d.get("epoch", 0) or 0) + 1
+            new = {"holder": self.holder, "epoch": epoch, "since": now, "expires": now + self.duration,
+                   "previous": d.get("holder", "")}
+            self._write(new)
+            self.seen = new
+            return LeaseInfo(self.holder, epoch, now)
+        return self._txn(take)
+
+    def renew(self, info: LeaseInfo) -> bool:
+        """Push the expiry on; False when the lease is no longer ours (someone took it over)."""
+        def extend(d: dict[str, Any], now: float) -> bool:
+            self.seen = dict(d)
+            if d.get("holder") != self.holder or int(d.get("epoch", 0) or 0) != info.epoch:
+                return False
+            d["expires"] = now + self.duration
+            self._write(d)
+            return True
+        return self._txn(extend)
+
+    def release(self, info: LeaseInfo) -> None:
+        """A clean stop hands over at once: the lease runs out now (if it is still ours)."""
+        def end(d: dict[str, Any], now: float) -> None:
+            if d.get("holder") == self.holder and int(d.get("epoch", 0) or 0) == info.epoch:
+                d["expires"] = 0
+                self._write(d)
+        self._txn(end)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None

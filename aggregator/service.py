@@ -13,7 +13,7 @@ import collections
 import contextlib
 import dataclasses
 import json
-import sqlite3
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
@@ -32,9 +32,13 @@ from podhealth.aggregator.fence import (
 from podhealth.aggregator.metrics import Metrics
 from podhealth.aggregator.model import LADDER_STEPS, BreakerState, Decision, FenceMode, FleetState, Planned
 from podhealth.aggregator.policy import RATE_WINDOW, Policy, decide, gpu_index, partition_limit
-from podhealth.aggregator.lease import FileLease, LeaseInfo
+from podhealth.aggregator.leader import Leadership
+from podhealth.aggregator.lease import FileLease, LeaseInfo, PgLease, holder_name
 from podhealth.aggregator.state import Checkpoint, Memory
-from podhealth.aggregator.store import ActionRow, ActionStart, Loaded, Op, Store, StoreError, reason_to_json
+from podhealth.aggregator.store import (
+    ActionRow, ActionStart, Loaded, Op, StaleEpoch, Store, StoreError, db_errors, is_postgres_url, reason_to_json,
+    sqlite_path,
+)
 from podhealth.aggregator.writer import Writer
 
 T = TypeVar("T")
@@ -42,6 +46,10 @@ log = plog.get("podhealth.aggregator")
 RECONCILE_INTERVAL = 60.0
 HOUSEKEEPING_INTERVAL = 5.0
 MIN_DECIDE_GAP = 0.05
+
+
+class NotLeader(Exception):
+    """This replica stopped leading: it leaves the action pending in the journal for the next leader."""
 
 
 class OperatorError(Exception):
@@ -124,6 +132,9 @@ class Aggregator:
         self.store: Store | None = None
         self.lease: FileLease = FileLease(cfg.db)
         self.lease_info: LeaseInfo | None = None
+        # PostgreSQL replicas: which one acts (None on SQLite, where the file lease is exclusive)
+        self.leadership: Leadership | None = None
+        self._acting_tasks: list[asyncio.Task[Any]] = []
         self.writer: Writer | None = None
         self.mem: Memory | None = None
         self.pending: dict[int, Pending] = {}
@@ -147,24 +158,29 @@ class Aggregator:
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        now = self.clock()
-        self.started_at = now
-        store, loaded = await self._open_store(now)
-        self.mem = Memory.from_loaded(loaded)
-        self.mem.max_skew = self.cfg.max_clock_skew
+    def _memory(self, loaded: Loaded, cycles: list[tuple[str, float, str, str]], now: float) -> Memory:
+        """The in-memory mirror from what the store holds (at start, and at a takeover)."""
+        mem = Memory.from_loaded(loaded)
+        mem.max_skew = self.cfg.max_clock_skew
         # The rate limit's recent fences, stored as wall times, move onto the monotonic clock.
         m0 = self.mono()
-        self.mem.recent_fences = collections.deque((m0 - max(0.0, now - t) for t in sorted(loaded.recent_fences)),
-                                                   maxlen=self.mem.recent_fences.maxlen)
-        cycles = await asyncio.to_thread(store.recent_cycles, now - self.cfg.flap_hold.window)  # writer not yet running
+        mem.recent_fences = collections.deque((m0 - max(0.0, now - t) for t in sorted(loaded.recent_fences)),
+                                              maxlen=mem.recent_fences.maxlen)
         for node, at, kind, who in cycles:
-            rec = self.mem.nodes.get(node)
+            rec = mem.nodes.get(node)
             if rec is not None:
                 if kind == "release":
                     rec.cycles.clear()  # an operator's release starts the count afresh
                 else:
                     rec.cycles.append(at)
+        return mem
+
+    async def start(self) -> None:
+        now = self.clock()
+        self.started_at = now
+        store, loaded = await self._open_store(now)
+        cycles = await asyncio.to_thread(store.recent_cycles, now - self.cfg.flap_hold.window)  # writer not yet running
+        self.mem = self._memory(loaded, cycles, now)
         self.writer = Writer(store)
         self.writer.start()
         ops: list[Op] = []
@@ -174,23 +190,73 @@ class Aggregator:
         self._session = aiohttp.ClientSession()
         self._running = True
         fencer_names = ", ".join(f.name for f in self.fencers)
-        log.info("aggregator starting", db=str(self.cfg.db), nodes=len(self.mem.nodes), fencers=fencer_names,
-                 dry_run=self.cfg.dry_run, pending=len(loaded.pending))
-        await self._recover([Pending.of(r) for r in loaded.pending])
-        await self._orphan_steps({r.node for r in loaded.pending})
+        log.info("aggregator starting", db=store.where, nodes=len(self.mem.nodes), fencers=fencer_names,
+                 dry_run=self.cfg.dry_run, pending=len(loaded.pending), replica=self.leadership is not None)
+        if self.leadership is None:
+            await self._start_acting(loaded.pending)
+            self._tasks = [asyncio.create_task(self._housekeeping_loop(), name="housekeeping")]
+        else:
+            # A replica: ingest and serve now; decide and act only once it leads.
+            lead = self.leadership
+            self._tasks = [asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
+                           asyncio.create_task(lead.run(lambda: self._running), name="leadership")]
+
+    async def _start_acting(self, pending: Sequence[ActionRow]) -> None:
+        """Finish or roll back the journal's pending actions, reconcile with the fencers, then
+        decide and act: at start (SQLite), or when this replica takes the lead (PostgreSQL)."""
+        await self._recover([Pending.of(r) for r in pending])
+        await self._orphan_steps({r.node for r in pending})
         await self.reconcile(initial=True)
-        self._tasks = [asyncio.create_task(self._decide_loop(), name="decide"),
-                       asyncio.create_task(self._pull_loop(), name="pull"),
-                       asyncio.create_task(self._housekeeping_loop(), name="housekeeping")]
+        self._acting_tasks = [asyncio.create_task(self._decide_loop(), name="decide"),
+                              asyncio.create_task(self._pull_loop(), name="pull")]
+
+    def acting(self) -> bool:
+        """May this process decide and act now? Always on SQLite; on PostgreSQL while it leads."""
+        return self.leadership is None or self.leadership.acting()
+
+    def epoch(self) -> int | None:
+        """The fencing token journal writes carry (None before any lease: tests without start())."""
+        return self.lease_info.epoch if self.lease_info is not None else None
+
+    async def _elected(self, info: LeaseInfo) -> None:
+        """This replica leads: reload the mirror from the store (the other replicas' ingest, the
+        previous leader's journal), then finish its pending actions and start deciding."""
+        assert self.writer is not None
+        self.lease_info = info
+        self.metrics.lease_epoch.set(info.epoch)
+        now = self.clock()
+        window = self.cfg.flap_hold.window
+        # Through the writer: after every write this replica queued before, in order.
+        loaded, cycles = await self.writer.call(
+            lambda s: (s.load(now, self.cfg.event_retention), s.recent_cycles(now - window)))
+        self.mem = self._memory(loaded, cycles, now)
+        self.pending.clear()
+        log.info("taking over", epoch=info.epoch, pending=len(loaded.pending), nodes=len(self.mem.nodes))
+        try:
+            await self._start_acting(loaded.pending)
+        except NotLeader:
+            pass  # lost the lead while taking over: the next leader finishes the journal
+
+    async def _deposed(self, why: str) -> None:
+        """Stop deciding and acting at once; what is in flight stays pending in the journal."""
+        tasks = [*self._acting_tasks, *self._action_tasks]
+        self._acting_tasks = []
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.pending.clear()
+        self.lease_info = None
 
     async def stop(self) -> None:
         self._running = False
-        for t in self._tasks:
+        for t in [*self._tasks, *self._acting_tasks]:
             t.cancel()
         for t in list(self._action_tasks):
             t.cancel()
-        await asyncio.gather(*self._tasks, *self._action_tasks, return_exceptions=True)
-        self._tasks = []
+        await asyncio.gather(*self._tasks, *self._acting_tasks, *self._action_tasks, return_exceptions=True)
+        self._tasks, self._acting_tasks = [], []
+        if self.leadership is not None:
+            await self.leadership.release()
         if self.mem is not None and self.writer is not None:
             self.writer.write_nowait(self.mem.flush_seen())
         if self.writer is not None:
@@ -204,7 +270,11 @@ class Aggregator:
     async def _open_store(self, now: float) -> tuple[Store, Loaded]:
         """Take the store's lease, open (migrate) and load it. Any failure (another aggregator
         holds it; corrupt, locked or read-only) is one StoreError line, and nothing is left held."""
-        db = self.cfg.db
+        url = self.cfg.store_url()
+        if is_postgres_url(url):
+            return await self._open_replica(url, now)
+        db = sqlite_path(url)
+        self.lease = FileLease(db)
         try:
             await asyncio.to_thread(db.parent.mkdir, parents=True, exist_ok=True)
             # The lock before the open: a second aggregator must not even migrate the schema.
@@ -221,11 +291,32 @@ class Aggregator:
             self.lease.release()
             if isinstance(e, StoreError):
                 raise
-            if isinstance(e, (sqlite3.Error, OSError)):
+            if isinstance(e, (*db_errors(), OSError)):
                 raise StoreError(f"{db}: {getattr(e, 'strerror', None) or e}") from None
             raise
         self.metrics.lease_epoch.set(info.epoch)
         log.info("store lease taken", db=str(db), epoch=info.epoch, holder=info.holder)
+        return store, loaded
+
+    async def _open_replica(self, url: str, now: float) -> tuple[Store, Loaded]:
+        """A replica on PostgreSQL: open (migrate) and load; leadership is taken by the loop."""
+        try:
+            self.store = store = await asyncio.to_thread(Store, url)
+            loaded = await asyncio.to_thread(store.load, now, self.cfg.event_retention)
+        except BaseException as e:
+            if self.store is not None:
+                with contextlib.suppress(Exception):
+                    self.store.close()
+                self.store = None
+            if isinstance(e, StoreError):
+                raise
+            if isinstance(e, db_errors()):
+                raise StoreError(f"{store.where if self.store else url}: {e}") from None
+            raise
+        # A token of its own: two replicas may share a host, a port in config, even a pid (containers)
+        holder = f"{holder_name()} port {self.cfg.listen.port} #{secrets.token_hex(3)}"
+        self.leadership = Leadership(PgLease(url, holder, self.cfg.store.lease), self._elected, self._deposed,
+                                     self.mono)
         return store, loaded
 
     def _held(self) -> dict[str, int]:
@@ -243,6 +334,22 @@ class Aggregator:
     async def commit(self, ops: Sequence[Op]) -> None:
         assert self.writer is not None
         await self.writer.write(ops)
+
+    async def commit_journal(self, ops: Sequence[Op]) -> None:
+        """An action's progress or end: on PostgreSQL only under this replica's epoch (a deposed
+        leader's late write is refused, StaleEpoch, and it stops leading)."""
+        assert self.writer is not None
+        if self.leadership is None:
+            await self.writer.write(ops)
+            return
+        epoch = self.epoch()
+        if epoch is None or not self.acting():
+            raise NotLeader("not leading: the journal write is left to the leader")
+        try:
+            await self.writer.call(lambda s: s.apply(ops, epoch=epoch))
+        except StaleEpoch as e:
+            asyncio.ensure_future(self.leadership.depose(str(e)))
+            raise NotLeader(str(e)) from None
 
     # ---- the decide loop -----------------------------------------------------------------------
 
@@ -371,9 +478,12 @@ class Aggregator:
         """Record the action as pending (durably) and only then carry it out."""
         assert self.writer is not None
         try:
+            if not self.acting():
+                raise NotLeader(f"not leading: {kind} {node} not recorded")
+            epoch = self.epoch()
             aid = await self.writer.call(lambda s: s.begin_action(node, kind, who, why, now, reason, rule,
-                                                                  self.cfg.dry_run, extra))
-        except sqlite3.Error as e:
+                                                                  self.cfg.dry_run, extra, epoch))
+        except (*db_errors(), StoreError, NotLeader) as e:
             raise self._unrecorded([node], kind, e, undo) from None
         p = Pending(id=aid, node=node, kind=kind, who=who, why=why, reason=reason, rule=rule, dry_run=self.cfg.dry_run)
         self.pending[aid] = p
@@ -401,6 +511,8 @@ class Aggregator:
         r = self.cfg.retries
         delay = r.backoff
         for attempt in range(r.attempts):
+            if not self.acting():  # a replica that stopped leading touches no fencer
+                raise NotLeader(f"not leading: {what} not done")
             try:
                 return await asyncio.wait_for(fn(), timeout=max(self.cfg.fencers.slurm.timeout,
                                                                  self.cfg.fencers.kubernetes.timeout) * 2)
@@ -437,6 +549,8 @@ class Aggregator:
                     await self._step_failed(p, f"{e} (gave up after {p.attempts + 1} tries)")
                 else:
                     await self._postpone(p, str(e))
+            except NotLeader as e:
+                log.warning("action left pending for the leader", id=p.id, node=p.node, kind=p.kind, why=str(e))
             except PermanentError as e:
                 assert self.mem is not None
                 ops: list[Op] = []
@@ -463,14 +577,15 @@ class Aggregator:
         p.next_attempt = now + min(self.cfg.retries.max_backoff, self.cfg.retries.backoff * (2 ** min(p.attempts, 16)))
         log.warning("action still pending", id=p.id, node=p.node, kind=p.kind, error=error, attempts=p.attempts)
         self.metrics.actions.labels(p.kind, "retry").inc()
-        await self.commit([Store.op_action_attempt(p.id, now, p.attempts, p.next_attempt, error),
-                           Store.op_audit(now, p.node, p.who, f"{p.kind} attempt failed", p.why, (), error, False, p.id)])
+        await self.commit_journal([Store.op_action_attempt(p.id, now, p.attempts, p.next_attempt, error),
+                                   Store.op_audit(now, p.node, p.who, f"{p.kind} attempt failed", p.why, (), error,
+                                                  False, p.id)])
 
     async def _finish(self, p: Pending, state: str, result: str, ops: list[Op]) -> None:
         now = self.clock()
-        await self.commit(ops + [Store.op_action_finish(p.id, state, now, result),
-                                 Store.op_audit(now, p.node, p.who, f"{p.kind} {state}", p.why, (), result,
-                                                state != "failed", p.id)])
+        await self.commit_journal(ops + [Store.op_action_finish(p.id, state, now, result),
+                                         Store.op_audit(now, p.node, p.who, f"{p.kind} {state}", p.why, (), result,
+                                                        state != "failed", p.id)])
         self.pending.pop(p.id, None)
         if p.kind == "evacuate":
             self._evacuating.discard(p.node)
@@ -525,10 +640,10 @@ class Aggregator:
         now = self.clock()
         if changed:
             self.metrics.fences.labels(p.reason.check, p.reason.action).inc()
+        mem.set_evacuated(p.node, "")  # a new fence: its jobs have not been looked at yet
         await self._finish(p, "done", "fenced" if changed else "was already fenced",
                            ops + mem.set_node(p.node, fence=FenceMode.FENCED, fenced_at=now, opted_out=False,
                                               handover="", handover_at=0.0) + self._flap_hold(p.node, now))
-        mem.set_evacuated(p.node, "")
         if self.cfg.jobs.enabled:
             self._spawn(self._note_jobs(p.node, p.reason))
 
@@ -582,6 +697,11 @@ class Aggregator:
         if undo is not None:
             self.mem.rollback(undo, nodes)
         self.metrics.actions.labels(kind, "unrecorded").inc()
+        if isinstance(e, StaleEpoch) and self.leadership is not None:
+            asyncio.ensure_future(self.leadership.depose(str(e)))
+        if isinstance(e, (StaleEpoch, NotLeader)):
+            log.warning("action not recorded: this replica does not lead", nodes=nodes[:20], kind=kind, why=str(e))
+            return OperatorError(503, f"this aggregator does not lead ({e}); nothing was done")
         log.error("action not recorded: the state store cannot write; nothing done", nodes=nodes[:20],
                   count=len(nodes), kind=kind, error=str(e))
         return OperatorError(503, f"the state store cannot write ({e}); nothing was done")
@@ -590,8 +710,11 @@ class Aggregator:
         """Record every fence as pending (one transaction) and only then carry them out together."""
         assert self.writer is not None
         try:
-            ids = await self.writer.call(lambda s: s.begin_actions(starts))
-        except sqlite3.Error as e:
+            if not self.acting():
+                raise NotLeader(f"not leading: {len(starts)} fences not recorded")
+            epoch = self.epoch()
+            ids = await self.writer.call(lambda s: s.begin_actions(starts, epoch))
+        except (*db_errors(), StoreError, NotLeader) as e:
             raise self._unrecorded([a.node for a in starts], "fence", e, undo) from None
         ps = [Pending(id=aid, node=a.node, kind=a.kind, who=a.who, why=a.why, reason=a.reason, rule=a.rule,
                       dry_run=a.dry_run) for aid, a in zip(ids, starts)]
@@ -619,6 +742,9 @@ class Aggregator:
                     single += await self._fence_batch(mine)
         except asyncio.CancelledError:
             raise
+        except NotLeader as e:
+            log.warning("fences left pending for the leader", nodes=len(mine), why=str(e))
+            return
         except Exception as e:  # noqa: BLE001 - a bug must not lose the pending records
             log.exception("batch of fences failed unexpectedly", nodes=len(mine))
             for p in mine:
@@ -1180,6 +1306,8 @@ class Aggregator:
             now = self.clock()
             try:
                 writer.write_nowait(mem.flush_seen())
+                if not self.acting():
+                    continue  # a follower only ingests: the rest is the leader's
                 ops: list[Op] = self.silence_ops(now) + self.forget_ops(now)
                 if self.mono() - last_prune > 3600:
                     ops += mem.prune_ids(now - self.cfg.event_retention)
@@ -1207,7 +1335,13 @@ class Aggregator:
 
     # ---- operator actions ------------------------------------------------------------------------
 
+    def _require_leader(self) -> None:
+        if not self.acting():
+            lead = self.leadership.lease.seen.get("holder", "unknown") if self.leadership else "unknown"
+            raise OperatorError(503, f"this aggregator is a follower; ask the leader ({lead})")
+
     async def operator_fence(self, node: str, reason: str, who: str, wait: float = 30.0) -> dict[str, Any]:
+        self._require_leader()
         mem = self.mem
         assert mem is not None
         rec = mem.nodes.get(node)
@@ -1229,6 +1363,7 @@ class Aggregator:
         return await self._await_action(t, wait)
 
     async def operator_release(self, node: str, reason: str, who: str, wait: float = 30.0) -> dict[str, Any]:
+        self._require_leader()
         mem = self.mem
         assert mem is not None
         rec = mem.nodes.get(node)
@@ -1249,6 +1384,7 @@ class Aggregator:
         return await self._await_action(t, wait)
 
     async def operator_handover(self, node: str, who: str, wait: float = 30.0) -> dict[str, Any]:
+        self._require_leader()
         mem = self.mem
         assert mem is not None
         rec = mem.nodes.get(node)
@@ -1284,6 +1420,7 @@ class Aggregator:
         return {"node": node, "reset_at": now, "was": was}
 
     async def breaker_reset(self, who: str, reason: str) -> dict[str, Any]:
+        self._require_leader()
         mem = self.mem
         assert mem is not None
         now = self.clock()

@@ -31,6 +31,10 @@ class StoreError(Exception):
     pass
 
 
+class StaleEpoch(StoreError):
+    """A journal write under a lease epoch that is no longer the current one: refused."""
+
+
 class DbConn(Protocol):
     """What the store needs of a connection: sqlite3's, or aggregator/pgstore.PgConnection."""
 
@@ -172,6 +176,12 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE actions ADD COLUMN outcome TEXT NOT NULL DEFAULT '';
     ALTER TABLE actions ADD COLUMN outcome_at REAL NOT NULL DEFAULT 0;
     CREATE INDEX actions_ladder ON actions (node, created) WHERE kind IN ('reset_gpu', 'reboot');
+    """,
+    # 7: the fencing token. Every journaled action carries the lease epoch of the aggregator that
+    # recorded it; the store refuses a journal write under an epoch that is no longer the lease's
+    # (Store.begin_actions, apply(epoch=)), so a deposed leader that wakes up cannot act.
+    """
+    ALTER TABLE actions ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -420,11 +430,14 @@ class Store:
 
     # ---- writing -------------------------------------------------------------------------
 
-    def apply(self, ops: Iterable[Op]) -> None:
-        """Run ops in one transaction; runs of the same statement go through one executemany."""
+    def apply(self, ops: Iterable[Op], epoch: int | None = None) -> None:
+        """Run ops in one transaction; runs of the same statement go through one executemany.
+        With `epoch`, only while that is still the lease's epoch (else StaleEpoch, nothing written)."""
         c = self.conn
         c.execute("BEGIN")
         try:
+            if epoch is not None:
+                self._check_epoch(epoch)
             for sql, group in itertools.groupby(ops, key=operator.itemgetter(0)):
                 params = [p for _, p in group]
                 if len(params) == 1:
@@ -437,22 +450,37 @@ class Store:
             raise
 
     def begin_action(self, node: str, kind: str, who: str, why: str, now: float, reason: FenceReason | None = None,
-                     rule: str = "", dry_run: bool = False, extra: Sequence[Op] = ()) -> int:
+                     rule: str = "", dry_run: bool = False, extra: Sequence[Op] = (), epoch: int | None = None) -> int:
         """Record a pending action (and `extra` ops) in one transaction, BEFORE anything is done."""
-        return self.begin_actions([ActionStart(node, kind, who, why, now, reason, rule, dry_run, tuple(extra))])[0]
+        return self.begin_actions([ActionStart(node, kind, who, why, now, reason, rule, dry_run, tuple(extra))],
+                                  epoch)[0]
 
-    def begin_actions(self, starts: Sequence["ActionStart"]) -> list[int]:
-        """begin_action for many actions in one transaction (a batch of fences); ids in order."""
+    def _check_epoch(self, epoch: int) -> None:
+        """Inside a transaction: refuse it unless `epoch` is the lease's. On PostgreSQL the lease
+        row is locked until the commit (FOR UPDATE), so a takeover (which bumps the epoch on the
+        same row) cannot slip in between the check and this transaction's writes."""
+        lock = " FOR UPDATE" if self.url else ""  # SQLite's writer already holds the database lock
+        row = self.conn.execute(f"SELECT value FROM kv WHERE key = 'lease'{lock}").fetchone()
+        current = int(json.loads(row[0]).get("epoch", 0)) if row else 0
+        if current != epoch:
+            raise StaleEpoch(f"lease epoch {epoch} is no longer current (now {current}): this aggregator was "
+                             "deposed; the journal write is refused")
+
+    def begin_actions(self, starts: Sequence["ActionStart"], epoch: int | None = None) -> list[int]:
+        """begin_action for many actions in one transaction (a batch of fences); ids in order.
+        With `epoch`, the fencing token: recorded with each action, refused when stale."""
         c = self.conn
         ids: list[int] = []
         c.execute("BEGIN")
         try:
+            if epoch is not None:
+                self._check_epoch(epoch)
             for a in starts:
                 cur = c.execute(
-                    "INSERT INTO actions (node, kind, state, who, why, reason, rule, dry_run, created, updated) "
-                    "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                    "INSERT INTO actions (node, kind, state, who, why, reason, rule, dry_run, created, updated, epoch) "
+                    "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                     (a.node, a.kind, a.who, a.why, json.dumps(reason_to_json(a.reason)) if a.reason else "", a.rule,
-                     int(a.dry_run), a.now, a.now))
+                     int(a.dry_run), a.now, a.now, epoch or 0))
                 aid = int(cur.fetchone()[0])  # RETURNING, not lastrowid: PostgreSQL has no rowid
                 c.execute("INSERT INTO audit (time, node, action_id, who, what, why) VALUES (?, ?, ?, ?, ?, ?)",
                           (a.now, a.node, aid, a.who, f"{a.kind} requested", a.why))

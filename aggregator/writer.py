@@ -1,4 +1,4 @@
-"""One thread owns the SQLite connection and commits in groups.
+"""One thread owns the store's connection (SQLite or PostgreSQL) and commits in groups.
 
 Handlers on the event loop hand over their ops and await the commit; the thread drains whatever
 has queued meanwhile into one transaction. So ingest never blocks the loop on disk, a 200 means
@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import queue
-import sqlite3
 import threading
 from typing import Any, Callable, Sequence, TypeVar
 
-from podhealth.aggregator.store import Op, Store
+from podhealth.aggregator.store import Op, Store, db_errors
 
 T = TypeVar("T")
 _MAX_BATCH = 512
@@ -96,7 +95,7 @@ class Writer:
             try:
                 result = payload(self.store)
             except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
-                if isinstance(e, sqlite3.Error):
+                if isinstance(e, db_errors()):
                     self.error = f"{type(e).__name__}: {e}"
                 self._resolve(fut, None, e)
             else:

@@ -1,0 +1,106 @@
+"""Replicas on one PostgreSQL: one leader acts, the fencing token (epoch) guards the journal,
+a leader cut off from the database stops acting before its lease runs out, a follower takes over.
+
+Two in-process aggregators share one fencer backend (as two replicas share one slurmctld), so
+"never fenced twice" is counted on one set of calls. The SIGKILL test with processes is
+tests/integration/test_replicas_failover.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import aiohttp
+import pytest
+
+from podhealth.aggregator.config import StoreConfig
+from podhealth.aggregator.fence import FenceReason
+from podhealth.aggregator.service import Aggregator
+from podhealth.aggregator.store import ActionStart, StaleEpoch
+from tests.harness.agg import MemFencer, config, running
+from tests.harness.pg import pg_fixture
+from tests.unit.test_aggregator_service import fail_report, until
+
+pytestmark = pytest.mark.timeout(90)
+pg = pg_fixture()
+LEASE = 2.0
+
+
+@contextlib.asynccontextmanager
+async def pair(tmp_path: Path, url: str, fencer: MemFencer) -> AsyncIterator[list[tuple[Aggregator, str]]]:
+    cfg = config(tmp_path, nodes=6, store=StoreConfig(url=url, lease=LEASE))
+    async with running(cfg, [fencer]) as a, running(cfg, [fencer]) as b:
+        yield [a, b]
+
+
+def leaders(aggs: list[tuple[Aggregator, str]]) -> list[Aggregator]:
+    return [agg for agg, _ in aggs if agg.acting()]
+
+
+async def test_one_leader_acts_and_a_cut_off_leader_stops_before_a_follower_takes_over(
+        tmp_path: Path, pg: Any) -> None:
+    fencer = MemFencer()
+    url = pg.new_database()
+    async with pair(tmp_path, url, fencer) as aggs, aiohttp.ClientSession() as http:
+        await until(lambda: len(leaders(aggs)) == 1, timeout=3 * LEASE)
+        [lead] = leaders(aggs)
+        (follower, furl) = next((a, u) for a, u in aggs if a is not lead)
+        lurl = next(u for a, u in aggs if a is lead)
+        assert not follower.acting() and follower.lease_info is None
+        # the follower ingests (200) but does not act; operator actions there are refused
+        async with http.post(f"{furl}/v1/reports", json=fail_report("dgx05", 10)) as r:
+            assert r.status == 200
+        async with http.post(f"{furl}/api/v1/nodes/dgx01/fence", json={"reason": "x"}) as r:
+            assert r.status in (401, 403, 503)
+        # the leader fences a failing node once, journaled under its epoch
+        async with http.post(f"{lurl}/v1/reports", json=fail_report("dgx01", 10)) as r:
+            assert r.status == 200
+        await until(lambda: "dgx01" in fencer.fenced and not lead.pending)
+        epoch = lead.epoch()
+        assert epoch is not None
+        rows = lead.store.conn.execute("SELECT node, kind, epoch FROM actions").fetchall()
+        assert [tuple(r) for r in rows] == [("dgx01", "fence", epoch)]
+
+        # Cut the leader off from the lease (its renewals hang, as on a partition).
+        def hang(*_: Any) -> bool:
+            time.sleep(LEASE * 3)
+            return True
+        cut = lead.leadership
+        assert cut is not None
+        cut.lease.renew = hang  # type: ignore[method-assign]
+        cut.lease.try_acquire = hang  # type: ignore[method-assign, assignment]
+        t0 = time.monotonic()
+        await until(lambda: not lead.acting(), timeout=LEASE)
+        stopped = time.monotonic() - t0
+        await until(lambda: follower.acting(), timeout=3 * LEASE)
+        took_over = time.monotonic() - t0
+        assert stopped <= LEASE / 2 + 0.3 < took_over, (stopped, took_over)
+        assert follower.epoch() == epoch + 1
+        # The new leader saw dgx05's failure ingested at the follower, and counts the partition
+        # cap from the shared state: dgx01, fenced by the old leader, fills it (1 of 6 in 'batch').
+        await until(lambda: any(n.node == "dgx05" and n.kind == "partition_cap_reached"
+                                for n in follower.last_decision.notes), timeout=10)
+        assert fencer.count("fence", "dgx01") == 1 and fencer.count("fence", "dgx05") == 0
+        # a deposed leader's journal write is refused by the store, whatever it believes
+        start = ActionStart("dgx02", "fence", "policy", "late", 20.0, FenceReason("xid", "GPU0", "RESET_GPU", "z"))
+        with pytest.raises(StaleEpoch):
+            lead.store.begin_actions([start], epoch)
+        assert follower.store.counts()["actions"] == 1
+
+
+async def test_a_clean_stop_hands_the_lead_over_at_once(tmp_path: Path, pg: Any) -> None:
+    fencer = MemFencer()
+    cfg = config(tmp_path, nodes=2, store=StoreConfig(url=pg.new_database(), lease=30.0))
+    async with contextlib.AsyncExitStack() as outer:
+        first = contextlib.AsyncExitStack()
+        a, _ = await first.enter_async_context(running(cfg, [fencer]))
+        await until(a.acting, timeout=10)
+        b, _ = await outer.enter_async_context(running(cfg, [fencer]))
+        assert b.leadership is not None and not b.acting()
+        await first.aclose()
+        t0 = time.monotonic()
+        await until(b.acting, timeout=10)
+        assert time.monotonic() - t0 < 30.0 / 2  # not the lease's expiry: handed back on stop
