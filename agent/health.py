@@ -22,7 +22,7 @@ import asyncio
 import concurrent.futures
 import json
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 from aiohttp import web
 
@@ -49,6 +49,7 @@ HEALTH_KEY: web.AppKey["Health"] = web.AppKey("podhealth_health")
 EVENT_SOURCES = ("kmsg",)
 # (old, new, evaluated at): the time is the evaluation's, as the report that follows carries it.
 Transition = Callable[[CheckResult | None, CheckResult, float], None]
+T = TypeVar("T")
 
 
 class Health:
@@ -63,6 +64,7 @@ class Health:
         self.on_transition: list[Transition] = []
         self.active_tests = active_tests or (lambda: [])
         self._handover_lock = asyncio.Lock()
+        self.last_handover: tuple[float, SuiteReport] | None = None  # (when, report): the evidence bundle's
         self._latest: Snapshot | None = None
         self._latest_version = 0  # the store's version when _latest was handed over
         self._judged: Snapshot | None = None
@@ -251,7 +253,17 @@ class Health:
     async def run_handover(self, progress: Callable[[str, int, int], None] | None = None) -> SuiteReport:
         # Deciding which active tests can run may probe CUDA in a subprocess: not on the loop.
         tests = await asyncio.get_running_loop().run_in_executor(None, self.active_tests)
-        return await run_suite(self.agent.cfg, _AgentSource(self.agent), self.agent.node, progress, tests)
+        rep = await run_suite(self.agent.cfg, _AgentSource(self.agent), self.agent.node, progress, tests)
+        self.last_handover = (time.time(), rep)
+        return rep
+
+    async def on_evaluator(self, fn: Callable[[Evaluator], T]) -> T | None:
+        """fn(evaluator) in the evaluator's own thread (it is not thread-safe: the rate history
+        changes while it judges); None before the first judgement."""
+        ev = self.evaluator
+        if ev is None:
+            return None
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, ev)
 
 
 class _AgentSource:
@@ -276,4 +288,7 @@ def install(agent: "Agent", active_tests: Callable[[], list[ActiveTest]] | None 
     from podhealth.agent import gpureset
 
     gpureset.install(agent, h)  # POST /v1/gpu-reset, behind the same credential as the handover suite
+    from podhealth.agent import bundle
+
+    bundle.install(agent, h)  # POST /v1/bundle (the evidence for an RMA ticket), the same credential
     return h
