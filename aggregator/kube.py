@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from podhealth.aggregator.fence import FenceOutcome, FenceReason, FenceState, render_reason
+from podhealth.aggregator.fence import FenceOutcome, FenceReason, FenceState, Job, render_reason
 from podhealth.aggregator.kubeauth import DEFAULT_SA_DIR, InClusterError, in_cluster_configuration
 
 if TYPE_CHECKING:
@@ -344,6 +344,61 @@ class KubeFencer:
         except KubeUnavailable as e:
             return FenceOutcome(ok=False, changed=False, command=command, error=str(e))
 
+    # ---- JobSource: the GPU pods on a node, and evicting them ------------------------------------
+
+    async def jobs(self, node: str) -> list[Job]:
+        """Pods bound to `node` (fieldSelector spec.nodeName) that request nvidia.com/gpu and have
+        not finished. Which GPU each holds is only known on the node (kubelet PodResources), so
+        `gpus` stays empty here. Raises KubeUnavailable when the API cannot answer."""
+        validate_kube_node_name(node)
+        deadline = time.monotonic() + self.budget
+        page = await self._call(lambda: self.core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}", limit=500, _request_timeout=self._rt(deadline)), deadline)
+        out: list[Job] = []
+        for item in page.items or ():
+            pod = self.api.sanitize_for_serialization(item)
+            job = gpu_pod(pod)
+            if job is not None:
+                out.append(job)
+        return out
+
+    async def evacuate(self, node: str, jobs: Sequence[Job], force: bool) -> FenceOutcome:
+        """Evict each pod through the Eviction API (POST .../pods/NAME/eviction), which honours
+        PodDisruptionBudgets; force changes nothing here: podhealth never deletes a pod past its
+        budget. One attempt per pod: a 429 (a budget refuses) is reported, and the action runner
+        tries again later."""
+        from kubernetes.client import V1Eviction, V1ObjectMeta
+        from kubernetes.client.exceptions import ApiException
+
+        done: list[str] = []
+        refused: list[str] = []
+        failed: list[str] = []
+        deadline = time.monotonic() + self.budget
+        for j in jobs:
+            ns, _, name = j.id.partition("/")
+            body = V1Eviction(metadata=V1ObjectMeta(name=name, namespace=ns))
+            try:
+                await asyncio.wait_for(asyncio.to_thread(lambda: self.core.create_namespaced_pod_eviction(
+                    name, ns, body, _request_timeout=self._rt(deadline))), self._rt(deadline) + 1.0)
+                done.append(j.id)
+            except ApiException as e:
+                if e.status == 404:
+                    done.append(f"{j.id} (already gone)")
+                elif e.status == 429:
+                    refused.append(f"{j.id}: {_api_message(e)}")
+                else:
+                    failed.append(f"{j.id}: HTTP {e.status} {_api_message(e)}")
+            except Exception as e:  # noqa: BLE001 - a timeout or connection error: the runner tries again
+                failed.append(f"{j.id}: {type(e).__name__}: {e}")
+        command = ("POST", f"/api/v1/namespaces/*/pods/*/eviction ({len(jobs)} pod(s) on {node})")
+        text = f"evicted: {', '.join(done) or 'none'}"
+        if refused or failed:
+            why = "; ".join(refused + failed)
+            code = "429 (a PodDisruptionBudget refuses; later)" if refused and not failed else "failed"
+            return FenceOutcome(ok=False, changed=bool(done), command=command, output=text,
+                                error=f"eviction {code}: {why}")
+        return FenceOutcome(ok=True, changed=bool(done), command=command, output=text)
+
     # ---- Remediator: the ladder's reboot request and the REPAIR reason --------------------------
 
     async def reboot(self, node: str, reason: FenceReason) -> FenceOutcome:
@@ -531,6 +586,26 @@ class KubeFencer:
                 await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
                 delay *= 2
         raise KubeUnavailable(f"Kubernetes API: {last[:500]}")
+
+
+def gpu_pod(pod: Json) -> Job | None:
+    """A pod that requests nvidia.com/gpu and is not finished, as a Job (pure); else None."""
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    spec = pod.get("spec") or {}
+    wanted = 0
+    for c in list(spec.get("containers") or ()) + list(spec.get("initContainers") or ()):
+        res = (c or {}).get("resources") or {}
+        n = (res.get("limits") or {}).get("nvidia.com/gpu") or (res.get("requests") or {}).get("nvidia.com/gpu")
+        try:
+            wanted += int(str(n)) if n is not None else 0
+        except ValueError:
+            continue
+    if not wanted:
+        return None
+    meta = pod.get("metadata") or {}
+    ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+    return Job(id=f"{ns}/{name}", owner=ns, name=name, state=str((pod.get("status") or {}).get("phase", "")))
 
 
 def _request_id(text: str) -> str:

@@ -373,6 +373,11 @@ class KubeAPI:
         self._rv = 0
         self._nodes: dict[str, Json] = {}
         self._events: list[Json] = []
+        # Pods (only what podhealth reads: bound node, GPU requests, phase) and the disruptions
+        # each PodDisruptionBudget still allows (namespace, matchLabels) -> count; the Eviction API
+        # answers 429 for a pod a budget at 0 covers, as the real apiserver does.
+        self._pods: dict[tuple[str, str], Json] = {}
+        self._budgets: list[tuple[str, dict[str, str], list[int]]] = []
         self._injections: dict[str, list[Callable[[Json], None]]] = {}
         self.requests: list[Request] = []
         self.conflicts_sent = 0
@@ -496,6 +501,51 @@ class KubeAPI:
         with self._lock:
             self._injections.setdefault(name, []).extend([mutate] * times)
 
+    def add_pod(self, namespace: str, name: str, node: str, gpus: int = 1,
+                labels: dict[str, str] | None = None) -> None:
+        with self._lock:
+            res = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+            self._pods[(namespace, name)] = {
+                "kind": "Pod", "apiVersion": "v1",
+                "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
+                             "resourceVersion": self._next_rv(), "labels": dict(labels or {}),
+                             "creationTimestamp": _now()},
+                "spec": {"nodeName": node, "containers": [{"name": "main", "image": "nvcr.io/nvidia/pytorch",
+                                                           "resources": res}]},
+                "status": {"phase": "Running"}}
+
+    def pods(self) -> list[tuple[str, str]]:
+        with self._lock:
+            return sorted(self._pods)
+
+    def add_budget(self, namespace: str, match_labels: dict[str, str], allowed: int = 0) -> list[int]:
+        """A PodDisruptionBudget: `allowed` evictions of the pods it selects (a one-element list the
+        test may raise later, as a budget's disruptionsAllowed rises when pods become ready)."""
+        left = [allowed]
+        with self._lock:
+            self._budgets.append((namespace, dict(match_labels), left))
+        return left
+
+    def _evict(self, namespace: str, name: str) -> Json:
+        with self._lock:
+            pod = self._pods.get((namespace, name))
+            if pod is None:
+                raise ApiError(404, "NotFound", f'pods "{name}" not found', {"name": name, "kind": "pods"})
+            labels = pod["metadata"].get("labels", {})
+            covering = [b for b in self._budgets
+                        if b[0] == namespace and all(labels.get(k) == v for k, v in b[1].items())]
+            if any(b[2][0] <= 0 for b in covering):
+                raise ApiError(429, "TooManyRequests",
+                               "Cannot evict pod as it would violate the pod's disruption budget.",
+                               {"causes": [{"reason": "DisruptionBudget",
+                                            "message": "The disruption budget needs 1 healthy pods and has 1 "
+                                                       "currently"}]})
+            for b in covering:
+                b[2][0] -= 1
+            del self._pods[(namespace, name)]
+            self._next_rv()
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+
     def events(self) -> list[Json]:
         with self._lock:
             return copy.deepcopy(self._events)
@@ -522,8 +572,9 @@ class KubeAPI:
             return 200, self._write_node(method, parts[3], ctype, body, query, status=len(parts) == 5)
         if method == "POST" and _is_events_path(parts):
             return 201, self._create_event(parts, body)
-        if method == "POST" and len(parts) == 6 and parts[2] == "namespaces" and parts[4:] == ["pods", "eviction"]:
-            raise ApiError(404, "NotFound", f'pods "{parts[5]}" not found')
+        if method == "POST" and len(parts) == 7 and parts[2] == "namespaces" and parts[4] == "pods" \
+                and parts[6] == "eviction":
+            return 201, self._evict(parts[3], parts[5])
         raise ApiError(405 if _known_path(parts) else 404, "MethodNotAllowed" if _known_path(parts) else "NotFound",
                        f"{method} {path} is not served by the stand-in")
 
@@ -566,8 +617,13 @@ class KubeAPI:
                 return 200, _node_table([node], node["metadata"]["resourceVersion"])
             return 200, node
         if parts in (["api", "v1", "pods"],) or (len(parts) == 5 and parts[2] == "namespaces" and parts[4] == "pods"):
+            fsel = query.get("fieldSelector", [""])[0]
+            on = fsel.split("=", 1)[1] if fsel.startswith("spec.nodeName=") else None
+            with self._lock:
+                items = [copy.deepcopy(p) for (ns, _), p in sorted(self._pods.items())
+                         if (len(parts) == 3 or ns == parts[3]) and (on is None or p["spec"]["nodeName"] == on)]
             return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": str(self._rv)},
-                         "items": []}
+                         "items": items}
         if _is_events_path(parts) or parts in (["api", "v1", "events"], ["apis", "events.k8s.io", "v1", "events"]):
             # one namespace's events, or (`kubectl get events -A`) every namespace's
             api_version = "v1" if parts[0] == "api" else "events.k8s.io/v1"

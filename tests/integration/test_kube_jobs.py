@@ -1,0 +1,110 @@
+"""Job-aware actions on Kubernetes against the stand-in API server (pods, the Eviction API and
+PodDisruptionBudgets), checked with the real kubectl: GPU pods on a node, eviction refused by a
+budget (429) and retried, never before evict_after."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from podhealth.aggregator.config import CapsConfig, JobsConfig, RetryConfig
+from podhealth.aggregator.kube import KubeFencer
+from tests.harness.agg import config, running
+from tests.harness.kubeapi import KubeAPI
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[KubeAPI]:
+    with KubeAPI(nodes=["dgx01", "dgx02", "dgx03", "dgx04"]) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def kubectl(api: KubeAPI, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    binary = shutil.which("kubectl")
+    if binary is None:
+        pytest.skip("kubectl is not installed (bash scripts/setup.sh --test installs it)")
+    cache = tmp_path_factory.mktemp("kubectl-cache")
+
+    def run(*args: str) -> str:
+        r = subprocess.run([binary, "--kubeconfig", str(api.kubeconfig), "--cache-dir", str(cache), *args],
+                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, f"kubectl {' '.join(args)} -> {r.returncode}: {r.stderr[-2000:]}"
+        return r.stdout
+    return run
+
+
+def pods_on(kubectl: Any, node: str) -> list[str]:
+    doc = json.loads(kubectl("get", "pods", "-A", "--field-selector", f"spec.nodeName={node}", "-o", "json"))
+    return sorted(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in doc["items"])
+
+
+async def until(pred: Any, timeout: float, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not pred():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def test_gpu_pods_and_eviction_under_a_disruption_budget(api: KubeAPI, kubectl: Any) -> None:
+    api.add_pod("ml", "train-0", "dgx01", gpus=8, labels={"app": "train"})
+    api.add_pod("ml", "infer-0", "dgx01", gpus=1)
+    api.add_pod("kube-system", "dcgm-exporter-x", "dgx01", gpus=0)
+    api.add_pod("ml", "elsewhere", "dgx02", gpus=1)
+    budget = api.add_budget("ml", {"app": "train"}, allowed=0)
+    f = KubeFencer(kubeconfig=str(api.kubeconfig), timeout=5.0)
+    jobs = await f.jobs("dgx01")
+    assert [(j.id, j.owner, j.state) for j in jobs] == [("ml/infer-0", "ml", "Running"), ("ml/train-0", "ml", "Running")]
+    assert pods_on(kubectl, "dgx01") == ["kube-system/dcgm-exporter-x", "ml/infer-0", "ml/train-0"]
+
+    o = await f.evacuate("dgx01", jobs, force=True)  # force: still the Eviction API, never past a budget
+    assert not o.ok and "429" in o.error and "disruption budget" in o.error and "ml/infer-0" in o.output, o
+    assert pods_on(kubectl, "dgx01") == ["kube-system/dcgm-exporter-x", "ml/train-0"]
+    budget[0] = 1  # the budget allows one disruption now
+    o = await f.evacuate("dgx01", await f.jobs("dgx01"), force=False)
+    assert o.ok and o.changed and "ml/train-0" in o.output, o
+    assert pods_on(kubectl, "dgx01") == ["kube-system/dcgm-exporter-x"]  # a pod without GPUs is not ours to move
+    assert pods_on(kubectl, "dgx02") == ["ml/elsewhere"]
+
+
+async def test_a_fenced_nodes_pods_are_evicted_only_after_evict_after(api: KubeAPI, kubectl: Any,
+                                                                       tmp_path: Path) -> None:
+    api.add_pod("team", "job-7", "dgx03", gpus=4, labels={"app": "job7"})
+    budget = api.add_budget("team", {"app": "job7"}, allowed=0)
+    fencer = KubeFencer(kubeconfig=str(api.kubeconfig), timeout=5.0)
+    cfg = config(tmp_path, caps=CapsConfig(max_percent_per_partition=100.0),
+                 retries=RetryConfig(attempts=1, backoff=0.1, max_backoff=0.2),
+                 jobs=JobsConfig(enabled=True, evict_after=2.0))
+    body = {"node": "dgx03", "time": 5.0, "results": [
+        {"check": "xid", "entity": "gpu2", "status": "FAIL", "action": "DRAIN", "summary": "XID 13: Graphics"}]}
+    async with running(cfg, [fencer]) as (agg, url), aiohttp.ClientSession() as s:
+        async with s.post(f"{url}/v1/reports", json=body) as r:
+            assert r.status == 200
+        await until(lambda: agg.mem.nodes["dgx03"].fence.value == "fenced", 20, "the cordon")
+        fenced = asyncio.get_running_loop().time()
+        node = json.loads(kubectl("get", "node", "dgx03", "-o", "json"))
+        assert node["spec"]["unschedulable"] is True
+        await until(lambda: any(a["what"] == "jobs at the fence" for a in agg.store.audit_tail()), 20, "jobs noted")
+        assert pods_on(kubectl, "dgx03") == ["team/job-7"]
+        # Past evict_after the eviction is tried; the budget refuses it (429): pending, retried.
+        await until(lambda: any(p.kind == "evacuate" and p.attempts >= 2 for p in agg.pending.values()), 30,
+                    "the refused eviction to be retried")
+        assert asyncio.get_running_loop().time() - fenced >= 1.5
+        assert pods_on(kubectl, "dgx03") == ["team/job-7"] and agg.mem.nodes["dgx03"].evacuated == ""
+        budget[0] = 1
+        await until(lambda: agg.mem.nodes["dgx03"].evacuated == "polite", 30, "the eviction")
+        assert pods_on(kubectl, "dgx03") == []
+        refused = [a for a in agg.store.audit_tail(300) if a["what"] == "evacuate via kubernetes" and not a["ok"]]
+        assert refused and "429" in refused[-1]["output"]
