@@ -98,6 +98,13 @@ function renderHead(n) {
   if (n.ok_since) add("all OK since", when(n.ok_since));
   if (n.unreachable_since) add("unreachable since", when(n.unreachable_since));
   for (const p of n.pending_actions || []) add(`pending ${p.kind}`, `#${p.id} by ${p.who}: ${p.why} (attempts ${p.attempts})`);
+  // Which jobs a fence touches (jobs.enabled): Slurm jobs with their GPUs, or GPU pods.
+  for (const j of n.jobs || []) {
+    add(`job ${j.id}`, `${j.owner}${j.name ? ` · ${j.name}` : ""}${j.state ? ` · ${j.state}` : ""}`
+      + (j.gpus && j.gpus.length ? ` · GPU ${j.gpus.join(",")}` : ""));
+  }
+  if (n.evacuated) add("jobs moved off", { polite: "evicted / left to finish", forced: "requeued / evicted",
+    failed: "the backend refused: see the history" }[n.evacuated] || n.evacuated);
   for (const note of n.notes || []) add("policy", `${note.kind}${note.detail ? `: ${note.detail}` : ""}`);
   renderActions(n);
 }
