@@ -26,6 +26,11 @@ children's CPU is subtracted) and the NVML library
 (Python callbacks in the nvml/nvlink threads; not separable, so they stay in). Targets
 (issue 3): CPU per cycle <= 1.0x node_exporter, scrape p99 <= 0.5x, agent RSS <= 64 MiB with
 all collectors on.
+
+Part 3 (`--defaults SECONDS`, default 120; 0 skips it): the full agent at its DEFAULT intervals
+(no collector settings: kmsg 1 s, most others 10 s, some 30-60 s), scraped every 15 s as
+Prometheus would, for SECONDS of wall time: CPU as a share of one core, by part. Target (issue
+20): <= 0.5% of one core. `--full-only` skips parts 1 and 2.
 """
 
 from __future__ import annotations
@@ -292,6 +297,9 @@ def main() -> int:
     ap.add_argument("--latency-scrapes", type=int, default=200)
     ap.add_argument("--rename-writes", action="store_true",
                     help="rewrite the tree by rename (new inodes) instead of in place as sysfs does")
+    ap.add_argument("--defaults", type=float, default=120.0, metavar="SECONDS",
+                    help="measure the full agent at its default intervals for SECONDS (0: skip)")
+    ap.add_argument("--full-only", action="store_true", help="only part 3 (the full agent at its default intervals)")
     ap.add_argument("--_refresh", nargs=2, metavar=("NODE_DIR", "INTERVAL"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._refresh:
@@ -303,6 +311,8 @@ def main() -> int:
     from podhealth.sim.node import SimNode
     from podhealth.sim.tree_write import IN_PLACE_ENV
 
+    if args.full_only:
+        return defaults_main(args.defaults or 120.0)
     tmp = Path(tempfile.mkdtemp(prefix="podhealth-bench-"))
     node = SimNode.create(tmp / "sim", "dgx01", "dgx-h100")
     iv, to = args.interval, max(args.interval * 2, 2.0)
@@ -436,6 +446,55 @@ def main() -> int:
           "cycles: the checks' counter history grows until it holds checks.rate_window of evaluations)")
     print("  CPU by part:")
     print_breakdown(full_cpu)
+    if args.defaults > 0:
+        print()
+        defaults_main(args.defaults)
+    return 0
+
+
+SCRAPE_EVERY = 15.0  # Prometheus' common scrape interval
+
+
+def defaults_main(seconds: float) -> int:
+    """Part 3: the full simulated agent at its default intervals; CPU as a share of one core."""
+    tmp = Path(tempfile.mkdtemp(prefix="podhealth-bench-defaults-"))
+    port = free_port()
+    cfg = tmp / "agent.yaml"
+    cfg.write_text("log: {level: warning}\n")
+    full = start("agent-defaults", [sys.executable, "-m", "podhealth", "agent", "--simulate", "dgx-h100",
+                                    "--sim-root", str(tmp / "sim"), "--node", "dgx03", "--config", str(cfg),
+                                    "--listen", f"127.0.0.1:{port}"], port, tmp / "agent.log", "/healthz")
+    try:
+        wait_fresh(full, timeout=120)
+        time.sleep(5.0)  # past the start-up burst (first collections, first full report)
+        n = max(1, int(round(seconds)))
+        begin = cpu_window_start(full.popen.pid)
+        t0 = time.monotonic()
+        next_scrape = t0
+        while time.monotonic() - t0 < n:
+            if time.monotonic() >= next_scrape:
+                if get(full.url + "/metrics")[0] != 200:
+                    raise SystemExit("agent-defaults: scrape failed")
+                next_scrape += SCRAPE_EVERY
+            time.sleep(max(0.0, min(next_scrape, t0 + n) - time.monotonic()))
+        wall = time.monotonic() - t0
+        w = cpu_window_end(full.popen.pid, begin, 1)
+        rss = full.rss()
+    finally:
+        full.stop()
+        if not os.environ.get("PODHEALTH_BENCH_KEEP"):
+            shutil.rmtree(tmp, ignore_errors=True)
+    sim = w.roles.get("SIMULATOR tree refresh", 0.0) + w.children
+    print(f"full agent at its default intervals (--simulate dgx-h100, 8 GPUs; scraped every {SCRAPE_EVERY:g} s; "
+          f"{wall:.0f} s of wall time; CPU ticks of {1e3 / CLK_TCK:.0f} ms)")
+    print(f"  share of one core      {w.total / wall * 100:.3f} %  (everything in the process, simulator included)")
+    print(f"  agent alone            {(w.total - sim) / wall * 100:.3f} %  (less the simulator's tree refresh "
+          f"and its NFS probe stand-ins, {sim / wall * 100:.3f} %; the simulated NVML library's callbacks stay in)"
+          f"   target <= 0.5 %")
+    print(f"  RSS MiB                {rss / (1024 * 1024):.1f}")
+    print("  CPU by part (share of one core):")
+    for role, v in sorted(w.roles.items(), key=lambda kv: -kv[1]):
+        print(f"    {role:42}{v / wall * 100:8.3f} %")
     return 0
 
 

@@ -3,6 +3,15 @@
 Which links exist is learned by asking every link index up to NVML_NVLINK_MAX_LINKS once: a link
 that answers INVALID_ARGUMENT or NOT_SUPPORTED does not exist on this GPU and is not asked again
 until the next re-probe. A link that exists but is down answers state 0 and keeps its counters.
+
+Each GPU is read with ONE nvmlDeviceGetFieldValues call (collectors/nvlink_fields.py): every
+link's state and counters plus the throughput totals, instead of 5 calls per link. A field that
+answers NOT_SUPPORTED gives no reading (and is not asked again until the re-probe), never a
+failed GPU. Readings with no field id (CRC data errors on links 12-17) and drivers without
+field values (FUNCTION_NOT_FOUND) use the per-link calls, which give the same samples. Link
+state stays in every batch: it is the health signal (a down link), and inside the one call
+it costs no extra round trip; what is slow-moving (which links exist, which fields the driver
+supports) is learned once and re-probed every REPROBE_EVERY collections.
 """
 
 from __future__ import annotations
@@ -13,7 +22,9 @@ from typing import ClassVar, Mapping
 import pynvml
 
 from podhealth.checks import profiles
+from podhealth.collectors import nvlink_fields
 from podhealth.collectors.base import Collection, specs
+from podhealth.collectors.nvlink_fields import Ask
 from podhealth.collectors.nvml import field_value
 from podhealth.collectors.nvml_session import (
     ABSENT_CODES, REPROBE_EVERY, SLOW_CALL_S, Device, DeviceCalls, NvmlSession,
@@ -63,9 +74,12 @@ class NvlinkCollector:
     name: ClassVar[str] = "nvlink"
     metrics: ClassVar[Mapping[str, MetricSpec]] = METRICS
 
-    def __init__(self, session: NvmlSession, links_expected: int, slow_call_s: float = SLOW_CALL_S) -> None:
+    def __init__(self, session: NvmlSession, links_expected: int, slow_call_s: float = SLOW_CALL_S,
+                 batch: bool = True) -> None:
+        """`batch=False` reads per link only (the equivalence tests compare the two ways)."""
         self._session = session
         self._slow_s = slow_call_s
+        self._batch = batch
         self._session.acquire()
         self._expected = links_expected
         self._states: dict[int, _DeviceState] = {}
@@ -102,6 +116,10 @@ class NvlinkCollector:
             st = self._states[dev.index] = _DeviceState(dev.generation)
         calls = DeviceCalls(dev, st.unsupported, self._slow_s)
         h = dev.handle
+        if self._batch and "field_values" not in st.unsupported:
+            got = self._batched(calls, h, gpu)
+            if got is not None:
+                return out + got, calls.errors
         up = 0
         for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
             state = calls.get(f"link{link}", lambda n=link: pynvml.nvmlDeviceGetNvLinkState(h, n),
@@ -121,6 +139,68 @@ class NvlinkCollector:
         if up:
             out += self._throughput(calls, h, gpu)
         return out, calls.errors
+
+    def _batched(self, calls: DeviceCalls, h: object, gpu: dict[str, object]) -> list[Sample] | None:
+        """One GPU in one nvmlDeviceGetFieldValues call; None when the driver has no field values
+        (or no field for link state), so the caller reads per link."""
+        links = [n for n in range(pynvml.NVML_NVLINK_MAX_LINKS) if f"link{n}" not in calls.unsupported]
+        states = nvlink_fields.state_asks(tuple(links))
+        if not states:
+            return None
+        asks: list[Ask] = list(states)
+        per_call: list[tuple[int, str, int]] = []
+        for n in links:
+            for name, counter in ERROR_COUNTERS:
+                a = nvlink_fields.counter_ask(n, name)
+                if a is not None:
+                    if a.key not in calls.unsupported:
+                        asks.append(a)
+                else:
+                    per_call.append((n, name, counter))
+        asks += [a for a in nvlink_fields.total_asks(THROUGHPUT_FIELDS) if a.key not in calls.unsupported]
+        values = calls.get("field_values", lambda: pynvml.nvmlDeviceGetFieldValues(
+            h, [(a.field_id, a.scope) for a in asks]))
+        if values is None:
+            # Lost or timed out: the per-link path would say the same. No field values at all
+            # (an old driver): "field_values" is now unsupported, read per link.
+            return [] if calls.down or "field_values" not in calls.unsupported else None
+        got: dict[str, float] = {}
+        for a, v in zip(asks, values):
+            if int(v.nvmlReturn) == pynvml.NVML_SUCCESS:
+                got[a.key] = int(field_value(v)) if a.kind != "total" else field_value(v)
+            elif a.kind == "state" or f"link{a.link}" in got or a.kind == "total":
+                # A counter of a link that turned out not to exist is no error of its own.
+                calls.note(a.key, pynvml.NVMLError(int(v.nvmlReturn)),
+                           absent=NO_SUCH_LINK if a.kind == "state" else ABSENT_CODES)
+        return self._samples(calls, h, gpu, links, got, per_call)
+
+    def _samples(self, calls: DeviceCalls, h: object, gpu: dict[str, object], links: list[int],
+                 got: dict[str, float], per_call: list[tuple[int, str, int]]) -> list[Sample]:
+        """The batch's answers as samples, in the per-link path's order."""
+        extra = {(n, name): c for n, name, c in per_call}
+        out: list[Sample] = []
+        up = 0
+        for n in links:
+            state = got.get(f"link{n}")
+            if state is None:
+                continue
+            active = int(state == pynvml.NVML_FEATURE_ENABLED)
+            up += active
+            out.append(Sample.of("nvlink_up", active, link=n, **gpu))
+            for name, _ in ERROR_COUNTERS:
+                v = got.get(f"link{n}_{name}")
+                if (n, name) in extra:
+                    v = calls.get(f"link{n}_{name}", lambda n=n, c=extra[(n, name)]:
+                                  pynvml.nvmlDeviceGetNvLinkErrorCounter(h, n, c))
+                if v is not None:
+                    out.append(Sample.of("nvlink_errors", v, link=n, type=name, **gpu))
+        if not calls.down:
+            out.append(Sample.of("nvlink_links_up", up, **gpu))
+        if up:
+            for metric, _ in THROUGHPUT_FIELDS:
+                if metric in got:
+                    out.append(Sample.of(metric, got[metric] * 1024, **gpu))
+        return out
 
     @staticmethod
     def _throughput(calls: DeviceCalls, h: object, gpu: dict[str, object]) -> list[Sample]:

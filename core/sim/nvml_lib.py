@@ -784,6 +784,9 @@ _FIELD_SCOPED = {
     pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX: "rx_kib",
 }
 _ALL_LINKS = 0xFFFFFFFF
+# `nvidia-smi nvlink --status` on an H100 SXM: "Link 0: 26.562 GB/s" on each of its 18 links
+# (../shared/fixtures/nvidia_smi/nvidia-smi-nvlink-status_h100_excerpt_stas00.txt); the field is MBps.
+_LINK_SPEED_MBPS = {"hopper": 26562}
 
 
 def field_value(v: GpuView, field_id: int, scope: int) -> tuple[int, int]:
@@ -802,6 +805,16 @@ def field_value(v: GpuView, field_id: int, scope: int) -> tuple[int, int]:
         if not v.links:
             raise _Fail(NOT_SUPPORTED)
         return ull, sum(getattr(lv, _FIELD_TOTALS[field_id]) for lv in v.links)
+    if field_id in (pynvml.NVML_FI_DEV_NVLINK_GET_STATE, pynvml.NVML_FI_DEV_NVLINK_GET_SPEED):
+        # Per link (scopeId = link), as nvmlDeviceGetNvLinkState: a link the GPU does not have is
+        # INVALID_ARGUMENT, a GPU without NVLink NOT_SUPPORTED. A down link has no speed (0).
+        lv = _link(v, scope)
+        if field_id == pynvml.NVML_FI_DEV_NVLINK_GET_STATE:
+            return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, int(lv.active)
+        speed = _LINK_SPEED_MBPS.get(v.spec.architecture)
+        if speed is None:
+            raise _Fail(NOT_SUPPORTED)  # no capture of another generation's link speed
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, speed if lv.active else 0
     if field_id in _FIELD_SCOPED:
         counter = _FIELD_SCOPED[field_id]
         if not v.links:
@@ -812,12 +825,19 @@ def field_value(v: GpuView, field_id: int, scope: int) -> tuple[int, int]:
     raise _Fail(NOT_SUPPORTED)
 
 
+class _FieldValue(ctypes.Structure):
+    """nvmlFieldValue_t with pynvml's own layout, without its _PrintableStructure attribute hooks
+    (those cost the simulator more than the rest of a 100-field call)."""
+
+    _fields_ = pynvml.c_nvmlFieldValue_t._fields_
+
+
 @_impl("nvmlDeviceGetFieldValues", args=[P, c_int, P])
 def _field_values(h: int, count: int, ptr: int) -> None:
     v = _b().device(h)
     if count < 0 or (count and not ptr):
         raise _Fail(INVALID_ARGUMENT)
-    arr = cast(ptr, POINTER(pynvml.c_nvmlFieldValue_t))
+    arr = cast(ptr, POINTER(_FieldValue))
     stamp = int(time.time() * 1_000_000)
     for i in range(count):
         fv = arr[i]

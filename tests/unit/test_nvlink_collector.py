@@ -111,18 +111,152 @@ def test_expected_links_come_from_the_profile_and_its_overrides(session: NvmlSes
     assert {s.value for s in find(col, "nvlink_links_expected")} == {16}
 
 
-def test_nonexistent_links_are_not_asked_again(collector: NvlinkCollector, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    real = pynvml.nvmlDeviceGetNvLinkState
+def test_one_field_values_call_per_gpu_and_no_per_link_state_calls(
+        collector: NvlinkCollector, monkeypatch: pytest.MonkeyPatch) -> None:
+    batches: list[list[tuple[int, int]]] = []
+    per_link: list[tuple[str, int]] = []
+    real_fv = pynvml.nvmlDeviceGetFieldValues
+    real_state, real_err = pynvml.nvmlDeviceGetNvLinkState, pynvml.nvmlDeviceGetNvLinkErrorCounter
 
-    def counted(h: object, link: int) -> int:
-        calls.append(link)
-        return int(real(h, link))
+    def fv(h: object, ids: list[tuple[int, int]]) -> object:
+        batches.append(list(ids))
+        return real_fv(h, ids)
+
+    def state(h: object, link: int) -> int:
+        per_link.append(("state", link))
+        return int(real_state(h, link))
+
+    def err(h: object, link: int, counter: int) -> int:
+        per_link.append((f"counter{counter}", link))
+        return int(real_err(h, link, counter))
 
     collector.collect()
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetNvLinkState", counted)
-    collector.collect()
-    assert len(calls) == 8 * 18 and max(calls) == 17
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", fv)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetNvLinkState", state)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetNvLinkErrorCounter", err)
+    col = collector.collect()
+    assert len(batches) == 8  # one call per GPU, every link's state and counters in it
+    states = [scope for fid, scope in batches[0] if fid == pynvml.NVML_FI_DEV_NVLINK_GET_STATE]
+    assert states == list(range(18))
+    # Only the CRC data counter of links 12-17 has no field id (nvml.h stops at _L11).
+    assert not [c for c in per_link if c[0] == "state"]
+    assert sorted({link for _, link in per_link}) == list(range(12, 18))
+    assert {c for c, _ in per_link} == {f"counter{pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA}"}
+    assert len(find(col, "nvlink_errors")) == 8 * 18 * 4
+
+
+def test_nonexistent_links_are_not_asked_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An A100 has 12 links: indexes 12-17 answer INVALID_ARGUMENT in the first batch, then are
+    left out of every batch until the re-probe (and its links all have per-link field ids)."""
+    from podhealth.sim import nvml_lib
+
+    a100 = SimNode.create(tmp_path, "dgxa", "dgx-a100")
+    nvml_lib.install(a100)
+    s = NvmlSession()
+    c = create(loads("node: {profile: dgx-a100}\n"), session=s)
+    try:
+        first = c.collect()
+        assert first.errors == ()
+        assert {s.label("link") for s in find(first, "nvlink_up", 0)} == {str(n) for n in range(12)}
+        batches: list[list[tuple[int, int]]] = []
+        real_fv = pynvml.nvmlDeviceGetFieldValues
+        def fv(h: object, ids: list[tuple[int, int]]) -> object:
+            batches.append(list(ids))
+            return real_fv(h, ids)
+
+        monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", fv)
+        monkeypatch.setattr(pynvml, "nvmlDeviceGetNvLinkErrorCounter", lambda *a: pytest.fail("per-link call"))
+        second = c.collect()
+        assert second.errors == () and len(batches) == 8
+        assert max(scope for fid, scope in batches[0] if fid == pynvml.NVML_FI_DEV_NVLINK_GET_STATE) == 11
+        assert {s.label("type") for s in find(second, "nvlink_errors", 0, link="11")} == ERROR_TYPES
+    finally:
+        c.close()
+        s.shutdown()
+        nvml_lib.uninstall()
+
+
+def comparable(col: Collection) -> set[tuple[str, tuple[tuple[str, str], ...], float]]:
+    # Throughput grows with the clock between two collections: compared apart.
+    return {(x.name, x.labels, x.value) for x in col.samples if not x.name.endswith("_bytes")}
+
+
+@pytest.mark.parametrize("faults", [(), (("fault=nvlink-down", "gpu=3", "link=5"), ("fault=nvlink-down", "gpu=3", "link=16")),
+                                    (("fault=fallen-off-bus", "gpu=6"),)])
+def test_batched_and_per_link_reads_give_the_same_samples(node: SimNode, session: NvmlSession,
+                                                          faults: tuple[tuple[str, ...], ...]) -> None:
+    for f in faults:
+        inject(node, *f)
+    batched = create(Config(), session=session)
+    per_link = NvlinkCollector(session, 18, batch=False)
+    try:
+        a, b = batched.collect(), per_link.collect()
+    finally:
+        batched.close()
+        per_link.close()
+    assert comparable(a) == comparable(b) and len(comparable(a)) > 8 * 18 * 4
+    assert sorted(a.errors) == sorted(b.errors)
+    assert {(x.name, x.labels) for x in a.samples} == {(x.name, x.labels) for x in b.samples}
+
+
+def test_crc_errors_climb_on_the_same_link_either_way(node: SimNode, session: NvmlSession) -> None:
+    inject(node, "fault=nvlink-crc", "gpu=0", "link=14", "rate=500")
+    batched = create(Config(), session=session)
+    per_link = NvlinkCollector(session, 18, batch=False)
+    try:
+        got = wait_until(lambda: (v := value(batched.collect(), "nvlink_errors", 0, link="14", type="crc_flit")) > 0 and v,
+                         timeout=5, what="CRC flit errors through field values")
+        later = value(per_link.collect(), "nvlink_errors", 0, link="14", type="crc_flit")
+        assert isinstance(got, float) and later >= got
+        assert value(batched.collect(), "nvlink_errors", 0, link="13", type="crc_flit") == 0
+    finally:
+        batched.close()
+        per_link.close()
+
+
+def test_a_field_not_supported_drops_its_reading_not_the_gpu(node: SimNode, session: NvmlSession,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-field nvmlReturn: the replay counter answering NOT_SUPPORTED (a driver without it)
+    gives no replay series, the GPU's other readings stay, and it is not asked again."""
+    real_fv = pynvml.nvmlDeviceGetFieldValues
+    asked: list[int] = []
+
+    def fv(h: object, ids: list[tuple[int, int]]) -> object:
+        values = real_fv(h, ids)
+        for i, (fid, _) in enumerate(ids):
+            asked.append(fid)
+            if fid == pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY:
+                values[i].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return values
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", fv)
+    c = create(Config(), session=session)
+    try:
+        col = c.collect()
+        assert col.errors == ()
+        assert not find(col, "nvlink_errors", type="replay")
+        assert {s.label("type") for s in find(col, "nvlink_errors", 2, link="3")} == ERROR_TYPES - {"replay"}
+        assert value(col, "nvlink_links_up", 2) == 18
+        asked.clear()
+        c.collect()
+        assert asked and pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY not in asked
+    finally:
+        c.close()
+
+
+def test_a_driver_without_field_values_is_read_per_link(node: SimNode, session: NvmlSession,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing(h: object, ids: object) -> object:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", missing)
+    c = create(Config(), session=session)
+    try:
+        col = c.collect()
+    finally:
+        c.close()
+    assert col.errors == ()
+    assert value(col, "nvlink_links_up", 0) == 18 and len(find(col, "nvlink_errors")) == 8 * 18 * 4
 
 
 def test_shares_one_session_with_nvml(node: SimNode, session: NvmlSession) -> None:

@@ -347,6 +347,20 @@ def test_nvlink_down_freezes_that_links_traffic(node: SimNode) -> None:
     assert _field(h, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 5) == frozen
 
 
+def test_nvlink_state_and_speed_fields_per_link(node: SimNode) -> None:
+    """NVML_FI_DEV_NVLINK_GET_STATE / GET_SPEED take the link as scopeId, as
+    nvmlDeviceGetNvLinkState does; each field of one call answers with its own nvmlReturn."""
+    h = pynvml.nvmlDeviceGetHandleByIndex(2)
+    inject(node, "fault=nvlink-down", "gpu=2", "link=9")
+    st, sp = pynvml.NVML_FI_DEV_NVLINK_GET_STATE, pynvml.NVML_FI_DEV_NVLINK_GET_SPEED
+    assert [_field(h, st, n) for n in (0, 9, 17)] == [1, 0, 1]
+    assert [_field(h, st, n) for n in range(18)] == [int(pynvml.nvmlDeviceGetNvLinkState(h, n)) for n in range(18)]
+    assert _field(h, sp, 0) == 26562 and _field(h, sp, 9) == 0  # nvidia-smi: "Link 0: 26.562 GB/s"
+    mixed = pynvml.nvmlDeviceGetFieldValues(h, [(st, 3), (st, 18), (pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, 17), 9999])
+    assert [int(f.nvmlReturn) for f in mixed] == [pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_INVALID_ARGUMENT,
+                                                   pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_NOT_SUPPORTED]
+
+
 def test_fallen_off_bus_gpu_is_still_counted_and_lost_on_every_call(node: SimNode) -> None:
     h3 = pynvml.nvmlDeviceGetHandleByIndex(3)  # taken before the fault, as a running agent holds it
     inject(node, "fault=fallen-off-bus", "gpu=3")

@@ -1,0 +1,292 @@
+"""/dev/kmsg read as the kernel offers it: the record reader on a real FIFO (the simulated node's
+kernel log) and on scripted /dev/kmsg errors, the scheduler collecting when the descriptor turns
+readable, and the simulated node writing its records to the stream."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from podhealth.agent.scheduler import Scheduler
+from podhealth.agent.store import SnapshotStore
+from podhealth.collectors.base import Collection
+from podhealth.collectors.kmsg import KmsgCollector, KmsgDeviceReader, open_reader
+from podhealth.config import loads
+from podhealth.sim.node import SimNode
+from podhealth.sim.state import Fault
+
+pytestmark = pytest.mark.timeout(60)
+
+X79 = "NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+
+
+def rec(seq: int, text: str = X79, prio: int = 3) -> bytes:
+    return f"{prio},{seq},{seq}000000,-;{text}\n".encode()
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "kmsg.fifo"
+    os.mkfifo(path)
+    yield path
+
+
+def writer(path: Path) -> int:
+    return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+
+
+def test_open_reader_picks_the_record_reader_for_a_fifo(fifo: Path) -> None:
+    r = open_reader(fifo, from_start=True)
+    assert isinstance(r, KmsgDeviceReader)
+    assert r.fileno() is None  # opened on first use
+    assert r.read(10, 1 << 20).lines == ()
+    assert r.fileno() is not None
+    r.close()
+
+
+def test_fifo_records_split_across_writes_and_dictionary_lines(fifo: Path) -> None:
+    r = KmsgDeviceReader(fifo, from_start=True, fifo=True)
+    assert r.open() == ""
+    w = writer(fifo)
+    try:
+        whole = rec(1) + b" SUBSYSTEM=pci\n DEVICE=+pci:0000:18:00.0\n" + rec(2, "NVRM: GPU at PCI:0000:18:00: x", 6)
+        os.write(w, whole[:30])  # a record cut in the middle: nothing whole yet
+        assert r.read(10, 1 << 20).lines == ()
+        os.write(w, whole[30:])
+        got = r.read(10, 1 << 20)
+        assert [ln.split(",")[1] for ln in got.lines] == ["1", "2"]
+        assert got.lost == 0
+    finally:
+        os.close(w)
+        r.close()
+
+
+def test_fifo_more_records_than_max_lines_are_kept_for_the_next_read(fifo: Path) -> None:
+    r = KmsgDeviceReader(fifo, from_start=True, fifo=True)
+    r.open()
+    w = writer(fifo)
+    try:
+        os.write(w, b"".join(rec(i) for i in range(1, 8)))
+        first = r.read(3, 1 << 20).lines
+        rest = r.read(100, 1 << 20).lines
+        assert [ln.split(",")[1] for ln in first + rest] == [str(i) for i in range(1, 8)]
+    finally:
+        os.close(w)
+        r.close()
+
+
+def test_fifo_survives_its_writer_closing_and_coming_back(fifo: Path) -> None:
+    r = KmsgDeviceReader(fifo, from_start=True, fifo=True)
+    r.open()
+    fd = r.fileno()
+    assert fd is not None
+    w = writer(fifo)
+    os.write(w, rec(1))
+    os.close(w)  # the simulated kernel (a CLI process) exits
+    assert len(r.read(10, 1 << 20).lines) == 1
+    # No endless EOF after the writer left: the descriptor is not readable, reads say EAGAIN.
+    import select
+    assert select.select([fd], [], [], 0)[0] == []
+    assert r.read(10, 1 << 20) == r.read(10, 1 << 20) == type(r.read(0, 0))()
+    w = writer(fifo)
+    os.write(w, rec(2))
+    os.close(w)
+    assert [ln.split(",")[1] for ln in r.read(10, 1 << 20).lines] == ["2"]
+    assert r.fileno() == fd
+    r.close()
+
+
+def test_fifo_malformed_records_are_lines_the_collector_counts(fifo: Path, tmp_path: Path) -> None:
+    r = KmsgDeviceReader(fifo, from_start=True, fifo=True)
+    r.open()
+    cfg = loads(f"paths: {{kmsg: {fifo}}}\n")
+    c = KmsgCollector(cfg, reader=r, nvml=None, boot_time=lambda: 1000.0, clock=lambda: 5000.0)
+    w = writer(fifo)
+    try:
+        os.write(w, b"\xff\xfe junk without a header\n")
+        os.write(w, b"3,x,y,-;NVRM: Xid (PCI:0000:18:00): abc, pid=1\n")  # bad header, bad Xid code
+        os.write(w, b"no newline for a long time " + b"A" * (40 * 1024))
+        assert c.collect().events == ()
+        os.write(w, b"A" * (30 * 1024))  # over MAX_LINE without a newline: cut, never buffered on
+        assert c.collect().events == ()
+        os.write(w, b"B\n" + rec(9))
+        got = c.collect()
+        assert [e.code for e in got.events] == [79]
+        lines = {s.name: s.value for s in got.samples if not s.labels}
+        assert lines["kmsg_lines"] == 5  # junk, bad, the long line's first 64 KiB, its tail "B", the record
+        assert lines["kmsg_malformed_lines"] == 1
+    finally:
+        os.close(w)
+        c.close()
+
+
+def test_fifo_sequence_restart_is_not_dropped(fifo: Path) -> None:
+    """A FIFO never repeats records: a lower sequence number means the writer started over."""
+    r = KmsgDeviceReader(fifo, from_start=True, fifo=True)
+    r.open()
+    w = writer(fifo)
+    try:
+        os.write(w, rec(5) + rec(6) + rec(1))
+        assert [ln.split(",")[1] for ln in r.read(10, 1 << 20).lines] == ["5", "6", "1"]
+    finally:
+        os.close(w)
+        r.close()
+
+
+class Script:
+    def __init__(self, items: list[bytes | BaseException]) -> None:
+        self.items = items
+        self.calls = 0
+
+    def __call__(self, fd: int, n: int) -> bytes:
+        self.calls += 1
+        if not self.items:
+            raise BlockingIOError(errno.EAGAIN, "EAGAIN")
+        item = self.items.pop(0)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+def test_epipe_continues_with_the_next_record_and_counts_the_overwritten(tmp_path: Path) -> None:
+    dev = tmp_path / "dev"
+    dev.write_text("")
+    script = Script([rec(10), BrokenPipeError(errno.EPIPE, "EPIPE"), rec(17), rec(18),
+                     BrokenPipeError(errno.EPIPE, "EPIPE")])
+    r = KmsgDeviceReader(dev, from_start=True, read_fn=script)
+    got = r.read(100, 1 << 20)
+    assert [ln.split(",")[1] for ln in got.lines] == ["10", "17", "18"]
+    assert got.lost == 6  # 11-16
+    # The EPIPE at the end of a read: counted when the next record shows the gap.
+    script.items += [rec(30)]
+    got = r.read(100, 1 << 20)
+    assert got.lost == 11 and [ln.split(",")[1] for ln in got.lines] == ["30"]
+    r.close()
+
+
+def test_epipe_on_the_first_read_counts_one(tmp_path: Path) -> None:
+    dev = tmp_path / "dev"
+    dev.write_text("")
+    r = KmsgDeviceReader(dev, from_start=False, read_fn=Script([BrokenPipeError(errno.EPIPE, "EPIPE"), rec(500)]))
+    got = r.read(100, 1 << 20)
+    assert got.lost == 1 and len(got.lines) == 1  # no earlier sequence number to measure by
+    r.close()
+
+
+def test_errors_that_read_nothing_cannot_spin_forever(tmp_path: Path) -> None:
+    dev = tmp_path / "dev"
+    dev.write_text("")
+
+    def always_einval(fd: int, n: int) -> bytes:
+        raise OSError(errno.EINVAL, "EINVAL")
+
+    r = KmsgDeviceReader(dev, from_start=True, read_fn=always_einval)
+    got = r.read(10, 1 << 20)
+    assert got.lines == () and got.error == ""  # returns, bounded
+    r.close()
+
+
+def test_eio_closes_and_reports(tmp_path: Path) -> None:
+    dev = tmp_path / "dev"
+    dev.write_text("")
+    r = KmsgDeviceReader(dev, from_start=True, read_fn=Script([rec(1), OSError(errno.EIO, "EIO")]))
+    got = r.read(10, 1 << 20)
+    assert len(got.lines) == 1 and "EIO" in got.error
+    assert r.fileno() is None  # reopened on the next read
+    r.close()
+
+
+# ---- the scheduler collects on readiness --------------------------------------------------------
+
+
+class PipeCollector:
+    """Reads whatever is in a pipe; its read end is the readable descriptor."""
+
+    name = "pipe"
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
+        self.got: list[bytes] = []
+        self.runs = 0
+
+    def readable_fd(self) -> int | None:
+        return self.r
+
+    def collect(self) -> Collection:
+        self.runs += 1
+        try:
+            while chunk := os.read(self.r, 4096):
+                self.got.append(chunk)
+        except BlockingIOError:
+            pass
+        return Collection()
+
+    def close(self) -> None:
+        os.close(self.r)
+        os.close(self.w)
+
+
+async def _wait(pred: object, timeout: float) -> None:
+    async def poll() -> None:
+        while not pred():  # type: ignore[operator]
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(poll(), timeout)
+
+
+def test_scheduler_collects_when_the_descriptor_turns_readable() -> None:
+    async def main() -> None:
+        store = SnapshotStore()
+        sched = Scheduler(store)
+        c = PipeCollector()
+        sched.add("pipe", c, interval=300.0, timeout=5.0)  # the interval alone would take 5 minutes
+        sched.start()
+        try:
+            await _wait(lambda: c.runs == 1 and not sched.in_flight("pipe"), 10)
+            os.write(c.w, b"record 1\n")
+            await _wait(lambda: c.got == [b"record 1\n"], 10)
+            await _wait(lambda: not sched.in_flight("pipe"), 10)
+            os.write(c.w, b"record 2\n")
+            await _wait(lambda: b"".join(c.got) == b"record 1\nrecord 2\n", 10)
+            runs = c.runs
+            assert runs >= 3
+        finally:
+            await sched.stop()
+        assert not asyncio.get_running_loop().remove_reader(c.r)  # stop() stopped watching it
+
+    asyncio.run(main())
+
+
+# ---- the simulated node writes its records to the stream ---------------------------------------
+
+
+def test_sim_node_writes_records_to_an_attached_reader_and_replays_the_newest(tmp_path: Path) -> None:
+    node = SimNode.create(tmp_path, "n1")
+    node.inject(Fault(kind="xid", injected_at=time.time(), gpu=1, code=48))  # before any reader: kmsg.log only
+    r = KmsgDeviceReader(node.kmsg_stream, from_start=True, fifo=True)
+    assert node.attach_kmsg_reader(r.open, from_start=True) == ""
+    replayed = r.read(100, 1 << 20).lines
+    assert len(replayed) == 1 and ": 48, " in replayed[0]
+    node.inject(Fault(kind="xid", injected_at=time.time(), gpu=3, code=79))
+    lines = r.read(100, 1 << 20).lines
+    assert any(": 79, " in ln for ln in lines)
+    assert [ln.split(",")[1] for ln in replayed + lines] == [str(i) for i in range(1, len(lines) + 2)]
+    r.close()
+    # The reader gone: writing must not fail (ENXIO) and kmsg.log keeps the record.
+    node.inject(Fault(kind="xid", injected_at=time.time(), gpu=2, code=48))
+    assert node.kmsg_path.read_text().count(": 48, ") == 2
+
+
+def test_sim_node_without_from_start_replays_nothing(tmp_path: Path) -> None:
+    node = SimNode.create(tmp_path, "n1")
+    node.inject(Fault(kind="xid", injected_at=time.time(), gpu=1, code=48))
+    r = KmsgDeviceReader(node.kmsg_stream, from_start=False, fifo=True)
+    assert node.attach_kmsg_reader(r.open, from_start=False) == ""
+    assert r.read(100, 1 << 20).lines == ()
+    r.close()
