@@ -20,7 +20,7 @@ import re
 import sys
 import tempfile
 import time
-import urllib.parse
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
@@ -92,12 +92,6 @@ def levels(tmp: Path) -> dict[str, Counter[str]]:
     return out
 
 
-def prom_query(prom: str, expr: str) -> float:
-    status, body = http_get(f"{prom}/api/v1/query?query={urllib.parse.quote(expr)}")
-    result = json.loads(body)["data"]["result"] if status == 200 else []
-    return float(result[0]["value"][1]) if result else float("nan")
-
-
 @contextlib.contextmanager
 def prometheus(tmp: Path, name: str, scrape_configs: str) -> Iterator[str]:
     d = tmp / name
@@ -105,18 +99,36 @@ def prometheus(tmp: Path, name: str, scrape_configs: str) -> Iterator[str]:
     (d / "prometheus.yml").write_text("global: {scrape_interval: 1s}\nscrape_configs:\n" + scrape_configs)
     port = free_port()
     argv = [need("prometheus"), f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}"]
+            f"--web.listen-address=127.0.0.1:{port}", "--web.enable-admin-api"]
     url = f"http://127.0.0.1:{port}"
     with service(name, argv, d / "logs", port=port, ready=lambda: http_get(f"{url}/-/ready")[0] == 200):
         yield url
 
 
-def head_stats(prom: str) -> tuple[float, float, float]:
-    """(head series, samples appended, bytes per sample of the head chunks written so far)."""
-    series = prom_query(prom, "prometheus_tsdb_head_series")
-    samples = prom_query(prom, "sum(prometheus_tsdb_head_samples_appended_total)")
-    chunk_bytes = prom_query(prom, "prometheus_tsdb_head_chunks_storage_size_bytes")
-    return series, samples, chunk_bytes / samples if samples else float("nan")
+def own_metric(prom: str, name: str) -> float:
+    """A value from Prometheus' own /metrics (it does not scrape itself here)."""
+    total, found = 0.0, False
+    for line in http_get(f"{prom}/metrics")[1].decode().splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.rsplit(" ", 1)[1])
+            found = True
+    return total if found else float("nan")
+
+
+def head_stats(prom: str, tsdb: Path) -> tuple[float, float, float]:
+    """(head series, samples appended, bytes per sample). Prometheus 2.42 exports no head-chunk
+    size, so the head is written out as a block (admin API snapshot, head included) and the
+    bytes of its chunks and index are divided by the samples its meta.json counts."""
+    series = own_metric(prom, "prometheus_tsdb_head_series")
+    samples = own_metric(prom, "prometheus_tsdb_head_samples_appended_total")
+    req = urllib.request.Request(f"{prom}/api/v1/admin/tsdb/snapshot?skip_head=false", data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        name = json.loads(r.read())["data"]["name"]
+    size, block_samples = 0, 0
+    for meta in (tsdb / "snapshots" / name).glob("*/meta.json"):
+        block_samples += int(json.loads(meta.read_text())["stats"]["numSamples"])
+        size += sum(f.stat().st_size for f in meta.parent.rglob("*") if f.is_file() and f.name != "meta.json")
+    return series, samples, size / block_samples if block_samples else float("nan")
 
 
 def node_exporter(sim: Path, logs: Path) -> tuple[list[str], int]:
@@ -144,7 +156,8 @@ def fleet(tmp: Path, nodes: int, seconds: float) -> dict[str, tuple[float, float
             f"  - job_name: node\n    static_configs: [{{targets: ['127.0.0.1:{ne_port}']}}]\n")))
         print(f"scraping {nodes} podhealth agents and the peer set for {seconds:.0f} s ...", flush=True)
         time.sleep(seconds)
-        return {"podhealth (basic)": head_stats(ours), "peer (dcgm-exporter set + node_exporter)": head_stats(theirs)}
+        return {"podhealth (basic)": head_stats(ours, tmp / "prom-podhealth" / "tsdb"),
+                "peer (dcgm-exporter set + node_exporter)": head_stats(theirs, tmp / "prom-peer" / "tsdb")}
 
 
 def main() -> int:
@@ -164,11 +177,11 @@ def main() -> int:
         if args.no_prometheus:
             return 0
         stats = fleet(tmp, args.nodes, args.seconds)
-        print("\nPrometheus head (own metrics; prometheus' self-scrape not configured)")
+        print("\nPrometheus head (from each server's own /metrics)")
         for what, (series, samples, bps) in stats.items():
             per_node = series / (args.nodes if what.startswith("podhealth") else 1)
             print(f"{what:<42} head series {series:>7.0f}  per node {per_node:>7.0f}  "
-                  f"samples {samples:>9.0f}  head chunk bytes/sample {bps:.2f}")
+                  f"samples {samples:>9.0f}  bytes/sample (head as a block) {bps:.2f}")
     return 0
 
 
