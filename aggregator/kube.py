@@ -399,6 +399,18 @@ class KubeFencer:
                                 error=f"eviction {code}: {why}")
         return FenceOutcome(ok=True, changed=bool(done), command=command, output=text)
 
+    async def announce_jobs(self, node: str, message: str) -> str:
+        """An Event `PodhealthJobsAffected` on the Node naming the GPU pods a fence hurts (best
+        effort, like every Event here: '' when recorded, else why not)."""
+        deadline = time.monotonic() + self.budget
+        try:
+            view = await self._view(node, deadline)
+        except KubeUnavailable as e:
+            return f"event not recorded: {e}"
+        if view is None:
+            return f"event not recorded: node {node} not found"
+        return (await self._event(view, "PodhealthJobsAffected", "Warning", "Fence", message, deadline)).lstrip("; ")
+
     # ---- Remediator: the ladder's reboot request and the REPAIR reason --------------------------
 
     async def reboot(self, node: str, reason: FenceReason) -> FenceOutcome:

@@ -437,7 +437,8 @@ class Aggregator:
                                     mem.set_node(a.node, handover="running", handover_at=now), undo))
         if a.kind in LADDER_STEPS or a.kind == "repair":
             self._ladder_step(a, now, undo)
-        if a.kind == "evacuate" and a.node not in self._evacuating:
+        if a.kind == "evacuate" and a.node not in self._evacuating and not any(
+                p.node == a.node and p.kind == "evacuate" for p in self.pending.values()):  # one recovered at start
             self._evacuating.add(a.node)  # until it is finished: decide() plans it again meanwhile
             self._spawn(self._begin(a.node, "evacuate", "policy", a.why, now, None, "force" if a.force else "", [],
                                     undo))
@@ -990,8 +991,15 @@ class Aggregator:
         rec = mem.nodes.get(node)
         if rec is not None:
             rec.jobs = tuple(j.to_json() for j in jobs)
-        await self.commit([Store.op_audit(self.clock(), node, "podhealth", "jobs at the fence",
-                                          f"{reason.check} {reason.entity}", (), text)])
+        ops = [Store.op_audit(self.clock(), node, "podhealth", "jobs at the fence", f"{reason.check} {reason.entity}",
+                              (), text)]
+        for f, _ in found:  # the backend's own record where it has one (Kubernetes: an Event on the Node)
+            announce = getattr(f, "announce_jobs", None)
+            if announce is not None and jobs:
+                note = await announce(self._target(f, node), f"{render_reason(reason)}: {text}")
+                ops.append(Store.op_audit(self.clock(), node, "podhealth", f"jobs event via {f.name}",
+                                          reason.check, (), note or "recorded", not note))
+        await self.commit(ops)
 
     async def _do_evacuate(self, p: Pending) -> None:
         """Move the jobs off a node podhealth fenced (policy._evacuations): requeue (force) or the

@@ -98,6 +98,11 @@ async def test_a_fenced_nodes_pods_are_evicted_only_after_evict_after(api: KubeA
         assert node["spec"]["unschedulable"] is True
         await until(lambda: any(a["what"] == "jobs at the fence" for a in agg.store.audit_tail()), 20, "jobs noted")
         assert pods_on(kubectl, "dgx03") == ["team/job-7"]
+        events = json.loads(kubectl("get", "events", "-n", "default", "--field-selector",
+                                    "involvedObject.name=dgx03", "-o", "json"))["items"]
+        affected = [e["message"] for e in events if e["reason"] == "PodhealthJobsAffected"]
+        assert affected == ["podhealth: xid gpu2 DRAIN [" + affected[0].split("[", 1)[1].split("]")[0]
+                            + "]: on the node: team/job-7 (team)"]
         # Past evict_after the eviction is tried; the budget refuses it (429): pending, retried.
         await until(lambda: any(p.kind == "evacuate" and p.attempts >= 2 for p in agg.pending.values()), 30,
                     "the refused eviction to be retried")
