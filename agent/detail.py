@@ -145,8 +145,13 @@ class ExportFilter:
     def passthrough(self, collector: str) -> bool:
         """Nothing to filter: full level, no rules and no family switched off."""
         fams = self.families.get(collector, {})
-        return ((self.levels.get(collector, "basic") == "full" or not self.rules.get(collector))
-                and "none" not in fams.values() and not any(r.sum for r in self.rules.get(collector, {}).values()))
+        rules = self.rules.get(collector, {})
+        if "none" in fams.values() or any(r.sum for r in rules.values()):
+            return False
+        if not rules:
+            return True
+        # A family switched back to basic under a full collector still needs its rule.
+        return self.levels.get(collector, "basic") == "full" and all(v == "full" for v in fams.values())
 
     def state(self, collector: str, st: CollectorState) -> CollectorState:
         """`st` with only the samples to export (the same object when nothing changes)."""

@@ -70,6 +70,11 @@ def test_full_and_family_switches() -> None:
     assert len([s for s in out if s.name == "nfs_operation_sent_bytes"]) == 12
     assert not [s for s in out if s.name == "nfs_rpc_procedure_requests"]
     assert len([s for s in out if s.name == "nfs_operation_requests"]) == 8  # still basic
+    # A family switched back to basic under a full collector keeps its rule (through state() too).
+    flt = ExportFilter({"nfs": "full"}, {"nfs": {"nfs_operation_requests": "basic"}})
+    st = flt.state("nfs", CollectorState("nfs", samples=tuple(src)))
+    assert len([s for s in st.samples if s.name == "nfs_operation_requests"]) == 8
+    assert len([s for s in st.samples if s.name == "nfs_operation_sent_bytes"]) == 12
     # A family without a rule can be switched off too; an unknown name is reported.
     flt = ExportFilter({}, {"host": {"systemd_unit_active": "none", "no_such_metric": "full"}})
     host = [Sample.of("systemd_unit_active", 1, unit="a"), Sample.of("host_load1", 0.5)]
