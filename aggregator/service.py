@@ -23,14 +23,14 @@ import aiohttp
 from podhealth import log as plog
 from podhealth.vocab import Status
 
-from podhealth.aggregator import ingest
+from podhealth.aggregator import bundles, ingest, overrides
 from podhealth.aggregator.config import AggregatorConfig
 from podhealth.aggregator.fence import (
     BatchFencer, DryRunFencer, FenceOutcome, FenceReason, FenceState, Fencer, Job, JobSource, Remediator,
     parse_reason, render_reason, repair_reason,
 )
 from podhealth.aggregator.metrics import Metrics
-from podhealth.aggregator.model import LADDER_STEPS, BreakerState, Decision, FenceMode, FleetState, Planned
+from podhealth.aggregator.model import LADDER_STEPS, BreakerState, Decision, FenceMode, FleetState, Planned, Silence
 from podhealth.aggregator.policy import RATE_WINDOW, Policy, decide, gpu_index, partition_limit
 from podhealth.aggregator.leader import Leadership
 from podhealth.aggregator.lease import FileLease, LeaseInfo, PgLease, holder_name
@@ -46,6 +46,8 @@ log = plog.get("podhealth.aggregator")
 RECONCILE_INTERVAL = 60.0
 HOUSEKEEPING_INTERVAL = 5.0
 MIN_DECIDE_GAP = 0.05
+SYNC_INTERVAL = 1.0  # seconds between the leader's reads of the other replicas' ingest
+SYNC_MARGIN = 15.0
 
 
 class NotLeader(Exception):
@@ -150,6 +152,8 @@ class Aggregator:
         self._fence_failed: dict[str, float] = {}
         self.reconcile_report: list[str] = []
         self._evacuating: set[str] = set()  # nodes with an evacuate action in flight
+        # operators' silences, (node, check) -> Silence: an input of decide() (aggregator/overrides.py)
+        self.silences: dict[tuple[str, str], Silence] = {}
         self._job_readers: list[Any] | None = None
         self.housekeeping_interval = HOUSEKEEPING_INTERVAL
         self.started_at = 0.0
@@ -162,6 +166,7 @@ class Aggregator:
         """The in-memory mirror from what the store holds (at start, and at a takeover)."""
         mem = Memory.from_loaded(loaded)
         mem.max_skew = self.cfg.max_clock_skew
+        self.silences = {(s.node, s.check): s for s in loaded.silences}
         # The rate limit's recent fences, stored as wall times, move onto the monotonic clock.
         m0 = self.mono()
         mem.recent_fences = collections.deque((m0 - max(0.0, now - t) for t in sorted(loaded.recent_fences)),
@@ -209,6 +214,30 @@ class Aggregator:
         await self.reconcile(initial=True)
         self._acting_tasks = [asyncio.create_task(self._decide_loop(), name="decide"),
                               asyncio.create_task(self._pull_loop(), name="pull")]
+        if self.leadership is not None:
+            self._acting_tasks.append(asyncio.create_task(self._sync_loop(), name="sync"))
+
+    async def _sync_loop(self) -> None:
+        """The leader takes in what the other replicas ingested (they write it to the shared
+        store; only the leader decides). The window reaches back SYNC_MARGIN so a replica's
+        slow commit or a few seconds of clock difference between replicas lose nothing."""
+        cursor = self.clock() - SYNC_MARGIN
+        while self._running:
+            await asyncio.sleep(SYNC_INTERVAL)
+            store = self.store
+            mem: Memory | None = self.mem
+            assert store is not None and mem is not None
+            started = self.clock()
+            try:
+                rows, conds = await asyncio.to_thread(store.observed_since, cursor)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the next round tries again; the lease decides who acts
+                log.warning("cannot read the other replicas' ingest", error=str(e))
+                continue
+            if self.mem is mem and mem is not None and mem.adopt(rows, conds):
+                self.poke()
+            cursor = started - SYNC_MARGIN
 
     def acting(self) -> bool:
         """May this process decide and act now? Always on SQLite; on PostgreSQL while it leads."""
@@ -405,7 +434,8 @@ class Aggregator:
         assert self.mem is not None
         m = self.mono()
         return dataclasses.replace(self.mem.fleet(), recent_fences=tuple(now - (m - t) for t in self.mem.recent_fences),
-                                   recent_remediations=tuple(now - (m - t) for t in self.mem.recent_steps))
+                                   recent_remediations=tuple(now - (m - t) for t in self.mem.recent_steps),
+                                   silenced=overrides.active(self.silences, now))
 
     def _dispatch(self, a: Planned, now: float, undo: Checkpoint | None = None) -> ActionStart | None:
         """Carry out a notify or a handover; a fence comes back to be recorded with the others
@@ -624,7 +654,8 @@ class Aggregator:
         if foreign:
             f, st = foreign[0]
             return ("skipped", f"already fenced by someone else in {f.name}: {st.reason}",
-                    mem.set_node(p.node, fence=FenceMode.EXTERNAL, fence_reason=st.reason))
+                    mem.set_node(p.node, fence=FenceMode.EXTERNAL, fence_reason=st.reason)
+                    + [overrides.drain_event_op(self, p.node, f.name, st.reason, self.clock())])
         if any(st.opted_out for _, st in present):
             who = ", ".join(f.name for f, st in present if st.opted_out)
             return ("skipped", f"opted out in {who}",
@@ -647,6 +678,8 @@ class Aggregator:
                                               handover="", handover_at=0.0) + self._flap_hold(p.node, now))
         if self.cfg.jobs.enabled:
             self._spawn(self._note_jobs(p.node, p.reason))
+        if self.cfg.bundles.enabled:  # the evidence for an RMA ticket, beside the fence, never in its way
+            self._spawn(bundles.fetch(self, p.node, p.id))
 
     def _flap_hold(self, node: str, now: float) -> list[Op]:
         """A node fenced again after flap_hold.cycles fence/release cycles within the window
@@ -1151,17 +1184,20 @@ class Aggregator:
                 elif foreign:
                     _, o = mem.ensure_node(node, now)
                     ops += o + mem.set_node(node, fence=FenceMode.EXTERNAL, fence_reason=foreign[0][1].reason)
+                    ops.append(overrides.drain_event_op(self, node, foreign[0][0].name, foreign[0][1].reason, now))
                     lines.append(f"{node}: fenced by someone else in {foreign[0][0].name}: recorded as drained")
                 mem.vouch(node)  # a fencer's backend knows it: part of the fleet the breaker counts
                 continue
             mem.vouch(node)
             if foreign and not rec.fence.ours and rec.fence is not FenceMode.EXTERNAL:
                 ops += mem.set_node(node, fence=FenceMode.EXTERNAL, fence_reason=foreign[0][1].reason)
+                ops.append(overrides.drain_event_op(self, node, foreign[0][0].name, foreign[0][1].reason, now))
                 lines.append(f"{node}: fenced by someone else in {foreign[0][0].name} ({foreign[0][1].reason}): "
                              "recorded as drained")
             elif foreign and rec.fence.ours and not ours:
                 ops += mem.set_node(node, fence=FenceMode.EXTERNAL, fence_reason=foreign[0][1].reason, hold=False,
                                     hold_reason="")
+                ops.append(overrides.drain_event_op(self, node, foreign[0][0].name, foreign[0][1].reason, now))
                 lines.append(f"{node}: podhealth's fence was replaced by someone else's ({foreign[0][1].reason}): "
                              "now theirs")
             elif ours and rec.fence is FenceMode.NONE:
@@ -1316,7 +1352,7 @@ class Aggregator:
                 writer.write_nowait(mem.flush_seen())
                 if not self.acting():
                     continue  # a follower only ingests: the rest is the leader's
-                ops: list[Op] = self.silence_ops(now) + self.forget_ops(now)
+                ops: list[Op] = self.silence_ops(now) + self.forget_ops(now) + overrides.expire_ops(self, now)
                 if self.mono() - last_prune > 3600:
                     ops += mem.prune_ids(now - self.cfg.event_retention)
                     last_prune = self.mono()
@@ -1496,6 +1532,7 @@ class Aggregator:
                                    "reason": reason_to_json(p.reason)}
                                   for p in self.pending.values() if p.node == name]
         out["notes"] = [{"kind": n.kind, "detail": n.detail} for n in self.last_decision.notes if n.node == name]
+        out["silences"] = overrides.of_node(self.silences, name, self.clock())
         return out
 
     def status_of(self, name: str) -> Status | None:

@@ -513,6 +513,38 @@ class Memory:
         self._refresh(rec)
         return [Store.op_node_fields(rec.name, status=status.value, ok_since=ok_since)]
 
+    def adopt(self, rows: Iterable[tuple[str, float, float, str, float | None, str, int]],
+              conditions: Iterable[Condition]) -> int:
+        """Another replica's ingest, read back from the shared store (Store.observed_since): a
+        node whose stored report is newer than the one held here takes the stored status and
+        open conditions; one only seen later takes the later last_seen. Fence, hold and ladder
+        fields are the leader's own and stay. Returns how many nodes took a newer report."""
+        by_node: dict[str, list[Condition]] = {}
+        for c in conditions:
+            by_node.setdefault(c.node, []).append(c)
+        taken = 0
+        for name, report_time, last_seen, status, ok_since, boot_id, report_seq in rows:
+            rec = self.nodes.get(name)
+            if rec is None:
+                continue  # a node learned at another replica: the next takeover loads it
+            if last_seen > rec.last_seen:
+                rec.last_seen = last_seen
+            if report_time <= rec.report_time:
+                continue
+            for key in list(self.by_node.get(name, ())):
+                del self.conditions[key]
+            self.by_node.pop(name, None)
+            for c in by_node.get(name, ()):
+                self.conditions[c.key] = c
+                self.by_node.setdefault(name, set()).add(c.key)
+            rec.report_time, rec.status, rec.ok_since = report_time, Status(status), ok_since
+            rec.boot_id, rec.report_seq = boot_id, report_seq
+            rec.fp = 0  # the next report here is compared afresh
+            rec.unreachable_since = None
+            self._refresh(rec)
+            taken += 1
+        return taken
+
     # ---- events and fences -------------------------------------------------------------------
 
     def record_event(self, event_id: str, node: str, type_: str, time: float, body: str, now: float) -> Op:

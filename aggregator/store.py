@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence
 from podhealth.vocab import Action, Status
 
 from podhealth.aggregator.fence import FenceReason
-from podhealth.aggregator.model import BreakerState, Condition, FenceMode
+from podhealth.aggregator.model import BreakerState, Condition, FenceMode, Silence
 
 Op = tuple[str, tuple[Any, ...]]
 
@@ -183,6 +183,22 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE actions ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
     """,
+    # 8: operator overrides and fence evidence. A silence keeps one check on one node from counting
+    # toward a fence until `until` (the aggregator's clock), with who and why; unsilencing or expiry
+    # deletes the row (the audit log keeps both). A bundle is the evidence the node's agent gave for
+    # one fence (aggregator/bundles.py): the file lives beside the database, the row says which
+    # fence, how big, its sha256; the oldest beyond bundles.keep per node are deleted with their files.
+    """
+    CREATE TABLE silences (
+        node TEXT NOT NULL, check_name TEXT NOT NULL, until REAL NOT NULL, reason TEXT NOT NULL,
+        who TEXT NOT NULL, created REAL NOT NULL, PRIMARY KEY (node, check_name)
+    );
+    CREATE TABLE bundles (
+        id INTEGER PRIMARY KEY, node TEXT NOT NULL, fence_id INTEGER NOT NULL, time REAL NOT NULL,
+        size INTEGER NOT NULL, sha256 TEXT NOT NULL, path TEXT NOT NULL
+    );
+    CREATE INDEX bundles_node ON bundles (node, id);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 LADDER_LOOKBACK = 366 * 86400.0  # failed attempts loaded at start: longer than any sane ladder.window
@@ -273,6 +289,7 @@ class Loaded:
     ladder_failures: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
     # node -> what was done about its jobs since its fence ("polite", "forced", "failed"), from the journal
     evacuated: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    silences: tuple[Silence, ...] = ()  # operators' silences, expired ones included (housekeeping drops them)
 
 
 def reason_to_json(r: FenceReason | None) -> dict[str, str] | None:
@@ -297,6 +314,10 @@ def _node_row(r: Sequence[Any]) -> NodeRow:
     return NodeRow(r[0], r[1], r[2], r[3], r[4], bool(r[5]), r[6], r[7], r[8], r[9], FenceMode(r[10]), r[11],
                    r[12], bool(r[13]), bool(r[14]), r[15], r[16], r[17], r[18], r[19], r[20], r[21], r[22], r[23],
                    r[24], r[25], r[26])
+
+
+def _bundle(r: Sequence[Any]) -> dict[str, Any]:
+    return {"id": r[0], "node": r[1], "fence_id": r[2], "time": r[3], "size": r[4], "sha256": r[5], "path": r[6]}
 
 
 def _action_row(r: Sequence[Any]) -> ActionRow:
@@ -618,6 +639,51 @@ class Store:
     def op_prune_fleet_samples(before: float) -> Op:
         return ("DELETE FROM fleet_samples WHERE time < ?", (before,))
 
+    @staticmethod
+    def op_silence(s: Silence) -> Op:
+        return ("INSERT INTO silences (node, check_name, until, reason, who, created) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (node, check_name) DO UPDATE SET until = excluded.until, reason = excluded.reason, "
+                "who = excluded.who, created = excluded.created", (s.node, s.check, s.until, s.reason, s.who, s.created))
+
+    @staticmethod
+    def op_unsilence(node: str, check: str) -> Op:
+        return ("DELETE FROM silences WHERE node = ? AND check_name = ?", (node, check))
+
+    def add_bundle(self, node: str, fence_id: int, now: float, size: int, sha256: str, path: str,
+                   keep: int) -> tuple[int, list[str]]:
+        """Record a stored bundle and drop the node's oldest beyond `keep` (writer thread):
+        (its id, the paths of the dropped rows, for the caller to delete)."""
+        c = self.conn
+        c.execute("BEGIN")
+        try:
+            bid = int(c.execute("INSERT INTO bundles (node, fence_id, time, size, sha256, path) "
+                                "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+                                (node, fence_id, now, size, sha256, path)).fetchone()[0])
+            old = c.execute("SELECT id, path FROM bundles WHERE node = ? ORDER BY id DESC LIMIT -1 OFFSET ?"
+                            if not self.url else
+                            "SELECT id, path FROM bundles WHERE node = ? ORDER BY id DESC OFFSET ?",
+                            (node, keep)).fetchall()
+            for oid, _ in old:
+                c.execute("DELETE FROM bundles WHERE id = ?", (oid,))
+            c.execute("COMMIT")
+        except BaseException:
+            rollback(c)
+            raise
+        return bid, [str(p) for _, p in old]
+
+    def bundles_of(self, node: str) -> list[dict[str, Any]]:
+        """The node's stored bundles, newest first."""
+        with self._read_lock:
+            rows = self._read().execute("SELECT id, node, fence_id, time, size, sha256, path FROM bundles "
+                                        "WHERE node = ? ORDER BY id DESC", (node,)).fetchall()
+        return [_bundle(r) for r in rows]
+
+    def bundle(self, bid: int) -> dict[str, Any] | None:
+        with self._read_lock:
+            r = self._read().execute("SELECT id, node, fence_id, time, size, sha256, path FROM bundles WHERE id = ?",
+                                     (bid,)).fetchone()
+        return _bundle(r) if r else None
+
     # ---- reading -------------------------------------------------------------------------
 
     def load(self, now: float, event_retention: float, rate_window: float = 60.0) -> Loaded:
@@ -638,7 +704,31 @@ class Store:
             "SELECT created FROM actions WHERE kind = 'fence' AND created > ? AND state != 'failed'",
             (now - rate_window,)))
         return Loaded(nodes, conds, ids, breaker, pending, recent, self.ladder_failures(now - LADDER_LOOKBACK),
-                      self.evacuations())
+                      self.evacuations(), self.silences())
+
+    def silences(self) -> tuple[Silence, ...]:
+        return tuple(Silence(r[0], r[1], r[2], r[3], r[4], r[5]) for r in self.conn.execute(
+            "SELECT node, check_name, until, reason, who, created FROM silences ORDER BY node, check_name"))
+
+    def observed_since(self, since: float) -> tuple[list[tuple[str, float, float, str, float | None, str, int]],
+                                                     list[Condition]]:
+        """What any replica ingested since `since`: (name, report_time, last_seen, status,
+        ok_since, boot_id, report_seq) of the nodes seen since then, and the open conditions of
+        those with a report since then. The leader merges them (Memory.adopt): replicas all
+        ingest, and only the leader decides."""
+        with self._read_lock:
+            db = self._read()
+            rows = [(str(r[0]), float(r[1]), float(r[2]), str(r[3]), r[4], str(r[5]), int(r[6])) for r in db.execute(
+                "SELECT name, report_time, last_seen, status, ok_since, boot_id, report_seq FROM nodes "
+                "WHERE last_seen >= ? OR report_time >= ?", (since, since)).fetchall()]
+            conds = [Condition(node=r[0], check=r[1], entity=r[2], status=Status(r[3]), action=Action(r[4]),
+                               severity=r[5], since=r[6], observed=r[7], source=r[8], ref=r[9], summary=r[10],
+                               notified=bool(r[11]), opened=r[12])
+                     for r in db.execute(
+                         "SELECT c.node, c.check_name, c.entity, c.status, c.action, c.severity, c.since, c.observed, "
+                         "c.source, c.ref, c.summary, c.notified, c.opened FROM conditions c JOIN nodes n "
+                         "ON n.name = c.node WHERE n.report_time >= ?", (since,)).fetchall()]
+        return rows, conds
 
     def evacuations(self) -> dict[str, str]:
         """node -> what the journal says was done about its jobs since its current fence: the

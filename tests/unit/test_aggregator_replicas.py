@@ -16,9 +16,9 @@ from typing import Any, AsyncIterator
 import aiohttp
 import pytest
 
-from podhealth.aggregator.config import StoreConfig
+from podhealth.aggregator.config import BreakerConfig, CapsConfig, StoreConfig
 from podhealth.aggregator.fence import FenceReason
-from podhealth.aggregator.service import Aggregator
+from podhealth.aggregator.service import Aggregator, OperatorError
 from podhealth.aggregator.store import ActionStart, StaleEpoch
 from tests.harness.agg import MemFencer, config, running
 from tests.harness.pg import pg_fixture
@@ -31,7 +31,9 @@ LEASE = 2.0
 
 @contextlib.asynccontextmanager
 async def pair(tmp_path: Path, url: str, fencer: MemFencer) -> AsyncIterator[list[tuple[Aggregator, str]]]:
-    cfg = config(tmp_path, nodes=6, store=StoreConfig(url=url, lease=LEASE))
+    # a cap of 2 of the 6 nodes in the partition
+    cfg = config(tmp_path, nodes=6, store=StoreConfig(url=url, lease=LEASE),
+                 caps=CapsConfig(max_percent_per_partition=34.0), breaker=BreakerConfig(min_nodes=5))
     async with running(cfg, [fencer]) as a, running(cfg, [fencer]) as b:
         yield [a, b]
 
@@ -51,18 +53,20 @@ async def test_one_leader_acts_and_a_cut_off_leader_stops_before_a_follower_take
         lurl = next(u for a, u in aggs if a is lead)
         assert not follower.acting() and follower.lease_info is None
         # the follower ingests (200) but does not act; operator actions there are refused
+        with pytest.raises(OperatorError) as e:
+            await follower.operator_fence("dgx02", "bad fan", "alice", wait=5)
+        assert e.value.status == 503 and "follower" in str(e.value)
         async with http.post(f"{furl}/v1/reports", json=fail_report("dgx05", 10)) as r:
             assert r.status == 200
-        async with http.post(f"{furl}/api/v1/nodes/dgx01/fence", json={"reason": "x"}) as r:
-            assert r.status in (401, 403, 503)
-        # the leader fences a failing node once, journaled under its epoch
+        # the leader reads what the follower ingested and fences the node, once
+        await until(lambda: "dgx05" in fencer.fenced and not lead.pending, timeout=10)
         async with http.post(f"{lurl}/v1/reports", json=fail_report("dgx01", 10)) as r:
             assert r.status == 200
         await until(lambda: "dgx01" in fencer.fenced and not lead.pending)
         epoch = lead.epoch()
-        assert epoch is not None
-        rows = lead.store.conn.execute("SELECT node, kind, epoch FROM actions").fetchall()
-        assert [tuple(r) for r in rows] == [("dgx01", "fence", epoch)]
+        assert epoch is not None and follower.epoch() is None
+        rows = lead.store.conn.execute("SELECT node, kind, state, epoch FROM actions ORDER BY id").fetchall()
+        assert [tuple(r) for r in rows] == [("dgx05", "fence", "done", epoch), ("dgx01", "fence", "done", epoch)]
 
         # Cut the leader off from the lease (its renewals hang, as on a partition).
         def hang(*_: Any) -> bool:
@@ -79,16 +83,18 @@ async def test_one_leader_acts_and_a_cut_off_leader_stops_before_a_follower_take
         took_over = time.monotonic() - t0
         assert stopped <= LEASE / 2 + 0.3 < took_over, (stopped, took_over)
         assert follower.epoch() == epoch + 1
-        # The new leader saw dgx05's failure ingested at the follower, and counts the partition
-        # cap from the shared state: dgx01, fenced by the old leader, fills it (1 of 6 in 'batch').
-        await until(lambda: any(n.node == "dgx05" and n.kind == "partition_cap_reached"
+        # The new leader counts the partition cap from the shared state: the old leader's two
+        # fences fill it, so a third failing node waits; nothing is fenced twice.
+        async with http.post(f"{furl}/v1/reports", json=fail_report("dgx03", 10)) as r:
+            assert r.status == 200
+        await until(lambda: any(n.node == "dgx03" and n.kind == "partition_cap_reached"
                                 for n in follower.last_decision.notes), timeout=10)
-        assert fencer.count("fence", "dgx01") == 1 and fencer.count("fence", "dgx05") == 0
+        assert [fencer.count("fence", n) for n in ("dgx01", "dgx03", "dgx05")] == [1, 0, 1]
         # a deposed leader's journal write is refused by the store, whatever it believes
         start = ActionStart("dgx02", "fence", "policy", "late", 20.0, FenceReason("xid", "GPU0", "RESET_GPU", "z"))
         with pytest.raises(StaleEpoch):
             lead.store.begin_actions([start], epoch)
-        assert follower.store.counts()["actions"] == 1
+        assert follower.store.counts()["actions"] == 2
 
 
 async def test_a_clean_stop_hands_the_lead_over_at_once(tmp_path: Path, pg: Any) -> None:
