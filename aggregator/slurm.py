@@ -199,6 +199,11 @@ def _clean_field(value: str, limit: int) -> str:
     return (text[:limit] or "-")
 
 
+def _clean_reason(text: str) -> str:
+    """Free text for a Reason=: printable ASCII without quotes or backslashes (argv, never a shell)."""
+    return " ".join("".join(c if (c.isascii() and c.isprintable() and c not in "\"'`\\") else " " for c in text).split())
+
+
 def sanitise_reason(reason: FenceReason) -> str:
     """The Slurm reason for `reason`: `podhealth: <check> <entity> <action> [<id>]`, bounded and safe."""
     clean = FenceReason(**{k: _clean_field(getattr(reason, k), n) for k, n in _FIELD_LIMITS})
@@ -343,6 +348,24 @@ class SlurmFencer:
             return FenceOutcome(ok=False, changed=False, command=argv, output=run.text,
                                 error=f"scontrol requeue failed: {run.text or 'rc ' + str(run.rc)}")
         return FenceOutcome(ok=True, changed=True, command=argv, output=f"requeued {names}")
+
+    async def announce_jobs(self, node: str, message: str) -> str:
+        """Name the jobs a fence hurts in the node's reason, after podhealth's own mark
+        (`podhealth: xid gpu3 DRAIN [id] jobs: 4102 (bob, GPU 3,5)`, cut to Slurm's reason
+        length), so `sinfo -R` shows them. Only on a drain whose reason is still exactly ours;
+        '' when done, else why not (best effort: the audit log has the jobs either way)."""
+        ours, _, jobs = message.partition(": on ")
+        deadline = time.monotonic() + self.budget
+        try:
+            before = await self._read(node, deadline)
+        except SlurmUnavailable as e:
+            return f"reason not updated: {e}"
+        if not (before.fenced and before.ours and before.reason == ours):
+            return f"reason not updated: it is no longer podhealth's own ({before.reason!r})"
+        text = _clean_reason(f"{ours} jobs on {jobs}")[:MAX_REASON_CHARS]
+        argv = (self.scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={text}")
+        run = await self._run(argv, max(0.1, min(self.timeout, deadline - time.monotonic())))
+        return "" if run.rc == 0 else f"reason not updated: {run.text or 'rc ' + str(run.rc)}"
 
     # ---- Remediator: the ladder's reboot and the REPAIR reason -------------------------------
 

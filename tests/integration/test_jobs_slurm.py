@@ -105,6 +105,10 @@ async def test_the_fatal_path_requeues_the_wait_path_leaves_the_job_alone(slurm:
                                             if a["what"] == "jobs at the fence"}, 30, "dgx03's jobs noted")
             jobs_at_fence = {a["node"]: a["output"] for a in agg.store.audit_tail(200) if a["what"] == "jobs at the fence"}
             assert f"on the node: {dead} (" in jobs_at_fence["dgx02"]
+            # ... and in Slurm's reason, after podhealth's own mark (sinfo -R shows it)
+            reason = slurm.run("sinfo", "-h", "-n", "dgx03", "-o", "%E").stdout.strip()
+            assert reason.startswith("podhealth: xid gpu1 DRAIN [") and " jobs on " in reason
+            assert f"on the node: {alive} (" in reason
             assert f"on the node: {alive} (" in jobs_at_fence["dgx03"]
             evac = [a for a in agg.store.audit_tail(200) if a["what"] == "evacuate via slurm"]
             assert [a["node"] for a in evac] == ["dgx02"] and evac[0]["command"][:2] == ["scontrol", "requeue"]
