@@ -28,6 +28,7 @@ from typing import Any, Callable
 import aiohttp
 
 from podhealth import log as plog
+from podhealth.agent.failover import Replicas
 from podhealth.agent.sequence import Sequencer
 from podhealth.config import PublishConfig
 from podhealth.vocab import NodeReport
@@ -61,7 +62,7 @@ class Heartbeat:
                  sequencer: Sequencer | None = None) -> None:
         self.cfg = cfg
         self.sequencer = sequencer  # the publisher's: heartbeats and spooled records share one order
-        self.url = cfg.aggregator_url.rstrip("/") + "/v1/reports"
+        self.replicas = Replicas(cfg.urls(), "/v1/reports")
         self.stats = HeartbeatStats()
         self._clock = clock
         self._digest: str | None = None  # the aggregator's name for the last full report it took
@@ -133,13 +134,26 @@ class Heartbeat:
         if self.sequencer is not None:
             self.sequencer.stamp(body)  # at sending: a resent report is newer than what came between
         data = json.dumps(body, separators=(",", ":")).encode()
-        try:
-            timeout = aiohttp.ClientTimeout(total=self.cfg.timeout)
-            async with self._session.post(self.url, data=data, headers=headers, timeout=timeout) as r:
-                text = await r.text()
-                try:
-                    return r.status, json.loads(text)
-                except ValueError:
-                    return r.status, text[:500]
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            return 0, f"{type(e).__name__}: {e}"
+        session = self._session
+
+        async def send(url: str) -> tuple[int, Any]:
+            try:
+                timeout = aiohttp.ClientTimeout(total=self.cfg.timeout)
+                async with session.post(url, data=data, headers=headers, timeout=timeout) as r:
+                    text = await r.text()
+                    try:
+                        return r.status, json.loads(text)
+                    except ValueError:
+                        return r.status, text[:500]
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                return 0, f"{type(e).__name__}: {e}"
+        return await self.replicas.post(send)
+
+    @property
+    def url(self) -> str:
+        return self.replicas.url
+
+    @url.setter
+    def url(self, value: str) -> None:
+        """One full URL to push to (tests point an existing object at a server they started)."""
+        self.replicas = Replicas([value], "")

@@ -36,6 +36,7 @@ from typing import IO, Any, Callable
 import aiohttp
 
 from podhealth import log as plog
+from podhealth.agent.failover import Replicas
 from podhealth.agent.sequence import Sequencer
 from podhealth.config import PublishConfig
 from podhealth.vocab import CheckResult, Event, NodeReport, Status
@@ -327,8 +328,8 @@ class Publisher:
         # Stamps each record with (boot_id, seq) when it is published, so the aggregator orders
         # it among heartbeats by the agent's own sequence, not by its wall clock (sequence.py).
         self.sequencer = sequencer
-        self.enabled = bool(cfg.aggregator_url)
-        self.url = cfg.aggregator_url.rstrip("/") + "/v1/events"
+        self.enabled = bool(cfg.urls())
+        self.replicas = Replicas(cfg.urls(), "/v1/events")
         self.stats = PublisherStats()
         self._spool: Spool | None = None
         self._lock = asyncio.Lock()
@@ -578,12 +579,26 @@ class Publisher:
         assert self._session is not None
         headers = {"Authorization": f"Bearer {self.cfg.token}"} if self.cfg.token else {}
         body = {"node": self.node, "events": recs}
-        try:
-            timeout = aiohttp.ClientTimeout(total=self.cfg.timeout)
-            async with self._session.post(self.url, json=body, headers=headers, timeout=timeout) as r:
-                return r.status, (await r.text())[:500]
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            return 0, f"{type(e).__name__}: {e}"
+        session = self._session
+
+        async def send(url: str) -> tuple[int, str]:
+            try:
+                timeout = aiohttp.ClientTimeout(total=self.cfg.timeout)
+                async with session.post(url, json=body, headers=headers, timeout=timeout) as r:
+                    return r.status, (await r.text())[:500]
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                return 0, f"{type(e).__name__}: {e}"
+        return await self.replicas.post(send)
+
+    @property
+    def url(self) -> str:
+        """The replica delivering now (the first listed until one fails)."""
+        return self.replicas.url
+
+    @url.setter
+    def url(self, value: str) -> None:
+        """One full URL to push to (tests point an existing object at a server they started)."""
+        self.replicas = Replicas([value], "")
 
     async def _deliver(self, recs: list[dict[str, Any]]) -> bool:
         status, text = await self._post(recs)

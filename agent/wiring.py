@@ -162,7 +162,7 @@ def install(agent: "Agent", spool_dir: Path | None = None) -> Extras:
     h = health.install(agent, active_tests=lambda: active_tests(agent.cfg))
     x = Extras(agent, h)
     cfg = agent.cfg
-    if cfg.publish.aggregator_url:
+    if cfg.publish.urls():
         from podhealth.agent.heartbeat import Heartbeat
         from podhealth.agent.publisher import Publisher
 
@@ -175,7 +175,7 @@ def install(agent: "Agent", spool_dir: Path | None = None) -> Extras:
         h.on_transition.append(x._on_transition)
         agent.on_events.append(x._on_events)
         agent.add_metric_source(x._families)
-        _log.info("pushing verdicts and events", aggregator=cfg.publish.aggregator_url, spool=str(pcfg.spool_dir))
+        _log.info("pushing verdicts and events", aggregator=",".join(cfg.publish.urls()), spool=str(pcfg.spool_dir))
     if cfg.exporters.influxdb.enabled:
         from podhealth.extras import MissingExtra, require
 

@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         return run_slurm_health(cfg, drain_self=args.drain_self)
     on_progress, stop = _progress_printer(args.format)
     try:
-        aggregator = args.aggregator or os.environ.get("PODHEALTH_AGGREGATOR", "") or cfg.publish.aggregator_url
+        aggregator = args.aggregator or os.environ.get("PODHEALTH_AGGREGATOR", "") or next(iter(cfg.publish.urls()), "")
         url = args.url or (agent_url(cfg, args.node, aggregator) if args.node
                            else _local_agent_listening(cfg))
         if url:

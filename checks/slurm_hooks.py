@@ -98,7 +98,7 @@ def _line(r: CheckResult) -> str:
 
 def should_drain(cfg: Config) -> bool:
     mode = cfg.checks.slurm_drain
-    return mode == "always" or (mode == "auto" and not cfg.publish.aggregator_url)
+    return mode == "always" or (mode == "auto" and not cfg.publish.urls())
 
 
 def _judge(results: Sequence[CheckResult]) -> tuple[list[CheckResult], list[CheckResult]]:

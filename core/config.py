@@ -163,6 +163,10 @@ class ExportersConfig:
 @dataclass(frozen=True)
 class PublishConfig:
     aggregator_url: str = doc("Aggregator base URL for pushing events; empty = do not push.", "")
+    aggregators: tuple[str, ...] = doc(
+        "Aggregator replicas' base URLs, in order of preference (instead of aggregator_url): the\n"
+        "agent keeps to the one that answers and moves on when it does not; the spool keeps\n"
+        "everything while none answers.", ())
     token: str = doc(
         "Bearer token for the aggregator: this node's own (`podhealth token derive --node NAME`).\n"
         "Also from token_file or $PODHEALTH_NODE_TOKEN.", "")
@@ -178,7 +182,14 @@ class PublishConfig:
         "Seconds after which a heartbeat carries the full report even though no verdict changed,\n"
         "so the evidence the aggregator shows stays this fresh.", 300.0)
 
+    def urls(self) -> tuple[str, ...]:
+        """Where to push: `aggregators`, else `aggregator_url` (empty: do not push)."""
+        return self.aggregators or ((self.aggregator_url,) if self.aggregator_url else ())
+
     def validate(self) -> tuple[str, str] | None:
+        for u in self.aggregators:
+            if not u.startswith(("http://", "https://")):
+                return ("aggregators", f'expected http(s):// base URLs, got "{u}"')
         problem = credentials.secret_problem(self.token, self.token_file, "token")
         return ("token_file" if self.token_file else "token", problem) if problem else None
 
@@ -216,7 +227,7 @@ class ChecksConfig:
         "Run the short active tests (burn-in, NCCL) in the handover suite: auto = when CUDA is usable.", "auto")
     slurm_drain: Literal["auto", "always", "never"] = doc(
         "Whether podhealth-slurm-healthcheck (HealthCheckProgram) drains a failing node and resumes\n"
-        "the nodes it drained: auto = only when publish.aggregator_url is empty (otherwise the\n"
+        "the nodes it drained: auto = only when publish.aggregator_url/aggregators is empty (otherwise the\n"
         "aggregator owns drain and release). Prolog/epilog failures always drain (Slurm does too).", "auto")
     healthcheck_budget: Annotated[float, Gt(0, "seconds"), Le(50, "seconds")] = doc(
         "Seconds podhealth-slurm-healthcheck may take (slurmd kills it after 60).", 10.0)

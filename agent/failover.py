@@ -1,0 +1,43 @@
+"""The aggregator replicas an agent pushes to, and which one it is talking to.
+
+Every replica accepts ingest (one of them leads and acts), so an agent only needs one that
+answers: it keeps to the replica that took its last push, and moves to the next one in its list
+when that one does not answer or answers 5xx (down, or its store cannot write). A 4xx is that
+replica's verdict on the push itself and the same at every replica: no move. When none answers,
+the caller keeps everything (the spool) and tries again later, as with one aggregator.
+"""
+
+from __future__ import annotations
+
+from typing import Awaitable, Callable, Sequence, TypeVar
+
+from podhealth import log as plog
+
+log = plog.get("podhealth.failover")
+T = TypeVar("T")
+
+
+class Replicas:
+    def __init__(self, urls: Sequence[str], path: str) -> None:
+        self.urls = [u.rstrip("/") + path for u in urls]
+        self.index = 0
+        self.moves = 0  # times it moved to another replica (a metric, and for tests)
+
+    @property
+    def url(self) -> str:
+        return self.urls[self.index] if self.urls else ""
+
+    async def post(self, send: Callable[[str], Awaitable[tuple[int, T]]]) -> tuple[int, T]:
+        """send(url) -> (HTTP status, 0 when unreachable; answer) at the current replica, then
+        at each of the others once, until one takes it or refuses it with a 4xx."""
+        status, answer = await send(self.url)
+        for _ in range(len(self.urls) - 1):
+            if status != 0 and status < 500:
+                break
+            old = self.url
+            self.index = (self.index + 1) % len(self.urls)
+            self.moves += 1
+            log.warning("aggregator replica not answering: trying the next", failed=old, status=status,
+                        next=self.url)
+            status, answer = await send(self.url)
+        return status, answer
