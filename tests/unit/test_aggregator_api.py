@@ -297,7 +297,7 @@ async def test_alertmanager_alerts_become_observations(tmp_path: Path) -> None:
             "PodhealthGpuFallenOffBus", "5", "FAIL", "DRAIN", "critical", "alertmanager")
         await _wait(lambda: "dgx03" in fencer.fenced)
         assert "PodhealthGpuFallenOffBus 5 DRAIN [abc123]" in fencer.fenced["dgx03"]
-        resolved = {"alerts": [{**firing["alerts"][0], "status": "resolved"}]}  # type: ignore[index]
+        resolved = {"alerts": [{**firing["alerts"][0], "status": "resolved"}]}  # type: ignore[index, dict-item]
         st, out = await call(s, "POST", f"{url}/v1/alertmanager", resolved, "ctok")
         assert st == 200 and agg.mem.conditions_of("dgx03") == []
 

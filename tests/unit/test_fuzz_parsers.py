@@ -336,7 +336,7 @@ def test_config_raises_only_config_error(text: str) -> None:
 
 # ---- scontrol show node (the Slurm fencer's view of a node) ------------------------------------
 
-SCONTROL = [p.read_text() for p in sorted((FIXTURES / "slurm").glob("scontrol_*.txt"))]
+SCONTROL = [p.read_text() for p in sorted((FIXTURES / "slurm").glob("scontrol_show_node*.txt"))]
 
 
 @fuzz_settings()
