@@ -37,7 +37,7 @@ from podhealth.configload import ConfigError
 from podhealth.credentials import write_private
 from podhealth.sim.fleet_config import (
     AgentPlan, FencerChoice, FleetPlan, agent_config, aggregator_config, check_agent_config,
-    check_aggregator_config, scrape_config,
+    check_aggregator_config, reboot_program, scrape_config,
 )
 
 MAX_NODES = 256
@@ -168,8 +168,12 @@ class Fleet:
             return FencerChoice(None, "dry-run fencer: the loopback Slurm cluster needs root (munged, slurmd); "
                                       "fences are recorded by the aggregator and nothing is drained")
         self.say(f"  starting a loopback Slurm cluster (slurmctld + {len(plan.nodes)} slurmd) ...")
+        program = plan.home / "reboot-program.sh"
+        program.write_text(reboot_program(plan, sys.executable))
+        program.chmod(0o755)
         cluster = slurmcluster.SlurmCluster(nodes=len(plan.nodes), prefix="dgx", partition=plan.partition,
-                                            start_timeout=60.0)
+                                            start_timeout=60.0,
+                                            extra_conf=f"RebootProgram={program}\nResumeTimeout=300\n")
         if cluster.node_names != plan.nodes:
             raise FleetError(f"Slurm node names {cluster.node_names[:2]}... differ from the pod's {plan.nodes[:2]}...")
         self.slurm = cluster

@@ -105,9 +105,28 @@ def aggregator_config(plan: FleetPlan, fencer: FencerChoice) -> str:
             "caps": {"max_fenced": max(1, n // 4), "max_percent_per_partition": 25.0},
             "nodes": [{"name": a.node, "agent_url": a.url, "partition": plan.partition} for a in plan.agents],
             "fencers": fencers,
+            # The whole path from fence to fix, quickly: name the jobs a fence hurts, reset a
+            # GPU, reboot (the loopback Slurm's RebootProgram reboots the simulated node, see
+            # reboot_program), and hand a node to REPAIR after two failed attempts.
+            "jobs": {"enabled": True},
+            "ladder": {"enabled": True, "verify_within": 120.0},
         },
     }
     return _header("aggregator") + yaml.safe_dump(doc, sort_keys=False)
+
+
+def reboot_program(plan: FleetPlan, python: str) -> str:
+    """The loopback Slurm's RebootProgram: Slurm passes it no node name and every slurmd of the
+    loopback cluster runs on this host, so it reboots (`simulate inject NODE fault=reboot`) each
+    simulated node that slurmctld shows with a reboot issued (REBOOT_ISSUED)."""
+    return (
+        "#!/bin/sh\n"
+        "# podhealth simulate fleet: reboot the simulated nodes Slurm has issued a reboot for\n"
+        "scontrol show node -o | while read -r line; do\n"
+        '  case "$line" in *REBOOT_ISSUED*) ;; *) continue ;; esac\n'
+        '  node=${line#NodeName=}; node=${node%% *}\n'
+        f'  "{python}" -m podhealth simulate inject "$node" fault=reboot --root "{plan.root}"\n'
+        "done\n")
 
 
 def scrape_config(plan: FleetPlan, scrape_interval: str = "15s") -> str:

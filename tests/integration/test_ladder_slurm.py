@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import stat
 import subprocess
 import sys
@@ -180,3 +181,37 @@ async def test_the_simulator_climbs_the_ladder_to_repair(slurm: SlurmCluster, re
         assert [r["node"] for r in agg.repairs_json()] == ["dgx02"]
     await fencer.release("dgx02")
     sim(d, "clear", "dgx02")
+
+
+def test_simulate_fleets_reboot_program_reboots_the_nodes_slurm_issued_a_reboot_for(tmp_path: Path) -> None:
+    """`podhealth simulate fleet` gives its loopback Slurm this RebootProgram (no node name comes
+    with the call): it reboots every simulated node slurmctld shows REBOOT_ISSUED, no other."""
+    from podhealth.sim.fleet_config import (
+        FencerChoice, FleetPlan, aggregator_config, check_aggregator_config, reboot_program,
+    )
+
+    root = tmp_path / "sim"
+    plan = FleetPlan(root=root, home=root / "_fleet", profile="dgx-h100", cluster="c", partition="gpu", agents=(),
+                     aggregator_port=1, aggregator_config=root / "agg.yml", db=root / "agg.db",
+                     cluster_secret="s" * 64, admin_token="a", agent_token="t")
+    for n in ("dgx01", "dgx02"):
+        sim(tmp_path, "node", n)
+        sim(tmp_path, "inject", n, "fault=dbe", "gpu=1")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "scontrol"  # what `scontrol show node -o` printed on the loopback cluster (above)
+    fake.write_text("#!/bin/sh\n"
+                    "echo 'NodeName=dgx01 Arch=x86_64 State=DOWN+DRAIN+REBOOT_ISSUED NextState=DOWN Reason=podhealth: x'\n"
+                    "echo 'NodeName=dgx02 Arch=x86_64 State=IDLE Partitions=gpu'\n")
+    fake.chmod(0o755)
+    script = tmp_path / "reboot.sh"
+    script.write_text(reboot_program(plan, sys.executable))
+    script.chmod(0o755)
+    r = subprocess.run([str(script)], env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert faults(tmp_path, "dgx01") == [("reboot", None)]
+    assert faults(tmp_path, "dgx02") == [("dbe", 1)]
+    text = aggregator_config(plan, FencerChoice(None, ""))
+    check_aggregator_config(text, "fleet aggregator.yml")
+    assert "ladder:\n    enabled: true" in text and "jobs:\n    enabled: true" in text
