@@ -33,6 +33,7 @@ class Leadership:
         self.valid_until = float("-inf")  # monotonic: act only before this
         self.leader_since = 0.0  # wall time (the database's) of this replica's takeover
         self.last_renewal = float("-inf")  # monotonic
+        self.last_look = mono()  # monotonic: the last lease call that answered (as leader or follower)
         self.error = ""
 
     def acting(self) -> bool:
@@ -57,6 +58,7 @@ class Leadership:
                 self._note_error(e)
                 return
             self.error = ""
+            self.last_look = t0
             if isinstance(got, LeaseInfo):
                 self.info, self.valid_until, self.last_renewal = got, t0 + self.duration / 2, t0
                 self.leader_since = got.since
@@ -69,6 +71,8 @@ class Leadership:
         except Exception as e:  # noqa: BLE001 - cannot renew: keep trying until valid_until passes
             self._note_error(e)
             ok = None
+        if ok is not None:
+            self.last_look = t0
         if ok is True:
             self.error = ""
             self.valid_until, self.last_renewal = t0 + self.duration / 2, t0

@@ -50,6 +50,11 @@ class Metrics:
                                     "were open (idle and slow connections time out).", registry=r)
         self.lease_epoch = Gauge(P + "store_lease_epoch", "Epoch of this process's exclusive lease on the state\n"
                                  "store (one more per start: the fencing token).", registry=r)
+        self.leader = Gauge(P + "leader", "1 while this aggregator decides and acts (the leader of the replicas on\n"
+                            "one PostgreSQL; always 1 with SQLite), 0 while it only ingests and serves.", registry=r)
+        self.lease_age = Gauge(P + "lease_age_seconds", "Seconds since this replica last saw the lease row (its\n"
+                               "renewal as leader, its look as follower); grows when the database does not answer.",
+                               registry=r)
         self._ingest: dict[str, tuple[Any, Any]] = {}
         self._results: dict[str, Any] = {}
 

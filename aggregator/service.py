@@ -159,6 +159,9 @@ class Aggregator:
         self.started_at = 0.0
         self.reconcile_interval = RECONCILE_INTERVAL
         self.metrics.add_fleet(lambda: self.mem, cfg.caps.max_fenced, lambda: len(self.pending), self._held)
+        self.metrics.leader.set_function(lambda: 1.0 if self.mem is not None and self.acting() else 0.0)
+        self.metrics.lease_age.set_function(
+            lambda: self.mono() - self.leadership.last_look if self.leadership is not None else 0.0)
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -1511,6 +1514,7 @@ class Aggregator:
             "rate_limit": {"used": sum(1 for t in mem.recent_fences if self.mono() - RATE_WINDOW < t),
                            "limit": self.cfg.rate_limit.fences_per_minute},
             "partitions": partitions,
+            "replica": self.replica_json(),
             "pending_actions": len(self.pending),
             "dry_run": self.cfg.dry_run,
             "manual_release": self.cfg.manual_release,
@@ -1519,6 +1523,21 @@ class Aggregator:
                               "notes": [{"kind": n.kind, "node": n.node, "detail": n.detail}
                                         for n in self.last_decision.notes[:200]]},
         }
+
+    def replica_json(self) -> dict[str, Any]:
+        """Who leads: this process alone (SQLite), or which replica of those on PostgreSQL, since
+        when, and how old this replica's view of the lease is."""
+        info = self.lease_info
+        lead = self.leadership
+        if lead is None:
+            return {"role": "single", "epoch": info.epoch if info else 0, "holder": info.holder if info else "",
+                    "leader": info.holder if info else "", "since": info.since if info else 0.0}
+        seen = lead.lease.seen
+        return {"role": "leader" if lead.acting() else "follower", "epoch": int(seen.get("epoch", 0) or 0),
+                "holder": lead.lease.holder, "leader": str(seen.get("holder", "")),
+                "since": float(seen.get("since", 0) or 0), "expires": float(seen.get("expires", 0) or 0),
+                "renewed_ago": round(self.mono() - lead.last_renewal, 3) if lead.info is not None else None,
+                "lease": lead.duration, "error": lead.error}
 
     def node_json(self, name: str) -> dict[str, Any] | None:
         mem = self.mem

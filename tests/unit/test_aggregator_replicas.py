@@ -52,6 +52,14 @@ async def test_one_leader_acts_and_a_cut_off_leader_stops_before_a_follower_take
         (follower, furl) = next((a, u) for a, u in aggs if a is not lead)
         lurl = next(u for a, u in aggs if a is lead)
         assert not follower.acting() and follower.lease_info is None
+        # who leads, as `fleet status` and /metrics show it
+        assert lead.leadership is not None
+        holder = lead.leadership.lease.holder
+        await until(lambda: follower.replica_json()["leader"] == holder, timeout=LEASE)  # its next look
+        rl, rf = lead.replica_json(), follower.replica_json()
+        assert (rl["role"], rf["role"]) == ("leader", "follower")
+        assert rl["leader"] == holder and rl["epoch"] == rf["epoch"]
+        assert [a.metrics.leader.collect()[0].samples[0].value for a in (lead, follower)] == [1.0, 0.0]
         # the follower ingests (200) but does not act; operator actions there are refused
         with pytest.raises(OperatorError) as e:
             await follower.operator_fence("dgx02", "bad fan", "alice", wait=5)
