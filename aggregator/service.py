@@ -367,9 +367,10 @@ class Aggregator:
         assert self.writer is not None
         await self.writer.write(ops)
 
-    async def commit_journal(self, ops: Sequence[Op]) -> None:
-        """An action's progress or end: on PostgreSQL only under this replica's epoch (a deposed
-        leader's late write is refused, StaleEpoch, and it stops leading)."""
+    async def commit_journal(self, aid: int, ops: Sequence[Op]) -> None:
+        """Action `aid`'s progress or end: on PostgreSQL only under this replica's epoch (a deposed
+        leader's late write is refused, StaleEpoch, and it stops leading), which the action then
+        carries (the leader that carried it out)."""
         assert self.writer is not None
         if self.leadership is None:
             await self.writer.write(ops)
@@ -377,6 +378,7 @@ class Aggregator:
         epoch = self.epoch()
         if epoch is None or not self.acting():
             raise NotLeader("not leading: the journal write is left to the leader")
+        ops = [*ops, Store.op_action_epoch(aid, epoch)]
         try:
             await self.writer.call(lambda s: s.apply(ops, epoch=epoch))
         except StaleEpoch as e:
@@ -611,13 +613,13 @@ class Aggregator:
         p.next_attempt = now + min(self.cfg.retries.max_backoff, self.cfg.retries.backoff * (2 ** min(p.attempts, 16)))
         log.warning("action still pending", id=p.id, node=p.node, kind=p.kind, error=error, attempts=p.attempts)
         self.metrics.actions.labels(p.kind, "retry").inc()
-        await self.commit_journal([Store.op_action_attempt(p.id, now, p.attempts, p.next_attempt, error),
+        await self.commit_journal(p.id, [Store.op_action_attempt(p.id, now, p.attempts, p.next_attempt, error),
                                    Store.op_audit(now, p.node, p.who, f"{p.kind} attempt failed", p.why, (), error,
                                                   False, p.id)])
 
     async def _finish(self, p: Pending, state: str, result: str, ops: list[Op]) -> None:
         now = self.clock()
-        await self.commit_journal(ops + [Store.op_action_finish(p.id, state, now, result),
+        await self.commit_journal(p.id, ops + [Store.op_action_finish(p.id, state, now, result),
                                          Store.op_audit(now, p.node, p.who, f"{p.kind} {state}", p.why, (), result,
                                                         state != "failed", p.id)])
         self.pending.pop(p.id, None)

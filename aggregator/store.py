@@ -596,6 +596,12 @@ class Store:
                 (attempts, next_attempt, now, result[:4096], aid))
 
     @staticmethod
+    def op_action_epoch(aid: int, epoch: int) -> Op:
+        """The epoch of the leader that carried the action out (it may have finished another
+        leader's pending action after a takeover): the fencing token of the change it made."""
+        return ("UPDATE actions SET epoch = ? WHERE id = ?", (epoch, aid))
+
+    @staticmethod
     def op_action_finish(aid: int, state: str, now: float, result: str) -> Op:
         return ("UPDATE actions SET state = ?, updated = ?, result = ? WHERE id = ?", (state, now, result[:4096], aid))
 

@@ -2,7 +2,7 @@
 with a steady stream of XID events and one failing verdict, in a process of its own so the test
 can SIGKILL it at any point and start it again on the same spool.
 
-    python -m tests.harness.chaos_agent NODE AGGREGATOR_URL TOKEN WORKDIR FAIL_AT
+    python -m tests.harness.chaos_agent NODE AGGREGATOR_URL[,URL...] TOKEN WORKDIR FAIL_AT
 
 Every event id it writes to WORKDIR/published.txt has been flushed to the spool first (what the
 agent promises survives its own crash); the test checks each of them reaches the aggregator
@@ -28,8 +28,9 @@ PACE_S = 0.05  # between bursts: a production rate, not a wait for anything
 
 
 async def main(node: str, url: str, token: str, work: Path, fail_at: float) -> None:
-    cfg = PublishConfig(aggregator_url=url, token=token, spool_dir=work / "spool", spool_max_bytes=8 << 20,
-                        timeout=2.0)
+    # URL,URL,...: aggregator replicas (publish.aggregators), the agent fails over between them
+    cfg = PublishConfig(aggregators=tuple(url.split(",")), token=token, spool_dir=work / "spool",
+                        spool_max_bytes=8 << 20, timeout=2.0)
     pub = Publisher(cfg, node, max_backoff=0.3)
     await pub.start()
     run = uuid.uuid4().hex[:8]  # ids stay unique across restarts of this node's process
