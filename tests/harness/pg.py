@@ -129,33 +129,48 @@ class PgServer:
 
     def stop_server(self, timeout: float = 10.0) -> None:
         """Stop the postmaster by its PID (fast shutdown, then SIGKILL of its process group)."""
-        proc, self.proc = self.proc, None
+        proc = self.proc
         if proc is None or proc.poll() is not None:
+            self.proc = None
             return
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGINT)  # PostgreSQL's fast shutdown
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            self._signal_tree(signal.SIGKILL)
             proc.wait(timeout)
+        self.proc = None
+
+    def _tree(self) -> list[int]:
+        """The postmaster and its children (each backend calls setsid(): not one process group)."""
+        assert self.proc is not None
+        pids = [self.proc.pid]
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    # the field after the ")" that closes the command name: state, then ppid
+                    if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == self.proc.pid:
+                        pids.append(int(d.name))
+        return pids
+
+    def _signal_tree(self, sig: int) -> None:
+        for pid in self._tree():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
     def pause(self) -> None:
-        """Freeze the whole server (postmaster and backends: its process group) - a partition as
-        the clients see it: connections stay open, nothing answers."""
-        assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGSTOP)
+        """Freeze the whole server (postmaster and every backend) - a partition as the clients
+        see it: connections stay open, nothing answers."""
+        self._signal_tree(signal.SIGSTOP)
 
     def resume(self) -> None:
-        assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGCONT)
+        self._signal_tree(signal.SIGCONT)
 
     def close(self) -> None:
         try:
-            if self.proc is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGCONT)  # a paused server cannot shut down
+            if self.proc is not None and self.proc.poll() is None:
+                self.resume()  # a paused server cannot shut down
             self.stop_server()
         finally:
             shutil.rmtree(self.root, ignore_errors=True)

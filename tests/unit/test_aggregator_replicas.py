@@ -8,6 +8,7 @@ tests/integration/test_replicas_failover.py.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from podhealth.aggregator.fence import FenceReason
 from podhealth.aggregator.service import Aggregator, OperatorError
 from podhealth.aggregator.store import ActionStart, StaleEpoch
 from tests.harness.agg import MemFencer, config, running
-from tests.harness.pg import pg_fixture
+from tests.harness.pg import PgServer, missing, pg_fixture
 from tests.unit.test_aggregator_service import fail_report, until
 
 pytestmark = pytest.mark.timeout(90)
@@ -118,3 +119,41 @@ async def test_a_clean_stop_hands_the_lead_over_at_once(tmp_path: Path, pg: Any)
         t0 = time.monotonic()
         await until(b.acting, timeout=10)
         assert time.monotonic() - t0 < 30.0 / 2  # not the lease's expiry: handed back on stop
+
+
+async def test_a_leader_cut_off_from_postgresql_stops_acting_and_leads_again_after(tmp_path: Path) -> None:
+    """The partition for real: the whole server frozen (SIGSTOP: connections stay open, nothing
+    answers), then the server restarted. A private server: freezing the shared one would stall
+    the other tests."""
+    why = missing()
+    if why:
+        pytest.skip(why)
+    fencer = MemFencer()
+    with PgServer() as server:
+        cfg = config(tmp_path, nodes=2, store=StoreConfig(url=server.new_database(), lease=LEASE))
+        async with running(cfg, [fencer]) as (agg, url), aiohttp.ClientSession() as http:
+            await until(agg.acting, timeout=3 * LEASE)
+            first = agg.epoch()
+            assert first is not None
+            server.pause()
+            try:
+                t0 = time.monotonic()
+                await until(lambda: not agg.acting(), timeout=LEASE)
+                # it stopped before the lease could run out for anyone else
+                assert time.monotonic() - t0 <= LEASE / 2 + 0.3
+            finally:
+                server.resume()
+            await until(agg.acting, timeout=3 * LEASE)
+            assert agg.epoch() == first + 1  # a new term: the old epoch's writes are refused
+            # PostgreSQL restarted under it: the replica reconnects, ingests and leads again
+            server.stop_server()
+            server.start_server()
+            async def ingest_ok() -> bool:
+                async with http.post(f"{url}/v1/reports", json=fail_report("dgx01", 10)) as r:
+                    return r.status == 200
+            deadline = time.monotonic() + 15
+            while not await ingest_ok():
+                assert time.monotonic() < deadline, "ingest never recovered after PostgreSQL restarted"
+                await asyncio.sleep(0.2)
+            await until(lambda: "dgx01" in fencer.fenced, timeout=15)
+            assert fencer.count("fence", "dgx01") == 1
