@@ -969,6 +969,11 @@ class Aggregator:
             raise PermanentError("no agent_url to ask for the reset" if gpu is not None
                                  else f"no single GPU to reset in {p.rule!r}")
         url = rec.agent_url.rstrip("/") + "/v1/gpu-reset"
+        if self.cfg.dry_run:  # a dry run touches nothing, not even through the agent
+            await self._step_done(p, f"would reset GPU {gpu} (dry run)", [Store.op_audit(
+                self.clock(), p.node, p.who, "gpu reset via agent (dry run)", p.why, ("POST", url, f"gpu={gpu}"),
+                "would reset (dry run)")])
+            return
         headers = {"Authorization": f"Bearer {self.cfg.auth.agent_token}"} if self.cfg.auth.agent_token else {}
         try:
             timeout = aiohttp.ClientTimeout(total=self.cfg.ladder.reset_timeout)

@@ -181,7 +181,7 @@ async def test_a_failed_handover_after_a_reboot_is_a_failed_attempt(tmp_path: Pa
             agent.status = "OK"  # the node comes back looking fine, but the handover suite fails
             await until(lambda: agg.mem.nodes["dgx01"].ladder == "repair")
             assert agent.resets == []  # REBOOT asked: no reset rung
-            assert kinds(agg) == [("reboot", "done", "failed"), ("repair", "done", "")]
+            await until(lambda: kinds(agg) == [("reboot", "done", "failed"), ("repair", "done", "")])  # journaled after
     finally:
         await runner.cleanup()
 
@@ -255,3 +255,17 @@ async def test_jobs_requeued_once_per_fence_even_across_a_restart(tmp_path: Path
         runs = agg.metrics.decisions._value.get()
         await until(lambda: agg.metrics.decisions._value.get() > runs + 10)
         assert fencer.count("evacuate force") == 1 and fencer.jobs_on["dgx01"] == [Job("4200", "dave")]
+
+
+async def test_dry_run_climbs_on_paper_and_never_asks_the_agent(tmp_path: Path) -> None:
+    agent = Agent("dgx01")
+    runner, url = await agent.serve()
+    try:
+        cfg = dataclasses.replace(ladder_cfg(tmp_path, url, verify_within=30.0), dry_run=True)
+        async with running(cfg) as (agg, _):
+            await until(lambda: agg.mem.nodes["dgx01"].ladder == "verifying")
+            assert agent.resets == [] and [f.name for f in agg.fencers] == ["dryrun"]
+            line = next(a for a in agg.store.audit_tail() if a["what"] == "gpu reset via agent (dry run)")
+            assert line["output"] == "would reset (dry run)"
+    finally:
+        await runner.cleanup()
