@@ -1,5 +1,6 @@
 """`podhealth fleet status|history NODE|release NODE --reason|fence NODE --reason|reset-order NODE --reason|
-breaker-reset|versions`.
+breaker-reset|versions|silence NODE CHECK --for 2h --reason|unsilence NODE CHECK|mark-healthy NODE --reason|
+bundle NODE [--id ID] [-o FILE]`.
 
 A thin client of the aggregator's API (stdlib only, so the CLI starts fast). The URL comes from
 --url, $PODHEALTH_AGGREGATOR_URL, or the config's aggregator.listen; the admin token from
@@ -55,6 +56,29 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     o.set_defaults(func=_reset_order)
     r = fs.add_parser("repairs", help="the repair queue: nodes the remediation ladder handed to a human")
     r.set_defaults(func=_repairs)
+    sl = fs.add_parser("silence", help="keep a check on a node from counting toward a fence for a while (audited)")
+    sl.add_argument("node")
+    sl.add_argument("check", help="the check's name (xid, ib_link, nfs_mount, ...)")
+    sl.add_argument("--for", dest="duration", required=True, metavar="DURATION", help="90m, 2h, 1d (at most 30d)")
+    sl.add_argument("--reason", required=True)
+    sl.set_defaults(func=_silence)
+    us = fs.add_parser("unsilence", help="lift a silence before it ends (audited)")
+    us.add_argument("node")
+    us.add_argument("check")
+    us.add_argument("--reason", default="")
+    us.set_defaults(func=_unsilence)
+    mh = fs.add_parser("mark-healthy", help="vouch for a node: skip the remediation ladder, release podhealth's "
+                       "fence, open failures no longer fence it (audited)")
+    mh.add_argument("node")
+    mh.add_argument("--reason", required=True)
+    mh.set_defaults(func=_mark_healthy)
+    bu = fs.add_parser("bundle", help="download a node's evidence bundle (the tar.gz for an RMA ticket), or list them")
+    bu.add_argument("node")
+    bu.add_argument("--id", type=int, default=None, help="which bundle (default: the newest)")
+    bu.add_argument("-o", "--output", default=None, metavar="FILE",
+                    help="where to write it (default NODE-fenceID.tar.gz; '-' = stdout)")
+    bu.add_argument("--list", action="store_true", help="list the node's bundles instead")
+    bu.set_defaults(func=_bundle)
     b = fs.add_parser("breaker-reset", help="reset a tripped circuit breaker (held observations are NOT replayed)")
     b.add_argument("--reason", default="")
     b.set_defaults(func=_breaker_reset)
@@ -253,6 +277,83 @@ def _reset_order(args: argparse.Namespace) -> int:
         was = out["was"]
         print(f"{out['node']}: order reset (was boot {was['boot_id'] or '-'} seq {was['seq']}); "
               "its next record starts afresh")
+    return 0
+
+
+@_run
+def _silence(args: argparse.Namespace) -> int:
+    out = _call(args, "POST", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/silence",
+                {"check": args.check, "duration": args.duration, "reason": args.reason, "who": _who()}, admin=True)
+    if _as_json(args):
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{out['node']}: {out['check']} silenced until {_when(out['until'])} by {out['who']}: {out['reason']}")
+    return 0
+
+
+@_run
+def _unsilence(args: argparse.Namespace) -> int:
+    out = _call(args, "POST", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/unsilence",
+                {"check": args.check, "reason": args.reason, "who": _who()}, admin=True)
+    print(json.dumps(out, indent=2) if _as_json(args) else f"{out['node']}: {out['check']} counts again")
+    return 0
+
+
+@_run
+def _mark_healthy(args: argparse.Namespace) -> int:
+    out = _call(args, "POST", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/mark-healthy",
+                {"reason": args.reason, "who": _who()}, admin=True)
+    return _print_action(args, out)
+
+
+def _fetch(args: argparse.Namespace, path: str) -> tuple[bytes, dict[str, str]]:
+    """GET a file with the admin token (bundles hold logs and serial numbers)."""
+    url, token = _target(args)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(url + path, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=args.timeout) as r:
+            return r.read(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        try:
+            msg = json.loads(e.read()).get("error", "")
+        except ValueError:
+            msg = ""
+        raise ApiError(f"GET {path}: HTTP {e.code} {msg}".rstrip()) from None
+    except (urllib.error.URLError, OSError) as e:
+        raise ApiError(f"cannot reach the aggregator at {url}: {getattr(e, 'reason', e)}") from None
+
+
+@_run
+def _bundle(args: argparse.Namespace) -> int:
+    import hashlib
+
+    base = f"/api/v1/nodes/{urllib.parse.quote(args.node)}/bundles"
+    listing = json.loads(_fetch(args, base)[0])
+    if args.list or (_as_json(args) and args.output is None):
+        if _as_json(args):
+            print(json.dumps(listing, indent=2))
+            return 0
+        print(f"{'ID':>6} {'FENCE':>6} {'WHEN':<20} {'BYTES':>9} SHA256")
+        for b in listing["bundles"]:
+            print(f"{b['id']:>6} {b['fence_id']:>6} {_when(b['time']):<20} {b['size']:>9} {b['sha256']}")
+        return 0
+    rows = listing["bundles"]
+    chosen = next((b for b in rows if b["id"] == args.id), None) if args.id is not None else (rows[0] if rows else None)
+    if chosen is None:
+        raise ApiError(f"no bundle {args.id} of {args.node}" if args.id is not None else f"{args.node} has no bundles")
+    body, headers = _fetch(args, f"{base}/{chosen['id']}")
+    digest = hashlib.sha256(body).hexdigest()
+    if digest != chosen["sha256"]:
+        raise ApiError(f"bundle {chosen['id']} arrived damaged: sha256 {digest}, recorded {chosen['sha256']}")
+    if args.output == "-":
+        sys.stdout.buffer.write(body)
+        return 0
+    out = args.output or f"{args.node}-fence{chosen['fence_id']}.tar.gz"
+    with open(out, "wb") as f:
+        f.write(body)
+    print(f"{out}: {len(body)} bytes, sha256 {digest} (bundle {chosen['id']}, fence {chosen['fence_id']}, "
+          f"{_when(chosen['time'])})", file=sys.stderr)
     return 0
 
 

@@ -304,6 +304,18 @@ class UiConfig:
 
 
 @dataclass(frozen=True)
+class BundlesConfig:
+    enabled: bool = doc(
+        "After each fence, fetch the node's evidence bundle (POST /v1/bundle on its agent_url: nvidia-smi -q,\n"
+        "XID lines, IB counter history, dcgmi diag/burn-in, /health, dmesg tail, versions) and keep it\n"
+        "with the fence, under bundles/ beside the database (`podhealth fleet bundle NODE`).", True)
+    keep: Annotated[int, Ge(1, "a count")] = doc("Bundles kept per node; the oldest go first.", 5)
+    timeout: Seconds = doc("Seconds the agent may take to build and send one (it runs nvidia-smi -q).", 120.0)
+    max_bytes: Annotated[int, Gt(0, "bytes")] = doc("Largest bundle accepted; a larger one is refused.",
+                                                    8 * 1024 * 1024)
+
+
+@dataclass(frozen=True)
 class StoreConfig:
     url: str = doc(
         "Where the state lives: sqlite:////abs/path (one aggregator; empty = the `db` file) or\n"
@@ -368,6 +380,8 @@ class AggregatorConfig:
     ladder: LadderConfig = doc("The remediation ladder after a fence (GPU reset, reboot, REPAIR).",
                                factory=LadderConfig)
     ui: UiConfig = doc("The web UI: Grafana links, fleet history.", factory=UiConfig)
+    bundles: BundlesConfig = doc("Evidence bundles fetched from a node's agent when it is fenced.",
+                                 factory=BundlesConfig)
 
     def validate(self) -> tuple[str, str] | None:
         seen: set[str] = set()
@@ -413,5 +427,5 @@ class AggregatorConfig:
 __all__ = [
     "AggregatorConfig", "AggListenConfig", "AggAuthConfig", "RuleConfig", "CapsConfig", "RateLimitConfig",
     "BreakerConfig", "FlapHoldConfig", "LadderConfig", "JobsConfig", "NodeEntry", "FencersConfig", "SlurmFencerConfig", "KubeFencerConfig",
-    "DryRunFencerConfig", "FileFencerConfig", "RetryConfig", "UiConfig", "StoreConfig", "SEVERITY_RANK", "node_name_problem",
+    "DryRunFencerConfig", "FileFencerConfig", "RetryConfig", "UiConfig", "BundlesConfig", "StoreConfig", "SEVERITY_RANK", "node_name_problem",
 ]

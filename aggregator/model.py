@@ -113,6 +113,23 @@ class NodeView:
 
 
 @dataclass(frozen=True, slots=True)
+class Silence:
+    """An operator's silence: `check` on `node` does not count toward a fence until `until` (the
+    aggregator's clock). It is still shown, still stored, still alerted on by Prometheus."""
+
+    node: str
+    check: str
+    until: float
+    reason: str
+    who: str
+    created: float
+
+    def to_json(self) -> dict[str, object]:
+        return {"node": self.node, "check": self.check, "until": self.until, "reason": self.reason,
+                "who": self.who, "created": self.created}
+
+
+@dataclass(frozen=True, slots=True)
 class BreakerState:
     tripped: bool = False
     tripped_at: float = 0.0
@@ -129,6 +146,8 @@ class FleetState:
     recent_fences: tuple[float, ...] = ()
     # start times of recent resets/reboots (the ladder's rate limit), on the same scale
     recent_remediations: tuple[float, ...] = ()
+    # (node, check) an operator silenced, still in force at `now` (service.Aggregator.fleet_now)
+    silenced: frozenset[tuple[str, str]] = frozenset()
 
 
 ActionKind = Literal["fence", "release", "handover", "notify", "reset_gpu", "reboot", "repair", "evacuate"]
@@ -155,7 +174,7 @@ NoteKind = Literal[
     "dry_run", "breaker_tripped", "breaker_holding", "cap_reached", "partition_cap_reached",
     "rate_limited", "opted_out", "fenced_by_other", "waiting_min_duration", "held_since_reset",
     "awaiting_manual_release", "no_agent_url", "operator_hold", "operator_released",
-    "ladder_verifying", "ladder_held", "repair", "jobs_held",
+    "ladder_verifying", "ladder_held", "repair", "jobs_held", "silenced",
 ]
 
 

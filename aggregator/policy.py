@@ -103,6 +103,11 @@ def decide(observations: Iterable[Condition], fleet: FleetState, now: float, pol
     fatal: set[str] = set()  # nodes with a failure after which their jobs are already dead
     bad_at: dict[str, float] = {}  # node -> when it turned bad (for the breaker)
     for c in observations:
+        if fleet.silenced and (c.node, c.check) in fleet.silenced:
+            # An operator silenced this check on this node: it counts toward no fence, no job
+            # action and not the breaker until the silence ends (expiry is the service's clock).
+            notes.append(Note("silenced", c.node, f"{c.check} {c.entity} {c.status.value}: silenced by an operator"))
+            continue
         if policy.jobs and c.status is Status.FAIL and is_fatal(c, policy.job_fatal):
             fatal.add(c.node)
         rule = rule_for(c, policy.rules)

@@ -13,6 +13,7 @@ import asyncio
 import gc
 import json
 import time
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
 from aiohttp import web
@@ -21,9 +22,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from aiohttp.web_protocol import RequestPayloadError
 
 from podhealth import log as plog
-from podhealth.aggregator import ingest, versions
+from podhealth.aggregator import bundles, ingest, overrides, versions
 from podhealth.aggregator.config import node_name_problem
-from podhealth.webguard import require_guarded, same_site_only
+from podhealth.webguard import from_this_host, require_guarded, same_site_only
 
 from podhealth.aggregator.auth import Auth, Refused, Speaker
 from podhealth.aggregator.service import Aggregator, OperatorError
@@ -281,6 +282,12 @@ async def api_fleet_versions(request: web.Request) -> web.Response:
 
 
 async def _admin_body(request: web.Request, agg: Aggregator, need_reason: bool) -> tuple[str, str]:
+    reason, who, _ = await _admin_request(request, agg, need_reason)
+    return reason, who
+
+
+async def _admin_request(request: web.Request, agg: Aggregator, need_reason: bool) -> tuple[str, str, dict[str, Any]]:
+    """The admin token, then the JSON body: (reason, who, the whole object)."""
     request.app[AUTH].require_admin(request)
     # body_exists, not content_length: a chunked body has no Content-Length and is read all the same.
     obj: Any = {}
@@ -302,7 +309,7 @@ async def _admin_body(request: web.Request, agg: Aggregator, need_reason: bool) 
         raise _Reject(400, "bad_request", "a reason is required")
     if len(reason) > MAX_REASON or len(who) > 64:
         raise _Reject(400, "bad_request", f"reason longer than {MAX_REASON} or who longer than 64 characters")
-    return reason, who
+    return reason, who, obj
 
 
 def _admin(fn: Callable[[Aggregator, web.Request], Awaitable[dict[str, Any]]]) -> Handler:
@@ -343,6 +350,81 @@ async def _handover(agg: Aggregator, request: web.Request) -> dict[str, Any]:
 async def _reset_order(agg: Aggregator, request: web.Request) -> dict[str, Any]:
     reason, who = await _admin_body(request, agg, True)
     return await agg.reset_order(_node_arg(request), who, reason)
+
+
+async def _override(call: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return await call
+    except overrides.OverrideError as e:
+        raise _Reject(e.status, "bad_request", str(e)) from None
+
+
+async def _silence(agg: Aggregator, request: web.Request) -> dict[str, Any]:
+    reason, who, obj = await _admin_request(request, agg, True)
+    return await _override(overrides.silence(agg, _node_arg(request), obj.get("check"), obj.get("duration"), reason,
+                                             who))
+
+
+async def _unsilence(agg: Aggregator, request: web.Request) -> dict[str, Any]:
+    reason, who, obj = await _admin_request(request, agg, False)
+    check = obj.get("check")
+    if not isinstance(check, str):
+        raise _Reject(400, "bad_request", "check is required")
+    return await _override(overrides.unsilence(agg, _node_arg(request), check, reason, who))
+
+
+async def _mark_healthy(agg: Aggregator, request: web.Request) -> dict[str, Any]:
+    reason, who = await _admin_body(request, agg, True)
+    return await _override(overrides.mark_healthy(agg, _node_arg(request), reason, who))
+
+
+def _bundle_reader(request: web.Request) -> web.Response | None:
+    """Bundles hold host names, serial numbers and kernel logs: the admin token, or a caller on
+    this host when no admin token is configured. None when allowed, else the refusal."""
+    auth: Auth = request.app[AUTH]
+    if auth.admin:
+        try:
+            auth.require_admin(request)
+        except _Reject as r:
+            return _error(r.status, r.message)
+    elif not from_this_host(request):
+        return _error(403, "no admin token is configured: bundles are readable only from this host")
+    return None
+
+
+async def api_bundles(request: web.Request) -> web.Response:
+    agg = request.app[AGG]
+    refusal = _bundle_reader(request)
+    if refusal is not None:
+        return refusal
+    name = request.match_info["name"]
+    assert agg.mem is not None and agg.store is not None
+    if name not in agg.mem.nodes:
+        return _error(404, f"unknown node {name}")
+    rows = await asyncio.to_thread(agg.store.bundles_of, name)
+    return web.json_response({"node": name, "bundles": [bundles.public(b) for b in rows]})
+
+
+async def api_bundle(request: web.Request) -> web.StreamResponse:
+    agg = request.app[AGG]
+    refusal = _bundle_reader(request)
+    if refusal is not None:
+        return refusal
+    name = request.match_info["name"]
+    try:
+        bid = int(request.match_info["id"])
+    except ValueError:
+        return _error(400, "a bundle id is an integer")
+    assert agg.store is not None
+    b = await asyncio.to_thread(agg.store.bundle, bid)
+    if b is None or b["node"] != name:
+        return _error(404, f"no bundle {bid} of {name}")
+    path = Path(b["path"])
+    if not await asyncio.to_thread(path.is_file):
+        return _error(410, f"bundle {bid} of {name} is recorded but its file is gone ({path.name})")
+    return web.FileResponse(path, headers={
+        "Content-Type": "application/gzip", "X-Podhealth-Sha256": b["sha256"],
+        "Content-Disposition": f'attachment; filename="{name}-fence{b["fence_id"]}-bundle{bid}.tar.gz"'})
 
 
 async def _breaker_reset(agg: Aggregator, request: web.Request) -> dict[str, Any]:
@@ -398,6 +480,11 @@ def make_app(agg: Aggregator, *, manage: bool = True) -> web.Application:
     app.router.add_post("/api/v1/nodes/{name}/release", same_site_only(_admin(_release)))
     app.router.add_post("/api/v1/nodes/{name}/handover", same_site_only(_admin(_handover)))
     app.router.add_post("/api/v1/nodes/{name}/reset-order", same_site_only(_admin(_reset_order)))
+    app.router.add_post("/api/v1/nodes/{name}/silence", same_site_only(_admin(_silence)))
+    app.router.add_post("/api/v1/nodes/{name}/unsilence", same_site_only(_admin(_unsilence)))
+    app.router.add_post("/api/v1/nodes/{name}/mark-healthy", same_site_only(_admin(_mark_healthy)))
+    app.router.add_get("/api/v1/nodes/{name}/bundles", api_bundles)
+    app.router.add_get("/api/v1/nodes/{name}/bundles/{id}", api_bundle)
     app.router.add_post("/api/v1/breaker/reset", same_site_only(_admin(_breaker_reset)))
     app.router.add_get("/api/v1/fleet", api_fleet)
     app.router.add_get("/api/v1/repairs", api_repairs)

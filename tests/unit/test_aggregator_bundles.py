@@ -1,0 +1,192 @@
+"""Evidence bundles on the aggregator: fetched from the node's agent after a fence (with the
+agent token), stored beside the database with a row, the oldest beyond bundles.keep deleted;
+failures are an audit line and never disturb the fence; reading them needs the admin token
+(or this host when none is set); `podhealth fleet bundle` downloads and checks the sha256."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from podhealth.agent.bundle import Part, pack
+from podhealth.aggregator import bundles
+from podhealth.aggregator.config import AggAuthConfig, BundlesConfig, NodeEntry
+from podhealth.aggregator.model import FenceMode
+from tests.harness.agg import MemFencer, config, running
+from tests.harness.proc import free_port
+from tests.unit.test_aggregator_service import fail_report, until
+
+pytestmark = pytest.mark.timeout(90)
+ADMIN = "admin-token-0123456789"
+AGENT = "agent-token-0123456789"
+H = {"Authorization": f"Bearer {ADMIN}"}
+
+
+class BundleAgent:
+    """An agent's /health (failing) and /v1/bundle (a real pack() archive, or what the test says)."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.calls: list[str] = []
+        self.answer: tuple[int, bytes] | None = None
+        self.delay = 0.0
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response(fail_report(self.node, time.time()), status=503)
+
+    async def bundle(self, request: web.Request) -> web.Response:
+        self.calls.append(request.headers.get("Authorization", ""))
+        await asyncio.sleep(self.delay)
+        if request.headers.get("Authorization") != f"Bearer {AGENT}":
+            return web.json_response({"error": "missing or wrong bearer token"}, status=401)
+        if self.answer is not None:
+            return web.Response(status=self.answer[0], body=self.answer[1])
+        blob, _ = pack([Part("health.json", b'{"node": "%s"}' % self.node.encode())],
+                       {"node": self.node, "created": time.time()})
+        return web.Response(body=blob, content_type="application/gzip")
+
+    async def serve(self) -> tuple[web.AppRunner, str]:
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_post("/v1/bundle", self.bundle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        return runner, f"http://127.0.0.1:{port}"
+
+
+def cfg(tmp_path: Path, url: str, admin: str = ADMIN, **kw: Any) -> Any:
+    nodes = (NodeEntry(name="dgx01", agent_url=url, partition="batch"),
+             *(NodeEntry(name=f"dgx{i:02d}", partition="batch") for i in range(2, 21)))
+    c = config(tmp_path, auth=AggAuthConfig(admin_token=admin, agent_token=AGENT), pull_interval=0.2, **kw)
+    return dataclasses.replace(c, nodes=nodes)
+
+
+def audit(agg: Any, node: str) -> list[dict[str, Any]]:
+    return [a for a in agg.store.audit_tail(500) if a["node"] == node]
+
+
+async def test_a_fence_fetches_stores_and_serves_the_bundle(tmp_path: Path) -> None:
+    agent = BundleAgent("dgx01")
+    runner, agent_url = await agent.serve()
+    fencer = MemFencer()
+    try:
+        async with running(cfg(tmp_path, agent_url), [fencer]) as (agg, url), aiohttp.ClientSession() as s:
+            await until(lambda: agg.store.bundles_of("dgx01"))
+            assert agg.mem.nodes["dgx01"].fence is FenceMode.FENCED and agent.calls == [f"Bearer {AGENT}"]
+            [row] = agg.store.bundles_of("dgx01")
+            fence_id = next(a.id for a in agg.store.actions_of("dgx01") if a.kind == "fence")
+            path = tmp_path / "bundles" / "dgx01" / f"{fence_id}.tar.gz"
+            assert row["fence_id"] == fence_id and row["path"] == str(path) and path.is_file()
+            blob = path.read_bytes()
+            assert row["size"] == len(blob) and row["sha256"] == hashlib.sha256(blob).hexdigest()
+            await until(lambda: any(a["what"] == "bundle stored" for a in audit(agg, "dgx01")))  # right after the row
+            # reads need the admin token
+            assert (await s.get(f"{url}/api/v1/nodes/dgx01/bundles")).status == 401
+            assert (await s.get(f"{url}/api/v1/nodes/dgx01/bundles/{row['id']}")).status == 401
+            assert (await s.get(f"{url}/api/v1/nodes/dgx01/bundles",
+                                headers={"Authorization": "Bearer nope"})).status == 401
+            listing = await (await s.get(f"{url}/api/v1/nodes/dgx01/bundles", headers=H)).json()
+            assert [b["id"] for b in listing["bundles"]] == [row["id"]] and "path" not in listing["bundles"][0]
+            r = await s.get(f"{url}/api/v1/nodes/dgx01/bundles/{row['id']}", headers=H)
+            assert r.status == 200 and await r.read() == blob
+            assert r.headers["X-Podhealth-Sha256"] == row["sha256"]
+            assert "attachment" in r.headers["Content-Disposition"]
+            assert (await s.get(f"{url}/api/v1/nodes/dgx02/bundles/{row['id']}", headers=H)).status == 404
+            assert (await s.get(f"{url}/api/v1/nodes/dgx01/bundles/x", headers=H)).status == 400
+            assert (await s.get(f"{url}/api/v1/nodes/dgx99/bundles", headers=H)).status == 404
+            # the CLI downloads it and checks its sha256
+            out = tmp_path / "rma.tar.gz"
+            cli = [sys.executable, "-m", "podhealth", "fleet", "--url", url, "--token", ADMIN, "bundle", "dgx01"]
+            p = await asyncio.to_thread(subprocess.run, [*cli, "-o", str(out)], capture_output=True, text=True,
+                                        timeout=60)
+            assert p.returncode == 0, p.stderr
+            assert out.read_bytes() == blob and row["sha256"] in p.stderr
+            p = await asyncio.to_thread(subprocess.run, [*cli, "--list"], capture_output=True, text=True, timeout=60)
+            assert p.returncode == 0 and row["sha256"] in p.stdout
+            p = await asyncio.to_thread(subprocess.run, [*cli, "--id", "999"], capture_output=True, text=True,
+                                        timeout=60)
+            assert p.returncode == 1 and "no bundle 999" in p.stderr
+            path.unlink()  # a file lost on disk: said so, not a 500
+            assert (await s.get(f"{url}/api/v1/nodes/dgx01/bundles/{row['id']}", headers=H)).status == 410
+    finally:
+        await runner.cleanup()
+
+
+async def test_only_the_newest_bundles_are_kept(tmp_path: Path) -> None:
+    agent = BundleAgent("dgx01")
+    runner, agent_url = await agent.serve()
+    try:
+        c = cfg(tmp_path, agent_url, bundles=BundlesConfig(keep=2))
+        async with running(c, [MemFencer()]) as (agg, _):
+            await until(lambda: agg.store.bundles_of("dgx01"))  # the fence's own
+            for fence_id in (901, 902, 903):
+                assert await bundles.fetch(agg, "dgx01", fence_id) is not None
+            rows = agg.store.bundles_of("dgx01")
+            assert [r["fence_id"] for r in rows] == [903, 902]
+            files = sorted(p.name for p in (tmp_path / "bundles" / "dgx01").iterdir())
+            assert files == ["902.tar.gz", "903.tar.gz"]
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("answer, why", [
+    ((500, b'{"error": "boom"}'), "HTTP 500"),
+    ((200, b"not a tarball at all"), "not a tar.gz"),
+    ((200, b"\x1f\x8b" + b"x" * 3000), "exceeds bundles.max_bytes"),
+])
+async def test_a_failed_fetch_is_an_audit_note_and_the_fence_stands(tmp_path: Path, answer: tuple[int, bytes],
+                                                                   why: str) -> None:
+    agent = BundleAgent("dgx01")
+    agent.answer = answer
+    runner, agent_url = await agent.serve()
+    try:
+        c = cfg(tmp_path, agent_url, bundles=BundlesConfig(max_bytes=2048))
+        async with running(c, [MemFencer()]) as (agg, _):
+            await until(lambda: any(a["what"] == "bundle failed" for a in audit(agg, "dgx01")))
+            note = next(a for a in audit(agg, "dgx01") if a["what"] == "bundle failed")
+            assert why in note["output"] and not note["ok"]
+            assert agg.mem.nodes["dgx01"].fence is FenceMode.FENCED and agg.store.bundles_of("dgx01") == []
+            assert not (tmp_path / "bundles" / "dgx01").exists() or not any((tmp_path / "bundles" / "dgx01").iterdir())
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_slow_agent_times_out_without_holding_up_fencing(tmp_path: Path) -> None:
+    agent = BundleAgent("dgx01")
+    agent.delay = 5.0  # past bundles.timeout
+    runner, agent_url = await agent.serve()
+    fencer = MemFencer()
+    try:
+        c = cfg(tmp_path, agent_url, bundles=BundlesConfig(timeout=3.0))
+        async with running(c, [fencer]) as (agg, url), aiohttp.ClientSession() as s:
+            await until(lambda: agg.mem.nodes["dgx01"].fence is FenceMode.FENCED)
+            await until(lambda: agent.calls)
+            await s.post(f"{url}/v1/reports", json=fail_report("dgx02", time.time()))
+            await until(lambda: "dgx02" in fencer.fenced)  # decide and act go on while the fetch waits
+            assert not any(a["what"].startswith("bundle") for a in audit(agg, "dgx01"))
+            await until(lambda: any(a["what"] == "bundle failed" for a in audit(agg, "dgx01")))
+            assert "Timeout" in next(a for a in audit(agg, "dgx01") if a["what"] == "bundle failed")["output"]
+    finally:
+        await runner.cleanup()
+
+
+async def test_without_an_admin_token_bundles_are_readable_from_this_host_only(tmp_path: Path) -> None:
+    async with running(config(tmp_path), [MemFencer()]) as (agg, url), aiohttp.ClientSession() as s:
+        assert agg.cfg.auth.admin_token == ""
+        r = await s.get(f"{url}/api/v1/nodes/dgx01/bundles")
+        assert r.status == 200 and (await r.json())["bundles"] == []
+        # a name that is not this host (DNS rebinding, a proxy forwarding from elsewhere): refused
+        r = await s.get(f"{url}/api/v1/nodes/dgx01/bundles", headers={"Host": "agg.example:9420"})
+        assert r.status == 403 and "only from this host" in (await r.json())["error"]
