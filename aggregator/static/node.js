@@ -106,19 +106,26 @@ function renderHead(n) {
   if (n.evacuated) add("jobs moved off", { polite: "evicted / left to finish", forced: "requeued / evicted",
     failed: "the backend refused: see the history" }[n.evacuated] || n.evacuated);
   for (const note of n.notes || []) add("policy", `${note.kind}${note.detail ? `: ${note.detail}` : ""}`);
+  // Operators' silences (podhealth fleet silence): the check does not count toward a fence until then.
+  for (const s of n.silences || []) {
+    add(`silenced ${s.check}`, el("span", { className: "silence" }, "until ", when(s.until), ` by ${s.who}: ${s.reason}`));
+  }
   renderActions(n);
 }
 
 function renderActions(n) {
   const admin = !!session.token();
-  const btn = { fence: $("btn-fence"), release: $("btn-release"), handover: $("btn-handover") };
+  const btn = { fence: $("btn-fence"), release: $("btn-release"), handover: $("btn-handover"),
+    healthy: $("btn-mark-healthy") };
   for (const b of Object.values(btn)) b.hidden = !admin;
   $("actions-hint").textContent = admin ? ""
-    : "Read-only. Enter the admin token (top right) to fence, release or re-run the handover suite.";
+    : "Read-only. Enter the admin token (top right) to fence, release, mark healthy or re-run the handover suite.";
   if (!admin) return;
   btn.fence.disabled = busy || n.fence !== "none" || n.opted_out;
   btn.release.disabled = busy || n.fence !== "fenced";
   btn.handover.disabled = busy || !n.agent_url || n.handover === "running";
+  btn.healthy.disabled = busy || n.fence === "external" || n.fence === "fencing" || n.fence === "releasing";
+  btn.healthy.title = "vouch for the node: skip the remediation ladder, release podhealth's fence (audited)";
   btn.fence.title = n.fence !== "none" ? "already fenced" : "drain in Slurm / cordon in Kubernetes now";
   btn.release.title = n.fence === "fenced" ? "resume in Slurm / uncordon" : "only nodes podhealth fenced can be released";
   btn.handover.title = n.agent_url ? "ask the agent to run the handover suite; a pass returns the node" : "no agent URL configured";
@@ -138,6 +145,8 @@ async function act(action) {
     fence: [`Fence ${NAME}? It is drained in Slurm / cordoned in Kubernetes and stays out until released.`, "Fence"],
     release: [`Release ${NAME}? It returns to service (Slurm resume / uncordon).`, "Release"],
     handover: [`Re-run the handover suite on ${NAME}? A pass returns it to service.`, "Run handover"],
+    "mark-healthy": [`Mark ${NAME} healthy? The remediation ladder is skipped, podhealth's fence is released, and `
+      + "the failures open now no longer fence it.", "Mark healthy"],
   };
   const got = await askReason(titles[action][0], titles[action][1], true, action === "release" ? releaseWarning(node) : "");
   if (!got) return;
@@ -307,8 +316,53 @@ async function loadLinks() {
   }
 }
 
+// ---- evidence bundles (admin token: they hold host names, serial numbers and kernel logs) ----------
+
+async function loadBundles() {
+  const box = $("bundles");
+  const token = session.token();
+  if (!token) {
+    clear(box);
+    box.append(el("p", { className: "muted" }, "Enter the admin token (top right) to list and download the bundles, "
+      + `or: podhealth fleet bundle ${NAME}`));
+    return;
+  }
+  try {
+    const r = await fetch(`${API}/bundles`, { credentials: "omit", cache: "no-store",
+      headers: { "Authorization": `Bearer ${token}` } });
+    const body = await r.json().catch(() => ({}));
+    if (!r.ok) throw new Error(body.error || `HTTP ${r.status}`);
+    clear(box);
+    box.append(table(["fetched", "fence", "size", "sha256", ""], (body.bundles || []).map((b) => el("tr", {},
+      el("td", { className: "when" }, when(b.time)), el("td", {}, `#${b.fence_id}`),
+      el("td", { className: "num" }, `${(b.size / 1024).toFixed(1)} KiB`), el("td", { className: "mono" }, b.sha256),
+      el("td", {}, el("button", { type: "button", className: "bundle-get", onclick: () => download(b) }, "Download")))),
+    "None yet: a bundle is fetched from the agent each time podhealth fences the node."));
+  } catch (e) {
+    clear(box);
+    box.append(el("p", { className: "muted" }, `Bundles unavailable: ${e.message}`));
+  }
+}
+
+async function download(b) {
+  try {
+    const r = await fetch(`${API}/bundles/${b.id}`, { credentials: "omit", cache: "no-store",
+      headers: { "Authorization": `Bearer ${session.token()}` } });
+    if (!r.ok) throw new Error((await r.json().catch(() => ({}))).error || `HTTP ${r.status}`);
+    const url = URL.createObjectURL(await r.blob());
+    const a = el("a", { href: url, download: `${NAME}-fence${b.fence_id}.tar.gz` });
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60000);
+  } catch (e) {
+    showMessage($("message"), "error", `bundle ${b.id}: ${e.message}`);
+  }
+}
+
 function onToken() {
   if (node) renderActions(node);
+  loadBundles();
 }
 
 function main() {
@@ -320,6 +374,7 @@ function main() {
   $("timeline-span").addEventListener("change", drawTimeline);
   load();
   loadLinks();
+  loadBundles();
   openFeed({
     node: NAME,
     onSnapshot: () => load(),
