@@ -308,7 +308,7 @@ class BundlesConfig:
     enabled: bool = doc(
         "After each fence, fetch the node's evidence bundle (POST /v1/bundle on its agent_url: nvidia-smi -q,\n"
         "XID lines, IB counter history, dcgmi diag/burn-in, /health, dmesg tail, versions) and keep it\n"
-        "with the fence, under bundles/ beside the database (`podhealth fleet bundle NODE`).", True)
+        "with the fence, under bundles/ beside the database (`podhealth fleet bundle NODE`). Not in dry_run.", True)
     keep: Annotated[int, Ge(1, "a count")] = doc("Bundles kept per node; the oldest go first.", 5)
     timeout: Seconds = doc("Seconds the agent may take to build and send one (it runs nvidia-smi -q).", 120.0)
     max_bytes: Annotated[int, Gt(0, "bytes")] = doc("Largest bundle accepted; a larger one is refused.",

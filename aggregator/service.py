@@ -683,7 +683,7 @@ class Aggregator:
                                               handover="", handover_at=0.0) + self._flap_hold(p.node, now))
         if self.cfg.jobs.enabled:
             self._spawn(self._note_jobs(p.node, p.reason))
-        if self.cfg.bundles.enabled:  # the evidence for an RMA ticket, beside the fence, never in its way
+        if self.cfg.bundles.enabled and not self.cfg.dry_run:  # RMA evidence, beside the fence, never in its way
             self._spawn(bundles.fetch(self, p.node, p.id))
 
     def _flap_hold(self, node: str, now: float) -> list[Op]:

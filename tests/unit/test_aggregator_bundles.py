@@ -190,3 +190,16 @@ async def test_without_an_admin_token_bundles_are_readable_from_this_host_only(t
         # a name that is not this host (DNS rebinding, a proxy forwarding from elsewhere): refused
         r = await s.get(f"{url}/api/v1/nodes/dgx01/bundles", headers={"Host": "agg.example:9420"})
         assert r.status == 403 and "only from this host" in (await r.json())["error"]
+
+
+async def test_a_dry_run_fetches_no_bundle(tmp_path: Path) -> None:
+    agent = BundleAgent("dgx01")
+    runner, agent_url = await agent.serve()
+    try:
+        async with running(cfg(tmp_path, agent_url, dry_run=True), [MemFencer()]) as (agg, _):
+            await until(lambda: agg.mem.nodes["dgx01"].fence is FenceMode.FENCED)  # by the dry-run fencer
+            runs = agg.metrics.decisions._value.get()
+            await until(lambda: agg.metrics.decisions._value.get() > runs + 5)
+            assert agent.calls == [] and agg.store.bundles_of("dgx01") == []
+    finally:
+        await runner.cleanup()
