@@ -47,6 +47,10 @@ NODE_HEALTH = MetricSpec("node_health", "gauge",
 HEALTH_KEY: web.AppKey["Health"] = web.AppKey("podhealth_health")
 # The collectors whose events the fast path judges (the kernel log; NVML XID events come through it too).
 EVENT_SOURCES = ("kmsg",)
+# A snapshot that brings no new reading (the kernel-log collector's once-a-second run on a quiet
+# node: same counters, no events) is judged only when the last judgement is this old, for what
+# changes with time alone (an XID leaving checks.rate_window, the end of a grace period).
+REJUDGE_S = 5.0
 # (old, new, evaluated at): the time is the evaluation's, as the report that follows carries it.
 Transition = Callable[[CheckResult | None, CheckResult, float], None]
 T = TypeVar("T")
@@ -92,10 +96,29 @@ class Health:
         changes that arrive while it runs are coalesced into one more pass over the newest
         snapshot, so the event loop never waits on the rules.
         """
+        if not self._material(snap):
+            return
         self._latest = snap
         self._latest_version = self.agent.store.version
         if self._judging is None or self._judging.done():
             self._judging = asyncio.get_running_loop().create_task(self._judge_loop(), name="health-judge")
+
+    def _material(self, snap: Snapshot) -> bool:
+        """Whether `snap` can change a verdict: new events, or some collector's readings,
+        staleness or errors changed since the last snapshot judged (or REJUDGE_S passed). A
+        run that only moved a last-success stamp costs a full evaluation (~2 ms on a DGX node,
+        every second for the kernel log) and changes nothing."""
+        prev = self._latest or self._judged
+        if prev is None or snap.events is not prev.events or time.time() - self.evaluated_at >= REJUDGE_S:
+            return True
+        if snap.collectors.keys() != prev.collectors.keys():
+            return True
+        for name, st in snap.collectors.items():
+            old = prev.collectors[name]
+            if st is not old and (st.samples != old.samples or st.stale != old.stale
+                                  or st.enabled != old.enabled or st.errors != old.errors):
+                return True
+        return False
 
     async def _judge_loop(self) -> None:
         loop = asyncio.get_running_loop()

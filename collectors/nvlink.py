@@ -65,9 +65,21 @@ ALL_LINKS = 0xFFFFFFFF
 
 
 @dataclass
+class _Plan:
+    """What one batch asks of a GPU; rebuilt only when the set of unsupported keys changes."""
+
+    unsupported: frozenset[str]
+    links: list[int]
+    asks: list[Ask]
+    ids: list[tuple[int, int]]
+    per_call: list[tuple[int, str, int]]
+
+
+@dataclass
 class _DeviceState:
     generation: int
     unsupported: set[str] = field(default_factory=set)
+    plan: _Plan | None = None
 
 
 class NvlinkCollector:
@@ -117,7 +129,7 @@ class NvlinkCollector:
         calls = DeviceCalls(dev, st.unsupported, self._slow_s)
         h = dev.handle
         if self._batch and "field_values" not in st.unsupported:
-            got = self._batched(calls, h, gpu)
+            got = self._batched(calls, h, gpu, st)
             if got is not None:
                 return out + got, calls.errors
         up = 0
@@ -140,10 +152,9 @@ class NvlinkCollector:
             out += self._throughput(calls, h, gpu)
         return out, calls.errors
 
-    def _batched(self, calls: DeviceCalls, h: object, gpu: dict[str, object]) -> list[Sample] | None:
-        """One GPU in one nvmlDeviceGetFieldValues call; None when the driver has no field values
-        (or no field for link state), so the caller reads per link."""
-        links = [n for n in range(pynvml.NVML_NVLINK_MAX_LINKS) if f"link{n}" not in calls.unsupported]
+    @staticmethod
+    def _plan(unsupported: set[str]) -> _Plan | None:
+        links = [n for n in range(pynvml.NVML_NVLINK_MAX_LINKS) if f"link{n}" not in unsupported]
         states = nvlink_fields.state_asks(tuple(links))
         if not states:
             return None
@@ -153,26 +164,35 @@ class NvlinkCollector:
             for name, counter in ERROR_COUNTERS:
                 a = nvlink_fields.counter_ask(n, name)
                 if a is not None:
-                    if a.key not in calls.unsupported:
+                    if a.key not in unsupported:
                         asks.append(a)
                 else:
                     per_call.append((n, name, counter))
-        asks += [a for a in nvlink_fields.total_asks(THROUGHPUT_FIELDS) if a.key not in calls.unsupported]
-        values = calls.get("field_values", lambda: pynvml.nvmlDeviceGetFieldValues(
-            h, [(a.field_id, a.scope) for a in asks]))
+        asks += [a for a in nvlink_fields.total_asks(THROUGHPUT_FIELDS) if a.key not in unsupported]
+        return _Plan(frozenset(unsupported), links, asks, [(a.field_id, a.scope) for a in asks], per_call)
+
+    def _batched(self, calls: DeviceCalls, h: object, gpu: dict[str, object], st: _DeviceState) -> list[Sample] | None:
+        """One GPU in one nvmlDeviceGetFieldValues call; None when the driver has no field values
+        (or no field for link state), so the caller reads per link."""
+        plan = st.plan
+        if plan is None or plan.unsupported != calls.unsupported:
+            plan = st.plan = self._plan(calls.unsupported)
+        if plan is None:
+            return None
+        values = calls.get("field_values", lambda: pynvml.nvmlDeviceGetFieldValues(h, plan.ids))
         if values is None:
             # Lost or timed out: the per-link path would say the same. No field values at all
             # (an old driver): "field_values" is now unsupported, read per link.
             return [] if calls.down or "field_values" not in calls.unsupported else None
         got: dict[str, float] = {}
-        for a, v in zip(asks, values):
+        for a, v in zip(plan.asks, nvlink_fields.plain(values)):
             if int(v.nvmlReturn) == pynvml.NVML_SUCCESS:
                 got[a.key] = int(field_value(v)) if a.kind != "total" else field_value(v)
             elif a.kind == "state" or f"link{a.link}" in got or a.kind == "total":
                 # A counter of a link that turned out not to exist is no error of its own.
                 calls.note(a.key, pynvml.NVMLError(int(v.nvmlReturn)),
                            absent=NO_SUCH_LINK if a.kind == "state" else ABSENT_CODES)
-        return self._samples(calls, h, gpu, links, got, per_call)
+        return self._samples(calls, h, gpu, plan.links, got, plan.per_call)
 
     def _samples(self, calls: DeviceCalls, h: object, gpu: dict[str, object], links: list[int],
                  got: dict[str, float], per_call: list[tuple[int, str, int]]) -> list[Sample]:
