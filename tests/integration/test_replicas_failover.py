@@ -3,7 +3,8 @@ three (publish.aggregators), a fencing storm, and SIGKILL of whichever replica l
 
 The first kill comes while the leader is inside a fence (the TEST ONLY file fencer waits on a
 gate file after recording the call): the next leader must finish that journaled action, once.
-Later kills come at random points of the storm. What must hold whatever the timing:
+Later kills come at random points of the storm, and then PostgreSQL itself stops for 3 s. What
+must hold whatever the timing:
 
 - a follower takes over within the lease (target <= 10 s; each takeover is measured);
 - no event lost: every event an agent spooled reaches the shared store (once: keyed by id);
@@ -195,6 +196,12 @@ def test_killing_the_leader_hands_over_without_a_double_fence_or_a_lost_event(tm
             assert isinstance(new, tuple)
             epochs.add(new[1])
             f.start(victim)  # back as a follower
+        # PostgreSQL itself goes away for a few seconds in the storm: the replicas answer 503, the
+        # agents spool, and after it is back a replica leads again and everything arrives.
+        pg.stop_server()
+        time.sleep(3.0)  # the outage's length: a schedule, not a wait for any state
+        pg.start_server()
+        wait_until(f.leader, timeout=4 * LEASE, what=f"a leader after PostgreSQL came back {why}")
         for a in _tokens():
             (tmp_path / a / "stop").touch()
         published = _published(tmp_path)
