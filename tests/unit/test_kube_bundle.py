@@ -122,6 +122,28 @@ def test_aggregator_is_one_recreated_replica_with_exactly_the_fencers_rbac(objec
     assert (sub["name"], sub["namespace"]) == ("podhealth-aggregator", "podhealth")
 
 
+def test_the_replicas_variant_runs_two_aggregators_on_postgresql() -> None:
+    objects = render(BUNDLE / "replicas")
+    dep = _by(objects, "Deployment", "podhealth-aggregator")["spec"]
+    assert dep["replicas"] == 2 and dep["strategy"]["type"] == "RollingUpdate"
+    pod = dep["template"]["spec"]
+    anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert anti["topologyKey"] == "kubernetes.io/hostname"
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["PGPASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "podhealth-postgresql", "key": "password"}
+    state = next(v for v in pod["volumes"] if v["name"] == "state")
+    assert "emptyDir" in state and "persistentVolumeClaim" not in state
+    assert not [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+    assert _by(objects, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    agg = config.loads(_by(objects, "ConfigMap", "podhealth-aggregator")["data"]["aggregator.yaml"],
+                       "configmap:aggregator").aggregator
+    assert agg.store.url.startswith("postgresql://") and ":" not in agg.store.url.split("@")[0][len("postgresql://"):]
+    assert agg.fencers.kubernetes.enabled and agg.exposure_problem() is None
+    kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (test extras)")
+    for o in objects:
+        kv.validate(o, K8S_VERSION, strict=True)
+
+
 def test_prometheusrule_is_generated_from_the_alert_rules() -> None:
     sys.path.insert(0, str(BUNDLE / "monitoring"))
     try:
