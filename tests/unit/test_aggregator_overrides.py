@@ -4,6 +4,7 @@ ladder and releases podhealth's fence; an operator's own drain is an event, neve
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,11 @@ import aiohttp
 import pytest
 
 from podhealth.aggregator.config import AggAuthConfig
-from podhealth.aggregator.model import FenceMode
+from podhealth.aggregator.model import FenceMode, FleetState
+from podhealth.aggregator.policy import decide
+from podhealth.vocab import Action
 from tests.harness.agg import MemFencer, config, running
+from tests.unit.test_aggregator_policy import NOW, cond, fenced_nodes, fleet, policy
 from tests.unit.test_aggregator_service import fail_report, until
 
 pytestmark = pytest.mark.timeout(60)
@@ -142,3 +146,38 @@ async def test_an_operators_drain_is_an_event_and_never_resumed(tmp_path: Path) 
         await agg.reconcile()
         h = await (await s.get(f"{url}/api/v1/nodes/dgx03/history")).json()
         assert any(i["type"] == "event" and i["kind"] == "operator_drain" for i in h["items"])
+
+
+# ---- decide() with silences as an input (pure) ----------------------------------------------------
+
+
+def silenced(f: FleetState, *pairs: tuple[str, str]) -> FleetState:
+    return dataclasses.replace(f, silenced=frozenset(pairs))
+
+
+@pytest.mark.parametrize("pairs, fenced", [
+    ((), ["dgx01"]),
+    ((("dgx01", "xid"),), []),
+    ((("dgx01", "nvlink"),), ["dgx01"]),  # another check of the node: the XID still fences
+    ((("dgx02", "xid"),), ["dgx01"]),  # the same check on another node
+])
+def test_a_silenced_pair_never_fences(pairs: tuple[tuple[str, str], ...], fenced: list[str]) -> None:
+    d = decide([cond("dgx01", "xid")], silenced(fleet(), *pairs), NOW, policy())
+    assert fenced_nodes(d) == fenced
+    assert bool(d.notes_of("silenced")) == (("dgx01", "xid") in pairs)
+
+
+def test_a_silenced_check_on_one_node_leaves_its_other_failures_fencing() -> None:
+    obs = [cond("dgx01", "xid"), cond("dgx01", "nfs_mount", "/home", action=Action.DRAIN)]
+    d = decide(obs, silenced(fleet(), ("dgx01", "xid")), NOW, policy())
+    assert fenced_nodes(d) == ["dgx01"] and d.of_kind("fence")[0].reason.check == "nfs_mount"
+
+
+def test_silenced_failures_do_not_trip_the_breaker() -> None:
+    storm = [cond(f"dgx{i:02d}", "ib_link", "mlx5_0/1", observed=NOW - 1, since=NOW - 100) for i in range(1, 41)]
+    loud = decide(storm, fleet(n=100), NOW, policy(breaker_share_percent=10.0, breaker_min_nodes=3))
+    assert loud.breaker.tripped
+    quiet = decide(storm, silenced(fleet(n=100), *((f"dgx{i:02d}", "ib_link") for i in range(1, 41))), NOW,
+                   policy(breaker_share_percent=10.0, breaker_min_nodes=3))
+    assert not quiet.breaker.tripped and not fenced_nodes(quiet) and len(quiet.notes_of("silenced")) == 40
+    assert all(n.detail.startswith("ib_link mlx5_0/1 FAIL") for n in quiet.notes_of("silenced"))
