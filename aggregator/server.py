@@ -421,7 +421,8 @@ async def api_bundle(request: web.Request) -> web.StreamResponse:
         return _error(404, f"no bundle {bid} of {name}")
     path = Path(b["path"])
     if not await asyncio.to_thread(path.is_file):
-        return _error(410, f"bundle {bid} of {name} is recorded but its file is gone ({path.name})")
+        return _error(410, f"bundle {bid} of {name} is recorded but its file is not on this aggregator's disk "
+                           f"({path.name}: deleted, or fetched by another replica)")
     return web.FileResponse(path, headers={
         "Content-Type": "application/gzip", "X-Podhealth-Sha256": b["sha256"],
         "Content-Disposition": f'attachment; filename="{name}-fence{b["fence_id"]}-bundle{bid}.tar.gz"'})
