@@ -18,6 +18,7 @@ chattering kernel log costs at most a bounded number of extra collections per se
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -89,8 +90,13 @@ class Scheduler:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        # One origin, on the loop's own clock, for every collector: those on the same interval
+        # get identical deadlines and so start in the same loop iteration. With an origin (or a
+        # sleep) each, a loaded machine lets one start and finish before the other has started,
+        # which ends the burst early and runs the checks on a half-updated cycle.
+        origin = self._loop.time()
         for slot in self._slots.values():
-            slot.task = self._loop.create_task(self._every(slot), name=f"collect-{slot.name}")
+            slot.task = self._loop.create_task(self._every(slot, origin), name=f"collect-{slot.name}")
 
     async def stop(self, close_timeout: float = 2.0) -> None:
         """Stop ticking and close every collector whose worker is free (a hung one is left alone)."""
@@ -121,16 +127,23 @@ class Scheduler:
         except Exception as e:  # noqa: BLE001 - shutting down anyway
             _log.warning("collector close() failed", collector=slot.name, error=repr(e))
 
-    async def _every(self, slot: _Slot) -> None:
-        # Fixed-rate ticks on the monotonic clock; a late wake-up skips ticks rather than bunching them.
-        due = self._mono()
+    async def _every(self, slot: _Slot, origin: float) -> None:
+        # Fixed-rate ticks at absolute times on the loop's clock; a late wake-up skips ticks
+        # rather than bunching them (whole intervals, so slots that share an interval stay in step).
+        loop = asyncio.get_running_loop()
+        due = origin
         while True:
             self._tick(slot)
             due += slot.interval
-            now = self._mono()
+            now = loop.time()
             if due <= now:
-                due = now + slot.interval - ((now - due) % slot.interval)
-            await asyncio.sleep(due - now)
+                due += (math.floor((now - due) / slot.interval) + 1) * slot.interval
+            wake = loop.create_future()
+            timer = loop.call_at(due, _wake, wake)
+            try:
+                await wake
+            finally:
+                timer.cancel()
 
     async def collect_now(self) -> Snapshot:
         """Run every collector once now and return the snapshot (the handover suite wants fresh data).
@@ -293,3 +306,8 @@ class Scheduler:
         if slot.failing:
             _log.info("collector recovered", collector=slot.name, seconds=round(duration, 3))
         slot.failing = False
+
+
+def _wake(fut: "asyncio.Future[None]") -> None:
+    if not fut.done():
+        fut.set_result(None)
