@@ -40,7 +40,7 @@ def kubectl(api: KubeAPI, tmp_path_factory: pytest.TempPathFactory) -> Any:
     return run
 
 
-def annotations(kubectl: Any, node: str) -> dict[str, str]:
+def node_annotations(kubectl: Any, node: str) -> dict[str, str]:
     doc = json.loads(kubectl("get", "node", node, "-o", "json"))
     return dict(doc["metadata"].get("annotations") or {})
 
@@ -49,12 +49,12 @@ async def test_reboot_request_repair_reason_and_release(api: KubeAPI, kubectl: A
     f = KubeFencer(kubeconfig=str(api.kubeconfig), timeout=5.0)
     assert isinstance(f, Remediator)
     refused = await f.reboot("dgx01", R)  # not fenced by podhealth: no request
-    assert not refused.ok and REBOOT_ANNOTATION not in annotations(kubectl, "dgx01")
+    assert not refused.ok and REBOOT_ANNOTATION not in node_annotations(kubectl, "dgx01")
 
     assert (await f.fence("dgx01", R)).ok
     o = await f.reboot("dgx01", R)
     assert o.ok and o.changed, o
-    req = json.loads(annotations(kubectl, "dgx01")[REBOOT_ANNOTATION])
+    req = json.loads(node_annotations(kubectl, "dgx01")[REBOOT_ANNOTATION])
     assert req["id"] == "ev-0009" and req["why"] == "podhealth: xid gpu3 REBOOT [ev-0009]" and req["when"].endswith("Z")
     # What a kured --reboot-sentinel-command reads (README): the annotation through kubectl's jsonpath.
     path = "{.metadata.annotations.podhealth\\.io/reboot-requested}"
@@ -67,7 +67,7 @@ async def test_reboot_request_repair_reason_and_release(api: KubeAPI, kubectl: A
 
     o = await f.remark("dgx01", repair_reason(R))
     assert o.ok, o
-    rec = FenceRecord.parse(annotations(kubectl, "dgx01")[ANNOTATION])
+    rec = FenceRecord.parse(node_annotations(kubectl, "dgx01")[ANNOTATION])
     assert rec is not None and rec.why == "podhealth: REPAIR xid/gpu3 REBOOT [ev-0009]" and rec.id == "ev-0009"
     assert (await f.read("dgx01")).reason == "podhealth: REPAIR xid/gpu3 REBOOT [ev-0009]"
     events = kubectl("get", "events", "-n", "default", "--field-selector", "involvedObject.name=dgx01", "-o", "json")
@@ -75,5 +75,5 @@ async def test_reboot_request_repair_reason_and_release(api: KubeAPI, kubectl: A
     assert "PodhealthRebootRequested" in reasons and "PodhealthRepair" in reasons
 
     assert (await f.release("dgx01")).ok
-    left = annotations(kubectl, "dgx01")
+    left = node_annotations(kubectl, "dgx01")
     assert ANNOTATION not in left and REBOOT_ANNOTATION not in left
