@@ -4,6 +4,7 @@ ladder and releases podhealth's fence; an operator's own drain is an event, neve
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from pathlib import Path
@@ -181,3 +182,26 @@ def test_silenced_failures_do_not_trip_the_breaker() -> None:
                    policy(breaker_share_percent=10.0, breaker_min_nodes=3))
     assert not quiet.breaker.tripped and not fenced_nodes(quiet) and len(quiet.notes_of("silenced")) == 40
     assert all(n.detail.startswith("ib_link mlx5_0/1 FAIL") for n in quiet.notes_of("silenced"))
+
+
+async def test_the_cli_silences_unsilences_and_marks_healthy(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    async with running(cfg(tmp_path), [MemFencer()]) as (agg, url):
+        def fleet(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "podhealth", "fleet", "--url", url, "--token", ADMIN, *args],
+                                  capture_output=True, text=True, timeout=60)
+
+        p = await asyncio.to_thread(fleet, "silence", "dgx01", "ib_link", "--for", "90m", "--reason", "cable swap")
+        assert p.returncode == 0, p.stderr
+        assert "dgx01: ib_link silenced until" in p.stdout and "cable swap" in p.stdout
+        s = agg.silences[("dgx01", "ib_link")]
+        assert s.until - s.created == 5400 and s.who  # who: the local user name
+        p = await asyncio.to_thread(fleet, "silence", "dgx01", "ib_link", "--for", "forever", "--reason", "x")
+        assert p.returncode == 1 and "duration" in p.stderr
+        p = await asyncio.to_thread(fleet, "unsilence", "dgx01", "ib_link")
+        assert p.returncode == 0 and "counts again" in p.stdout and not agg.silences
+        p = await asyncio.to_thread(fleet, "mark-healthy", "dgx01", "--reason", "checked by hand")
+        assert p.returncode == 0 and "marked healthy" in p.stdout
+        assert "marked healthy" in audit(agg, "dgx01")
