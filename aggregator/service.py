@@ -174,6 +174,8 @@ class Aggregator:
         m0 = self.mono()
         mem.recent_fences = collections.deque((m0 - max(0.0, now - t) for t in sorted(loaded.recent_fences)),
                                               maxlen=mem.recent_fences.maxlen)
+        mem.recent_steps = collections.deque((m0 - max(0.0, now - t) for t in sorted(loaded.recent_steps)),
+                                             maxlen=mem.recent_steps.maxlen)
         for node, at, kind, who in cycles:
             rec = mem.nodes.get(node)
             if rec is not None:

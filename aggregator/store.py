@@ -290,6 +290,7 @@ class Loaded:
     # node -> what was done about its jobs since its fence ("polite", "forced", "failed"), from the journal
     evacuated: Mapping[str, str] = dataclasses.field(default_factory=dict)
     silences: tuple[Silence, ...] = ()  # operators' silences, expired ones included (housekeeping drops them)
+    recent_steps: tuple[float, ...] = ()  # when recent resets/reboots began (the ladder's rate limit)
 
 
 def reason_to_json(r: FenceReason | None) -> dict[str, str] | None:
@@ -709,8 +710,10 @@ class Store:
         recent = tuple(r[0] for r in c.execute(
             "SELECT created FROM actions WHERE kind = 'fence' AND created > ? AND state != 'failed'",
             (now - rate_window,)))
+        steps = tuple(r[0] for r in c.execute(
+            "SELECT created FROM actions WHERE kind IN ('reset_gpu', 'reboot') AND created > ?", (now - rate_window,)))
         return Loaded(nodes, conds, ids, breaker, pending, recent, self.ladder_failures(now - LADDER_LOOKBACK),
-                      self.evacuations(), self.silences())
+                      self.evacuations(), self.silences(), steps)
 
     def silences(self) -> tuple[Silence, ...]:
         return tuple(Silence(r[0], r[1], r[2], r[3], r[4], r[5]) for r in self.conn.execute(

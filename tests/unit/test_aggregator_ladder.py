@@ -269,3 +269,22 @@ async def test_dry_run_climbs_on_paper_and_never_asks_the_agent(tmp_path: Path) 
             assert line["output"] == "would reset (dry run)"
     finally:
         await runner.cleanup()
+
+
+async def test_the_rung_rate_limit_survives_a_restart(tmp_path: Path) -> None:
+    """A reboot the previous process began 10 s ago still counts against ladder.per_minute."""
+    import time as _time
+
+    s = Store(tmp_path / "agg.db")
+    s.apply([Store.op_node_insert(NodeRow("dgx09", first_seen=1.0))])
+    s.begin_action("dgx09", "reboot", "policy", "earlier", _time.time() - 10, FenceReason("x", "node", "REBOOT", "e"))
+    s.close()
+    agent = Agent("dgx01")
+    runner, url = await agent.serve()
+    try:
+        async with running(ladder_cfg(tmp_path, url, per_minute=1), [MemFencer()]) as (agg, _):
+            await until(lambda: agg.last_decision.notes_of("ladder_held"))
+            assert "1 resets/reboots in the last minute" in agg.last_decision.notes_of("ladder_held")[0].detail
+            assert agent.resets == []
+    finally:
+        await runner.cleanup()
