@@ -215,9 +215,12 @@ def _clocks(section: _Node | None) -> tuple[int | None, int | None, int | None, 
 
 
 def _walk(node: _Node) -> Iterator[_Node]:
-    for c in node.children:
+    # Depth first with a stack, not recursion: a mangled capture can nest thousands deep.
+    stack = list(reversed(node.children))
+    while stack:
+        c = stack.pop()
         yield c
-        yield from _walk(c)
+        stack.extend(reversed(c.children))
 
 
 def _parse_gpu(bus: str, root: _Node, warnings: list[str]) -> CapturedGpu:

@@ -172,12 +172,15 @@ def test_nvidia_smi_raises_only_value_error(text: str) -> None:
 
 
 def test_nvidia_smi_deep_indentation_is_not_a_recursion_error() -> None:
-    head = SMI[0].split("\n    Product Name")[0]
-    deep = "\n".join(" " * (8 + i) + f"K{i} : v" for i in range(5000))
-    try:
-        nvidia_smi.parse(head + "\n" + deep + "\n")
-    except ValueError:
-        pass
+    """Found by hand beside the fuzzer (it does not nest 3,000 deep): the clocks-event section is
+    walked, and a mangled capture can indent without end."""
+    text = SMI[0]
+    at = text.index("Clocks Event Reasons") if "Clocks Event Reasons" in text else text.index("Clocks Throttle Reasons")
+    indent = at - (text.rfind("\n", 0, at) + 1)
+    eol = text.index("\n", at) + 1
+    deep = "".join(" " * (indent + 4 + k) + f"K{k} : Not Active\n" for k in range(3000))
+    cap = nvidia_smi.parse(text[:eol] + deep + text[eol:])
+    assert len(cap.gpus) == len(nvidia_smi.parse(text).gpus) and cap.warnings
 
 
 # ---- nccl-tests ---------------------------------------------------------------------------------
