@@ -240,3 +240,13 @@ def test_npd_monitor_config_points_at_the_plugin() -> None:
     assert monitor["plugin"] == "custom" and monitor["rules"][0]["type"] == "permanent"
     assert monitor["rules"][0]["path"].endswith("/podhealth-plugin.sh")
     assert cm["data"]["podhealth-plugin.sh"] == (BUNDLE / "npd" / "podhealth-plugin.sh").read_text()
+
+
+def test_the_jobs_overlay_adds_exactly_the_pod_verbs_and_turns_jobs_on() -> None:
+    objs = render(BUNDLE / "examples" / "with-jobs")
+    rules = {(r, v) for rule in _by(objs, "ClusterRole")["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    base = {(r, v) for rule in _by(render(BUNDLE / "base"), "ClusterRole")["rules"]
+            for r in rule["resources"] for v in rule["verbs"]}
+    assert rules - base == {("pods", "list"), ("pods/eviction", "create")}
+    agg = config.loads(_by(objs, "ConfigMap", "podhealth-aggregator")["data"]["aggregator.yaml"], "overlay").aggregator
+    assert agg.jobs.enabled and agg.fencers.kubernetes.in_cluster
