@@ -35,6 +35,7 @@ class Leadership:
         self.last_renewal = float("-inf")  # monotonic
         self.last_look = mono()  # monotonic: the last lease call that answered (as leader or follower)
         self.error = ""
+        self._takeover: asyncio.Task[None] | None = None
 
     def acting(self) -> bool:
         return self.info is not None and self.mono() < self.valid_until
@@ -63,7 +64,9 @@ class Leadership:
                 self.info, self.valid_until, self.last_renewal = got, t0 + self.duration / 2, t0
                 self.leader_since = got.since
                 log.info("leading", epoch=got.epoch, holder=got.holder, previous=self.lease.seen.get("previous", ""))
-                await self.on_elected(got)
+                # Off this loop: loading the store and reconciling may outlast lease/2, and the
+                # lease must be renewed meanwhile.
+                self._takeover = asyncio.create_task(self._take_over(got), name="takeover")
             return
         info = self.info
         try:
@@ -80,11 +83,26 @@ class Leadership:
             await self.depose("lease taken over by " + str(self.lease.seen.get("holder", "?")) if ok is False
                               else f"could not renew the lease within {self.duration / 2:g}s ({self.error})")
 
+    async def _take_over(self, info: LeaseInfo) -> None:
+        try:
+            await self.on_elected(info)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a takeover that failed hands the lease back
+            log.exception("takeover failed")
+            if self.info is info:
+                await self.depose(f"takeover failed: {type(e).__name__}: {e}")
+                await self.release_lease(info)
+
     async def depose(self, why: str) -> None:
         if self.info is None:
             return
         log.error("no longer leading: decide and act stop", epoch=self.info.epoch, why=why)
         self.info, self.valid_until = None, float("-inf")
+        t, self._takeover = self._takeover, None
+        if t is not None and not t.done() and t is not asyncio.current_task():
+            t.cancel()
+            await asyncio.gather(t, return_exceptions=True)
         await self.on_deposed(why)
 
     def _note_error(self, e: Exception) -> None:
@@ -95,19 +113,31 @@ class Leadership:
 
     async def run(self, running: Callable[[], bool]) -> None:
         while running():
-            await self.step()
+            try:
+                await self.step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the loop that decides who acts must outlive one bad round
+                log.exception("leadership round failed")
             # Sleep a quarter lease, but wake in time to give up leading when renewals fail.
             pause = self.duration / 4
             if self.info is not None:
                 pause = max(0.05, min(pause, self.valid_until - self.mono()))
             await asyncio.sleep(pause)
 
+    async def release_lease(self, info: LeaseInfo) -> None:
+        try:
+            await self._ask(lambda: self.lease.release(info), 2.0)
+        except Exception as e:  # noqa: BLE001 - the lease then runs out by itself
+            log.warning("could not hand the lease back; it runs out by itself", error=str(e))
+
     async def release(self) -> None:
         """A clean stop: let a follower take over at once."""
         info, self.info = self.info, None
+        t, self._takeover = self._takeover, None
+        if t is not None and not t.done():
+            t.cancel()
+            await asyncio.gather(t, return_exceptions=True)
         if info is not None:
-            try:
-                await self._ask(lambda: self.lease.release(info), 2.0)
-            except Exception as e:  # noqa: BLE001 - the lease then runs out by itself
-                log.warning("could not hand the lease back; it runs out by itself", error=str(e))
+            await self.release_lease(info)
         await asyncio.to_thread(self.lease.close)
