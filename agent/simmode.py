@@ -78,16 +78,25 @@ def setup(cfg: Config, profile: str, root: Path, name: str) -> SimSetup:
 
 
 def _kmsg_reader(node: "SimNode", from_start: bool) -> Any:
-    """The kmsg collector's reader on the node's kernel-log FIFO, the one /dev/kmsg gets (so the
-    agent is woken by the record, as on a real node), opened now so that every record logged
-    from here on reaches it; with `from_start`, the newest records logged before are replayed."""
+    """The kmsg collector's reader on the node's kernel-log FIFO: the /dev/kmsg reader (so the
+    agent is woken by the record, as on a real node). Its first open attaches it to the node
+    (with `from_start`, the newest records logged before are replayed into it, as a new /dev/kmsg
+    reader sees the ring buffer), so a command that sets the simulator up without reading the
+    kernel log (`profile capture --simulate`) neither takes records from a running agent nor
+    replays old ones into its stream."""
     from podhealth.collectors.kmsg import KmsgDeviceReader
 
-    reader = KmsgDeviceReader(node.kmsg_stream, from_start, fifo=True)
-    err = node.attach_kmsg_reader(reader.open, from_start)
-    if err:
-        raise OSError(err)
-    return reader
+    class NodeStream(KmsgDeviceReader):
+        attached = False
+
+        def open(self) -> str:
+            if self.attached:
+                return super().open()  # reopened after an error: no replay; the gap counts as lost
+            err = node.attach_kmsg_reader(super().open, from_start)
+            self.attached = not err
+            return err
+
+    return NodeStream(node.kmsg_stream, from_start, fifo=True)
 
 
 async def refresher(node: "SimNode", interval: float = REFRESH_INTERVAL) -> None:
