@@ -57,6 +57,7 @@ class _Slot:
     watched_fd: int | None = None  # registered with loop.add_reader while no collection runs
     kicked: float = float("-inf")  # monotonic start of the last collection started by readiness
     kick_timer: asyncio.TimerHandle | None = None
+    unwatchable: bool = False  # its descriptor cannot be polled: the interval alone, said once
 
 
 class Scheduler:
@@ -184,19 +185,17 @@ class Scheduler:
     def _watch(self, slot: _Slot) -> None:
         """Watch the collector's descriptor until the next collection starts (none: nothing)."""
         fd_of = getattr(slot.collector, "readable_fd", None)
-        if fd_of is None or self._loop is None or slot.task is None or slot.task.done():
+        if fd_of is None or slot.unwatchable or self._loop is None or slot.task is None or slot.task.done():
             return
         try:
             fd = fd_of()
-        except Exception as e:  # noqa: BLE001 - a broken hook must not stop the interval ticks
-            _log.warning("collector readable_fd() failed", collector=slot.name, error=repr(e))
-            return
-        if fd is None:
-            return
-        try:
+            if fd is None:
+                return
             self._loop.add_reader(fd, self._readable, slot)
-        except (OSError, ValueError) as e:  # closed under us, or a loop without fd support
-            _log.warning("cannot watch collector descriptor", collector=slot.name, error=repr(e))
+        except Exception as e:  # noqa: BLE001 - a descriptor epoll refuses (EPERM), a broken hook
+            slot.unwatchable = True
+            _log.warning("cannot watch the collector's descriptor; collecting on its interval only",
+                         collector=slot.name, error=repr(e))
             return
         slot.watched_fd = fd
 

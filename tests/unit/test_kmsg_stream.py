@@ -263,6 +263,44 @@ def test_scheduler_collects_when_the_descriptor_turns_readable() -> None:
     asyncio.run(main())
 
 
+def test_a_descriptor_epoll_refuses_leaves_the_interval(tmp_path: Path) -> None:
+    """A regular file cannot be polled (epoll: EPERM): said once, then the interval alone."""
+    plain = tmp_path / "kern.log"
+    plain.write_text("")
+
+    class FileCollector:
+        name = "file"
+
+        def __init__(self) -> None:
+            self.fd = os.open(plain, os.O_RDONLY)
+            self.asked = 0
+            self.runs = 0
+
+        def readable_fd(self) -> int:
+            self.asked += 1
+            return self.fd
+
+        def collect(self) -> Collection:
+            self.runs += 1
+            return Collection()
+
+        def close(self) -> None:
+            os.close(self.fd)
+
+    async def main() -> None:
+        sched = Scheduler(SnapshotStore())
+        c = FileCollector()
+        sched.add("file", c, interval=0.05, timeout=5.0)
+        sched.start()
+        try:
+            await _wait(lambda: c.runs >= 4, 10)
+        finally:
+            await sched.stop()
+        assert c.asked == 1
+
+    asyncio.run(main())
+
+
 # ---- the simulated node writes its records to the stream ---------------------------------------
 
 
