@@ -121,8 +121,28 @@ async def post_reports(session: aiohttp.ClientSession, url: str, bodies: list[by
     return ok
 
 
+STORE_ADMIN = ""
+_stores = 0
+
+
+def _fresh_store() -> dict[str, Any]:
+    """store.url: a new database on the --store-admin server, or {} (SQLite) without one."""
+    global _stores
+    if not STORE_ADMIN:
+        return {}
+    import urllib.parse
+
+    import psycopg
+    _stores += 1
+    name = f"ph_storm_{os.getpid()}_{_stores}"
+    with psycopg.connect(STORE_ADMIN, autocommit=True, connect_timeout=5) as c:
+        c.execute(f"CREATE DATABASE {name}")  # type: ignore[arg-type]  # a name made here
+    return {"store": {"url": urllib.parse.urlsplit(STORE_ADMIN)._replace(path=f"/{name}").geturl()}}
+
+
 def agg_settings(names: list[str], fencer: dict[str, Any], raised: bool) -> dict[str, Any]:
     s: dict[str, Any] = {
+        **_fresh_store(),
         # One shared token for every simulated node (the unsafe migration switch): a bench, not a site.
         "auth": {"cluster_token": TOKEN, "cluster_token_for_agents": True, "admin_token": ADMIN},
         "learn_nodes": False,
@@ -200,7 +220,12 @@ def main() -> int:
     ap.add_argument("--spread-nodes", type=int, default=200)
     ap.add_argument("--spread-seconds", type=float, default=60.0)
     ap.add_argument("--no-slurm", action="store_true", help="use the dry-run fencer even if Slurm is installed")
+    ap.add_argument("--store-admin", default="",
+                    help="a PostgreSQL URL to create a fresh database on for each case (the aggregator's store.url); "
+                         "default each case's own SQLite file")
     args = ap.parse_args()
+    global STORE_ADMIN
+    STORE_ADMIN = args.store_admin
     if args.quick:
         args.storm_nodes, args.spread_nodes, args.spread_seconds = 300, 50, 10.0
     use_slurm = _slurm_usable(args.no_slurm)
