@@ -382,7 +382,7 @@ class Aggregator:
             raise NotLeader("not leading: the journal write is left to the leader")
         ops = [*ops, Store.op_action_epoch(aid, epoch)]
         try:
-            await self.writer.call(lambda s: s.apply(ops, epoch=epoch))
+            await self.writer.write(ops, epoch=epoch)
         except StaleEpoch as e:
             asyncio.ensure_future(self.leadership.depose(str(e)))
             raise NotLeader(str(e)) from None

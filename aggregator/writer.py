@@ -42,13 +42,18 @@ class Writer:
             await asyncio.to_thread(self._thread.join, 30.0)
             self._started = False
 
-    def write(self, ops: Sequence[Op]) -> "asyncio.Future[None]":
-        """Queue ops; the future resolves once they are committed (or fails with the error)."""
+    def write(self, ops: Sequence[Op], epoch: int | None = None) -> "asyncio.Future[None]":
+        """Queue ops; the future resolves once they are committed (or fails with the error).
+        With `epoch` (the fencing token, replicas on PostgreSQL) they commit only while it is
+        the lease's (else StaleEpoch); such writes still commit in groups, among themselves."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not ops:
             fut.set_result(None)
             return fut
-        self._q.put(("ops", list(ops), fut))
+        if epoch is None:
+            self._q.put(("ops", list(ops), fut))
+        else:
+            self._q.put(("epoch_ops", (epoch, list(ops)), fut))
         return fut
 
     def write_nowait(self, ops: Sequence[Op]) -> None:
@@ -86,11 +91,17 @@ class Writer:
 
     def _process(self, batch: list[Any]) -> None:
         group: list[tuple[list[Op], Any]] = []
+        key: int | None = None  # the epoch the group's writes are guarded by (None: unguarded)
         for kind, payload, fut in batch:
-            if kind == "ops":
-                group.append((payload, fut))
+            if kind in ("ops", "epoch_ops"):
+                epoch, ops = (None, payload) if kind == "ops" else payload
+                if group and epoch != key:  # in queue order: a guarded run is its own transaction
+                    self._commit(group, key)
+                    group = []
+                key = epoch
+                group.append((ops, fut))
                 continue
-            self._commit(group)
+            self._commit(group, key)
             group = []
             try:
                 result = payload(self.store)
@@ -100,20 +111,24 @@ class Writer:
                 self._resolve(fut, None, e)
             else:
                 self._resolve(fut, result, None)
-        self._commit(group)
+        self._commit(group, key)
 
-    def _commit(self, group: list[tuple[list[Op], Any]]) -> None:
+    def _commit(self, group: list[tuple[list[Op], Any]], epoch: int | None = None) -> None:
         if not group:
             return
         try:
-            self.store.apply(op for ops, _ in group for op in ops)
+            ops = (op for items, _ in group for op in items)
+            if epoch is None:
+                self.store.apply(ops)
+            else:
+                self.store.apply(ops, epoch=epoch)
             self.commits += 1
             self.error = ""
         except Exception as err:
             # One bad op must not fail its neighbours: retry each request on its own.
             if len(group) > 1:
                 for one in group:
-                    self._commit([one])
+                    self._commit([one], epoch)
                 return
             self.failures += 1
             self.error = f"{type(err).__name__}: {err}"

@@ -157,3 +157,40 @@ async def test_a_leader_cut_off_from_postgresql_stops_acting_and_leads_again_aft
                 await asyncio.sleep(0.2)
             await until(lambda: "dgx01" in fencer.fenced, timeout=15)
             assert fencer.count("fence", "dgx01") == 1
+
+
+async def test_journal_writes_under_a_stale_epoch_are_refused_in_a_group_commit(pg: Any) -> None:
+    from podhealth.aggregator.lease import PgLease
+    from podhealth.aggregator.store import Store
+    from podhealth.aggregator.writer import Writer
+
+    url = pg.new_database()
+    store = Store(url)
+    old = PgLease(url, "old", 0.5)
+    new = PgLease(url, "new", 30.0)
+    try:
+        first = old.try_acquire()
+        assert first is not None
+        assert new.try_acquire() is None  # held
+        second = None
+        deadline = time.monotonic() + 5
+        while second is None:  # until the old lease runs out (0.5 s, by the database's clock)
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+            second = new.try_acquire()
+        assert second.epoch == first.epoch + 1
+        w = Writer(store)
+        w.start()
+        try:
+            stale = w.write([Store.op_audit(1.0, "dgx01", "policy", "fence done", "late")], epoch=first.epoch)
+            fresh = w.write([Store.op_audit(2.0, "dgx02", "policy", "fence done", "now")], epoch=second.epoch)
+            plain = w.write([Store.op_event("e1", "dgx03", "event", 1.0, 2.0, "{}")])
+            results = await asyncio.gather(stale, fresh, plain, return_exceptions=True)
+        finally:
+            await w.stop()
+        assert isinstance(results[0], StaleEpoch) and results[1:] == [None, None]
+        assert [a["node"] for a in store.audit_tail()] == ["dgx02"] and store.counts()["events"] == 1
+    finally:
+        old.close()
+        new.close()
+        store.close()
