@@ -37,7 +37,7 @@ if [ "${1:-}" = "--test" ]; then
     .venv-checkov/bin/python -m pip install -q --disable-pip-version-check checkov; } ||
     echo "note: checkov not installed; the bundle's checkov test will skip" >&2
   # CPU build of PyTorch for the burn-in and NCCL/Gloo runner tests (podhealth[burnin] on a GPU node).
-  $PY -c 'import torch' 2>/dev/null || pip_install 'torch==2.13.0' || echo "note: torch not installed; burn-in tests will skip" >&2
+  $PY -c 'import torch, numpy' 2>/dev/null || pip_install 'torch==2.13.0' numpy || echo "note: torch not installed; burn-in tests will skip" >&2
 else
   pip_install -e .
 fi
