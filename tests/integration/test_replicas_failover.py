@@ -32,6 +32,7 @@ import pytest
 
 from tests.harness.pg import PgServer, pg_fixture
 from tests.harness.proc import Service, free_port, http_get, service, wait_until
+from tests.harness.slurm import SlurmCluster, slurm_fixture
 
 KILLS = int(os.environ.get("PODHEALTH_FAILOVER_KILLS", "3"))
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120 + 25 * KILLS)]
@@ -42,13 +43,14 @@ LEASE = 4.0
 REPLICAS = 3
 REPO = Path(__file__).resolve().parents[2]
 pg = pg_fixture(scope="module")
+slurm = slurm_fixture(scope="function", nodes=NODES, daemons=2)
 
 
 def _tokens() -> dict[str, str]:
     return {f"dgx{i:02d}": f"failover-node-token-{i:02d}-{'x' * 16}" for i in range(1, NODES + 1)}
 
 
-def _config(tmp: Path, name: str, port: int, url: str) -> Path:
+def _config(tmp: Path, name: str, port: int, url: str, fencer: str) -> Path:
     p = tmp / f"{name}.yaml"
     nodes = ", ".join(f"{{name: {n}, partition: gpu}}" for n in _tokens())
     tokens = ", ".join(f"{n}: {t}" for n, t in _tokens().items())
@@ -66,7 +68,7 @@ aggregator:
   breaker: {{share_percent: 100.0, window: 300.0, min_nodes: 1000}}
   retries: {{attempts: 3, backoff: 0.2, max_backoff: 1.0}}
   fencers:
-    file: {{enabled: true, path: {tmp}/fence.json, gate: {tmp}/gate}}
+    {fencer}
   nodes: [{nodes}]
 """)
     return p
@@ -75,8 +77,8 @@ aggregator:
 class Fleet:
     """Replicas and agents, each restartable after a kill; all stopped by PID on exit."""
 
-    def __init__(self, tmp: Path, url: str, fail_at: dict[str, float]) -> None:
-        self.tmp, self.url, self.fail_at = tmp, url, fail_at
+    def __init__(self, tmp: Path, url: str, fail_at: dict[str, float], fencer: str) -> None:
+        self.tmp, self.url, self.fail_at, self.fencer = tmp, url, fail_at, fencer
         self.ports = {f"agg{i}": free_port() for i in range(REPLICAS)}
         self.procs: dict[str, tuple[contextlib.ExitStack, Service]] = {}
         self.starts: dict[str, int] = {}
@@ -86,7 +88,7 @@ class Fleet:
 
     def _argv(self, name: str) -> list[str]:
         if name in self.ports:
-            cfg = _config(self.tmp, name, self.ports[name], self.url)
+            cfg = _config(self.tmp, name, self.ports[name], self.url, self.fencer)
             return [sys.executable, "-m", "podhealth", "aggregator", "--config", str(cfg)]
         work = self.tmp / name
         work.mkdir(exist_ok=True)
@@ -136,8 +138,8 @@ class Fleet:
 
 
 @contextlib.contextmanager
-def fleet(tmp: Path, url: str, fail_at: dict[str, float]) -> Iterator[Fleet]:
-    f = Fleet(tmp, url, fail_at)
+def fleet(tmp: Path, url: str, fail_at: dict[str, float], fencer: str) -> Iterator[Fleet]:
+    f = Fleet(tmp, url, fail_at, fencer)
     try:
         yield f
     finally:
@@ -159,19 +161,28 @@ def _published(tmp: Path) -> set[str]:
     return out
 
 
-def test_killing_the_leader_hands_over_without_a_double_fence_or_a_lost_event(tmp_path: Path, pg: PgServer) -> None:
+@pytest.mark.parametrize("backend", ["file", "slurm"])
+def test_killing_the_leader_hands_over_without_a_double_fence_or_a_lost_event(
+        tmp_path: Path, pg: PgServer, backend: str, request: pytest.FixtureRequest) -> None:
     seed = int(os.environ.get("PODHEALTH_CHAOS_SEED", str(random.SystemRandom().randrange(1 << 32))))
-    print(f"failover seed {seed}")
+    print(f"failover seed {seed} ({backend})")
     rng = random.Random(seed)
+    cluster: SlurmCluster | None = None
+    if backend == "slurm":
+        cluster = request.getfixturevalue("slurm")  # skips clearly without Slurm
+        fencer = f"slurm: {{enabled: true, slurm_conf: {cluster.conf}, timeout: 10.0}}"
+    else:
+        fencer = f"file: {{enabled: true, path: {tmp_path}/fence.json, gate: {tmp_path}/gate}}"
     url = pg.new_database()
     gate = tmp_path / "gate"
-    gate.touch()  # the first fences stop inside the fencer: the first kill lands mid-fence
+    if cluster is None:
+        gate.touch()  # the first fences stop inside the file fencer: the first kill lands mid-fence
     t0 = time.time() + 4.0
     fail_at = {a: t0 + (0.0 if i < 2 else rng.uniform(2.0, 6.0 + 6.0 * KILLS)) for i, a in enumerate(_tokens())}
     takeovers: list[float] = []
     epochs: set[int] = set()
     why = f"(seed {seed})"
-    with fleet(tmp_path, url, fail_at) as f:
+    with fleet(tmp_path, url, fail_at, fencer) as f:
         for a in f.ports:
             f.start(a)
         for a in _tokens():
@@ -181,14 +192,14 @@ def test_killing_the_leader_hands_over_without_a_double_fence_or_a_lost_event(tm
             assert isinstance(got, tuple)
             victim, epoch = got
             epochs.add(epoch)
-            if k == 0:
+            if k == 0 and cluster is None:
                 wait_until(lambda: _q(url, "SELECT COUNT(*) FROM actions WHERE state = 'pending'")[0][0] > 0,
                            timeout=30.0, what=f"a fence in flight at the gate {why}")
             else:
                 time.sleep(rng.uniform(0.2, 2.0))  # the kill schedule, not a wait for any state
             killed = time.monotonic()
             f.kill(victim)
-            if k == 0:
+            if k == 0 and cluster is None:
                 gate.unlink()
             new = wait_until(lambda: (lambda ld: ld if ld and ld[1] > epoch else None)(f.leader()),
                              timeout=3 * LEASE, interval=0.05, what=f"a follower to take over {why}")
@@ -202,6 +213,10 @@ def test_killing_the_leader_hands_over_without_a_double_fence_or_a_lost_event(tm
         time.sleep(3.0)  # the outage's length: a schedule, not a wait for any state
         pg.start_server()
         wait_until(f.leader, timeout=4 * LEASE, what=f"a leader after PostgreSQL came back {why}")
+        # every node has had its turn to fail (the schedule), and the storm has filled the cap
+        time.sleep(max(0.0, max(fail_at.values()) + 1.0 - time.time()))
+        wait_until(lambda: _q(url, "SELECT COUNT(DISTINCT node) FROM actions WHERE kind = 'fence' AND state = 'done'")
+                   [0][0] >= CAP, timeout=30.0, what=f"the storm to fill the cap {why}")
         for a in _tokens():
             (tmp_path / a / "stop").touch()
         published = _published(tmp_path)
@@ -217,11 +232,17 @@ def test_killing_the_leader_hands_over_without_a_double_fence_or_a_lost_event(tm
           f"max {takeovers[-1]:.2f}s: {[round(t, 2) for t in takeovers]}; {len(published)} events")
     assert takeovers[-1] <= 10.0, f"takeover too slow: {takeovers} {why}"
     assert len(published) > 100, why
+    done = _q(url, "SELECT node, epoch FROM actions WHERE kind = 'fence' AND state = 'done'")
+    if cluster is not None:
+        _check_slurm(cluster, url, done, epochs, why)
+        return
     fence = json.loads((tmp_path / "fence.json").read_text())
     fenced = {n for n, d in fence["nodes"].items() if d.get("fenced")}
-    assert all(c == 1 for c in fence["fences"].values()), f"fenced twice: {fence['fences']} {why}"
+    twice = [n for n, c in fence["fences"].items() if c != 1]
+    assert not twice, (f"fenced twice: {fence['fences']} {why}\n" + "\n".join(
+        str(r) for r in _q(url, "SELECT time, node, action_id, who, what, why, output FROM audit WHERE node IN ("
+                           + ", ".join(f"'{n}'" for n in twice) + ") ORDER BY seq")))
     assert len(fenced) == CAP, f"the storm should fill the cap, no more: {fenced} {why}"
-    done = _q(url, "SELECT node, epoch FROM actions WHERE kind = 'fence' AND state = 'done'")
     audit = _q(url, "SELECT a.node, a.output FROM audit a WHERE a.what = 'fence via file' AND a.ok = 1")
     for node in fenced:
         mine = [e for n, e in done if n == node]
@@ -229,3 +250,20 @@ def test_killing_the_leader_hands_over_without_a_double_fence_or_a_lost_event(tm
         assert (node, "fenced") in audit, (node, why)
     # the first kill left a fence in flight: the next leader finished it (one call was cut short)
     assert sum(fence["calls"].values()) > sum(fence["fences"].values()), (fence, why)
+
+
+def _check_slurm(cluster: SlurmCluster, url: str, done: list[tuple[Any, ...]], epochs: set[int], why: str) -> None:
+    """The same invariants read from the loopback Slurm and the journal: podhealth's drains fill
+    the cap and no more, each node drained once (one audited fence that changed Slurm), each
+    drain journaled as a fence done under a leader's epoch."""
+    r = cluster.run("sinfo", "-N", "-h", "-t", "drain,drained,draining", "-o", "%N|%E", check=False, timeout=10)
+    drains = {ln.partition("|")[0].strip() for ln in r.stdout.splitlines() if ln.partition("|")[2].startswith("podhealth")}
+    assert len(drains) == CAP, f"the storm should fill the cap, no more: {drains} {why}"
+    changed: dict[str, int] = {}
+    for node, output in _q(url, "SELECT node, output FROM audit WHERE what = 'fence done'"):
+        if output == "fenced":
+            changed[node] = changed.get(node, 0) + 1
+    assert all(n == 1 for n in changed.values()) and set(changed) == drains, (changed, drains, why)
+    for node in drains:
+        mine = [e for n, e in done if n == node]
+        assert mine and all(e in epochs for e in mine), (node, mine, sorted(epochs), why)
