@@ -247,7 +247,7 @@ class Agent:
                 continue
             self.collectors[name] = collector
             self.specs[name] = dict(getattr(collector, "metrics", {}) or {})
-            self.scheduler.add(name, collector, cc.interval, cc.timeout)
+            self.scheduler.add(name, collector, cc.interval, cc.timeout, getattr(cc, "watched_interval", None))
 
     async def _build_one(self, name: str) -> tuple[Collector | None, str]:
         cc = collector_config(self.cfg, name)

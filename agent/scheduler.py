@@ -12,7 +12,8 @@ A collector with `readable_fd()` (kmsg: /dev/kmsg, or the simulated node's FIFO)
 collected as soon as its descriptor turns readable (loop.add_reader), so a kernel record is read
 when the kernel offers it, not up to an interval later. The descriptor is watched only between
 collections (a collection may close and reopen it) and kicks are spaced by KICK_MIN_GAP, so a
-chattering kernel log costs at most a bounded number of extra collections per second.
+chattering kernel log costs at most a bounded number of extra collections per second. While it
+is watched, its interval ticks are only a fallback and run every `watched_interval` (when longer).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class _Slot:
     interval: float
     timeout: float
     worker: Worker[Collection]
+    watched_interval: float | None = None  # the interval while the descriptor is watched
+    watchable: bool = False  # the last collection left a descriptor that is being watched
     inflight: "asyncio.Future[Collection] | None" = None
     started: float = 0.0
     timed_out: bool = False
@@ -71,10 +74,11 @@ class Scheduler:
         self._slots: dict[str, _Slot] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def add(self, name: str, collector: Collector, interval: float, timeout: float) -> None:
+    def add(self, name: str, collector: Collector, interval: float, timeout: float,
+            watched_interval: float | None = None) -> None:
         if name in self._slots:
             raise ValueError(f"collector {name!r} added twice")
-        self._slots[name] = _Slot(name, collector, interval, timeout, Worker(name))
+        self._slots[name] = _Slot(name, collector, interval, timeout, Worker(name), watched_interval)
         if self.store.get(name) is None:
             self.store.put(CollectorState(name=name))
 
@@ -134,17 +138,24 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         due = origin
         while True:
+            interval = self._interval(slot)  # before the tick, which unwatches until the collection ends
             self._tick(slot)
-            due += slot.interval
+            due += interval
             now = loop.time()
             if due <= now:
-                due += (math.floor((now - due) / slot.interval) + 1) * slot.interval
+                due += (math.floor((now - due) / interval) + 1) * interval
             wake = loop.create_future()
             timer = loop.call_at(due, _wake, wake)
             try:
                 await wake
             finally:
                 timer.cancel()
+
+    @staticmethod
+    def _interval(slot: _Slot) -> float:
+        if slot.watchable and slot.watched_interval is not None:
+            return max(slot.interval, slot.watched_interval)
+        return slot.interval
 
     async def collect_now(self) -> Snapshot:
         """Run every collector once now and return the snapshot (the handover suite wants fresh data).
@@ -189,11 +200,13 @@ class Scheduler:
             return
         try:
             fd = fd_of()
+            slot.watchable = fd is not None
             if fd is None:
-                return
+                return  # not open (the source is unreadable now): the interval, as for a file
             self._loop.add_reader(fd, self._readable, slot)
         except Exception as e:  # noqa: BLE001 - a descriptor epoll refuses (EPERM), a broken hook
             slot.unwatchable = True
+            slot.watchable = False
             _log.warning("cannot watch the collector's descriptor; collecting on its interval only",
                          collector=slot.name, error=repr(e))
             return
@@ -239,7 +252,7 @@ class Scheduler:
         """The state with staleness by age applied (last success older than stale_after intervals)."""
         if st.stale and not st.samples:
             return st
-        if st.last_success is not None and self._clock() - st.last_success <= self.stale_after * slot.interval:
+        if st.last_success is not None and self._clock() - st.last_success <= self.stale_after * self._interval(slot):
             return st
         if not st.stale:
             _log.warning("collector data is stale", collector=slot.name,

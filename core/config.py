@@ -110,7 +110,11 @@ class HostConfig(CollectorConfig):
 
 @dataclass(frozen=True)
 class KmsgConfig(CollectorConfig):
-    interval: Seconds = doc("Seconds between reads of new kernel log lines.", 1.0)
+    interval: Seconds = doc("Seconds between reads of new kernel log lines from a followed file, and\n"
+                            "between polls of NVML's XID events.", 1.0)
+    watched_interval: Seconds = doc(
+        "Seconds between collections while the kernel log is watched (/dev/kmsg: each record is read\n"
+        "as it arrives). NVML's XID events, which then only confirm kernel lines, wait this long.", 5.0)
     keep_events: Annotated[int, Gt(0, "a count")] = doc("Recent XID/SXid events kept in memory.", 256)
     from_start: bool = doc("Read the kernel log from its beginning (else only lines from now on).", True)
 

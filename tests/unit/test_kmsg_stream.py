@@ -226,7 +226,7 @@ class PipeCollector:
                 self.got.append(chunk)
         except BlockingIOError:
             pass
-        return Collection()
+        return Collection(samples=())
 
     def close(self) -> None:
         os.close(self.r)
@@ -263,6 +263,38 @@ def test_scheduler_collects_when_the_descriptor_turns_readable() -> None:
     asyncio.run(main())
 
 
+def test_a_watched_collector_ticks_at_its_watched_interval() -> None:
+    """While the descriptor is watched the interval is only a fallback (collectors.kmsg
+    .watched_interval): readiness collects, the 50 ms interval does not."""
+    async def main(watched: float | None) -> int:
+        sched = Scheduler(SnapshotStore())
+        c = PipeCollector()
+        sched.add("pipe", c, interval=0.05, timeout=5.0, watched_interval=watched)
+        sched.start()
+        try:
+            await _wait(lambda: c.runs >= 1 and not sched.in_flight("pipe"), 10)
+            os.write(c.w, b"record\n")
+            await _wait(lambda: c.got == [b"record\n"] and not sched.in_flight("pipe"), 10)
+            before = c.runs
+            if watched is None:
+                await _wait(lambda: c.runs >= before + 5, 10)  # the interval keeps ticking
+            else:
+                await asyncio.sleep(0.6)  # twelve 50 ms intervals: none of them may collect
+            assert not store_stale(sched)
+            return c.runs - before
+        finally:
+            await sched.stop()
+
+    # At most the one tick that was already scheduled (at the 50 ms interval) before the watch.
+    assert asyncio.run(main(300.0)) <= 1
+    assert asyncio.run(main(None)) >= 5
+
+
+def store_stale(sched: Scheduler) -> bool:
+    st = sched.store.get("pipe")
+    return st is None or st.stale
+
+
 def test_a_descriptor_epoll_refuses_leaves_the_interval(tmp_path: Path) -> None:
     """A regular file cannot be polled (epoll: EPERM): said once, then the interval alone."""
     plain = tmp_path / "kern.log"
@@ -282,7 +314,7 @@ def test_a_descriptor_epoll_refuses_leaves_the_interval(tmp_path: Path) -> None:
 
         def collect(self) -> Collection:
             self.runs += 1
-            return Collection()
+            return Collection(samples=())
 
         def close(self) -> None:
             os.close(self.fd)
