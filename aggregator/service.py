@@ -1362,8 +1362,10 @@ class Aggregator:
             now = self.clock()
             try:
                 writer.write_nowait(mem.flush_seen())
-                if not self.acting():
-                    continue  # a follower only ingests: the rest is the leader's
+                if not self.acting() or not self._acting_tasks:
+                    # a follower only ingests: the rest is the leader's, once its takeover has
+                    # loaded the shared state (a follower's own memory is not the fleet's)
+                    continue
                 ops: list[Op] = self.silence_ops(now) + self.forget_ops(now) + overrides.expire_ops(self, now)
                 if self.mono() - last_prune > 3600:
                     ops += mem.prune_ids(now - self.cfg.event_retention)
@@ -1392,7 +1394,7 @@ class Aggregator:
     # ---- operator actions ------------------------------------------------------------------------
 
     def _require_leader(self) -> None:
-        if not self.acting():
+        if not self.acting() or not self._acting_tasks:  # not leading, or its takeover is not done
             lead = self.leadership.lease.seen.get("holder", "unknown") if self.leadership else "unknown"
             raise OperatorError(503, f"this aggregator is a follower; ask the leader ({lead})")
 
