@@ -268,8 +268,11 @@ class Aggregator:
         log.info("taking over", epoch=info.epoch, pending=len(loaded.pending), nodes=len(self.mem.nodes))
         try:
             await self._start_acting(loaded.pending)
-        except NotLeader:
-            pass  # lost the lead while taking over: the next leader finishes the journal
+        except NotLeader as e:
+            # Lost the lead while taking over: stop; the next takeover (this replica's or
+            # another's) starts again from the journal.
+            if self.leadership is not None:
+                await self.leadership.depose(f"lost the lead during the takeover ({e})")
 
     async def _deposed(self, why: str) -> None:
         """Stop deciding and acting at once; what is in flight stays pending in the journal."""
