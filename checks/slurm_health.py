@@ -26,11 +26,15 @@ LOCAL_TIME_CAP = 3.0
 
 
 def _from_agent(cfg: Config) -> NodeReport | None:
-    url = f"http://127.0.0.1:{cfg.listen.port}/health"
+    return agent_report(f"http://127.0.0.1:{cfg.listen.port}", timeout=1.5)
+
+
+def agent_report(base: str, timeout: float) -> NodeReport | None:
+    """The verdict of the agent at `base` (its /health), or None when it does not answer one."""
     try:
-        with urllib.request.urlopen(url, timeout=1.5) as r:
+        with urllib.request.urlopen(f"{base.rstrip('/')}/health", timeout=timeout) as r:
             return NodeReport.from_json(json.loads(r.read()))
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
 
 
@@ -44,20 +48,27 @@ def local_report(cfg: Config, node: str, cap: float = LOCAL_TIME_CAP) -> NodeRep
     return NodeReport(node, __version__, rep.profile, rep.results)
 
 
-def _line(r: CheckResult) -> str:
+def line(r: CheckResult) -> str:
     return f"podhealth: {r.check} {r.entity}: {r.summary or r.status.value} [{r.action.value}]"
 
 
 def run_slurm_health(cfg: Config, drain_self: bool = False) -> int:
     node = os.environ.get("SLURMD_NODENAME") or cfg.node.name or socket.gethostname().split(".")[0]
-    rep = _from_agent(cfg) or local_report(cfg, node)
+    return answer(node, _from_agent(cfg) or local_report(cfg, node), drain_self)
+
+
+def answer(node: str, rep: NodeReport, drain: bool) -> int:
+    """NHC-style lines for `rep`, the drain or resume when `drain`, and the exit code.
+
+    An undecided node is neither drained nor resumed: UNKNOWN never fences, and it does not
+    prove the node good either."""
     fails = [r for r in rep.results if r.status is Status.FAIL]
     unknowns = [r for r in rep.results if r.status is Status.UNKNOWN]
     for r in fails:
-        print(f"ERROR: {_line(r)}")
+        print(f"ERROR: {line(r)}")
     for r in unknowns:
-        print(f"WARNING: {_line(r)}")
-    if drain_self:
+        print(f"WARNING: {line(r)}")
+    if drain and (fails or not unknowns):
         from podhealth.checks.selfdrain import drain_or_resume
 
         msg = drain_or_resume(node, fails[0] if fails else None)

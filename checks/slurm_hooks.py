@@ -23,16 +23,15 @@ this one, but a lost InfiniBand port or NFS mount hurts every job on the node.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
 import sys
 import time
-import urllib.request
 from typing import Callable, Iterable, Sequence
 
 from podhealth.checks.report import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN
+from podhealth.checks.slurm_health import agent_report, line
 from podhealth.config import Config
 from podhealth.vocab import CheckResult, NodeReport, Status
 
@@ -59,14 +58,6 @@ def agent_base(cfg: Config, node: str) -> str:
     return (cfg.checks.agents.get(node) or f"http://127.0.0.1:{cfg.listen.port}").rstrip("/")
 
 
-def agent_report(base: str, timeout: float) -> NodeReport | None:
-    try:
-        with urllib.request.urlopen(f"{base}/health", timeout=timeout) as r:
-            return NodeReport.from_json(json.loads(r.read()))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def job_gpus(env: "os._Environ[str] | dict[str, str]") -> frozenset[int] | None:
     """The job's GPU indices, or None when the job has no GPU list (then every GPU counts)."""
     raw = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""
@@ -90,10 +81,6 @@ def for_job(results: Iterable[CheckResult], gpus: frozenset[int] | None) -> list
         if m is None or int(m.group(1)) in gpus:
             keep.append(r)
     return keep
-
-
-def _line(r: CheckResult) -> str:
-    return f"podhealth: {r.check} {r.entity}: {r.summary or r.status.value} [{r.action.value}]"
 
 
 def should_drain(cfg: Config) -> bool:
@@ -125,26 +112,11 @@ def _drain(node: str, failing: CheckResult | None) -> str:
 
 
 def healthcheck(env: "os._Environ[str] | dict[str, str]") -> int:
+    from podhealth.checks.slurm_health import answer
+
     cfg = load_config(env)
     node = node_name(cfg, env)
-    rep = _report(cfg, node, cfg.checks.healthcheck_budget)
-    fails, unknowns = _judge(rep.results)
-    for r in fails:
-        print(f"ERROR: {_line(r)}")
-    for r in unknowns:
-        print(f"WARNING: {_line(r)}")
-    # An undecided node is neither drained nor resumed: UNKNOWN never fences, and it does not
-    # prove the node good either.
-    if should_drain(cfg) and (fails or not unknowns):
-        msg = _drain(node, fails[0] if fails else None)
-        if msg:
-            print(msg, file=sys.stderr)
-    if fails:
-        return EXIT_FAIL
-    if unknowns:
-        return EXIT_UNKNOWN
-    print(f"OK: podhealth: {len(rep.results)} checks passed on {node}")
-    return EXIT_PASS
+    return answer(node, _report(cfg, node, cfg.checks.healthcheck_budget), should_drain(cfg))
 
 
 def _job_hook(env: "os._Environ[str] | dict[str, str]", hook: str) -> int:
@@ -157,11 +129,11 @@ def _job_hook(env: "os._Environ[str] | dict[str, str]", hook: str) -> int:
     fails, unknowns = _judge(results)
     scope = "all GPUs" if gpus is None else "GPUs " + ",".join(map(str, sorted(gpus)))
     for r in unknowns:
-        print(f"podhealth {hook}: job {job} on {node}: undecided: {_line(r)}", file=sys.stderr)
+        print(f"podhealth {hook}: job {job} on {node}: undecided: {line(r)}", file=sys.stderr)
     if not fails:
         return EXIT_PASS
     for r in fails:
-        print(f"podhealth {hook}: job {job} on {node} ({scope}): {_line(r)}", file=sys.stderr)
+        print(f"podhealth {hook}: job {job} on {node} ({scope}): {line(r)}", file=sys.stderr)
     msg = _drain(node, fails[0])
     if msg:
         print(msg, file=sys.stderr)
