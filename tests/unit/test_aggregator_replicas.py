@@ -197,3 +197,22 @@ async def test_journal_writes_under_a_stale_epoch_are_refused_in_a_group_commit(
         old.close()
         new.close()
         store.close()
+
+
+async def test_fleet_status_names_the_leader_at_either_replica(tmp_path: Path, pg: Any) -> None:
+    from podhealth.aggregator.config import AggAuthConfig
+    from tests.unit.test_aggregator_cli import fleet
+
+    cfg = config(tmp_path, nodes=2, store=StoreConfig(url=pg.new_database(), lease=LEASE),
+                 auth=AggAuthConfig(admin_token="atok"))
+    async with running(cfg, [MemFencer()]) as (a, ua), running(cfg, [MemFencer()]) as (b, ub):
+        await until(lambda: a.acting() or b.acting(), timeout=3 * LEASE)
+        lead, follower, furl = (a, b, ub) if a.acting() else (b, a, ua)
+        assert lead.leadership is not None
+        holder = lead.leadership.lease.holder
+        await until(lambda: follower.replica_json()["leader"] == holder, timeout=LEASE)
+        for url, role in ((furl, "follower"), (ua if lead is a else ub, "leader")):
+            rc, out, err = await fleet(url, "status")
+            assert rc == 0, err
+            line = next(ln for ln in out.splitlines() if ln.startswith("leader: "))
+            assert holder in line and f"epoch {lead.epoch()}" in line and line.endswith(f"this replica: {role}")
