@@ -422,10 +422,12 @@ class Store:
         self.path = Path(sqlite_path(text) if text.startswith("sqlite://") else ("" if self.url else path))
         self.conn: DbConn
         if self.url:
+            from podhealth.extras import MissingExtra, require
             try:
-                from podhealth.aggregator import pgstore
-            except ImportError:
-                raise StoreError("a postgresql:// store needs psycopg: pip install 'podhealth[postgresql]'") from None
+                require("postgresql")
+            except MissingExtra as e:
+                raise StoreError(str(e)) from None
+            from podhealth.aggregator import pgstore
             self.where = pgstore.redact(self.url)
             try:
                 self.conn = pgstore.connect(self.url)

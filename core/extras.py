@@ -1,4 +1,5 @@
-"""Optional dependencies, installed as pip extras: `podhealth[kubernetes]`, `podhealth[influx]`.
+"""Optional dependencies, installed as pip extras: `podhealth[kubernetes]`, `podhealth[influx]`,
+`podhealth[postgresql]`.
 
 The node agent needs neither (the Kubernetes client alone is ~126 MB installed), so they are not
 core dependencies; every import of them is lazy and goes through `require()`, which turns a
@@ -27,6 +28,7 @@ class Extra:
 EXTRAS = {
     "kubernetes": Extra("kubernetes", "kubernetes", "kubernetes", "the Kubernetes fencer"),
     "influx": Extra("influx", "influxdb_client", "influxdb-client", "InfluxDB export"),
+    "postgresql": Extra("postgresql", "psycopg", "psycopg", "the aggregator's PostgreSQL store (replicas)"),
 }
 
 
@@ -53,6 +55,8 @@ def needed_by(cfg: "Config") -> list[tuple[str, str]]:
         out.append(("exporters.influxdb.enabled", "influx"))
     if cfg.aggregator.fencers.kubernetes.enabled:
         out.append(("aggregator.fencers.kubernetes.enabled", "kubernetes"))
+    if cfg.aggregator.store.url.startswith(("postgresql://", "postgres://")):
+        out.append(("aggregator.store.url", "postgresql"))
     return out
 
 

@@ -273,3 +273,21 @@ def test_condition_type_is_the_one_policy_reads() -> None:
                     source="alertmanager", ref="fp1", severity="warning")
     [c] = m.open_conditions()
     assert isinstance(c, Condition) and c.source == "alertmanager" and c.severity == "warning" and c.ref == "fp1"
+
+
+def test_a_postgresql_store_without_psycopg_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from podhealth import config, extras
+    cfg = config.loads('aggregator:\n  store:\n    url: "postgresql://ph@127.0.0.1:5432/ph"\n')
+    assert extras.needed_by(cfg) == [("aggregator.store.url", "postgresql")]
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if not installed
+    assert [(k, e.extra.name) for k, e in extras.missing(cfg)] == [("aggregator.store.url", "postgresql")]
+    with pytest.raises(StoreError, match=r"pip install 'podhealth\[postgresql\]'"):
+        Store("postgresql://ph@127.0.0.1:5432/ph")
+
+
+def test_a_bad_store_url_is_a_config_error_naming_the_key() -> None:
+    from podhealth import config, configload
+    with pytest.raises(configload.ConfigError, match=r"aggregator\.store\.url.*expected sqlite:////abs/path"):
+        config.loads('aggregator:\n  store:\n    url: "mysql://x"\n', "agg.yaml")
