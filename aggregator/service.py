@@ -571,20 +571,11 @@ class Aggregator:
     async def _execute(self, p: Pending) -> None:
         async with self._lock(p.node), self._sem:
             try:
-                if p.kind == "fence":
-                    await self._do_fence(p)
-                elif p.kind == "release":
-                    await self._do_release(p)
-                elif p.kind == "handover":
-                    await self._do_handover(p)
-                elif p.kind == "reset_gpu":
-                    await self._do_reset(p)
-                elif p.kind == "reboot":
-                    await self._do_reboot(p)
-                elif p.kind == "repair":
-                    await self._do_repair(p)
-                elif p.kind == "evacuate":
-                    await self._do_evacuate(p)
+                run = {"fence": self._do_fence, "release": self._do_release, "handover": self._do_handover,
+                       "reset_gpu": self._do_reset, "reboot": self._do_reboot, "repair": self._do_repair,
+                       "evacuate": self._do_evacuate}.get(p.kind)
+                if run is not None:
+                    await run(p)
             except TransientError as e:
                 if p.kind in LADDER_STEPS and p.attempts + 1 >= STEP_POSTPONEMENTS:
                     await self._step_failed(p, f"{e} (gave up after {p.attempts + 1} tries)")
