@@ -30,9 +30,9 @@ from typing import Any, Callable, Iterable, Mapping
 from aiohttp import web
 
 from podhealth import __version__, log
-from podhealth.agent.family import Family, MetricSource
-from podhealth.agent.detail import ExportFilter, unknown_families
-from podhealth.agent.render import ExpositionCache, RenderContext
+from podhealth.agent.metrics.family import Family, MetricSource
+from podhealth.agent.metrics.detail import ExportFilter, unknown_families
+from podhealth.agent.metrics.render import ExpositionCache, RenderContext
 from podhealth.agent.scheduler import Scheduler
 from podhealth.agent.sdnotify import Notifier, watchdog, watchdog_interval
 from podhealth.agent.server import AGENT_KEY, build_app

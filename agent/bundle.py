@@ -40,7 +40,7 @@ from podhealth import log, webguard
 if TYPE_CHECKING:
     from podhealth.agent.agent import Agent
     from podhealth.agent.health import Health
-    from podhealth.checks.engine import Evaluator
+    from podhealth.checks.passive.engine import Evaluator
 
 _log = log.get("podhealth.agent.bundle")
 MAX_BYTES = 8 * 1024 * 1024  # the whole tar.gz; the aggregator refuses more (bundles.max_bytes)
@@ -145,7 +145,7 @@ def ib_history(ev: "Evaluator") -> list[dict[str, Any]]:
 
 async def collect(agent: "Agent", health: "Health") -> list[Part]:
     """Every part, read now; the commands run in threads with timeouts, concurrently."""
-    from podhealth.checks import drift
+    from podhealth.checks.passive import drift
 
     smi, dmesg = await asyncio.gather(asyncio.to_thread(run_command, NVIDIA_SMI),
                                       asyncio.to_thread(run_command, DMESG))

@@ -135,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
 
 async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None) -> int:
     from podhealth import log
-    from podhealth.agent import compat, simmode, threadnames
+    from podhealth.agent.metrics import compat
+    from podhealth.agent import simmode, threadnames
     from podhealth.agent.agent import Agent
 
     _log = log.get("podhealth.agent.cmd")

@@ -3,7 +3,7 @@
     podhealth profile capture [--simulate PROFILE | --url URL | --node NAME] > site-profile.yaml
     podhealth profile diff [FILE] [--simulate PROFILE | --url URL | --node NAME] [--format table|json]
 
-The node is read by the agent's own collectors, once (checks/handover.py LocalCollector): on this
+The node is read by the agent's own collectors, once (checks/handover/suite.py LocalCollector): on this
 node by default, on a simulated node with --simulate (as `podhealth agent --simulate`), or from a
 running agent's /metrics with --url / --node. It lives beside the agent because --simulate uses
 the agent's simulator wiring (agent/simmode.py).
@@ -71,17 +71,17 @@ class _Stop(Exception):
 
 
 def _load_config(path: str | None) -> Config:
-    from podhealth.checks.cmd_check import _load_config as load
+    from podhealth.checks.cli.cmd_check import _load_config as load
 
     return load(path)
 
 
 def _read_node(args: argparse.Namespace, cfg: Config) -> "tuple[Snapshot, str, str]":
     """(snapshot, node name, where it came from)."""
-    from podhealth.checks.handover import LocalCollector
+    from podhealth.checks.handover.suite import LocalCollector
 
     if args.url or args.node:
-        from podhealth.checks.cmd_check import CheckError, agent_url
+        from podhealth.checks.cli.cmd_check import CheckError, agent_url
         from podhealth.checks.profile_source import SourceError, fetch_metrics, snapshot_from_metrics
 
         try:

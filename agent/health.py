@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 from aiohttp import web
 
 from podhealth import log, webguard
-from podhealth.agent.family import Family
+from podhealth.agent.metrics.family import Family
 from podhealth.checks import profiles
-from podhealth.checks.engine import Evaluator
-from podhealth.checks.handover import ActiveTest, run_suite
-from podhealth.checks.report import SuiteReport
+from podhealth.checks.passive.engine import Evaluator
+from podhealth.checks.handover.suite import ActiveTest, run_suite
+from podhealth.checks.handover.report import SuiteReport
 from podhealth.snapshot import Snapshot
 from podhealth.vocab import Action, CheckResult, MetricSpec, NodeReport, Sample, Status
 
@@ -300,7 +300,7 @@ class _AgentSource:
 
 
 def install(agent: "Agent", active_tests: Callable[[], list[ActiveTest]] | None = None) -> Health:
-    from podhealth.checks import xid
+    from podhealth.checks.passive import xid
 
     xid.load_catalog()  # parse the catalog now, not inside the first evaluation
     h = Health(agent, active_tests)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from podhealth import webguard
-from podhealth.agent.render import negotiate, wants_gzip
+from podhealth.agent.metrics.render import negotiate, wants_gzip
 
 if TYPE_CHECKING:
     from podhealth.agent.agent import Agent

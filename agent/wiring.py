@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from podhealth import log
 from podhealth.agent import health
-from podhealth.agent.family import Family
+from podhealth.agent.metrics.family import Family
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import CheckResult, Event, MetricSpec, Sample
 
@@ -157,7 +157,7 @@ class Extras:
 
 
 def install(agent: "Agent", spool_dir: Path | None = None) -> Extras:
-    from podhealth.checks.handover_active import active_tests
+    from podhealth.checks.handover.active import active_tests
 
     h = health.install(agent, active_tests=lambda: active_tests(agent.cfg))
     x = Extras(agent, h)

@@ -12,7 +12,7 @@ from typing import Literal, Mapping
 
 from podhealth.vocab import Action, Status
 
-from podhealth.aggregator.fence import FenceReason
+from podhealth.fencing.fence import FenceReason
 
 Source = Literal["agent", "alertmanager", "aggregator"]
 

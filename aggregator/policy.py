@@ -17,7 +17,7 @@ from typing import Iterable, Mapping, Sequence
 from podhealth.vocab import Status
 
 from podhealth.aggregator.config import AggregatorConfig, RuleConfig
-from podhealth.aggregator.fence import FenceReason
+from podhealth.fencing.fence import FenceReason
 from podhealth.aggregator.model import (
     ActionKind, BreakerState, Condition, Decision, FenceMode, FleetState, NodeView, Note, Planned,
 )
@@ -311,7 +311,7 @@ def _ladder(views: Iterable[NodeView], now: float, policy: Policy, breaker: Brea
 
 def is_fatal(c: Condition, fatal: Sequence[str]) -> bool:
     """The failure leaves no job alive on the node: `check`, or `check:CODE` for an XID verdict
-    whose summary names that code (checks/xid.py: "XID 95: ...")."""
+    whose summary names that code (checks/passive/xid.py: "XID 95: ...")."""
     for f in fatal:
         check, _, code = f.partition(":")
         if c.check != check:
@@ -359,7 +359,7 @@ def _evacuations(views: Iterable[NodeView], fatal: set[str], now: float, policy:
 
 
 def gpu_index(entity: str) -> int | None:
-    """`gpu3` (checks/context.py gpu_entity) -> 3: the GPU a reset is for; None when the entity
+    """`gpu3` (checks/passive/context.py gpu_entity) -> 3: the GPU a reset is for; None when the entity
     names no single GPU (a node-wide failure cannot be fixed by resetting one)."""
     head, digits = entity[:3], entity[3:]
     if head.lower() == "gpu" and digits.isdigit() and len(digits) <= 3:

@@ -25,7 +25,7 @@ from podhealth.vocab import Status
 
 from podhealth.aggregator import bundles, ingest, overrides
 from podhealth.aggregator.config import AggregatorConfig
-from podhealth.aggregator.fence import (
+from podhealth.fencing.fence import (
     BatchFencer, DryRunFencer, FenceOutcome, FenceReason, FenceState, Fencer, Job, JobSource, Remediator,
     parse_reason, render_reason, repair_reason,
 )
@@ -104,16 +104,16 @@ def build_fencers(cfg: AggregatorConfig) -> list[Fencer]:
     out: list[Fencer] = []
     f = cfg.fencers
     if f.slurm.enabled:
-        from podhealth.aggregator import slurm
+        from podhealth.fencing import slurm
         out.append(slurm.from_config(f.slurm))  # type: ignore[attr-defined]
     if f.kubernetes.enabled:
         from podhealth.extras import require
 
         require("kubernetes")  # MissingExtra names `pip install 'podhealth[kubernetes]'`
-        from podhealth.aggregator import kube
+        from podhealth.fencing import kube
         out.append(kube.from_config(f.kubernetes))  # type: ignore[attr-defined]
     if f.file.enabled:
-        from podhealth.aggregator.filefence import FileFencer
+        from podhealth.fencing.filefence import FileFencer
         out.append(FileFencer(f.file.path, f.file.gate or None, f.file.gate_after))
     if f.dryrun.enabled or not out:
         out.append(DryRunFencer())
@@ -911,7 +911,7 @@ class Aggregator:
                     with contextlib.suppress(ValueError):
                         data = json.loads(body)
                         # The agent's suite passes on OK, and on WARN with exit code 0 ("PASS (with
-                        # warnings)", checks/report.py); FAIL and UNKNOWN (undecided) never release.
+                        # warnings)", checks/handover/report.py); FAIL and UNKNOWN (undecided) never release.
                         passed = isinstance(data, dict) and (
                             data.get("status") == "OK" or (data.get("status") == "WARN" and data.get("exit_code") == 0))
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:

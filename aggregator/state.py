@@ -16,7 +16,7 @@ from typing import Iterable, NamedTuple
 
 from podhealth.vocab import Action, Status
 
-from podhealth.aggregator.fence import REPAIR, parse_reason
+from podhealth.fencing.fence import REPAIR, parse_reason
 from podhealth.aggregator.model import (
     BreakerState, Condition, FenceMode, FleetState, NodeView, Source, severity_of,
 )

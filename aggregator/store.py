@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from podhealth.vocab import Action, Status
 
-from podhealth.aggregator.fence import FenceReason
+from podhealth.fencing.fence import FenceReason
 from podhealth.aggregator.model import BreakerState, Condition, FenceMode, Silence
 
 Op = tuple[str, tuple[Any, ...]]
@@ -793,7 +793,7 @@ class Store:
         return row[0] if row else ""
 
     def drift_readings(self, names: Sequence[str] | None = None) -> list[tuple[str, str, str]]:
-        """(node, field, versions) from the stored reports' `drift` results (checks/drift.py), of
+        """(node, field, versions) from the stored reports' `drift` results (checks/passive/drift.py), of
         `names` or of every node. SQLite's JSON functions pick them out of the ~18 KB reports; a
         report from an agent without the drift check gives no row, one that is not JSON none."""
         # json_extract, not ->>: SQLite before 3.38 (Ubuntu 22.04) has JSON1 but not the operators

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-# checks/drift.py FIELDS, in the order an operator reads them; the aggregator does not import
+# checks/passive/drift.py FIELDS, in the order an operator reads them; the aggregator does not import
 # the checks layer, and a field a newer agent adds is shown after these.
 FIELDS = ("driver", "vbios", "hca_fw", "ofed", "kernel")
 LABELS = {"driver": "driver", "vbios": "VBIOS", "hca_fw": "HCA firmware", "ofed": "OFED", "kernel": "kernel"}

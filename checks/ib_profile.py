@@ -5,7 +5,7 @@ the key (`network.roles.storage.rate_gbps: ...`).
 A DGX does not have "N identical InfiniBand ports": it has compute rails (one single-port
 adapter per GPU) and a storage / in-band pair that sites run bonded or not, Ethernet or
 InfiniBand, at a lower rate or not. Each role says what a healthy port of that role looks like;
-rules (and per-site pins) say which port has which role. checks/ib_roles.py applies them.
+rules (and per-site pins) say which port has which role. checks/passive/ib_roles.py applies them.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from podhealth.checks import drift, profiles
+from podhealth.checks.passive import drift
+from podhealth.checks import profiles
 from podhealth.snapshot import Snapshot
 from podhealth.vocab import Sample
 

@@ -1,23 +1,23 @@
 """Network adapters by role as a node shows them, for `podhealth profile capture` and `diff`.
 
-Roles are told apart by the profile's own rules and pins (checks/ib_roles.py), so a captured
+Roles are told apart by the profile's own rules and pins (checks/passive/ib_roles.py), so a captured
 profile states, per role, what the ib_port check will later judge: how many links, at which
 rates, on which link layers, bonded or not, and the HCA firmware of the role's adapters.
 """
 
 from __future__ import annotations
 
-from podhealth.checks import ib_roles
-from podhealth.checks.context import Context
-from podhealth.checks.ib import PortView, port_views
+from podhealth.checks.passive import ib_roles
+from podhealth.checks.passive.context import Context
+from podhealth.checks.passive.ib import PortView, port_views
 from podhealth.checks.profile_capture import Seen
 from podhealth.checks.profiles import Profile
-from podhealth.checks.rates import RateTracker
+from podhealth.checks.passive.rates import RateTracker
 from podhealth.snapshot import Snapshot
 
 
 def _views(snap: Snapshot, prof: Profile) -> dict[ib_roles.PortKey, PortView]:
-    """Every port with its facts and rate, as the ib_port check reads them (checks/ib.py)."""
+    """Every port with its facts and rate, as the ib_port check reads them (checks/passive/ib.py)."""
     ctx = Context(snapshot=snap, profile=prof, now=snap.time, rates=RateTracker(60.0))
     return port_views(ctx)[0]
 

@@ -67,7 +67,7 @@ def capture_yaml(obs: Observation, extends: str, why: str, origin: str, now: flo
     roles = {k.removeprefix("network.roles."): v for k, v in obs.values.items() if k.startswith("network.roles.")}
     if roles and all(v is not None for v in roles.values()):
         out += ["network:", "  roles:                                    # adapters by role, told apart by the "
-                f"{extends} rules (checks/ib_roles.py)"]
+                f"{extends} rules (checks/passive/ib_roles.py)"]
         for role, seen in roles.items():
             assert seen is not None
             out.append(_line(2, role, _role(base, role, seen), seen, 0))

@@ -35,7 +35,7 @@ class Profile:
     has_nvswitch_fabric: bool
     has_row_remapping: bool
     thresholds: Mapping[str, float]
-    # expected versions and the verdict when one differs (checks/drift.py); see profiles.yaml
+    # expected versions and the verdict when one differs (checks/passive/drift.py); see profiles.yaml
     versions: Mapping[str, Any] = field(default_factory=dict)
     drift: Mapping[str, str] = field(default_factory=dict)
     # network adapters by role (checks/ib_profile.py); see profiles.yaml `network`

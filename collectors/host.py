@@ -150,7 +150,7 @@ class HostCollector:
         l1, l5, l15 = os.getloadavg()
         samples += [Sample.of("host_load1", l1), Sample.of("host_load5", l5), Sample.of("host_load15", l15)]
         # Uptime from <procfs_root>/stat btime (not psutil, which always reads the real /proc):
-        # the boot grace (checks/grace.py) must follow the node the agent is pointed at.
+        # the boot grace (checks/passive/grace.py) must follow the node the agent is pointed at.
         try:
             btime = parse_btime((self.procfs_root / "stat").read_text(encoding="ascii", errors="replace"))
         except OSError as e:

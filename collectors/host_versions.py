@@ -1,5 +1,5 @@
 """Software versions the host collector exports: the running kernel and the OFED (MLNX_OFED /
-DOCA-OFED) stack. The checks compare them with a site's golden profile (checks/drift.py).
+DOCA-OFED) stack. The checks compare them with a site's golden profile (checks/passive/drift.py).
 
 - kernel: <procfs_root>/sys/kernel/osrelease (what `uname -r` prints).
 - OFED: `ofed_info -s` (the installed OFED release, e.g. "MLNX_OFED_LINUX-23.10-1.1.9.0:"), else

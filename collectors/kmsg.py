@@ -15,7 +15,7 @@ Sources:
     matching kernel line shows up.
 Host RAS lines (EDAC memory error summaries, `mce: [Hardware Error]`) become events too
 (kind edac / mce, collectors/ras_parse.py); checks/host_errors.py judges them.
-Collectors export raw facts: what an XID means is decided in checks/xid.py. Every collect() is
+Collectors export raw facts: what an XID means is decided in checks/passive/xid.py. Every collect() is
 bounded (records and bytes per call) and never blocks.
 """
 

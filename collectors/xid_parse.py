@@ -7,7 +7,7 @@ kernel log is seen in: a /dev/kmsg record (`pri,seq,usec,flags;msg`), `dmesg` (`
 ISO-prefixed journal lines. The message is found by its marker, wherever the prefix ends, and the
 prefix is then searched for a timestamp.
 
-What a code *means* is not decided here (checks/xid.py and the catalog do that); the parser only
+What a code *means* is not decided here (checks/passive/xid.py and the catalog do that); the parser only
 extracts what the driver wrote: code, PCI address, pid, process name, and for the codes that
 carry structured payloads (XID 144-150 NVLink5 registers, XID 154 recovery action, SXid
 fatal/non-fatal) those fields too.

@@ -19,16 +19,16 @@ from podhealth.exitcodes import EXIT_USAGE
 COMMANDS: dict[str, str] = {
     "config": "podhealth.cmd_config",
     "agent": "podhealth.agent.cmd",
-    "check": "podhealth.checks.cmd_check",
+    "check": "podhealth.checks.cli.cmd_check",
     "install-units": "podhealth.cmd_install",
     "assets": "podhealth.cmd_assets",
     "token": "podhealth.cmd_token",
     "simulate": "podhealth.sim.cmd",
     "aggregator": "podhealth.aggregator.cmd",
     "fleet": "podhealth.aggregator.cmd_fleet",
-    "burnin": "podhealth.checks.cmd_burnin",
-    "dcgm-diag": "podhealth.checks.cmd_dcgm",
-    "nccl": "podhealth.checks.cmd_nccl",
+    "burnin": "podhealth.checks.cli.cmd_burnin",
+    "dcgm-diag": "podhealth.checks.cli.cmd_dcgm",
+    "nccl": "podhealth.checks.cli.cmd_nccl",
     "profile": "podhealth.agent.cmd_profile",
 }
 

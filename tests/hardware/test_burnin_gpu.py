@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from podhealth.checks import burnin, nccl
-from podhealth.checks.burnin_watch import NvmlWatcher
+from podhealth.checks.active import burnin, nccl
+from podhealth.checks.active.burnin_watch import NvmlWatcher
 from podhealth.vocab import Status
 
 pytestmark = pytest.mark.hardware
@@ -69,7 +69,7 @@ def test_burnin_reaches_the_plain_matmul_peak() -> None:
 
 
 def test_single_gpu_nccl_runner() -> None:
-    r = subprocess.run([sys.executable, "-m", "podhealth.checks.nccl_runner", "--nproc", "1", "--device", "cuda",
+    r = subprocess.run([sys.executable, "-m", "podhealth.checks.active.nccl_runner", "--nproc", "1", "--device", "cuda",
                         "--min-bytes", str(1 << 20), "--max-bytes", str(1 << 28), "--iters", "10", "--timeout", "120"],
                        capture_output=True, timeout=300, check=False)
     out = r.stdout.decode()

@@ -1,6 +1,6 @@
 """Aggregator test helpers: an in-process aggregator on a free loopback port, and a fencer double.
 
-`MemFencer` is a test double of the Fencer protocol (aggregator/fence.py): it records every call
+`MemFencer` is a test double of the Fencer protocol (fencing/fence.py): it records every call
 so tests can assert "fenced exactly once", can be told to fail, and can hold nodes fenced by a
 human or opted out. The real fencers (Slurm, Kubernetes) have their own tests.
 """
@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Sequence
 from aiohttp import web
 
 from podhealth.aggregator.config import AggregatorConfig, NodeEntry
-from podhealth.aggregator.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Job, render_reason
+from podhealth.fencing.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Job, render_reason
 from podhealth.aggregator.server import make_app
 from podhealth.aggregator.service import Aggregator
 from tests.harness.proc import free_port

@@ -1,7 +1,7 @@
 """Restart safety: the aggregator is SIGKILLed between deciding to fence and finishing the fence;
 on restart it completes the pending action without fencing the node a second time.
 
-Uses the TEST-ONLY file fencer (aggregator/filefence.py): its state file lives outside the
+Uses the TEST-ONLY file fencer (fencing/filefence.py): its state file lives outside the
 process, counts every fence it makes, and a gate file makes a fence call wait so the test can
 kill the process at a known point."""
 

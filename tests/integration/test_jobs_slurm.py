@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from podhealth.aggregator.config import CapsConfig, JobsConfig
-from podhealth.aggregator.slurm import SlurmFencer
+from podhealth.fencing.slurm import SlurmFencer
 from tests.harness.agg import config, running
 from tests.harness.slurm import SlurmCluster, missing_binaries
 
@@ -70,7 +70,7 @@ async def test_jobs_and_gpus_on_a_node_and_requeue(slurm: SlurmCluster) -> None:
         assert polite.ok and not polite.changed and polite.command == ()
         assert job_state(slurm, job)[0] == "RUNNING"
 
-        from podhealth.aggregator.fence import FenceReason
+        from podhealth.fencing.fence import FenceReason
         assert (await f.fence("dgx01", FenceReason("gpu_lost", "gpu0", "REBOOT", "t1"))).ok
         o = await f.evacuate("dgx01", list(jobs.values()), force=True)
         assert o.ok and o.changed and o.command[:2] == ("scontrol", "requeue"), o

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from podhealth.aggregator.fence import BatchFencer, FenceReason, Fencer
-from podhealth.aggregator.kube import ANNOTATION, TAINT_KEY, FenceRecord, KubeFencer, KubeUnavailable
+from podhealth.fencing.fence import BatchFencer, FenceReason, Fencer
+from podhealth.fencing.kube import ANNOTATION, TAINT_KEY, FenceRecord, KubeFencer, KubeUnavailable
 from tests.harness.kubeapi import KubeAPI
 
 pytestmark = pytest.mark.integration

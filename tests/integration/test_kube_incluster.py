@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
-from podhealth.aggregator.kube import ANNOTATION, CONDITION_TYPE, TAINT_KEY, FenceRecord, KubeFencer
+from podhealth.fencing.kube import ANNOTATION, CONDITION_TYPE, TAINT_KEY, FenceRecord, KubeFencer
 from podhealth.credentials import derive_node_token
 from tests.harness.kubeapi import KubeAPI
 from tests.harness.kuberbac import Attributes, Rbac, User, forbidden

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from podhealth.aggregator.config import CapsConfig, JobsConfig, RetryConfig
-from podhealth.aggregator.kube import KubeFencer
+from podhealth.fencing.kube import KubeFencer
 from tests.harness.agg import config, running
 from tests.harness.kubeapi import KubeAPI
 

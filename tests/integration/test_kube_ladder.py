@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from podhealth.aggregator.fence import FenceReason, Remediator, repair_reason
-from podhealth.aggregator.kube import ANNOTATION, REBOOT_ANNOTATION, FenceRecord, KubeFencer
+from podhealth.fencing.fence import FenceReason, Remediator, repair_reason
+from podhealth.fencing.kube import ANNOTATION, REBOOT_ANNOTATION, FenceRecord, KubeFencer
 from tests.harness.kubeapi import KubeAPI
 
 pytestmark = pytest.mark.integration

@@ -22,9 +22,9 @@ from typing import Any, Iterator
 import pytest
 
 from podhealth.aggregator.config import AggAuthConfig, LadderConfig, NodeEntry, RetryConfig
-from podhealth.aggregator.fence import FenceReason, repair_reason
+from podhealth.fencing.fence import FenceReason, repair_reason
 from podhealth.aggregator.model import FenceMode
-from podhealth.aggregator.slurm import SlurmFencer
+from podhealth.fencing.slurm import SlurmFencer
 from tests.harness.agg import config, running
 from tests.harness.proc import Service, free_port, http_get, service
 from tests.harness.slurm import SlurmCluster, slurm_fixture

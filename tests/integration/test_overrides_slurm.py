@@ -13,7 +13,7 @@ import pytest
 
 from podhealth.aggregator.config import AggAuthConfig
 from podhealth.aggregator.model import FenceMode
-from podhealth.aggregator.slurm import SlurmFencer
+from podhealth.fencing.slurm import SlurmFencer
 from tests.harness.agg import config, running
 from tests.harness.slurm import SlurmCluster, slurm_fixture
 from tests.integration.test_slurm_fencer import sinfo

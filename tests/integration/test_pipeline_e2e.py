@@ -31,7 +31,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from podhealth.aggregator.slurm import SlurmNode, parse_show_node
+from podhealth.fencing.slurm import SlurmNode, parse_show_node
 from tests.harness import stack
 from tests.harness.proc import free_port, wait_until
 from tests.harness.slurm import SlurmCluster, slurm_fixture

@@ -125,7 +125,7 @@ def test_default_budget_and_every_queried_metric(tmp_path: Path) -> None:
         text = scrape(svc)[1]
     exported = names(text)
     missing = {n: w for n, w in queried_names().items() if n not in exported and n not in FIRST_EVENT}
-    from podhealth.agent.detail import load_rules
+    from podhealth.agent.metrics.detail import load_rules
     ruled = {f"podhealth_{f}" for fams in load_rules().values() for f in fams}
     assert not {n.removesuffix("_total") for n in FIRST_EVENT} & ruled
     assert not missing, f"queried but not exported at the default detail level: {missing}"

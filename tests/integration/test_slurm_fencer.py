@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from podhealth.aggregator.fence import BatchFencer, FenceReason, Fencer
-from podhealth.aggregator.slurm import SlurmFencer, SlurmUnavailable, sanitise_reason
+from podhealth.fencing.fence import BatchFencer, FenceReason, Fencer
+from podhealth.fencing.slurm import SlurmFencer, SlurmUnavailable, sanitise_reason
 from tests.harness.slurm import SlurmCluster, slurm_fixture
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from podhealth.checks import profiles
-from podhealth.checks.engine import Evaluator
+from podhealth.checks.passive.engine import Evaluator
 from podhealth.collectors.base import Collection, SourceUnreadable, local_fault, raise_if_local
 from podhealth.config import ChecksConfig
 from podhealth.snapshot import CollectorState, Snapshot
@@ -30,7 +30,7 @@ from pathlib import Path
 from podhealth.agent.scheduler import Scheduler
 from podhealth.agent.store import SnapshotStore
 from podhealth.checks import profiles
-from podhealth.checks.engine import Evaluator
+from podhealth.checks.passive.engine import Evaluator
 from podhealth.collectors.infiniband import InfinibandCollector
 from podhealth.collectors.nfs import NfsCollector
 from podhealth.config import ChecksConfig

@@ -10,11 +10,11 @@ from types import MappingProxyType
 import pytest
 
 from podhealth import config
-from podhealth.agent import compat
+from podhealth.agent.metrics import compat
 from podhealth.agent.agent import Agent
-from podhealth.agent.exposition import RenderContext
-from podhealth.agent.family import Family
-from podhealth.agent.render import Format, negotiate, render, wants_gzip
+from podhealth.agent.metrics.exposition import RenderContext
+from podhealth.agent.metrics.family import Family
+from podhealth.agent.metrics.render import Format, negotiate, render, wants_gzip
 from podhealth.collectors.base import Collection, specs
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import Event, MetricSpec, Sample, labels_of
@@ -264,8 +264,8 @@ def test_cached_encoder_is_byte_identical_to_prometheus_client() -> None:
     from prometheus_client import exposition as text_exposition
     from prometheus_client.openmetrics import exposition as om_exposition
 
-    from podhealth.agent.encode import Encoder
-    from podhealth.agent.exposition import SnapshotCollector
+    from podhealth.agent.metrics.encode import Encoder
+    from podhealth.agent.metrics.exposition import SnapshotCollector
 
     tricky = (
         Sample.of("gpu_temperature_celsius", 41, gpu=0, model='quote " back \\ slash\nnewline', extra="ünïcode"),
@@ -294,7 +294,7 @@ def test_value_format_and_content_type_match_prometheus_client() -> None:
     from prometheus_client.openmetrics import exposition as om_exposition
     from prometheus_client.utils import floatToGoString
 
-    from podhealth.agent.encode import format_value
+    from podhealth.agent.metrics.encode import format_value
 
     rnd = random.Random(7)
     values = [0.0, -0.0, 1.0, 0.5, float("inf"), float("-inf"), float("nan"), 999999.5, 1234567.0, 1e6,
@@ -307,12 +307,12 @@ def test_value_format_and_content_type_match_prometheus_client() -> None:
 
 
 def test_block_encoder_matches_a_full_render_as_snapshots_change() -> None:
-    """The agent's incremental renderer (agent/blocks.py) gives exactly the bytes of a render from
+    """The agent's incremental renderer (agent/metrics/blocks.py) gives exactly the bytes of a render from
     scratch, whatever changed: values, series appearing and going, duplicates, invalid samples,
     families shared by two origins, a failing source, a collector going stale."""
-    from podhealth.agent.blocks import BlockEncoder
-    from podhealth.agent.encode import Encoder
-    from podhealth.agent.exposition import families
+    from podhealth.agent.metrics.blocks import BlockEncoder
+    from podhealth.agent.metrics.encode import Encoder
+    from podhealth.agent.metrics.exposition import families
 
     ib_specs = specs(MetricSpec("infiniband_port_stat", "counter", "IB counter."),
                      MetricSpec("infiniband_info", "info", "HCA."),

@@ -15,7 +15,7 @@ from aiohttp.test_utils import make_mocked_request
 from podhealth import webguard
 from podhealth.agent import health
 from podhealth.agent.agent import Agent
-from podhealth.checks.report import SuiteReport
+from podhealth.checks.handover.report import SuiteReport
 from podhealth.config import AuthConfig, Config, ListenConfig
 
 pytestmark = pytest.mark.timeout(60)

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from podhealth.aggregator.config import BreakerConfig, CapsConfig, RateLimitConfig, RetryConfig
-from podhealth.aggregator.fence import BatchFencer, FenceOutcome, FenceReason, FenceState, render_reason
+from podhealth.fencing.fence import BatchFencer, FenceOutcome, FenceReason, FenceState, render_reason
 from podhealth.aggregator.model import FenceMode
 from tests.harness.agg import MemFencer, config, running
 

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from podhealth.aggregator.config import BreakerConfig, CapsConfig, StoreConfig
-from podhealth.aggregator.fence import FenceReason
+from podhealth.fencing.fence import FenceReason
 from podhealth.aggregator.service import Aggregator, OperatorError
 from podhealth.aggregator.store import ActionStart, StaleEpoch
 from tests.harness.agg import MemFencer, config, running

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from podhealth.aggregator.config import AggAuthConfig, BreakerConfig, NodeEntry, RetryConfig
-from podhealth.aggregator.fence import FenceReason, render_reason
+from podhealth.fencing.fence import FenceReason, render_reason
 from podhealth.aggregator.model import FenceMode
 from podhealth.aggregator.store import NodeRow, Store
 from podhealth.vocab import Status

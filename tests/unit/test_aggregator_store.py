@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import pytest
 
-from podhealth.aggregator.fence import FenceReason
+from podhealth.fencing.fence import FenceReason
 from podhealth.aggregator.model import BreakerState, Condition, FenceMode
 from podhealth.aggregator.state import Memory, Verdict
 from podhealth.aggregator.store import (

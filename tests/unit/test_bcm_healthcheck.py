@@ -22,7 +22,7 @@ from typing import Iterator
 
 import pytest
 
-from podhealth.checks.bcm import answer
+from podhealth.checks.cli.bcm import answer
 from podhealth.vocab import Action, CheckResult, NodeReport, Status
 
 # BCM's grammar for a standalone health check's stdout (10.2.4): the word, an optional severity.
@@ -109,7 +109,7 @@ def run(port: int, tmp: Path, *args: str, via: str = "script", timeout: float = 
     cfg = tmp / "podhealth.yaml"
     cfg.write_text(f"listen:\n  port: {port}\n")
     if via == "script":
-        argv = [sys.executable, "-c", "import sys; from podhealth.checks.bcm import main; sys.exit(main())",
+        argv = [sys.executable, "-c", "import sys; from podhealth.checks.cli.bcm import main; sys.exit(main())",
                 "--config", str(cfg), *args]
     else:
         argv = [sys.executable, "-m", "podhealth", "check", "--format", "bcm", "--config", str(cfg), *args]
@@ -147,7 +147,7 @@ def test_garbled_agent_is_unknown(agent: tuple[int, type[_Agent]], tmp_path: Pat
 def test_bad_config_is_unknown(tmp_path: Path) -> None:
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("listen:\n  prot: 1\n")
-    for argv in ([sys.executable, "-c", "import sys; from podhealth.checks.bcm import main; sys.exit(main())"],
+    for argv in ([sys.executable, "-c", "import sys; from podhealth.checks.cli.bcm import main; sys.exit(main())"],
                  [sys.executable, "-m", "podhealth", "check", "--format", "bcm"]):
         proc = subprocess.run([*argv, "--config", str(cfg)], capture_output=True, text=True, timeout=20)
         assert proc.stdout == "UNKNOWN\n" and "prot" in proc.stderr
@@ -228,7 +228,7 @@ def test_information_goes_to_fd3_when_bcm_opens_a_pipe(agent: tuple[int, type[_A
             "r, w = os.pipe()\n"
             "r = os.dup(r) if r == 3 else r  # dup2 onto 3 must not close our read end\n"
             "os.dup2(w, 3); os.close(w)\n"
-            "from podhealth.checks.bcm import main\n"
+            "from podhealth.checks.cli.bcm import main\n"
             f"rc = main(['--config', {str(cfg)!r}, '--fail-severity', '40'])\n"
             "os.close(3)\n"
             "sys.stdout.flush()\n"
@@ -249,7 +249,7 @@ def test_fd3_that_is_a_file_is_left_alone(agent: tuple[int, type[_Agent]], tmp_p
     code = ("import os, sys\n"
             f"fd = os.open({str(victim)!r}, os.O_WRONLY | os.O_APPEND)\n"
             "os.dup2(fd, 3)\n"
-            "from podhealth.checks.bcm import main\n"
+            "from podhealth.checks.cli.bcm import main\n"
             f"sys.exit(main(['--config', {str(cfg)!r}]))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
     assert proc.stdout == "PASS\n" and victim.read_text() == "keep me\n"
@@ -258,5 +258,5 @@ def test_fd3_that_is_a_file_is_left_alone(agent: tuple[int, type[_Agent]], tmp_p
 
 def test_console_script_is_declared() -> None:
     text = (REPO / "pyproject.toml").read_text()
-    assert 'podhealth-bcm-healthcheck = "podhealth.checks.bcm:main"' in text
+    assert 'podhealth-bcm-healthcheck = "podhealth.checks.cli.bcm:main"' in text
     assert os.path.exists(REPO / "docs" / "bcm.md")

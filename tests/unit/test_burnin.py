@@ -13,9 +13,9 @@ from typing import Iterator
 
 import pytest
 
-from podhealth.checks import burnin
-from podhealth.checks.burnin_watch import GpuWatch, MetricsWatcher, NvmlWatcher, WatchReport
-from podhealth.checks.burnin_worker import DtypeResult, WorkerResult, WorkerSpec
+from podhealth.checks.active import burnin
+from podhealth.checks.active.burnin_watch import GpuWatch, MetricsWatcher, NvmlWatcher, WatchReport
+from podhealth.checks.active.burnin_worker import DtypeResult, WorkerResult, WorkerSpec
 from podhealth.vocab import Action, Status
 
 NO_WATCH = WatchReport("none", False, "off")
@@ -184,7 +184,7 @@ torch = pytest.importorskip("torch", reason="burn-in needs PyTorch (pip install 
 
 
 def test_worker_catches_a_transient_flip() -> None:
-    from podhealth.checks.burnin_worker import run
+    from podhealth.checks.active.burnin_worker import run
     r = run(WorkerSpec(0, "cpu", 0.4, 48, ("fp32",), fault="flip", batch_target_s=0.02))
     fp32 = r.results[0]
     assert fp32.ref_ok and fp32.repeat_checks >= 3 and fp32.repeat_mismatches == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from podhealth.checks import profiles
-from podhealth.checks.engine import Evaluator
+from podhealth.checks.passive.engine import Evaluator
 from podhealth.config import ChecksConfig, DampingConfig
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import Action, CheckResult, Sample, Status

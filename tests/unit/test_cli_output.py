@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from podhealth import cli
-from podhealth.checks.report import SuiteReport, render
-from podhealth.checks.result import ok, unknown
+from podhealth.checks.handover.report import SuiteReport, render
+from podhealth.checks.passive.result import ok, unknown
 from podhealth.console import colour_wanted, console
 from podhealth.exitcodes import EXIT_USAGE
 from podhealth.progress import LongWork

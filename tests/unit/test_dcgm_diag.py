@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from podhealth.checks import dcgm
+from podhealth.checks.active import dcgm
 from podhealth.vocab import Action, Status
 
 REAL = {

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from podhealth.checks import drift, profiles
-from podhealth.checks.engine import Evaluator
+from podhealth.checks.passive import drift
+from podhealth.checks import profiles
+from podhealth.checks.passive.engine import Evaluator
 from podhealth.collectors.host_versions import VersionReader, parse_ofed_info
 from podhealth.config import ChecksConfig
 from podhealth.snapshot import CollectorState, Snapshot

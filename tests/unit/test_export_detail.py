@@ -1,4 +1,4 @@
-"""Detail levels (agent/detail.py over checks/data/export_detail.yaml): what `basic` exports, that
+"""Detail levels (agent/metrics/detail.py over checks/data/export_detail.yaml): what `basic` exports, that
 sums stay exact, that `full` and per-family switches work, and that the checks still see every
 sample (detail is an export decision, not a collection decision)."""
 
@@ -11,10 +11,10 @@ from typing import Iterator
 import pytest
 
 from podhealth.agent.agent import Agent
-from podhealth.agent.blocks import BlockEncoder
-from podhealth.agent.detail import ExportFilter, load_rules, unknown_families
-from podhealth.agent.encode import Encoder
-from podhealth.agent.exposition import RenderContext, families
+from podhealth.agent.metrics.blocks import BlockEncoder
+from podhealth.agent.metrics.detail import ExportFilter, load_rules, unknown_families
+from podhealth.agent.metrics.encode import Encoder
+from podhealth.agent.metrics.exposition import RenderContext, families
 from podhealth.collectors import nvlink
 from podhealth.collectors.base import Collection
 from podhealth.collectors.nvml_session import NvmlSession

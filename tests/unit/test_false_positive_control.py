@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from podhealth.checks import profiles, rules
-from podhealth.checks.damping import Damper, Grace
-from podhealth.checks.engine import CHECKS, Evaluator, check_rules
-from podhealth.checks.rules import RulesError
+from podhealth.checks import profiles
+from podhealth.checks.passive import rules
+from podhealth.checks.passive.damping import Damper, Grace
+from podhealth.checks.passive.engine import CHECKS, Evaluator, check_rules
+from podhealth.checks.passive.rules import RulesError
 from podhealth.config import ChecksConfig, DampingConfig
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import Action, CheckResult, Event, Sample, Status

@@ -21,8 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from podhealth.aggregator import ingest
-from podhealth.aggregator.slurm import parse_show_node
-from podhealth.checks import dcgm, nccl
+from podhealth.fencing.slurm import parse_show_node
+from podhealth.checks.active import dcgm, nccl
 from podhealth.collectors import ib_parse, nfs_parse, xid_parse
 from podhealth.config import default_yaml, loads as config_loads
 from podhealth.configload import ConfigError

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from podhealth.checks import handover_active
+from podhealth.checks.handover import active as handover_active
 from podhealth.config import ChecksConfig, Config
 from podhealth.vocab import Status
 

@@ -14,7 +14,7 @@ import pytest
 
 from podhealth.agent import health
 from podhealth.agent.agent import Agent
-from podhealth.checks.engine import Evaluator
+from podhealth.checks.passive.engine import Evaluator
 from podhealth.config import Config
 from podhealth.snapshot import CollectorState
 from podhealth.vocab import CheckResult, Event, Sample, Status

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from podhealth.checks import profiles
-from podhealth.checks.engine import CHECKS, Evaluator
+from podhealth.checks.passive.engine import CHECKS, Evaluator
 from podhealth.collectors import REGISTRY, factory
 from podhealth.collectors.aer_parse import LONG_TO_SHORT, device_kind, parse_aer_file, parse_rootport_total
 from podhealth.collectors.edac import EdacCollector
@@ -297,7 +297,7 @@ def test_no_aer_statistics_is_unknown_never_fail() -> None:
 
 
 def test_correctable_aer_rate_warns_after_consecutive_readings() -> None:
-    from podhealth.checks.rules import load
+    from podhealth.checks.passive.rules import load
 
     assert load().damp("pcie_aer").consecutive == 3 and load().damp("pcie_aer_fatal").immediate
     ev = Evaluator(H100, ChecksConfig(), enabled=SOURCES)
@@ -381,7 +381,7 @@ def test_nvme_rules() -> None:
 
 
 def test_checks_and_rules_registered() -> None:
-    from podhealth.checks.rules import load
+    from podhealth.checks.passive.rules import load
 
     for name in ("pcie_aer_fatal", "pcie_aer", "edac_ue", "edac_ce", "kernel_ras", "nvme"):
         assert name in CHECKS and name in load().damping

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from podhealth.aggregator.hostnames import (
+from podhealth.hostnames import (
     compress_hostlist,
     expand_hostlist,
     is_valid_node_name,

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from podhealth.checks import ib, ib_counters, profiles
-from podhealth.checks.context import Context, observe_counters
-from podhealth.checks.rates import RateTracker
+from podhealth.checks.passive import ib, ib_counters
+from podhealth.checks import profiles
+from podhealth.checks.passive.context import Context, observe_counters
+from podhealth.checks.passive.rates import RateTracker
 from podhealth.collectors.infiniband import InfinibandCollector
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import CheckResult, Status

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from podhealth.checks import ib, profiles
-from podhealth.checks.context import Context
-from podhealth.checks.ib_links import LinkTracker
+from podhealth.checks.passive import ib
+from podhealth.checks import profiles
+from podhealth.checks.passive.context import Context
+from podhealth.checks.passive.ib_links import LinkTracker
 from podhealth.checks.profiles import Profile
-from podhealth.checks.rates import RateTracker
+from podhealth.checks.passive.rates import RateTracker
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import Action, CheckResult, Sample, Status
 from tests.harness.ibtree import dgx_h100, write_tree
@@ -156,7 +157,7 @@ def test_saturated_link_downed_is_said_in_flap_evidence(tmp_path: Path) -> None:
 def test_simulated_ib_flap_fault_becomes_flapping_through_the_evaluator(tmp_path: Path) -> None:
     """The simulator's `fault=ib-flap` (3 cycles of 60 s, down for the first half) read by the real
     collector every 10 s and judged by the agent's Evaluator: FLAPPING, DRAIN, on that port only."""
-    from podhealth.checks.engine import Evaluator
+    from podhealth.checks.passive.engine import Evaluator
     from podhealth.collectors.infiniband import InfinibandCollector
     from podhealth.config import ChecksConfig, DampingConfig
     from podhealth.sim import tree_ib

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from podhealth.checks import profiles
-from podhealth.checks.engine import Evaluator
+from podhealth.checks.passive.engine import Evaluator
 from podhealth.checks.profiles import Profile
 from podhealth.collectors.infiniband import InfinibandCollector
 from podhealth.config import ChecksConfig

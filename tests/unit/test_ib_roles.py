@@ -1,11 +1,11 @@
-"""The network profile schema (checks/ib_profile.py) and the role classifier (checks/ib_roles.py)."""
+"""The network profile schema (checks/ib_profile.py) and the role classifier (checks/passive/ib_roles.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from podhealth.checks import ib_profile, profiles
-from podhealth.checks.ib_roles import PortFacts, classify, count_roles
+from podhealth.checks.passive.ib_roles import PortFacts, classify, count_roles
 
 H100 = profiles.load("dgx-h100").network
 

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from podhealth.checks import ib, profiles
-from podhealth.checks.context import Context
+from podhealth.checks.passive import ib
+from podhealth.checks import profiles
+from podhealth.checks.passive.context import Context
 from podhealth.checks.profiles import Profile
-from podhealth.checks.rates import RateTracker
+from podhealth.checks.passive.rates import RateTracker
 from podhealth.collectors.infiniband import InfinibandCollector
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import CheckResult, Status

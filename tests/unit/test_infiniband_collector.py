@@ -174,7 +174,7 @@ def test_a_long_lived_collector_follows_the_tree(dgx_sys: Path) -> None:
 
 
 def test_unchanged_values_are_handed_on_as_the_same_samples(dgx_sys: Path) -> None:
-    """What lets /metrics reuse the rendered line of a series (agent/blocks.py)."""
+    """What lets /metrics reuse the rendered line of a series (agent/metrics/blocks.py)."""
     col = create(_cfg(dgx_sys))
     a = col.collect().samples
     (dgx_sys / "class/infiniband/mlx5_0/ports/1/counters/port_xmit_data").write_text("1\n")

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from podhealth import config
-from podhealth.aggregator.kube import CONDITION_TYPE  # noqa: F401 - the fencer's own condition exists
+from podhealth.fencing.kube import CONDITION_TYPE  # noqa: F401 - the fencer's own condition exists
 from podhealth.vocab import Action, CheckResult, NodeReport, Status
 from tests.conftest import REPO
 

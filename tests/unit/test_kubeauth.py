@@ -1,4 +1,4 @@
-"""In-cluster credentials (aggregator/kubeauth.py): clear errors outside a pod, a token re-read on change."""
+"""In-cluster credentials (fencing/kubeauth.py): clear errors outside a pod, a token re-read on change."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from podhealth.aggregator.kube import KubeFencer
-from podhealth.aggregator.kubeauth import InClusterError, TokenFile, in_cluster_configuration
+from podhealth.fencing.kube import KubeFencer
+from podhealth.fencing.kubeauth import InClusterError, TokenFile, in_cluster_configuration
 
 ENV = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
 

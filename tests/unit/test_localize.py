@@ -6,7 +6,7 @@ from typing import Callable
 
 import pytest
 
-from podhealth.checks.localize import NodeState, PairResult, plan
+from podhealth.checks.active.localize import NodeState, PairResult, plan
 
 
 def simulate(nodes: list[str], bad: set[str], bad_links: set[frozenset[str]] = frozenset(),  # type: ignore[assignment]

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from podhealth.checks import localize, nccl, nccl_slurm, profiles
+from podhealth.checks.active import localize, nccl, nccl_slurm
+from podhealth.checks import profiles
 from podhealth.vocab import Action, Status
 
 pytestmark = pytest.mark.timeout(120)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from podhealth.checks import nccl
-from podhealth.checks import nccl_slurm
+from podhealth.checks.active import nccl
+from podhealth.checks.active import nccl_slurm
 from podhealth.vocab import Action, Status
 
 CORPUS = {

@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from podhealth.checks import nccl
+from podhealth.checks.active import nccl
 from podhealth.vocab import Status
 
 pytest.importorskip("torch", reason="the runner needs PyTorch (pip install torch==2.13.0, the burnin extra)")
 
 
 def test_two_gloo_ranks_produce_a_parsed_table() -> None:
-    r = subprocess.run([sys.executable, "-m", "podhealth.checks.nccl_runner", "--nproc", "2", "--device", "cpu",
+    r = subprocess.run([sys.executable, "-m", "podhealth.checks.active.nccl_runner", "--nproc", "2", "--device", "cpu",
                         "--min-bytes", "4096", "--max-bytes", "262144", "--iters", "3", "--warmup", "1",
                         "--timeout", "60"], capture_output=True, timeout=120, check=False)
     out = r.stdout.decode()

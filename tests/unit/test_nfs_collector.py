@@ -302,7 +302,7 @@ def test_a_long_lived_collector_matches_a_fresh_one(tmp_path: Path) -> None:
 
 
 def test_unchanged_values_are_handed_on_as_the_same_samples(dgx_proc: Path) -> None:
-    """What lets /metrics reuse the rendered line of a series (agent/blocks.py)."""
+    """What lets /metrics reuse the rendered line of a series (agent/metrics/blocks.py)."""
     col = NfsCollector(dgx_proc, [], probe_argv=lambda mp: OK)
     a = col.collect().samples
     ms = dgx_proc / "77" / "mountstats"

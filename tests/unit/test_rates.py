@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from podhealth.checks.rates import RateTracker
+from podhealth.checks.passive.rates import RateTracker
 
 
 def test_rate_and_increase_over_the_window() -> None:

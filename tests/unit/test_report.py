@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from podhealth.checks.report import SuiteReport, render
+from podhealth.checks.handover.report import SuiteReport, render
 from podhealth.vocab import Action, CheckResult, Status, evidence_of
 
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from podhealth.checks.slurm_hooks import agent_base, for_job, job_gpus, node_name, prolog_main, should_drain
+from podhealth.checks.cli.slurm_hooks import agent_base, for_job, job_gpus, node_name, prolog_main, should_drain
 from podhealth.config import Config
 from podhealth.vocab import Action, CheckResult, Status
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from podhealth.aggregator.slurmjobs import gpu_indices, parse_indices, parse_show_job, parse_squeue
+from podhealth.fencing.slurmjobs import gpu_indices, parse_indices, parse_show_job, parse_squeue
 
 OWN = Path(__file__).resolve().parents[1] / "fixtures" / "slurm" / "scontrol_d_show_job_dgx_gpus.txt"
 

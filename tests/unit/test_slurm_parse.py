@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from podhealth.aggregator.fence import FenceReason
-from podhealth.aggregator.slurm import (
+from podhealth.fencing.fence import FenceReason
+from podhealth.fencing.slurm import (
     MAX_REASON_CHARS,
     SlurmNode,
     parse_show_node,

@@ -27,10 +27,12 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from podhealth import config
-from podhealth.checks import dcgm, ib, nccl, nfs, profiles
-from podhealth.checks.context import Context
-from podhealth.checks.rates import RateTracker
-from podhealth.checks.xid import evaluate_xids, load_catalog
+from podhealth.checks.active import dcgm, nccl
+from podhealth.checks.passive import ib, nfs
+from podhealth.checks import profiles
+from podhealth.checks.passive.context import Context
+from podhealth.checks.passive.rates import RateTracker
+from podhealth.checks.passive.xid import evaluate_xids, load_catalog
 from podhealth.collectors.infiniband import InfinibandCollector
 from podhealth.collectors.nfs import NfsCollector, default_probe_argv
 from podhealth.collectors.nfs_parse import parse_mountstats
@@ -53,7 +55,7 @@ def _fails(results: list[CheckResult]) -> Fails:
 
 def judge_nvidia_smi(path: Path, tmp: Path, gpu_count: int | None = None) -> Fails:
     from podhealth.agent import simmode
-    from podhealth.checks.handover import LocalCollector, run_suite
+    from podhealth.checks.handover.suite import LocalCollector, run_suite
     from podhealth.sim import nvidia_smi, nvml_lib
     from podhealth.sim.node import SimNode
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from podhealth.checks.xid import SEVERITIES, CatalogError, load_catalog
+from podhealth.checks.passive.xid import SEVERITIES, CatalogError, load_catalog
 from podhealth.vocab import Action
 
 DATA = Path(__file__).resolve().parents[2] / "checks" / "data"

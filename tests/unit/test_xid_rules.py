@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from podhealth.checks.xid import evaluate_xids, load_catalog
+from podhealth.checks.passive.xid import evaluate_xids, load_catalog
 from podhealth.collectors.xid_parse import LineAssembler, ParsedLine, parse_line
 from podhealth.vocab import MAX_EVIDENCE_CHARS, MAX_EVIDENCE_ITEMS, Action, CheckResult, Event, Status
 

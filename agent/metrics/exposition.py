@@ -1,0 +1,255 @@
+"""Snapshot -> metric families, and the prometheus-client custom collector over them.
+
+Names: `podhealth_` + the sample name; counters get `_total` on their samples (prometheus-client
+convention: the OpenMetrics family name has no suffix); info metrics keep their `_info` sample
+name. Every series gets the constant `node` label. Help text and type come from each
+collector's MetricSpec. A sample with a bad name or label is dropped (and logged once) instead of
+breaking the whole scrape: dcgm-exporter's one-error-means-HTTP-500 registry is the
+counter-example.
+
+`families()` does the validation once; `SnapshotCollector` (prometheus-client's custom collector
+protocol) and the cached encoder in agent/metrics/encode.py both render its output, byte for byte alike.
+The agent itself renders through agent/metrics/blocks.py, which applies the same rules (the helpers
+below) family by family and reuses what did not change; tests hold it to `families()`' output.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
+
+from podhealth import log
+from podhealth.agent.metrics.family import Family, MetricSource
+from podhealth.agent.metrics.selfmetrics import self_families
+from podhealth.snapshot import CollectorState, Snapshot
+from podhealth.vocab import Labels, MetricSpec, Sample
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from podhealth.agent.metrics.detail import ExportFilter
+
+__all__ = ["PREFIX", "Family", "MetricSource", "RenderContext", "Rendered", "SnapshotCollector", "families", "with_node"]
+
+PREFIX = "podhealth_"
+
+_log = log.get("podhealth.agent.metrics.exposition")
+
+_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+@dataclass(frozen=True, slots=True)
+class RenderContext:
+    node: str
+    version: str
+    profile: str
+    specs: Mapping[str, Mapping[str, MetricSpec]]  # collector -> sample name -> spec
+    sources: tuple[MetricSource, ...] = ()
+    # What each collector exports (agent/metrics/detail.py); None: everything. Applied here, after the
+    # checks engine has read the snapshot: detail is an export decision, not a collection one.
+    detail: "ExportFilter | None" = None
+
+    def exported(self, cname: str, st: CollectorState) -> CollectorState:
+        return st if self.detail is None else self.detail.state(cname, st)
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """One validated family, ready for any encoder. `series` labels do not carry `node` yet."""
+
+    name: str  # family name (OpenMetrics), e.g. podhealth_gpu_energy_joules
+    sample_name: str  # e.g. podhealth_gpu_energy_joules_total
+    type: str  # gauge | counter | info
+    help: str
+    unit: str
+    series: tuple[tuple[Labels, float], ...]
+
+
+def with_node(labels: Labels, node: str) -> dict[str, str]:
+    d = dict(labels)
+    d.setdefault("node", node)
+    return d
+
+
+class _Checked:
+    """Validation results cached by name, so a render of thousands of samples checks each name once."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, bool] = {}
+        self.labels: dict[Labels, str | None] = {}  # label set -> first invalid label name
+        self.warned: set[str] = set()
+
+    def name_ok(self, name: str) -> bool:
+        ok = self.names.get(name)
+        if ok is None:
+            ok = self.names[name] = bool(_NAME.match(name)) and not name.startswith("__")
+        return ok
+
+    def bad_label(self, labels: Labels) -> str | None:
+        try:
+            return self.labels[labels]
+        except KeyError:
+            pass
+        bad = next((k for k, _ in labels if not _LABEL.match(k) or k.startswith("__")), None)
+        if len(self.labels) > 200_000:  # label sets churn (e.g. a reason text): keep the cache bounded
+            self.labels.clear()
+        self.labels[labels] = bad
+        return bad
+
+    def warn_once(self, key: str, msg: str, **kw: object) -> None:
+        if key not in self.warned:
+            self.warned.add(key)
+            _log.warning(msg, **kw)
+
+
+checked = _Checked()
+
+
+def names_of(spec: MetricSpec, prefixed: bool) -> tuple[str, str, str, str]:
+    """(family name, sample name, type, unit) for a spec."""
+    base = PREFIX + spec.name if prefixed else spec.name
+    if spec.kind == "counter":
+        base = base.removesuffix("_total")
+        sample, typ = base + "_total", "counter"
+    elif spec.kind == "info":
+        base = base.removesuffix("_info")
+        sample, typ = base + "_info", "info"
+    else:
+        sample, typ = base, "gauge"
+    # OpenMetrics requires the family name to end with its unit; otherwise leave the unit out.
+    unit = spec.unit if spec.unit and base.endswith("_" + spec.unit) else ""
+    return base, sample, typ, unit
+
+
+def labels_ok(labels: Labels, origin: str) -> bool:
+    """Whether every label name is valid (a sample with an invalid one is dropped, and logged once)."""
+    bad = checked.bad_label(labels)
+    if bad is not None:
+        checked.warn_once(f"{origin}:{bad}", "invalid label name dropped a sample", metric=origin, label=bad)
+        return False
+    return True
+
+
+def checked_number(value: object, typ: str, origin: str) -> float | None:
+    """The value a sample is rendered with, or None when it must be dropped (labels aside)."""
+    if typ == "info":
+        return 1.0
+    if type(value) is float:
+        v = value
+    else:
+        try:
+            v = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return None
+    if typ == "counter" and (v < 0 or math.isnan(v)):
+        # A negative counter breaks rate(): a collector bug, not data.
+        checked.warn_once(f"{origin}:neg", "negative counter dropped", metric=origin)
+        return None
+    return v
+
+
+def checked_value(s: Sample, typ: str, origin: str) -> float | None:
+    """The value a sample is rendered with, or None when the sample must be dropped."""
+    if not labels_ok(s.labels, origin):
+        return None
+    return checked_number(s.value, typ, origin)
+
+
+def _series(samples: Iterable[Sample], typ: str, origin: str) -> tuple[tuple[Labels, float], ...]:
+    """Validated series; the last value wins on a duplicate label set."""
+    out: dict[Labels, float] = {}
+    for s in samples:
+        value = checked_value(s, typ, origin)
+        if value is not None:
+            out[s.labels] = value
+    return tuple(out.items())
+
+
+def collector_groups(cname: str, samples: Iterable[Sample],
+                     specs: Mapping[str, MetricSpec]) -> list[tuple[MetricSpec, list[Sample]]]:
+    """One collector's samples by metric name, in order of first appearance, with their specs."""
+    by_name: dict[str, list[Sample]] = {}
+    for s in samples:
+        lst = by_name.get(s.name)
+        if lst is None:
+            lst = by_name[s.name] = []
+        lst.append(s)
+    out = []
+    for name, group in by_name.items():
+        spec = specs.get(name)
+        if spec is None:
+            checked.warn_once(f"{cname}:{name}:nospec", "sample without a MetricSpec rendered as gauge",
+                               collector=cname, metric=name)
+            spec = MetricSpec(name, "gauge", f"{name} (undocumented, from collector {cname})")
+        out.append((spec, group))
+    return out
+
+
+def _collector_groups(snapshot: Snapshot, ctx: RenderContext) -> Iterator[tuple[str, MetricSpec, Sequence[Sample], bool]]:
+    for cname, st in snapshot.collectors.items():
+        st = ctx.exported(cname, st)
+        if not st.samples:
+            continue
+        for spec, samples in collector_groups(cname, st.samples, ctx.specs.get(cname, {})):
+            yield cname, spec, samples, True
+
+
+def source_groups(snapshot: Snapshot, ctx: RenderContext) -> Iterator[tuple[str, MetricSpec, Sequence[Sample], bool]]:
+    for fam in self_families(snapshot, ctx.version, ctx.profile):
+        yield "self", fam.spec, fam.samples, True
+    for source in ctx.sources:
+        origin = getattr(source, "__qualname__", "source")
+        try:
+            extra = list(source(snapshot))
+        except Exception:  # noqa: BLE001 - a broken metric source drops only its own families
+            _log.exception("metric source failed", source=origin)
+            continue
+        for fam in extra:
+            yield origin, fam.spec, fam.samples, fam.prefixed
+
+
+def families(snapshot: Snapshot, ctx: RenderContext) -> list[Rendered]:
+    """Every family of the snapshot (collector samples, self-metrics, metric sources), merged by name."""
+    merged: dict[str, tuple[tuple[str, str, str, str, str], list[Sample]]] = {}
+    groups = list(_collector_groups(snapshot, ctx)) + list(source_groups(snapshot, ctx))
+    for origin, spec, samples, prefixed in groups:
+        if not checked.name_ok(spec.name):
+            checked.warn_once(f"{origin}:{spec.name}", "invalid metric name skipped", origin=origin, metric=spec.name)
+            continue
+        name, sample, typ, unit = names_of(spec, prefixed)
+        entry = merged.get(name)
+        if entry is None:
+            merged[name] = ((name, sample, typ, spec.help or spec.name, unit), list(samples))
+        else:
+            entry[1].extend(samples)
+    out = []
+    for (name, sample, typ, help_, unit), samples in merged.values():
+        series = _series(samples, typ, name)
+        if series:
+            out.append(Rendered(name, sample, typ, help_, unit, series))
+    return out
+
+
+class SnapshotCollector:
+    """prometheus-client's custom collector protocol over one immutable snapshot."""
+
+    def __init__(self, snapshot: Snapshot, ctx: RenderContext) -> None:
+        self.snapshot = snapshot
+        self.ctx = ctx
+
+    def describe(self) -> list["Metric"]:
+        return []  # registering must not trigger a collection
+
+    def collect(self) -> Iterator["Metric"]:
+        # Imported here: the agent renders through agent/metrics/blocks.py and never needs
+        # prometheus-client at run time (it costs ~8 MiB of RSS).
+        from prometheus_client.metrics_core import Metric
+
+        for fam in families(self.snapshot, self.ctx):
+            m = Metric(fam.name, fam.help, fam.type, fam.unit)
+            for labels, value in fam.series:
+                m.add_sample(fam.sample_name, with_node(labels, self.ctx.node), value)
+            yield m

@@ -1,0 +1,86 @@
+"""Shared plumbing of the active-test commands (`burnin`, `dcgm-diag`, `nccl`): config, profile,
+report rendering and exit codes (0 pass, 1 fail, 2 could not decide — checks/handover/report.py)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from typing import Sequence
+
+from podhealth import config as config_mod
+from podhealth.checks import profiles
+from podhealth.checks.handover.report import SuiteReport, render
+from podhealth.config import Config
+from podhealth.exitcodes import EXIT_USAGE
+from podhealth.vocab import CheckResult
+
+DEFAULT_CONFIG = "/etc/podhealth/podhealth.yaml"
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help=f"config file (default {DEFAULT_CONFIG} when it exists)")
+    p.add_argument("--profile", choices=profiles.names(), help="hardware profile (default: node.profile from config)")
+    p.add_argument("--format", choices=["table", "json", "junit"], default="table")
+
+
+def add_progress_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--progress-every", type=_positive_seconds, default=30.0, metavar="SECONDS",
+                   help="when stderr is not a terminal: a plain progress line this often (default 30)")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = 0.0
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return v
+
+
+def load_config(path: str | None) -> Config:
+    if path:
+        return config_mod.load(path)
+    return config_mod.load(DEFAULT_CONFIG) if os.path.exists(DEFAULT_CONFIG) else Config()
+
+
+def setup(args: argparse.Namespace) -> tuple[Config, profiles.Profile] | int:
+    """(config, profile), or exit code 2 after printing a clear error."""
+    try:
+        cfg = load_config(args.config)
+        prof = profiles.load(args.profile, cfg.checks.overrides) if args.profile else profiles.of_config(cfg)
+    except (config_mod.ConfigError, profiles.ProfileError, OSError) as e:
+        print(f"podhealth: {e}", file=sys.stderr)
+        return 2
+    return cfg, prof
+
+
+def parse_gpus(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        gpus = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gpus expects indices like 0,1,3; got {text!r}") from None
+    if not gpus or any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
+        raise argparse.ArgumentTypeError(f"--gpus expects distinct non-negative indices; got {text!r}")
+    return gpus
+
+
+def finish(cfg: Config, prof: profiles.Profile, results: Sequence[CheckResult], fmt: str, check: str,
+           started: float, notes: Sequence[str] = ()) -> int:
+    node = cfg.node.name or socket.gethostname().split(".")[0]
+    rep = SuiteReport(node=node, profile=prof.name, results=tuple(results),
+                      durations=((check, time.time() - started),), started=started, finished=time.time(),
+                      notes=tuple(notes))
+    render(rep, fmt, sys.stdout)  # the table prints the notes itself (escaped: rich markup eats `[burnin]`)
+    return rep.exit_code
+
+
+def usage_error(command: str, message: str) -> int:
+    """An argument that makes no sense: one line, exit 64 (EX_USAGE), as argparse's own errors."""
+    print(f"podhealth {command}: {message}", file=sys.stderr)
+    return EXIT_USAGE

@@ -1,0 +1,219 @@
+"""`podhealth check`: the handover report (local or `--node dgx01`), and Slurm HealthCheckProgram mode.
+
+Exit codes: 0 pass, 1 fail, 2 could not decide (UNKNOWN, unreachable agent, wrong token), 64 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Callable
+
+from podhealth import config as config_mod
+from podhealth.credentials import CredentialError
+from podhealth.checks.handover.report import EXIT_UNKNOWN, SuiteReport, render
+from podhealth.config import Config, valid_node_name
+
+
+_EXIT_CODES = """exit codes:
+  0   pass (OK, or WARN only)
+  1   fail: at least one check FAILed (the node should not go back into service)
+  2   could not decide: a check was UNKNOWN, the agent could not be reached or refused the
+      token, or the config file is invalid
+  64  usage error: the command line makes no sense (unknown option, bad value)"""
+
+
+class CheckError(Exception):
+    """Could not get a verdict (unreachable, refused): printed as one line, exit 2."""
+
+
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+    p = sub.add_parser("check", help="run the handover suite on this node or on --node NAME",
+                       description="Run the handover suite (the checks a repaired node must pass before users get "
+                                   "it back) on this node, or ask another node's agent with --node/--url, and print "
+                                   "the report (--format table|json|junit). With --slurm-health it is Slurm's "
+                                   "HealthCheckProgram: a fast read of the local agent's verdict.",
+                       epilog=_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--node", help="ask that node's agent: its URL from config checks.agents, else from the "
+                                  "aggregator (--aggregator), else DNS (http://NODE:checks.agent_port)")
+    p.add_argument("--url", help="agent base URL (overrides --node's lookup)")
+    p.add_argument("--aggregator", default=None,
+                   help="aggregator base URL that knows each node's agent URL (default: $PODHEALTH_AGGREGATOR, "
+                        "then publish.aggregator_url from config)")
+    p.add_argument("--config", help="config file")
+    p.add_argument("--token", help="agent token (default: $PODHEALTH_TOKEN, then auth.token from config)")
+    p.add_argument("--format", choices=["table", "json", "junit", "bcm"], default="table",
+                   help="bcm: the local agent's verdict as a Base Command Manager health check (PASS/FAIL/UNKNOWN)")
+    p.add_argument("-v", "--verbose", action="store_true", help="table: one row per entity, OK ones too")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the suite (default 600)")
+    p.add_argument("--slurm-health", action="store_true",
+                   help="fast mode for Slurm HealthCheckProgram: reads the local agent's verdict")
+    from podhealth.checks.cli.bcm import add_options as add_bcm_options
+
+    add_bcm_options(p.add_argument_group("--format bcm"))
+    p.add_argument("--drain-self", action="store_true",
+                   help="with --slurm-health: drain this node on FAIL (reason 'podhealth: ...') and resume only nodes podhealth drained")
+    p.set_defaults(func=run)
+    return p
+
+
+def _load_config(path: str | None) -> Config:
+    if path:
+        return config_mod.load(path)
+    default = "/etc/podhealth/podhealth.yaml"
+    return config_mod.load(default) if os.path.exists(default) else Config()
+
+
+def _token(args: argparse.Namespace, cfg: Config) -> str:
+    if args.token or os.environ.get("PODHEALTH_TOKEN", ""):
+        return str(args.token or os.environ["PODHEALTH_TOKEN"])
+    try:
+        return cfg.auth.resolved().token  # auth.token, auth.token_file or $PODHEALTH_AGENT_TOKEN
+    except CredentialError as e:
+        raise CheckError(str(e)) from None
+
+
+def agent_url(cfg: Config, node: str, aggregator: str = "", token: str = "") -> str:
+    """Where `node`'s agent answers, found as a cluster finds it: the config's checks.agents,
+    then the aggregator (which has each node's agent_url), then DNS."""
+    if not valid_node_name(node):
+        raise CheckError(f"invalid node name {node!r}")
+    if node in cfg.checks.agents:
+        return cfg.checks.agents[node]
+    if aggregator:
+        found = _agent_url_from_aggregator(aggregator, node, token)
+        if found:
+            return found
+    return f"http://{node}:{cfg.checks.agent_port}"
+
+
+def _agent_url_from_aggregator(base: str, node: str, token: str) -> str:
+    url = f"{base.rstrip('/')}/api/v1/nodes/{urllib.parse.quote(node)}"
+    req = urllib.request.Request(url, headers={"Accept": "application/json",
+                                               **({"Authorization": f"Bearer {token}"} if token else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=5.0) as r:
+            return str(json.loads(r.read(1 << 20)).get("agent_url") or "")
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return ""  # not a node the aggregator knows: DNS may still find it
+        raise CheckError(f"aggregator {base} answered HTTP {e.code} for {node}") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise CheckError(f"cannot ask the aggregator {base} for {node}'s agent: {getattr(e, 'reason', e)}") from None
+
+
+def fetch_handover(url: str, token: str, timeout: float, progress: Callable[[dict[str, Any]], None] | None) -> SuiteReport:
+    """POST <url>/v1/handover and read the NDJSON stream: progress lines, then the report."""
+    req = urllib.request.Request(url.rstrip("/") + "/v1/handover", data=b"{}", method="POST",
+                                 headers={"Accept": "application/x-ndjson", "Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+    try:
+        resp = urllib.request.urlopen(req, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        body = e.read(500).decode(errors="replace").strip()
+        if e.code == 401:
+            raise CheckError(f"{url} rejected the token (HTTP 401): pass --token or set PODHEALTH_TOKEN") from None
+        raise CheckError(f"{url} answered HTTP {e.code}: {body}") from None
+    except (urllib.error.URLError, OSError, socket.timeout) as e:
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, socket.gaierror):
+            raise CheckError(f"cannot resolve the agent at {url} ({reason.strerror}): pass --url, list the node "
+                             "under checks.agents in the config, or name the aggregator with --aggregator") from None
+        raise CheckError(f"cannot reach the agent at {url}: {reason}") from None
+    report = None
+    with resp:
+        for raw in resp:
+            line = raw.strip()
+            if not line:
+                continue
+            try:
+                msg = json.loads(line)
+            except json.JSONDecodeError:
+                raise CheckError(f"{url} sent a line that is not JSON: {line[:80]!r}") from None
+            if msg.get("type") == "progress" and progress:
+                progress(msg)
+            elif msg.get("type") == "report":
+                report = SuiteReport.from_json(msg["report"])
+            elif msg.get("type") == "error":
+                raise CheckError(f"{url}: {msg.get('error')}")
+    if report is None:
+        raise CheckError(f"{url} closed the stream before sending a report")
+    return report
+
+
+def _progress_printer(fmt: str) -> tuple[Callable[[dict[str, Any]], None], Callable[[], None]]:
+    if not sys.stderr.isatty():
+        return (lambda msg: None), (lambda: None)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from podhealth.console import console as make_console
+
+    prog = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TimeElapsedColumn(), transient=True, console=make_console(stderr=True))
+    prog.start()
+    task = prog.add_task("handover", total=None)
+
+    def on(msg: dict[str, Any]) -> None:
+        prog.update(task, description=f"handover: {msg.get('step', '')}", completed=msg.get("done", 0),
+                    total=msg.get("total"))
+    return on, prog.stop
+
+
+def _local_agent_listening(cfg: Config) -> str | None:
+    port = cfg.listen.port
+    if not port:
+        return None
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return f"http://127.0.0.1:{port}"
+    except OSError:
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = _load_config(args.config)
+    except config_mod.ConfigError as e:
+        if args.format == "bcm":
+            from podhealth.checks.cli.bcm import config_unknown
+
+            return config_unknown(e, args.unknown_severity, args.info_fd)
+        print(e, file=sys.stderr)
+        return EXIT_UNKNOWN
+    if args.format == "bcm":
+        from podhealth.checks.cli.bcm import run_bcm
+
+        return run_bcm(cfg, args.budget, args.fail_severity, args.unknown_severity, args.info_fd)
+    if args.slurm_health:
+        from podhealth.checks.cli.slurm_health import run_slurm_health
+
+        return run_slurm_health(cfg, drain_self=args.drain_self)
+    on_progress, stop = _progress_printer(args.format)
+    try:
+        aggregator = args.aggregator or os.environ.get("PODHEALTH_AGGREGATOR", "") or next(iter(cfg.publish.urls()), "")
+        url = args.url or (agent_url(cfg, args.node, aggregator) if args.node
+                           else _local_agent_listening(cfg))
+        if url:
+            rep = fetch_handover(url, _token(args, cfg), args.timeout, on_progress)
+        else:
+            from podhealth.checks.handover.suite import LocalCollector, run_suite
+
+            node = cfg.node.name or socket.gethostname().split(".")[0]
+            rep = asyncio.run(run_suite(cfg, LocalCollector(cfg), node,
+                                        lambda step, done, total: on_progress({"step": step, "done": done, "total": total})))
+    except CheckError as e:
+        stop()
+        print(f"podhealth check: {e}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    stop()
+    render(rep, args.format, sys.stdout, args.verbose)
+    if args.format != "table":
+        print(rep.summary(), file=sys.stderr)
+    return rep.exit_code

@@ -1,0 +1,82 @@
+"""`podhealth check --slurm-health`: a fast verdict for Slurm's HealthCheckProgram (and prolog/epilog).
+
+Reads the local agent's /health (its verdict is already damped and current) and, only if no agent
+answers, collects the fast sources in-process with a tight time cap so the whole run stays
+under a few seconds. Prints NHC-style lines. Draining stays with the aggregator unless the site
+turns on --drain-self; then it drains with the `podhealth:` reason prefix and only ever resumes
+nodes whose reason carries that prefix (LBNL NHC's rule).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+import urllib.request
+
+from podhealth.checks.handover.report import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN
+from podhealth.config import Config
+from podhealth.vocab import CheckResult, NodeReport, Status
+
+# pcie_aer and edac are a few dozen sysfs reads; nvme may run nvme-cli per drive: left to the agent.
+FAST_COLLECTORS = ("nvml", "nvlink", "infiniband", "nfs", "host", "kmsg", "pcie_aer", "edac")
+LOCAL_TIME_CAP = 3.0
+
+
+def _from_agent(cfg: Config) -> NodeReport | None:
+    return agent_report(f"http://127.0.0.1:{cfg.listen.port}", timeout=1.5)
+
+
+def agent_report(base: str, timeout: float) -> NodeReport | None:
+    """The verdict of the agent at `base` (its /health), or None when it does not answer one."""
+    try:
+        with urllib.request.urlopen(f"{base.rstrip('/')}/health", timeout=timeout) as r:
+            return NodeReport.from_json(json.loads(r.read()))
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+
+
+def local_report(cfg: Config, node: str, cap: float = LOCAL_TIME_CAP) -> NodeReport:
+    """The fast passive sources collected in this process, each capped at `cap` seconds."""
+    from podhealth import __version__
+    from podhealth.checks.handover.suite import LocalCollector, run_suite
+
+    src = LocalCollector(cfg, only=FAST_COLLECTORS, timeout_cap=cap)
+    rep = asyncio.run(run_suite(cfg, src, node))
+    return NodeReport(node, __version__, rep.profile, rep.results)
+
+
+def line(r: CheckResult) -> str:
+    return f"podhealth: {r.check} {r.entity}: {r.summary or r.status.value} [{r.action.value}]"
+
+
+def run_slurm_health(cfg: Config, drain_self: bool = False) -> int:
+    node = os.environ.get("SLURMD_NODENAME") or cfg.node.name or socket.gethostname().split(".")[0]
+    return answer(node, _from_agent(cfg) or local_report(cfg, node), drain_self)
+
+
+def answer(node: str, rep: NodeReport, drain: bool) -> int:
+    """NHC-style lines for `rep`, the drain or resume when `drain`, and the exit code.
+
+    An undecided node is neither drained nor resumed: UNKNOWN never fences, and it does not
+    prove the node good either."""
+    fails = [r for r in rep.results if r.status is Status.FAIL]
+    unknowns = [r for r in rep.results if r.status is Status.UNKNOWN]
+    for r in fails:
+        print(f"ERROR: {line(r)}")
+    for r in unknowns:
+        print(f"WARNING: {line(r)}")
+    if drain and (fails or not unknowns):
+        from podhealth.checks.cli.selfdrain import drain_or_resume
+
+        msg = drain_or_resume(node, fails[0] if fails else None)
+        if msg:
+            print(msg, file=sys.stderr)
+    if fails:
+        return EXIT_FAIL
+    if unknowns:
+        return EXIT_UNKNOWN
+    print(f"OK: podhealth: {len(rep.results)} checks passed on {node}")
+    return EXIT_PASS

@@ -1,0 +1,169 @@
+"""Slurm's own hooks: HealthCheckProgram, Prolog and Epilog entry points (console scripts).
+
+slurmd runs each of them as root, with no arguments and a small environment of its own
+(slurm.conf(5), prolog_epilog.shtml): the node is $SLURMD_NODENAME (several slurmd can share a
+host), the job is $SLURM_JOB_ID and its GPUs $SLURM_JOB_GPUS (or $CUDA_VISIBLE_DEVICES, which
+in Prolog/Epilog holds the same host device indices). The configuration comes from
+$PODHEALTH_CONFIG, else /etc/podhealth/podhealth.yaml, else the defaults.
+
+- `podhealth-slurm-healthcheck` (HealthCheckProgram): the node's verdict from its agent; Slurm
+  acts on nothing by itself, so the program drains (and resumes its own drains) when
+  `checks.slurm_drain` says so (auto: only when no aggregator is configured, which otherwise
+  owns drain and resume). slurmd kills it after 60 s; it answers within a few seconds.
+- `podhealth-slurm-prolog`: passive checks on the job's own GPUs (and the node-wide ones)
+  within `checks.prolog_budget`. A FAIL drains the node with podhealth's reason and exits 1:
+  Slurm then requeues the job (held) and keeps the node drained. UNKNOWN lets the job run.
+- `podhealth-slurm-epilog`: the same judgement after the job; a GPU the job broke drains the
+  node before the next job lands there. It exits 0 once its own drain is in place (Slurm's
+  generic "Epilog error" would replace the reason) and 1 when it could not drain.
+
+Only GPU results for GPUs outside the job are dropped: another job's broken GPU must not fail
+this one, but a lost InfiniBand port or NFS mount hurts every job on the node.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+import time
+from typing import Callable, Iterable, Sequence
+
+from podhealth.checks.handover.report import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN
+from podhealth.checks.cli.slurm_health import agent_report, line
+from podhealth.config import Config
+from podhealth.vocab import CheckResult, NodeReport, Status
+
+DEFAULT_CONFIG = "/etc/podhealth/podhealth.yaml"
+_GPU_ENTITY = re.compile(r"gpu(\d+)$")
+
+
+def load_config(env: "os._Environ[str] | dict[str, str]") -> Config:
+    from podhealth import config as config_mod
+
+    path = env.get("PODHEALTH_CONFIG", "")
+    if path:
+        return config_mod.load(path)
+    return config_mod.load(DEFAULT_CONFIG) if os.path.exists(DEFAULT_CONFIG) else Config()
+
+
+def node_name(cfg: Config, env: "os._Environ[str] | dict[str, str]") -> str:
+    return env.get("SLURMD_NODENAME") or cfg.node.name or socket.gethostname().split(".")[0]
+
+
+def agent_base(cfg: Config, node: str) -> str:
+    """This node's agent: `checks.agents` names it (several simulated nodes on one host), else
+    the agent on loopback at its configured port."""
+    return (cfg.checks.agents.get(node) or f"http://127.0.0.1:{cfg.listen.port}").rstrip("/")
+
+
+def job_gpus(env: "os._Environ[str] | dict[str, str]") -> frozenset[int] | None:
+    """The job's GPU indices, or None when the job has no GPU list (then every GPU counts)."""
+    raw = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""
+    out = set()
+    for part in raw.split(","):
+        part = part.strip()
+        if part.isdigit():
+            out.add(int(part))
+        elif "-" in part and all(p.isdigit() for p in part.split("-", 1)):
+            lo, hi = (int(p) for p in part.split("-", 1))
+            out.update(range(lo, hi + 1))
+    return frozenset(out) if out else None
+
+
+def for_job(results: Iterable[CheckResult], gpus: frozenset[int] | None) -> list[CheckResult]:
+    if gpus is None:
+        return list(results)
+    keep = []
+    for r in results:
+        m = _GPU_ENTITY.match(r.entity)
+        if m is None or int(m.group(1)) in gpus:
+            keep.append(r)
+    return keep
+
+
+def should_drain(cfg: Config) -> bool:
+    mode = cfg.checks.slurm_drain
+    return mode == "always" or (mode == "auto" and not cfg.publish.urls())
+
+
+def _judge(results: Sequence[CheckResult]) -> tuple[list[CheckResult], list[CheckResult]]:
+    fails = [r for r in results if r.status is Status.FAIL]
+    unknowns = [r for r in results if r.status is Status.UNKNOWN]
+    return fails, unknowns
+
+
+def _report(cfg: Config, node: str, budget: float) -> NodeReport:
+    """The agent's verdict; when no agent answers, the fast passive sources collected here."""
+    t0 = time.monotonic()
+    rep = agent_report(agent_base(cfg, node), timeout=min(2.0, budget / 2))
+    if rep is not None:
+        return rep
+    from podhealth.checks.cli.slurm_health import local_report
+
+    return local_report(cfg, node, cap=max(0.5, budget - (time.monotonic() - t0) - 0.5))
+
+
+def _drain(node: str, failing: CheckResult | None) -> str:
+    from podhealth.checks.cli.selfdrain import drain_or_resume
+
+    return drain_or_resume(node, failing)
+
+
+def healthcheck(env: "os._Environ[str] | dict[str, str]") -> int:
+    from podhealth.checks.cli.slurm_health import answer
+
+    cfg = load_config(env)
+    node = node_name(cfg, env)
+    return answer(node, _report(cfg, node, cfg.checks.healthcheck_budget), should_drain(cfg))
+
+
+def _job_hook(env: "os._Environ[str] | dict[str, str]", hook: str) -> int:
+    cfg = load_config(env)
+    node = node_name(cfg, env)
+    job = env.get("SLURM_JOB_ID", "?")
+    gpus = job_gpus(env)
+    rep = _report(cfg, node, cfg.checks.prolog_budget)
+    results = for_job(rep.results, gpus)
+    fails, unknowns = _judge(results)
+    scope = "all GPUs" if gpus is None else "GPUs " + ",".join(map(str, sorted(gpus)))
+    for r in unknowns:
+        print(f"podhealth {hook}: job {job} on {node}: undecided: {line(r)}", file=sys.stderr)
+    if not fails:
+        return EXIT_PASS
+    for r in fails:
+        print(f"podhealth {hook}: job {job} on {node} ({scope}): {line(r)}", file=sys.stderr)
+    msg = _drain(node, fails[0])
+    if msg:
+        print(msg, file=sys.stderr)
+    # The node is drained (by us now, earlier, or by someone else) unless the drain itself
+    # failed; then a non-zero epilog makes Slurm drain it ("Epilog error").
+    drained = "failed" not in msg and "cannot read" not in msg
+    if hook == "epilog" and drained:
+        return EXIT_PASS
+    return EXIT_FAIL
+
+
+Hook = Callable[["os._Environ[str] | dict[str, str]"], int]
+
+
+def _entry(fn: Hook, on_error: int) -> int:
+    try:
+        return int(fn(os.environ))
+    except Exception as e:  # noqa: BLE001 - slurmd only logs our exit code and stderr
+        print(f"podhealth: could not judge this node: {type(e).__name__}: {e}", file=sys.stderr)
+        return on_error
+
+
+def healthcheck_main() -> int:
+    return _entry(healthcheck, EXIT_UNKNOWN)
+
+
+# A prolog or epilog that exits non-zero drains the node: our own failure to judge must not.
+def prolog_main() -> int:
+    return _entry(lambda env: _job_hook(env, "prolog"), EXIT_PASS)
+
+
+def epilog_main() -> int:
+    return _entry(lambda env: _job_hook(env, "epilog"), EXIT_PASS)

@@ -1,0 +1,150 @@
+"""The handover suite: every passive check on freshly collected data, profile conformance, and
+(when the node can run them) the short active tests.
+
+It runs inside the agent (POST /v1/handover) or, with no agent running, in the `podhealth check`
+process itself (LocalCollector). Either way the data is collected now, not taken from the last
+cycle, and judged without damping: a node is handed back on what it shows at handover time.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Protocol
+
+from podhealth import collectors
+from podhealth.checks import profiles
+from podhealth.checks.passive.engine import CHECKS, Evaluator
+from podhealth.checks.handover.report import SuiteReport
+from podhealth.checks.passive.result import unknown
+from podhealth.config import Config
+from podhealth.snapshot import CollectorState, Snapshot
+from podhealth.vocab import CheckResult, Event
+
+Progress = Callable[[str, int, int], None]
+
+
+class FreshSource(Protocol):
+    async def collect_now(self) -> Snapshot: ...
+
+
+@dataclass(frozen=True)
+class ActiveTest:
+    name: str
+    run: Callable[[], Awaitable[list[CheckResult]]]
+
+
+class LocalCollector:
+    """Collects every enabled collector once, each in its own thread with its own timeout.
+
+    Used when no agent runs on the node. A collector that hangs is abandoned (its thread stays
+    blocked, as a hung NVML call would) and reported stale, so the suite still finishes.
+    """
+
+    def __init__(self, cfg: Config, seams: dict[str, dict[str, Any]] | None = None,
+                 only: tuple[str, ...] | None = None, timeout_cap: float | None = None) -> None:
+        self.cfg = cfg
+        self.seams = seams or {}
+        self.only = only
+        self.timeout_cap = timeout_cap
+
+    def _enabled(self) -> list[str]:
+        names = []
+        for name in collectors.REGISTRY:
+            sect = getattr(self.cfg.collectors, name, None)
+            if sect is not None and not sect.enabled:
+                continue
+            if self.only is not None and name not in self.only:
+                continue
+            names.append(name)
+        return names
+
+    async def collect_now(self) -> Snapshot:
+        import asyncio
+
+        return await asyncio.get_running_loop().run_in_executor(None, self.collect_sync)
+
+    def collect_sync(self) -> Snapshot:
+        names = self._enabled()
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(names)), thread_name_prefix="handover")
+        states: dict[str, CollectorState] = {}
+        futures = {}
+        events: list[Event] = []
+        started = time.time()
+        for name in names:
+            try:
+                col = collectors.factory(name)(self.cfg, **self.seams.get(name, {}))
+            except Exception as e:  # noqa: BLE001 - CollectorDisabled or a broken source: report, go on
+                states[name] = CollectorState(name, enabled=False, disabled_reason=str(e) or type(e).__name__)
+                continue
+            futures[name] = (col, pool.submit(col.collect))
+        for name, (col, fut) in futures.items():
+            sect = getattr(self.cfg.collectors, name, None)
+            timeout = sect.timeout if sect is not None else 10.0
+            if self.timeout_cap is not None:
+                timeout = min(timeout, self.timeout_cap)
+            remaining = max(0.05, started + timeout - time.time())
+            try:
+                res = fut.result(timeout=remaining)
+                states[name] = CollectorState(name, samples=res.samples, errors=res.errors, last_success=started,
+                                              last_attempt=started, last_duration=time.time() - started, stale=False,
+                                              runs=1)
+                events.extend(res.events)
+            except concurrent.futures.TimeoutError:
+                states[name] = CollectorState(name, last_attempt=started, stale=True, runs=1, failures=1,
+                                              errors=(f"timed out after {timeout:g}s",))
+            except Exception as e:  # noqa: BLE001
+                states[name] = CollectorState(name, last_attempt=started, stale=True, runs=1, failures=1,
+                                              errors=(f"{type(e).__name__}: {e}",))
+            finally:
+                if fut.done():
+                    try:
+                        col.close()
+                    except Exception:  # noqa: BLE001
+                        pass
+        pool.shutdown(wait=False, cancel_futures=True)
+        return Snapshot(time.time(), states, tuple(events))
+
+
+async def run_suite(cfg: Config, source: FreshSource, node: str, progress: Progress | None = None,
+                    active: list[ActiveTest] | None = None) -> SuiteReport:
+    """Collect fresh data, judge every passive check undamped, then run the active tests."""
+    active = active or []
+    total = 1 + len(CHECKS) + len(active)
+    step = 0
+
+    def tick(what: str) -> None:
+        nonlocal step
+        step += 1
+        if progress:
+            progress(what, step, total)
+
+    started = time.time()
+    profile = profiles.of_config(cfg)
+    t0 = time.monotonic()
+    snap = await source.collect_now()
+    tick("collect")
+    collect_s = time.monotonic() - t0
+    enabled = [n for n, st in snap.collectors.items() if st.enabled]
+    ev = Evaluator(profile, cfg.checks, mounts=[m.path for m in cfg.collectors.nfs.mounts], enabled=enabled)
+    results: list[CheckResult] = []
+    durations: list[tuple[str, float]] = [("collect", collect_s)]
+    for name in CHECKS:
+        t1 = time.monotonic()
+        results.extend(ev.evaluate(snap, time.time(), damped=False, only=[name]))
+        durations.append((name, time.monotonic() - t1))
+        tick(name)
+    notes: list[str] = []
+    disabled = [f"{n}: {st.disabled_reason}" for n, st in snap.collectors.items() if not st.enabled]
+    notes += [f"collector disabled — {d}" for d in disabled]
+    for test in active:
+        t1 = time.monotonic()
+        try:
+            results.extend(await test.run())
+        except Exception as e:  # noqa: BLE001 - an active test that crashes could not decide
+            results.append(unknown(test.name, "node", f"{type(e).__name__}: {e}"))
+        durations.append((test.name, time.monotonic() - t1))
+        tick(test.name)
+    return SuiteReport(node=node, profile=profile.name, results=tuple(results), durations=tuple(durations),
+                       started=started, finished=time.time(), notes=tuple(notes))

@@ -1,0 +1,78 @@
+"""What a passive check sees: the snapshot indexed by metric name, the profile, counter history.
+
+Checks are pure functions of a Context; the Evaluator builds one per evaluation.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from podhealth.checks.passive.ib_links import LinkTracker
+from podhealth.checks.profiles import Profile
+from podhealth.checks.passive.rates import RateTracker
+from podhealth.snapshot import Snapshot
+from podhealth.vocab import Event, Labels, Sample
+
+
+def gpu_entity(s: Sample) -> str:
+    """GPUs are named by index (what operators say) with the UUID in evidence."""
+    return f"gpu{s.label('gpu')}"
+
+
+@dataclass
+class Context:
+    snapshot: Snapshot
+    profile: Profile
+    now: float
+    rates: RateTracker
+    events: tuple[Event, ...] = ()
+    required_units: tuple[str, ...] = ()
+    required_mounts: tuple[str, ...] = ()
+    window: float = 300.0
+    # IB link history (the agent's Evaluator); None in a one-shot check, which has no history
+    ib_links: LinkTracker | None = None
+    _by_name: Mapping[str, list[Sample]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        idx: dict[str, list[Sample]] = defaultdict(list)
+        for s in self.snapshot.samples():
+            idx[s.name].append(s)
+        self._by_name = idx
+
+    def samples(self, name: str) -> list[Sample]:
+        return list(self._by_name.get(name, ()))
+
+    def value(self, name: str, **labels: str) -> float | None:
+        """The value of the one sample of `name` whose labels include `labels`, else None."""
+        for s in self._by_name.get(name, ()):
+            if all(s.label(k) == v for k, v in labels.items()):
+                return s.value
+        return None
+
+    def per_gpu(self, name: str, **labels: str) -> dict[str, Sample]:
+        out: dict[str, Sample] = {}
+        for s in self._by_name.get(name, ()):
+            if all(s.label(k) == v for k, v in labels.items()):
+                out[s.label("gpu")] = s
+        return out
+
+    def stale(self, *collectors: str) -> list[str]:
+        return [c for c in collectors if self.snapshot.stale(c)]
+
+    def rate_per_hour(self, s: Sample) -> float | None:
+        return self.rates.rate(_key(s), self.now, per=3600.0)
+
+    def increase(self, s: Sample) -> float | None:
+        return self.rates.increase(_key(s), self.now)
+
+
+def _key(s: Sample) -> tuple[str, Labels]:
+    return (s.name, s.labels)
+
+
+def observe_counters(rates: RateTracker, samples: Iterable[Sample], now: float, names: frozenset[str]) -> None:
+    for s in samples:
+        if s.name in names:
+            rates.observe(_key(s), now, s.value)

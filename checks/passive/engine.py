@@ -1,0 +1,211 @@
+"""The passive-check engine: every check over the latest snapshot, with staleness and damping.
+
+Checks are pure functions of a Context (checks/passive/context.py). The engine adds what they must not
+know about: which collectors each check needs (a stale source makes the check UNKNOWN, never OK
+and never FAIL), counter history for rates, and flap damping. How long each check's verdict
+must hold, and which ones are immediate (a critical XID, a DBE, a lost GPU: they cannot flap, and
+waiting would only delay the fence), is data: checks/data/rules.yaml. A grace period after boot or
+a driver change (checks/passive/grace.py) holds the other FAILs as WARN.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from podhealth.checks.passive import aer, drift, gpu, host, ib, memory_ecc, nfs, nvlink, nvme
+from podhealth.checks.passive.context import Context, observe_counters
+from podhealth.checks.passive.damping import Damper
+from podhealth.checks.passive.grace import GraceClock
+from podhealth.checks.passive.ib_links import LinkTracker
+from podhealth.checks.profiles import Profile
+from podhealth.checks.passive.rates import RateTracker
+from podhealth.checks.passive.rules import Rules, RulesError
+from podhealth.checks.passive.rules import load as load_rules
+from podhealth.checks.passive.result import unknown
+from podhealth.config import ChecksConfig
+from podhealth.snapshot import Snapshot
+from podhealth.vocab import CheckResult, Event
+
+CheckFn = Callable[[Context], list[CheckResult]]
+
+
+@dataclass(frozen=True)
+class CheckDef:
+    fn: CheckFn
+    sources: tuple[str, ...]
+
+
+def _xid(ctx: Context) -> list[CheckResult]:
+    from podhealth.checks.passive import xid
+
+    gpus = {s.label("pci_bus_id"): (int(s.label("gpu")), s.label("uuid")) for s in ctx.samples("gpu_up")}
+    return xid.evaluate_xids(ctx.events, xid.load_catalog(), ctx.now, ctx.window, gpus)
+
+
+# name -> definition; the order is the order of the report.
+CHECKS: dict[str, CheckDef] = {
+    "gpu_count": CheckDef(gpu.gpu_count, ("nvml",)),
+    "gpu_lost": CheckDef(gpu.gpu_lost, ("nvml",)),
+    "xid": CheckDef(_xid, ("kmsg",)),
+    "ecc": CheckDef(gpu.ecc, ("nvml",)),
+    "row_remap": CheckDef(gpu.row_remap, ("nvml",)),
+    "retired_pages": CheckDef(gpu.retired_pages, ("nvml",)),
+    "pcie": CheckDef(gpu.pcie, ("nvml",)),
+    "clocks": CheckDef(gpu.clocks, ("nvml",)),
+    "temperature": CheckDef(gpu.temperature, ("nvml",)),
+    "fabric": CheckDef(gpu.fabric, ("nvml",)),
+    "persistence": CheckDef(gpu.persistence, ("nvml",)),
+    "driver": CheckDef(gpu.driver, ("nvml",)),
+    # nvml: every GPU node has it; the HCA and host fields are UNKNOWN inside when their source is stale
+    "drift": CheckDef(drift.drift, ("nvml",)),
+    "nvlink": CheckDef(nvlink.nvlink, ("nvlink",)),
+    "ib_port": CheckDef(ib.ib_port, ("infiniband",)),
+    "ib_errors": CheckDef(ib.ib_errors, ("infiniband",)),
+    "ib_flap": CheckDef(ib.ib_flap, ("infiniband",)),
+    "nfs_mount": CheckDef(nfs.nfs_mount, ("nfs",)),
+    "nfs_latency": CheckDef(nfs.nfs_latency, ("nfs",)),
+    "systemd_unit": CheckDef(host.systemd_units, ("host",)),
+    "pcie_aer_fatal": CheckDef(aer.pcie_aer_fatal, ("pcie_aer",)),
+    "pcie_aer": CheckDef(aer.pcie_aer, ("pcie_aer",)),
+    "edac_ue": CheckDef(memory_ecc.edac_ue, ("edac",)),
+    "edac_ce": CheckDef(memory_ecc.edac_ce, ("edac",)),
+    "kernel_ras": CheckDef(memory_ecc.kernel_ras, ("kmsg",)),
+    "nvme": CheckDef(nvme.nvme, ("nvme",)),
+}
+
+_COUNTERS = frozenset({
+    "gpu_ecc_errors", "gpu_pcie_replay", "nvlink_errors", "infiniband_port_stat", "infiniband_port_hw_stat",
+    "nfs_operation_rtt_seconds", "nfs_operation_requests", "nfs_operation_transmissions",
+    "pcie_aer_errors", "edac_mc_errors", "edac_dimm_errors", "nvme_media_errors",
+})
+
+
+def check_rules(rules: Rules) -> None:
+    """Rules must name checks that exist: a typo would silently leave a fatal fact damped."""
+    unknown_checks = sorted(set(rules.damping) - set(CHECKS))
+    if unknown_checks:
+        raise RulesError(f"checks/data/rules.yaml: damping names unknown checks {', '.join(unknown_checks)} "
+                         f"(known: {', '.join(CHECKS)})")
+
+
+class Evaluator:
+    """Stateful wrapper: keeps counter history, recent events and damping between evaluations."""
+
+    def __init__(self, profile: Profile, cfg: ChecksConfig, mounts: Sequence[str] = (),
+                 enabled: Sequence[str] | None = None, keep_events: int = 1024) -> None:
+        self.profile = profile
+        self.cfg = cfg
+        self.rates = RateTracker(cfg.rate_window)
+        self.links = LinkTracker()  # IB port downs and recoveries across evaluations (ib_flap)
+        rules = load_rules()
+        check_rules(rules)
+        self.rules = rules
+        self.damper = Damper(cfg.damping.fail_after, cfg.damping.recover_after, rules.damping)
+        self.grace = GraceClock(cfg.grace)
+        self.required_mounts = tuple(dict.fromkeys([*profile.nfs_mounts, *mounts]))
+        self.enabled = tuple(enabled) if enabled is not None else None
+        self._events: OrderedDict[str, Event] = OrderedDict()
+        self._keep = keep_events
+        self._versions: dict[str, tuple[object, ...]] = {}
+        self._last: dict[str, tuple[CheckResult, ...]] = {}
+
+    @staticmethod
+    def _source_version(snap: Snapshot, source: str) -> tuple[object, ...]:
+        st = snap.collectors.get(source)
+        return (None,) if st is None else (st.last_success, st.stale, st.enabled)
+
+    def _remember(self, events: Sequence[Event]) -> None:
+        for e in events:
+            if e.id not in self._events:
+                self._events[e.id] = e
+        while len(self._events) > self._keep:
+            self._events.popitem(last=False)
+
+    def evaluate(self, snap: Snapshot, now: float, damped: bool = True,
+                 only: Sequence[str] | None = None) -> tuple[CheckResult, ...]:
+        observe_counters(self.rates, snap.samples(), now, _COUNTERS)
+        self._remember(snap.events)
+        ctx = Context(snapshot=snap, profile=self.profile, now=now, rates=self.rates,
+                      events=tuple(self._events.values()), required_units=self.cfg.required_units,
+                      required_mounts=self.required_mounts, window=self.cfg.rate_window,
+                      ib_links=self.links if damped else None)
+        if not ctx.stale("infiniband"):
+            ib.observe_links(self.links, ctx)
+        grace = self.grace.observe(snap, now) if damped and only is None else None
+        results: list[CheckResult] = []
+        for name, d in CHECKS.items():
+            if only is not None and name not in only:
+                continue
+            if self.enabled is not None and not set(d.sources) <= set(self.enabled):
+                continue  # the site turned the source off: no verdict rather than UNKNOWN forever
+            # Damping counts observations, not wake-ups: a check whose sources brought nothing new
+            # since its last judgement keeps that judgement (the kmsg collector ticking every
+            # second must not make `fail_after: 2` mean "two seconds of GPU data").
+            version = tuple((s, *self._source_version(snap, s)) for s in d.sources)
+            if damped and only is None and not self.rules.damp(name).immediate and self._versions.get(name) == version:
+                # ...but a held FAIL must show once the grace ends, without waiting for new data.
+                if not any(dict(r.evidence).get("grace") for r in self._last.get(name, ())) or grace is not None:
+                    results.extend(self._last.get(name, ()))
+                    continue
+            stale = ctx.stale(*d.sources)
+            if stale:
+                raw = [unknown(name, "node", _why_stale(snap, stale), stale=",".join(stale))]
+            else:
+                try:
+                    raw = d.fn(ctx)
+                except Exception as e:  # noqa: BLE001 - one broken rule must not hide the others
+                    raw = [unknown(name, "node", f"check failed: {type(e).__name__}: {e}")]
+            judged = [self.damper.apply(r, now, grace=grace) if damped else _stamp(r, now) for r in raw]
+            if damped and only is None:
+                self._versions[name] = version
+                self._last[name] = tuple(judged)
+            results.extend(judged)
+        if damped and only is None:
+            self.damper.prune({(r.check, r.entity) for r in results})
+        return tuple(results)
+
+
+    def judge_immediate(self, snap: Snapshot, now: float, sources: Sequence[str]) -> tuple[CheckResult, ...]:
+        """The fast path for a one-off fatal record (an XID 79 line): only the `immediate` checks
+        (rules.yaml) fed by `sources` (the collectors that just brought events), judged at once.
+
+        It shares the damper with evaluate() (immediate checks pass straight through it, so the
+        next full evaluation shows the same verdict with the same `since`), but leaves counter
+        history, grace and pruning alone: those belong to the full evaluation of each snapshot.
+        """
+        self._remember(snap.events)
+        ctx = Context(snapshot=snap, profile=self.profile, now=now, rates=self.rates,
+                      events=tuple(self._events.values()), required_units=self.cfg.required_units,
+                      required_mounts=self.required_mounts, window=self.cfg.rate_window, ib_links=None)
+        results: list[CheckResult] = []
+        for name, d in CHECKS.items():
+            if not self.rules.damp(name).immediate or not set(d.sources) <= set(sources):
+                continue
+            if self.enabled is not None and not set(d.sources) <= set(self.enabled):
+                continue
+            if ctx.stale(*d.sources):
+                continue  # the full evaluation says UNKNOWN, with the reason
+            try:
+                raw = d.fn(ctx)
+            except Exception:  # noqa: BLE001 - the full evaluation reports it as UNKNOWN
+                continue
+            results.extend(self.damper.apply(r, now) for r in raw)
+        return tuple(results)
+
+
+def _why_stale(snap: Snapshot, stale: list[str]) -> str:
+    """The UNKNOWN's summary: which source has no fresh data, and the error of one that failed."""
+    why = f"collector {', '.join(stale)} has no fresh data"
+    for name in stale:
+        st = snap.collectors.get(name)
+        if st is not None and st.errors and st.last_attempt is not None and st.last_success != st.last_attempt:
+            return f"{why}: {st.errors[0]}"[:512]
+    return why
+
+
+def _stamp(r: CheckResult, now: float) -> CheckResult:
+    import dataclasses
+
+    return r if r.since else dataclasses.replace(r, since=now)

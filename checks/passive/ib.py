@@ -1,0 +1,306 @@
+"""InfiniBand / RDMA network checks: every port judged against its role, error counters (and
+the ones that can no longer count), link flaps.
+
+- ib_port: each port's role (checks/passive/ib_roles.py, from the profile's `network` rules and pins),
+  then its state, physical state, rate, link layer and bonding against that role; per role, how
+  many links are present against how many the profile expects. A port with no role is reported,
+  never failed.
+- ib_errors: error counters rising over the window; a counter stuck at its maximum (it saturates,
+  it does not wrap) is a WARN that names it, its width and how to clear it, and the port is then
+  judged from what still moves (hw_counters).
+- ib_flap: downs per port within the profile's flap window (state transitions and link_downed
+  deltas, kept by checks/ib_links.LinkTracker in the Evaluator).
+
+A port that is down counts against `network.down_max_s` only where there is history (the agent);
+a one-shot check (`podhealth check`, handover) has none and judges what it sees at once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterable
+
+from podhealth.checks.passive import ib_counters
+from podhealth.checks.passive.context import Context
+from podhealth.checks.passive.ib_links import LinkEvent, LinkTracker
+from podhealth.checks.ib_profile import RoleSpec
+from podhealth.checks.passive.ib_roles import Assignment, PortFacts, PortKey, classify, count_roles
+from podhealth.checks.passive.result import fail, ok, unknown, warn
+from podhealth.collectors.ib_parse import is_bond_device
+from podhealth.vocab import Action, CheckResult, Sample
+
+IB_ACTIVE = 4
+PHYS_LINKUP = 5
+
+
+def _entity(device: str, port: str) -> str:
+    return f"{device}/{port}"
+
+
+def _by_port(samples: Iterable[Sample]) -> dict[PortKey, Sample]:
+    return {(s.label("device"), s.label("port")): s for s in samples}
+
+
+@dataclass(frozen=True)
+class PortView:
+    """What this evaluation knows about one port."""
+
+    facts: PortFacts
+    state: Sample | None
+    phys: Sample | None
+    rate_gbps: float | None
+
+    @property
+    def active(self) -> bool | None:
+        if self.state is None:
+            return None
+        return self.state.value == IB_ACTIVE and (self.phys is None or self.phys.value == PHYS_LINKUP)
+
+    def evidence(self) -> dict[str, object]:
+        f = self.facts
+        ev: dict[str, object] = {
+            "state": (self.state.label("state") or int(self.state.value)) if self.state else "unread",
+            "phys_state": self.phys.label("state") if self.phys else "n/a",
+        }
+        if self.rate_gbps is not None:
+            ev["rate_gbps"] = round(self.rate_gbps)
+        for k, v in (("link_layer", f.link_layer), ("pci", f.pci), ("numa", f.numa), ("netdev", f.netdev)):
+            if v is not None:
+                ev[k] = v
+        if f.bond_slaves:
+            ev["bond_slaves"] = " ".join(f.bond_slaves)
+        return ev
+
+
+def port_views(ctx: Context) -> tuple[dict[PortKey, PortView], int]:
+    """Every port the snapshot shows, with its facts; and how many devices showed no port at all
+    (their ports directory could not be read: they may hold the ports a role is missing)."""
+    states = _by_port(ctx.samples("infiniband_port_state"))
+    phys = _by_port(ctx.samples("infiniband_port_physical_state"))
+    rates = _by_port(ctx.samples("infiniband_port_rate_bytes_per_second"))
+    layers = _by_port(ctx.samples("infiniband_port_link_layer_info"))
+    netdevs = _by_port(ctx.samples("infiniband_port_netdev_info"))
+    info = {s.label("device"): s for s in ctx.samples("infiniband_info")}
+    pci = {s.label("device"): s for s in ctx.samples("infiniband_device_pci_info")}
+    keys = sorted(set(states) | set(phys) | set(rates) | set(layers))
+    facts = []
+    for dev, port in keys:
+        nd = netdevs.get((dev, port))
+        slaves = tuple((nd.label("bond_slaves") or "").split()) if nd else ()
+        p = pci.get(dev)
+        numa = p.label("numa_node") if p else ""
+        facts.append(PortFacts(
+            device=dev, port=port,
+            link_layer=layers[(dev, port)].label("link_layer") if (dev, port) in layers else None,
+            hca_type=(info[dev].label("hca_type") or None) if dev in info else None,
+            pci=(p.label("pci_address") or None) if p else None,
+            numa=int(numa) if numa and numa.lstrip("-").isdigit() else None,
+            netdev=nd.label("netdev") if nd else None,
+            bond_slaves=slaves or None,
+            bonded=is_bond_device(dev) or bool(slaves),
+        ))
+    views: dict[PortKey, PortView] = {}
+    for f in facts:
+        r = rates.get(f.key)
+        views[f.key] = PortView(f, states.get(f.key), phys.get(f.key), r.value * 8 / 1e9 if r is not None else None)
+    portless = len({d for d in info} - {d for d, _ in keys})
+    return views, portless
+
+
+def _verdict(spec: RoleSpec | None, entity: str, summary: str, **ev: object) -> CheckResult:
+    """A present port's fault, as its role says: FAIL (DRAIN) or WARN; unassigned ports WARN."""
+    if spec is not None and spec.port_fault == "fail":
+        return fail("ib_port", entity, summary, Action.DRAIN, **ev)
+    return warn("ib_port", entity, summary, **ev)
+
+
+def _judge_port(ctx: Context, v: PortView, a: Assignment, spec: RoleSpec | None) -> CheckResult:
+    f = v.facts
+    e = _entity(f.device, f.port)
+    ev = {"role": a.role or ("undecided" if a.undecided else "unassigned"), "how": a.how, **v.evidence()}
+    if a.role is None:
+        # Not ours to judge: shown so an operator can pin it (network.pins) if it matters.
+        return ok("ib_port", e, f"no role ({a.how})", **ev)
+    assert spec is not None
+    if v.active is None:
+        return unknown("ib_port", e, "port state could not be read", **ev)
+    if not v.active:
+        what = f"port {ev['state']} / {ev['phys_state']}"
+        links = ctx.ib_links
+        if links is None:  # one-shot: no history to wait on
+            return _verdict(spec, e, what, **ev)
+        down = links.down_for(f.key, ctx.now) or 0.0
+        limit = ctx.profile.network.down_max_s
+        ev["down_s"] = round(down)
+        if down >= limit:
+            return _verdict(spec, e, f"{what} for {down:.0f}s (limit {limit:.0f}s)", **ev)
+        return warn("ib_port", e, f"{what} for {down:.0f}s (a {spec.name} port down over {limit:.0f}s is a fault)", **ev)
+    if f.link_layer is not None and f.link_layer not in spec.link_layers:
+        return _verdict(spec, e, f"link layer {f.link_layer}, a {spec.name} port must be {'/'.join(spec.link_layers)}",
+                        expected_link_layers=",".join(spec.link_layers), **ev)
+    if spec.bonded == "forbidden" and f.bonded:
+        return _verdict(spec, e, f"bonded, a {spec.name} port must not be", **ev)
+    if spec.bonded == "required" and not f.bonded:
+        return _verdict(spec, e, f"not bonded, a {spec.name} port must be", **ev)
+    if v.rate_gbps is not None and not spec.rate_ok(v.rate_gbps):
+        want = "/".join(str(r) for r in spec.rate_gbps)
+        return _verdict(spec, e, f"port rate {v.rate_gbps:.0f} Gb/s below {want} Gb/s for a {spec.name} port",
+                        expected_gbps=want, **ev)
+    return ok("ib_port", e, **ev)
+
+
+def ib_port(ctx: Context) -> list[CheckResult]:
+    net = ctx.profile.network
+    views, portless = port_views(ctx)
+    assigned = classify([v.facts for v in views.values()], net)
+    out: list[CheckResult] = []
+    for rc in count_roles(assigned, net):
+        spec = net.roles[rc.role]
+        members = sorted(_entity(*k) for k, (_, a) in assigned.items() if a.role == rc.role)
+        ev = dict(present=rc.present, expected=rc.expected, ports=" ".join(members) or "none")
+        e = f"role/{rc.role}"
+        if rc.expected == 0 and not members:
+            continue
+        if not rc.short:
+            out.append(ok("ib_port", e, **ev))
+        elif spec.missing == "ok":
+            out.append(ok("ib_port", e, f"{rc.present} of {rc.expected} {rc.role} links present (optional)", **ev))
+        elif not rc.decided or portless:
+            # Ports that could not be classified (a fact sysfs did not give, a bond of unknown
+            # size) or devices whose ports could not be listed may be the missing ones.
+            undecided = sorted(_entity(*k) for k, (_, a) in assigned.items() if a.undecided)
+            out.append(unknown("ib_port", e, f"{rc.present} of {rc.expected} {rc.role} links told apart; "
+                               "the rest could not be classified", undecided=" ".join(undecided) or "none",
+                               devices_without_ports=portless, **ev))
+        elif spec.missing == "fail":
+            # An adapter gone from the PCIe bus (or its driver) comes back with a reboot, if at all.
+            out.append(fail("ib_port", e, f"{rc.present} of {rc.expected} {rc.role} links present", Action.REBOOT, **ev))
+        else:
+            out.append(warn("ib_port", e, f"{rc.present} of {rc.expected} {rc.role} links present", **ev))
+    for key in sorted(views):
+        facts, a = assigned[key]
+        v = PortView(facts, views[key].state, views[key].phys, views[key].rate_gbps)
+        out.append(_judge_port(ctx, v, a, net.roles.get(a.role) if a.role else None))
+    return out
+
+
+# --- error counters --------------------------------------------------------------------------
+
+
+def ib_errors(ctx: Context) -> list[CheckResult]:
+    t = ctx.profile.thresholds
+    meanings = ib_counters.load()
+    layers = {k: s.label("link_layer") for k, s in _by_port(ctx.samples("infiniband_port_link_layer_info")).items()}
+    rising: dict[PortKey, list[str]] = {}
+    saturated: dict[PortKey, list[str]] = {}
+    stuck_other: dict[PortKey, list[str]] = {}  # saturated, but not error counters (congestion)
+    seen: set[PortKey] = set()
+    for c in ctx.samples("infiniband_port_stat"):
+        key = (c.label("device"), c.label("port"))
+        seen.add(key)
+        name = c.label("counter")
+        if meanings.saturated(name, c.value):
+            where = saturated if name in meanings.errors else stuck_other
+            where.setdefault(key, []).append(f"{name}={int(c.value)} ({meanings.widths[name]}-bit)")
+            continue  # stuck: its increase is 0 and says nothing
+        if name not in meanings.rising:
+            continue
+        inc = ctx.increase(c)
+        if inc is None or inc <= 0:
+            continue
+        limit_key = meanings.rising[name]
+        if limit_key is None:
+            rising.setdefault(key, []).append(f"{name}+{int(inc)}")
+        else:
+            r = ctx.rate_per_hour(c)
+            if r is not None and r > t[limit_key]:
+                rising.setdefault(key, []).append(f"{name}={r:.0f}/h")
+    moving: dict[PortKey, list[str]] = {}
+    for h in ctx.samples("infiniband_port_hw_stat"):
+        key = (h.label("device"), h.label("port"))
+        limit = meanings.substitutes.get(h.label("counter"))
+        if key not in saturated or limit is None:
+            continue
+        r = ctx.rate_per_hour(h)
+        if r is not None and r > limit:
+            moving.setdefault(key, []).append(f"{h.label('counter')}={r:.0f}/h")
+    out: list[CheckResult] = []
+    for key in sorted(seen):
+        e = _entity(*key)
+        ev: dict[str, object] = {}
+        if key in stuck_other:
+            ev["saturated_not_errors"] = " ".join(stuck_other[key])
+        if key in rising:
+            ev["counters"] = " ".join(rising[key])
+        if key in saturated:
+            ev["saturated"] = " ".join(saturated[key])
+            ev["clear_with"] = meanings.how_to_clear(layers.get(key), *key)
+            ev["still_moving"] = " ".join(moving.get(key, [])) or "no hw_counters retry rising"
+            names = ", ".join(s.split("=")[0] for s in saturated[key])
+            more = "; error counters rising" if key in rising else ""
+            out.append(warn("ib_errors", e, f"{names} saturated: can no longer count new errors{more}", **ev))
+        elif key in rising:
+            out.append(warn("ib_errors", e, "error counters rising", **ev))
+        else:
+            out.append(ok("ib_errors", e, **ev))
+    return out
+
+
+# --- link flaps ------------------------------------------------------------------------------
+
+
+def observe_links(tracker: LinkTracker, ctx: Context) -> None:
+    """Feed this evaluation's port states and link_downed counters to the tracker."""
+    meanings = ib_counters.load()
+    downed = {(s.label("device"), s.label("port")): s for s in ctx.samples("infiniband_port_stat")
+              if s.label("counter") == "link_downed"}
+    views, _ = port_views(ctx)
+    for key, v in views.items():
+        d = downed.get(key)
+        tracker.observe(key, ctx.now, v.active, d.value if d is not None else None,
+                        d is not None and meanings.saturated("link_downed", d.value))
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _events(events: tuple[LinkEvent, ...], limit: int = 8) -> str:
+    shown = [f"{_when(e.t)} {e.kind}" + (f"x{e.downs}" if e.downs > 1 else "") + f" ({e.source})"
+             for e in events[-limit:]]
+    return "; ".join(shown) + (f"; (+{len(events) - limit} earlier)" if len(events) > limit else "")
+
+
+def ib_flap(ctx: Context) -> list[CheckResult]:
+    links = ctx.ib_links
+    if links is None:
+        return []  # a one-shot check has no history to count flaps in
+    net = ctx.profile.network
+    views, _ = port_views(ctx)
+    assigned = classify([v.facts for v in views.values()], net)
+    saturated_downed = {(s.label("device"), s.label("port")) for s in ctx.samples("infiniband_port_stat")
+                        if s.label("counter") == "link_downed" and ib_counters.load().saturated("link_downed", s.value)}
+    out: list[CheckResult] = []
+    hours = net.flap_window_s / 3600
+    for key in sorted(views):
+        e = _entity(*key)
+        _, a = assigned[key]
+        n, events = links.downs(key, ctx.now, net.flap_window_s)
+        ev: dict[str, object] = {"role": a.role or "unassigned", "downs": n, "window_h": round(hours, 2)}
+        if events:
+            ev["transitions"] = _events(events)
+        if key in saturated_downed:
+            ev["link_downed"] = "saturated (255): downs counted from state transitions only"
+        spec = net.roles.get(a.role) if a.role else None
+        if n >= net.flap_count:
+            summary = f"FLAPPING: down {n} times in {hours:g}h (limit {net.flap_count})"
+            if spec is not None and spec.port_fault == "fail":
+                out.append(fail("ib_flap", e, summary, Action.DRAIN, **ev))
+            else:
+                out.append(warn("ib_flap", e, summary, **ev))
+        elif n:
+            out.append(warn("ib_flap", e, f"link went down {n} time(s) in {hours:g}h", **ev))
+        else:
+            out.append(ok("ib_flap", e, **ev))
+    return out

@@ -1,0 +1,39 @@
+"""NVLink checks: links down (a GPU cut off from the NVSwitch fabric) and error counters rising."""
+
+from __future__ import annotations
+
+from podhealth.checks.passive.context import Context, gpu_entity
+from podhealth.checks.passive.result import fail, ok, warn
+from podhealth.vocab import Action, CheckResult
+
+
+def nvlink(ctx: Context) -> list[CheckResult]:
+    expected_default = ctx.profile.nvlink_links
+    if not expected_default:
+        return []
+    out: list[CheckResult] = []
+    limit = ctx.profile.thresholds["nvlink_errors_per_hour"]
+    errors = ctx.samples("nvlink_errors")
+    expected = ctx.per_gpu("nvlink_links_expected")
+    for s in ctx.samples("nvlink_links_up"):
+        i, e = s.label("gpu"), gpu_entity(s)
+        want = int(expected[i].value) if i in expected else expected_default
+        down = sorted(int(l.label("link")) for l in ctx.samples("nvlink_up") if l.label("gpu") == i and l.value < 1)
+        if s.value < want:
+            # NVIDIA: a link that trained down does not come back without a GPU reset; on
+            # NVSwitch systems the whole fabric partition is rebuilt, so reboot the node.
+            out.append(fail("nvlink", e, f"{int(s.value)} of {want} NVLinks up", Action.REBOOT,
+                            links_up=int(s.value), expected=want, down=",".join(map(str, down)) or "?"))
+            continue
+        rising = []
+        for c in errors:
+            if c.label("gpu") != i:
+                continue
+            r = ctx.rate_per_hour(c)
+            if r is not None and r > limit:
+                rising.append(f"link{c.label('link')}:{c.label('type')}={r:.0f}/h")
+        if rising:
+            out.append(warn("nvlink", e, "NVLink error counters rising", rising=" ".join(sorted(rising)[:8]), limit_per_hour=limit))
+        else:
+            out.append(ok("nvlink", e, links_up=int(s.value), expected=want))
+    return out
