@@ -20,7 +20,7 @@ from aiohttp import web
 from podhealth.credentials import node_token_matches
 from podhealth.webguard import bearer, same_token
 
-from podhealth.aggregator.config import AggAuthConfig
+from podhealth.config_aggregator import AggAuthConfig
 
 _HEX = frozenset("0123456789abcdef")
 _CACHE_MAX = 100_000  # derived tokens already checked (token -> node); at most one per real node

@@ -16,7 +16,7 @@ from typing import Iterable, Mapping, Sequence
 
 from podhealth.vocab import Status
 
-from podhealth.aggregator.config import AggregatorConfig, RuleConfig
+from podhealth.config_aggregator import AggregatorConfig, RuleConfig
 from podhealth.fencing.fence import FenceReason
 from podhealth.aggregator.model import (
     ActionKind, BreakerState, Condition, Decision, FenceMode, FleetState, NodeView, Note, Planned,

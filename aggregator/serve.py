@@ -9,7 +9,7 @@ from aiohttp import web
 
 from podhealth import aioloop
 from podhealth import log as plog
-from podhealth.aggregator.config import AggregatorConfig
+from podhealth.config_aggregator import AggregatorConfig
 from podhealth.aggregator.server import make_app
 from podhealth.aggregator.service import Aggregator
 from podhealth.aggregator.store import StoreError

@@ -24,7 +24,7 @@ from podhealth import log as plog
 from podhealth.vocab import Status
 
 from podhealth.aggregator import bundles, ingest, overrides
-from podhealth.aggregator.config import AggregatorConfig
+from podhealth.config_aggregator import AggregatorConfig
 from podhealth.fencing.fence import (
     BatchFencer, DryRunFencer, FenceOutcome, FenceReason, FenceState, Fencer, Job, JobSource, Remediator,
     parse_reason, render_reason, repair_reason,

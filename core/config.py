@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
 from podhealth import credentials
-from podhealth.aggregator.config import AggregatorConfig
+from podhealth.config_aggregator import AggregatorConfig
 from podhealth.configload import (
     AbsPath, ConfigError, Ge, Gt, Le, NonEmpty, Percent, Port, Seconds, doc, load_file, load_text,
     render_default,

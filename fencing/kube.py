@@ -45,7 +45,7 @@ from podhealth.fencing.kubeauth import DEFAULT_SA_DIR, InClusterError, in_cluste
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
-    from podhealth.aggregator.config import KubeFencerConfig
+    from podhealth.config_aggregator import KubeFencerConfig
 
 TAINT_KEY = "podhealth.io/unhealthy"
 TAINT_EFFECT = "NoSchedule"

@@ -26,7 +26,7 @@ from podhealth.hostnames import is_valid_node_name, validate_node_name
 from podhealth.fencing.slurmjobs import SQUEUE_FORMAT, parse_show_job, parse_squeue
 
 if TYPE_CHECKING:
-    from podhealth.aggregator.config import SlurmFencerConfig
+    from podhealth.config_aggregator import SlurmFencerConfig
 
 MAX_REASON_CHARS = 200
 MAX_JOBS = 64  # jobs looked at per node (a DGX runs a handful; the cap bounds the scontrol calls)

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Sequence
 
 from aiohttp import web
 
-from podhealth.aggregator.config import AggregatorConfig, NodeEntry
+from podhealth.config_aggregator import AggregatorConfig, NodeEntry
 from podhealth.fencing.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Job, render_reason
 from podhealth.aggregator.server import make_app
 from podhealth.aggregator.service import Aggregator

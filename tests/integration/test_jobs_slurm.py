@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import aiohttp
 import pytest
 
-from podhealth.aggregator.config import CapsConfig, JobsConfig
+from podhealth.config_aggregator import CapsConfig, JobsConfig
 from podhealth.fencing.slurm import SlurmFencer
 from tests.harness.agg import config, running
 from tests.harness.slurm import SlurmCluster, missing_binaries
@@ -126,7 +126,7 @@ async def test_the_fatal_path_requeues_the_wait_path_leaves_the_job_alone(slurm:
 
 async def test_dry_run_says_which_jobs_it_would_requeue_and_touches_nothing(slurm: SlurmCluster,
                                                                            tmp_path: Any) -> None:
-    from podhealth.aggregator.config import FencersConfig, SlurmFencerConfig
+    from podhealth.config_aggregator import FencersConfig, SlurmFencerConfig
 
     job = submit(slurm, "dgx04", 1)
     try:

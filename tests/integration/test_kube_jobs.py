@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from podhealth.aggregator.config import CapsConfig, JobsConfig, RetryConfig
+from podhealth.config_aggregator import CapsConfig, JobsConfig, RetryConfig
 from podhealth.fencing.kube import KubeFencer
 from tests.harness.agg import config, running
 from tests.harness.kubeapi import KubeAPI

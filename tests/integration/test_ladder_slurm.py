@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from podhealth.aggregator.config import AggAuthConfig, LadderConfig, NodeEntry, RetryConfig
+from podhealth.config_aggregator import AggAuthConfig, LadderConfig, NodeEntry, RetryConfig
 from podhealth.fencing.fence import FenceReason, repair_reason
 from podhealth.aggregator.model import FenceMode
 from podhealth.fencing.slurm import SlurmFencer

@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from podhealth.aggregator.config import AggAuthConfig
+from podhealth.config_aggregator import AggAuthConfig
 from podhealth.aggregator.model import FenceMode
 from podhealth.fencing.slurm import SlurmFencer
 from tests.harness.agg import config, running

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from podhealth.aggregator.config import AggAuthConfig
+from podhealth.config_aggregator import AggAuthConfig
 from podhealth.aggregator.model import FenceMode
 from tests.harness.agg import MemFencer, config, running
 

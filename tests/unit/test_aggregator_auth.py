@@ -19,7 +19,7 @@ import pytest
 
 from podhealth import config as config_mod
 from podhealth.aggregator import cmd as agg_cmd
-from podhealth.aggregator.config import AggAuthConfig, BreakerConfig
+from podhealth.config_aggregator import AggAuthConfig, BreakerConfig
 from podhealth.aggregator.model import Condition, FleetState, NodeView
 from podhealth.aggregator.policy import Policy, decide
 from podhealth.credentials import derive_node_token

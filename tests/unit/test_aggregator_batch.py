@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import aiohttp
 import pytest
 
-from podhealth.aggregator.config import BreakerConfig, CapsConfig, RateLimitConfig, RetryConfig
+from podhealth.config_aggregator import BreakerConfig, CapsConfig, RateLimitConfig, RetryConfig
 from podhealth.fencing.fence import BatchFencer, FenceOutcome, FenceReason, FenceState, render_reason
 from podhealth.aggregator.model import FenceMode
 from tests.harness.agg import MemFencer, config, running

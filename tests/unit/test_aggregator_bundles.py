@@ -20,7 +20,7 @@ from aiohttp import web
 
 from podhealth.agent.bundle import Part, pack
 from podhealth.aggregator import bundles
-from podhealth.aggregator.config import AggAuthConfig, BundlesConfig, NodeEntry
+from podhealth.config_aggregator import AggAuthConfig, BundlesConfig, NodeEntry
 from podhealth.aggregator.model import FenceMode
 from tests.harness.agg import MemFencer, config, running
 from tests.harness.proc import free_port

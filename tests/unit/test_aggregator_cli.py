@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from podhealth.aggregator.cmd import parse_listen
-from podhealth.aggregator.config import AggAuthConfig
+from podhealth.config_aggregator import AggAuthConfig
 from tests.harness.agg import MemFencer, config, running
 
 pytestmark = pytest.mark.timeout(90)

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from podhealth.aggregator import ingest
-from podhealth.aggregator.config import AggAuthConfig, CapsConfig, FlapHoldConfig, RateLimitConfig
+from podhealth.config_aggregator import AggAuthConfig, CapsConfig, FlapHoldConfig, RateLimitConfig
 from podhealth.aggregator.model import FenceMode
 from podhealth.aggregator.policy import Policy, decide
 from podhealth.aggregator.service import Aggregator

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from podhealth import config
-from podhealth.aggregator.config import AggregatorConfig, RuleConfig
+from podhealth.config_aggregator import AggregatorConfig, RuleConfig
 from podhealth.config import ConfigError
 
 GOOD = """\

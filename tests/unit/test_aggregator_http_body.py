@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from podhealth.aggregator.config import AggAuthConfig
+from podhealth.config_aggregator import AggAuthConfig
 from tests.harness.agg import MemFencer, config, running
 
 pytestmark = pytest.mark.timeout(60)

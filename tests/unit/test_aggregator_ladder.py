@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from podhealth.aggregator.config import AggAuthConfig, LadderConfig, NodeEntry, RetryConfig
+from podhealth.config_aggregator import AggAuthConfig, LadderConfig, NodeEntry, RetryConfig
 from podhealth.fencing.fence import FenceReason, render_reason
 from podhealth.aggregator.model import BreakerState, FenceMode
 from podhealth.aggregator.store import NodeRow, Store
@@ -234,7 +234,7 @@ async def test_the_breaker_holds_every_rung(tmp_path: Path) -> None:
 
 
 async def test_jobs_requeued_once_per_fence_even_across_a_restart(tmp_path: Path) -> None:
-    from podhealth.aggregator.config import JobsConfig
+    from podhealth.config_aggregator import JobsConfig
     from podhealth.fencing.fence import Job
 
     fencer = MemFencer(jobs_on={"dgx01": [Job("4102", "bob", "eval", "RUNNING", (3, 5)), Job("4103", "carol")]})

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from podhealth.aggregator.config import AggAuthConfig
+from podhealth.config_aggregator import AggAuthConfig
 from podhealth.aggregator.model import FenceMode, FleetState
 from podhealth.aggregator.policy import decide
 from podhealth.vocab import Action

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from podhealth.aggregator.config import RuleConfig, _default_rules
+from podhealth.config_aggregator import RuleConfig, _default_rules
 from podhealth.aggregator.model import BreakerState, Condition, FenceMode, FleetState, NodeView
 from podhealth.aggregator.policy import Policy, decide, partition_limit, rule_for
 from podhealth.vocab import Action, Status

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from podhealth.aggregator.config import _default_rules
+from podhealth.config_aggregator import _default_rules
 from podhealth.aggregator.model import BreakerState, Condition, FenceMode, FleetState, NodeView
 from podhealth.aggregator.policy import Policy, decide, gpu_index
 from podhealth.vocab import Action, Status

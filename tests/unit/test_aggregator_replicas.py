@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator
 import aiohttp
 import pytest
 
-from podhealth.aggregator.config import BreakerConfig, CapsConfig, StoreConfig
+from podhealth.config_aggregator import BreakerConfig, CapsConfig, StoreConfig
 from podhealth.fencing.fence import FenceReason
 from podhealth.aggregator.service import Aggregator, OperatorError
 from podhealth.aggregator.store import ActionStart, StaleEpoch
@@ -200,7 +200,7 @@ async def test_journal_writes_under_a_stale_epoch_are_refused_in_a_group_commit(
 
 
 async def test_fleet_status_names_the_leader_at_either_replica(tmp_path: Path, pg: Any) -> None:
-    from podhealth.aggregator.config import AggAuthConfig
+    from podhealth.config_aggregator import AggAuthConfig
     from tests.unit.test_aggregator_cli import fleet
 
     cfg = config(tmp_path, nodes=2, store=StoreConfig(url=pg.new_database(), lease=LEASE),

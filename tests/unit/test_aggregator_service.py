@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from podhealth.aggregator.config import AggAuthConfig, BreakerConfig, NodeEntry, RetryConfig
+from podhealth.config_aggregator import AggAuthConfig, BreakerConfig, NodeEntry, RetryConfig
 from podhealth.fencing.fence import FenceReason, render_reason
 from podhealth.aggregator.model import FenceMode
 from podhealth.aggregator.store import NodeRow, Store

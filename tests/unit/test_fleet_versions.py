@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from podhealth.aggregator import ui, versions
-from podhealth.aggregator.config import AggAuthConfig
+from podhealth.config_aggregator import AggAuthConfig
 from tests.harness.agg import MemFencer, config, running
 
 pytestmark = pytest.mark.timeout(60)

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from podhealth.aggregator import grafana, ui
-from podhealth.aggregator.config import AggAuthConfig, UiConfig
+from podhealth.config_aggregator import AggAuthConfig, UiConfig
 from podhealth.aggregator.store import Store
 from podhealth.config import loads
 from podhealth.configload import ConfigError

@@ -14,7 +14,7 @@ import pytest
 from multidict import CIMultiDict
 
 from podhealth.aggregator import ui
-from podhealth.aggregator.config import AggAuthConfig
+from podhealth.config_aggregator import AggAuthConfig
 from tests.harness.agg import MemFencer, config, running
 
 pytestmark = pytest.mark.timeout(60)
