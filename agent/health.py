@@ -37,6 +37,7 @@ from podhealth.vocab import Action, CheckResult, MetricSpec, NodeReport, Sample,
 
 if TYPE_CHECKING:
     from podhealth.agent.agent import Agent
+    from podhealth.agent.jobmap import JobMap
 
 _log = log.get("podhealth.agent.health")
 
@@ -78,6 +79,7 @@ class Health:
         # (check, entity) -> (fast verdict, store version it judged): kept until a full evaluation
         # of that version or a newer one has judged the same facts.
         self._fast_hold: dict[tuple[str, str], tuple[CheckResult, int]] = {}
+        self.jobmap: "JobMap | None" = None  # which job holds each GPU (agent/jobmap.py): GPU evidence names it
         # One thread: evaluations are serial (the Evaluator keeps rate and damping state).
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="health")
 
@@ -183,6 +185,10 @@ class Health:
         return tuple(out)
 
     def _publish(self, results: tuple[CheckResult, ...], now: float) -> None:
+        if self.jobmap is not None:
+            from podhealth.agent.jobmap import annotate
+
+            results = annotate(results, self.jobmap.jobs)
         old = {(r.check, r.entity): r for r in self.results}
         for r in results:
             prev = old.get((r.check, r.entity))
@@ -314,4 +320,7 @@ def install(agent: "Agent", active_tests: Callable[[], list[ActiveTest]] | None 
     from podhealth.agent import bundle
 
     bundle.install(agent, h)  # POST /v1/bundle (the evidence for an RMA ticket), the same credential
+    from podhealth.agent import jobmap
+
+    h.jobmap = jobmap.install(agent)  # the job on each GPU, in GPU evidence and dcgm-exporter's files
     return h

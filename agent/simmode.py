@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from podhealth import log
-from podhealth.agent.worker import Worker
+from podhealth.worker import Worker
 from podhealth.config import Config
 
 if TYPE_CHECKING:
@@ -50,6 +50,14 @@ def open_or_create(root: Path, name: str, profile: str) -> "SimNode":
     return node
 
 
+def _job_dir(cfg: Config, node_dir: Path) -> Path:
+    from podhealth.config import JobsConfig
+    from podhealth.sim.cmd_job import state_dir_of
+
+    configured = cfg.collectors.jobs.state_dir
+    return state_dir_of(node_dir) if configured == JobsConfig().state_dir else configured
+
+
 def setup(cfg: Config, profile: str, root: Path, name: str) -> SimSetup:
     """Create or reopen the node, install the NVML simulator, and derive the agent's config and seams."""
     from podhealth.sim import nvml_lib
@@ -61,6 +69,9 @@ def setup(cfg: Config, profile: str, root: Path, name: str) -> SimSetup:
         cfg,
         node=replace(cfg.node, name=name, profile=profile),  # type: ignore[arg-type]
         paths=replace(cfg.paths, sysfs_root=node.sys_root, procfs_root=node.proc_root, kmsg=node.kmsg_stream),
+        # `podhealth simulate job start` records jobs beside the node's tree; a state_dir set in the
+        # config (shared with a real prolog under the loopback Slurm) is kept.
+        collectors=replace(cfg.collectors, jobs=replace(cfg.collectors.jobs, state_dir=_job_dir(cfg, node.dir))),
         # POST /v1/gpu-reset resets the simulated GPU (podhealth.sim.cmd gpu-reset), not a real one
         gpu_reset=replace(cfg.gpu_reset, command=(sys.executable, "-m", "podhealth", "simulate", "gpu-reset",
                                                   "--root", str(root), name, "{gpu}")),

@@ -24,6 +24,7 @@ REGISTRY: dict[str, str] = {
     "pcie_aer": "podhealth.collectors.pcie_aer:create",
     "edac": "podhealth.collectors.edac:create",
     "nvme": "podhealth.collectors.nvme:create",
+    "jobs": "podhealth.collectors.jobs:create",
 }
 
 

@@ -6,6 +6,7 @@
     podhealth simulate clear dgx01 [KIND]
     podhealth simulate show dgx01
     podhealth simulate list
+    podhealth simulate job start dgx01 --gpus 0,1 --id 42 --user alice   (job stop / job list)
 
 Every subcommand takes --root (default $PODHEALTH_SIM_DIR or /tmp/podhealth-sim-$UID). Bad input
 exits 2 with a message and changes nothing. Subcommands are listed in SUBCOMMANDS: add one by
@@ -239,6 +240,7 @@ SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction, argparse.ArgumentPa
     "list": _add_list,
     "gpu-reset": lambda sub, common: __import__("podhealth.sim.cmd_gpureset", fromlist=["x"]).add_subcommand(sub, common),
     "fleet": lambda sub, common: __import__("podhealth.sim.fleet", fromlist=["fleet"]).add_subcommand(sub, common),
+    "job": lambda sub, common: __import__("podhealth.sim.cmd_job", fromlist=["x"]).add_subcommand(sub, common),
 }
 
 

@@ -17,6 +17,9 @@ $PODHEALTH_CONFIG, else /etc/podhealth/podhealth.yaml, else the defaults.
   node before the next job lands there. It exits 0 once its own drain is in place (Slurm's
   generic "Epilog error" would replace the reason) and 1 when it could not drain.
 
+The prolog also records the job's GPUs (SLURM_JOB_ID, SLURM_JOB_USER, SLURM_JOB_GPUS) in
+collectors.jobs.state_dir for the agent's `jobs` collector, and the epilog removes the record.
+
 Only GPU results for GPUs outside the job are dropped: another job's broken GPU must not fail
 this one, but a lost InfiniBand port or NFS mount hurts every job on the node.
 """
@@ -119,11 +122,41 @@ def healthcheck(env: "os._Environ[str] | dict[str, str]") -> int:
     return answer(node, _report(cfg, node, cfg.checks.healthcheck_budget), should_drain(cfg))
 
 
+def record_job(cfg: Config, env: "os._Environ[str] | dict[str, str]", hook: str) -> str:
+    """The prolog records which GPUs the job holds (collectors.jobs.state_dir, read by the agent's
+    `jobs` collector); the epilog removes the record. Returns a line for stderr when it could
+    not: knowing the job is worth a log line, never a failed job or a drained node."""
+    from podhealth.collectors import job_records
+
+    job = env.get("SLURM_JOB_ID", "")
+    if not job_records.valid_job_id(job):
+        return f"podhealth {hook}: no usable SLURM_JOB_ID ({job[:40]!r}): job not recorded"
+    state_dir = cfg.collectors.jobs.state_dir
+    try:
+        if hook == "epilog":
+            job_records.remove_record(state_dir, "slurm", job)
+            return ""
+        # SLURM_JOB_GPUS holds the host's GPU indices in the prolog (so does CUDA_VISIBLE_DEVICES
+        # there, unlike inside the job): prolog_epilog.shtml. A job without GPUs holds none.
+        raw = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""
+        gpus = job_records.parse_gpu_list(raw)
+        if not gpus:
+            return ""
+        user = env.get("SLURM_JOB_USER", "")
+        job_records.write_record(state_dir, job_records.JobRecord(
+            "slurm", job, gpus, user if job_records.valid_user(user) else ""))
+        return ""
+    except (OSError, ValueError) as e:
+        return f"podhealth {hook}: job {job} not recorded in {state_dir}: {e}"
+
+
 def _job_hook(env: "os._Environ[str] | dict[str, str]", hook: str) -> int:
     cfg = load_config(env)
     node = node_name(cfg, env)
     job = env.get("SLURM_JOB_ID", "?")
     gpus = job_gpus(env)
+    if hook == "epilog":  # the job is over whatever the verdict: its GPUs are free
+        _note(record_job(cfg, env, hook))
     rep = _report(cfg, node, cfg.checks.prolog_budget)
     results = for_job(rep.results, gpus)
     fails, unknowns = _judge(results)
@@ -131,6 +164,8 @@ def _job_hook(env: "os._Environ[str] | dict[str, str]", hook: str) -> int:
     for r in unknowns:
         print(f"podhealth {hook}: job {job} on {node}: undecided: {line(r)}", file=sys.stderr)
     if not fails:
+        if hook == "prolog":  # the job will run: record its GPUs
+            _note(record_job(cfg, env, hook))
         return EXIT_PASS
     for r in fails:
         print(f"podhealth {hook}: job {job} on {node} ({scope}): {line(r)}", file=sys.stderr)
@@ -143,6 +178,11 @@ def _job_hook(env: "os._Environ[str] | dict[str, str]", hook: str) -> int:
     if hook == "epilog" and drained:
         return EXIT_PASS
     return EXIT_FAIL
+
+
+def _note(msg: str) -> None:
+    if msg:
+        print(msg, file=sys.stderr)
 
 
 Hook = Callable[["os._Environ[str] | dict[str, str]"], int]

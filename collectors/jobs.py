@@ -1,0 +1,238 @@
+"""jobs: which Slurm job or Kubernetes pod holds each GPU on this node.
+
+Sources, each optional; one that is absent or unreadable makes its jobs "unknown", never an
+error verdict (`job_source_up` says which could be read):
+- `records`: the files `podhealth-slurm-prolog` writes into collectors.jobs.state_dir (see
+  job_records.py; the epilog removes them). slurmd gives the prolog SLURM_JOB_GPUS / the host's
+  CUDA_VISIBLE_DEVICES, so the GPU indices are the host's.
+- `cgroup`: for a Slurm job without a record (the prolog hook is not installed), cgroup v1's
+  `<sysfs_root>/fs/cgroup/devices/slurm*/uid_<uid>/job_<id>/devices.list`, where Slurm's
+  task/cgroup plugin allows the job's own /dev/nvidiaN (char major 195, minor N). cgroup v2
+  enforces devices with eBPF and has no readable list: there the records are the source.
+- `kubelet`: the kubelet's PodResources API (podresources.py, grpcio optional): pods holding
+  `nvidia.com/gpu`, whose device ids (GPU UUIDs) are turned into indices through NVML.
+
+Series: `gpu_job_info{gpu, job_id, scheduler, user | namespace, pod}` 1 per (GPU, job), and
+`job_source_up{source}`. The agent adds the job to /health evidence, events, and optionally
+dcgm-exporter's job-mapping files (agent/jobmap.py).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+from pathlib import Path
+from typing import Callable, ClassVar, Mapping
+
+from podhealth.collectors import job_records, podresources
+from podhealth.collectors.base import Collection, local_fault, specs
+from podhealth.collectors.job_records import JobRecord
+from podhealth.config import Config
+from podhealth.vocab import MetricSpec, Sample
+
+METRICS: Mapping[str, MetricSpec] = specs(
+    MetricSpec("gpu_job_info", "gauge",
+               "1 per GPU and the job using it (labels job_id, scheduler slurm|kubernetes, user, namespace, pod)."),
+    MetricSpec("job_source_up", "gauge",
+               "Whether a job source could be read (source records|cgroup|kubelet): 0 = its jobs are unknown."),
+)
+
+NVIDIA_MAJOR = 195  # /dev/nvidiaN is char 195:N; 195:255 is nvidiactl, 195:254 nvidia-modeset
+_DEVICE_LINE = re.compile(r"^([abc])\s+(\*|\d+):(\*|\d+)\s+[rwm]+$")
+_JOB_DIR = re.compile(r"^job_([0-9]{1,20})$")
+_UID_DIR = re.compile(r"^uid_([0-9]{1,10})$")
+UuidMap = Callable[[], Mapping[str, int]]
+
+
+def parse_devices_list(text: str) -> tuple[int, ...] | None:
+    """cgroup v1 devices.list -> the NVIDIA GPU minors it allows; None when it allows every
+    device ("a *:* rwm": no device confinement, so the GPUs are unknown)."""
+    gpus: set[int] = set()
+    for line in text.splitlines():
+        m = _DEVICE_LINE.match(line.strip())
+        if not m:
+            continue
+        kind, major, minor = m.groups()
+        if kind == "a" or (major == "*" and minor == "*"):
+            return None
+        if kind == "c" and major == str(NVIDIA_MAJOR) and minor.isdigit() and int(minor) < 254:
+            gpus.add(int(minor))
+    return tuple(sorted(gpus))
+
+
+def user_of(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return str(uid)
+
+
+class JobsCollector:
+    name: ClassVar[str] = "jobs"
+    metrics: ClassVar[Mapping[str, MetricSpec]] = METRICS
+
+    def __init__(self, state_dir: Path, cgroup_devices: Path, pod_socket: Path, timeout: float,
+                 uuid_map: UuidMap | None = None) -> None:
+        self.state_dir = state_dir
+        self.cgroup_devices = cgroup_devices
+        self.pod_socket = pod_socket
+        self.timeout = timeout
+        self.uuid_map = uuid_map
+
+    # ---- sources: each returns its records, or raises for "unknown" -----------------------------
+
+    def _records(self, errors: list[str]) -> list[JobRecord]:
+        recs, errs = job_records.read_records(self.state_dir)
+        errors.extend(errs)
+        return recs
+
+    def _cgroup(self, errors: list[str]) -> list[JobRecord] | None:
+        """Slurm jobs under cgroup v1; None when there is no such hierarchy (not an error)."""
+        try:
+            tops = sorted(n for n in os.listdir(self.cgroup_devices) if n == "slurm" or n.startswith("slurm_"))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not tops:
+            return None
+        out: list[JobRecord] = []
+        for top in tops:
+            for uid_dir in sorted(os.listdir(self.cgroup_devices / top)):
+                um = _UID_DIR.match(uid_dir)
+                if not um:
+                    continue
+                for job_dir in sorted(os.listdir(self.cgroup_devices / top / uid_dir)):
+                    jm = _JOB_DIR.match(job_dir)
+                    if not jm:
+                        continue
+                    path = self.cgroup_devices / top / uid_dir / job_dir / "devices.list"
+                    try:
+                        gpus = parse_devices_list(path.read_text(errors="replace"))
+                    except FileNotFoundError:
+                        continue  # the job ended while we walked
+                    if gpus is None:
+                        errors.append(f"{path}: every device allowed (GPUs of job {jm.group(1)} unknown)")
+                        continue
+                    if gpus:
+                        out.append(JobRecord("slurm", jm.group(1), gpus, user_of(int(um.group(1)))))
+        return out
+
+    def _kubelet(self) -> list[JobRecord] | None:
+        """GPU pods from the kubelet; None when there is no kubelet socket (not a Kubernetes node)."""
+        if not self.pod_socket.exists():
+            return None
+        pods = podresources.list_gpu_pods(self.pod_socket, self.timeout)
+        if not pods:
+            return []
+        index = self.uuid_map() if self.uuid_map is not None else {}
+        out: list[JobRecord] = []
+        for p in pods:
+            gpus: set[int] = set()
+            for dev in p.device_ids:
+                if dev.isdigit():  # the device plugin's --device-id-strategy=index
+                    gpus.add(int(dev))
+                elif dev in index:
+                    gpus.add(index[dev])
+            if gpus:
+                out.append(JobRecord("kubernetes", _pod_id(p.namespace, p.pod),
+                                     tuple(sorted(gpus)), namespace=p.namespace, pod=p.pod))
+        return out
+
+    # ---- collect ---------------------------------------------------------------------------------
+
+    def collect(self) -> Collection:
+        errors: list[str] = []
+        samples: list[Sample] = []
+        jobs: list[JobRecord] = []
+        up: dict[str, bool] = {}
+
+        try:
+            recs = self._records(errors)
+            up["records"] = True
+            jobs.extend(recs)
+        except OSError as e:
+            up["records"] = False
+            errors.append(f"{self.state_dir}: {e.strerror or e}")
+
+        try:
+            cg = self._cgroup(errors)
+            if cg is not None:
+                up["cgroup"] = True
+                known = {(r.scheduler, r.job_id) for r in jobs}
+                jobs.extend(r for r in cg if (r.scheduler, r.job_id) not in known)
+        except OSError as e:
+            up["cgroup"] = False
+            errors.append(f"{self.cgroup_devices}: {e.strerror or e}")
+
+        try:
+            kube = self._kubelet()
+            if kube is not None:
+                up["kubelet"] = True
+                jobs.extend(kube)
+        except podresources.GrpcMissing as e:
+            up["kubelet"] = False
+            errors.append(str(e))
+        except (OSError, ValueError) as e:  # TimeoutError is an OSError
+            up["kubelet"] = False
+            errors.append(f"{self.pod_socket}: {e}" if not local_fault(e) else f"{self.pod_socket}: {type(e).__name__}")
+
+        for source, ok in sorted(up.items()):
+            samples.append(Sample.of("job_source_up", 1.0 if ok else 0.0, source=source))
+        seen: set[tuple[int, str, str]] = set()
+        for r in jobs:
+            for g in r.gpus:
+                if (g, r.scheduler, r.job_id) in seen:
+                    continue
+                seen.add((g, r.scheduler, r.job_id))
+                samples.append(Sample.of("gpu_job_info", 1.0, gpu=g, job_id=r.job_id, scheduler=r.scheduler,
+                                         user=r.user or None, namespace=r.namespace or None, pod=r.pod or None))
+        return Collection(tuple(samples), errors=tuple(errors[:32]))
+
+    def close(self) -> None:
+        pass
+
+
+def _pod_id(namespace: str, pod: str) -> str:
+    """A pod's job id: namespace/name when it fits a label and a file name, else the name alone."""
+    joined = f"{namespace}.{pod}"
+    return joined if job_records.valid_job_id(joined) else (pod if job_records.valid_job_id(pod) else "pod")
+
+
+def nvml_uuid_map(library_path: str) -> UuidMap:
+    """UUID -> index from the agent's shared NVML session (the kubelet names GPUs by UUID)."""
+    def read() -> Mapping[str, int]:
+        from podhealth.collectors.nvml_session import shared
+
+        session = shared(library_path)
+        session.acquire()
+        try:
+            _, devices = session.devices()
+            return {d.identity.uuid: d.index for d in devices if d.identity.uuid}
+        finally:
+            session.release()
+    return read
+
+
+def create(cfg: Config, *, uuid_map: UuidMap | None = None, **_seams: object) -> JobsCollector:
+    jc = cfg.collectors.jobs
+    return JobsCollector(jc.state_dir, cfg.paths.sysfs_root / "fs" / "cgroup" / "devices", jc.pod_resources_socket,
+                         timeout=max(0.5, jc.timeout - 0.5),
+                         uuid_map=uuid_map if uuid_map is not None else nvml_uuid_map(cfg.paths.nvml_library))
+
+
+def records_from_samples(samples: "list[Sample] | tuple[Sample, ...]") -> dict[int, list[JobRecord]]:
+    """The collector's gpu_job_info samples back into GPU -> jobs (for the agent's evidence)."""
+    out: dict[int, list[JobRecord]] = {}
+    for s in samples:
+        if s.name != "gpu_job_info":
+            continue
+        try:
+            g = int(s.label("gpu"))
+        except ValueError:
+            continue
+        sched = s.label("scheduler")
+        if sched not in job_records.SCHEDULERS:
+            continue
+        out.setdefault(g, []).append(JobRecord(sched, s.label("job_id"), (g,), s.label("user"),  # type: ignore[arg-type]
+                                               s.label("namespace"), s.label("pod")))
+    return out
