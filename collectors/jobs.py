@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, ClassVar, Mapping
 
 from podhealth.collectors import job_records, podresources
-from podhealth.collectors.base import Collection, local_fault, specs
+from podhealth.collectors.base import Collection, specs
 from podhealth.collectors.job_records import JobRecord
 from podhealth.config import Config
 from podhealth.vocab import MetricSpec, Sample
@@ -174,7 +174,7 @@ class JobsCollector:
             errors.append(str(e))
         except (OSError, ValueError) as e:  # TimeoutError is an OSError
             up["kubelet"] = False
-            errors.append(f"{self.pod_socket}: {e}" if not local_fault(e) else f"{self.pod_socket}: {type(e).__name__}")
+            errors.append(f"{self.pod_socket}: {e or type(e).__name__}")
 
         for source, ok in sorted(up.items()):
             samples.append(Sample.of("job_source_up", 1.0 if ok else 0.0, source=source))
