@@ -126,6 +126,20 @@ class DcgmConfig(CollectorConfig):
 
 
 @dataclass(frozen=True)
+class JobsConfig(CollectorConfig):
+    interval: Seconds = doc("Seconds between reads of which job holds each GPU.", 5.0)
+    state_dir: Annotated[Path, AbsPath()] = doc(
+        "Where podhealth-slurm-prolog records each job's GPUs (one file per job; the epilog removes it).",
+        Path("/run/podhealth/jobs"))
+    pod_resources_socket: Annotated[Path, AbsPath()] = doc(
+        "The kubelet's PodResources API (gRPC; needs podhealth[kubernetes]); skipped when the socket is absent.",
+        Path("/var/lib/kubelet/pod-resources/kubelet.sock"))
+    dcgm_job_mapping_dir: Annotated[Path, AbsPath()] | None = doc(
+        "Write dcgm-exporter's HPC job-mapping files here (one file per GPU index naming its jobs, as\n"
+        "`dcgm-exporter --hpc-job-mapping-dir` reads them); null = do not write.", None)
+
+
+@dataclass(frozen=True)
 class CollectorsConfig:
     nvml: CollectorConfig = doc("GPU state through NVML.", factory=CollectorConfig)
     nvlink: CollectorConfig = doc("NVLink state and error counters through NVML.", factory=CollectorConfig)
@@ -142,6 +156,8 @@ class CollectorsConfig:
                                 factory=lambda: CollectorConfig(interval=30.0))
     nvme: CollectorConfig = doc("NVMe controllers from <sysfs_root>/class/nvme and `nvme smart-log -o json`\n"
                                 "when nvme-cli is installed.", factory=lambda: CollectorConfig(interval=60.0, timeout=10.0))
+    jobs: JobsConfig = doc("Which Slurm job or Kubernetes pod holds each GPU (prolog records, cgroups, kubelet).",
+                           factory=JobsConfig)
 
 
 @dataclass(frozen=True)
