@@ -39,7 +39,8 @@ from podhealth.agent.server import AGENT_KEY, build_app
 from podhealth.agent.store import EventsCallback, SnapshotCallback, SnapshotStore
 from podhealth.agent.worker import call_with_timeout
 from podhealth.collectors.base import Collector, CollectorDisabled
-from podhealth.config import CollectorConfig, Config, valid_node_name
+from podhealth.config import CollectorConfig, Config
+from podhealth.hostnames import node_name_problem
 from podhealth.fdlimit import soft_limit
 from podhealth.httpguard import ConnLimits, GuardedSite, fd_share
 from podhealth.logrepeat import Repeats, loop_exception_handler
@@ -96,8 +97,8 @@ class Agent:
                  factory_timeout: float | None = None, stale_after: float = 3.0) -> None:
         self.cfg = cfg
         self.node = node or cfg.node.name or default_node_name()
-        if not valid_node_name(self.node):
-            raise ValueError(f"invalid node name {self.node!r} (letters, digits, '.', '_', '-'; at most 63)")
+        if node_name_problem(self.node):
+            raise ValueError(f"invalid node name: {node_name_problem(self.node)}")
         self.version = version
         self.factories = dict(factories if factories is not None else registry_factories())
         self.seams = {k: dict(v) for k, v in (seams or {}).items()}

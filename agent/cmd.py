@@ -22,6 +22,7 @@ from typing import Any
 from podhealth import config
 from podhealth.credentials import CredentialError
 from podhealth.exitcodes import EXIT_USAGE
+from podhealth.hostnames import node_name_problem
 
 SIM_PROFILES = ("dgx-h100", "dgx-h200", "dgx-b200", "dgx-a100")
 DEFAULT_SIM_NODE = "dgx01"
@@ -122,9 +123,9 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, listen=replace(cfg.listen, address=host, port=port))
     # PODHEALTH_NODE: the DaemonSet passes spec.nodeName (the pod's hostname is not the node's).
     node = args.node or cfg.node.name or os.environ.get("PODHEALTH_NODE", "") or (DEFAULT_SIM_NODE if args.simulate else "")
-    if node and not config.valid_node_name(node):
+    if node and node_name_problem(node):
         # from --node it is a usage error; from the config or $PODHEALTH_NODE, a config error
-        return (_usage if args.node else _fail)(f"invalid node name {node!r}")
+        return (_usage if args.node else _fail)(f"invalid node name: {node_name_problem(node)}")
     limit_malloc_arenas()
     raise_fd_limit()
     try:

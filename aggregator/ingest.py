@@ -37,7 +37,7 @@ import orjson
 
 from podhealth.vocab import Action, Status
 
-from podhealth.config_aggregator import node_name_problem
+from podhealth.hostnames import node_name_problem
 from podhealth.aggregator.state import Memory, Order, Verdict, digest_of
 from podhealth.aggregator.store import Op
 

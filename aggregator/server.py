@@ -23,7 +23,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from podhealth import log as plog
 from podhealth.aggregator import bundles, ingest, overrides, versions
-from podhealth.config_aggregator import node_name_problem
+from podhealth.hostnames import node_name_problem
 from podhealth.webguard import from_this_host, require_guarded, same_site_only
 
 from podhealth.aggregator.auth import Auth, Refused, Speaker

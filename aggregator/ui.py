@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 from aiohttp import web
 
 from podhealth.aggregator import grafana
-from podhealth.config_aggregator import node_name_problem
+from podhealth.hostnames import node_name_problem
 from podhealth.webguard import Handler
 
 if TYPE_CHECKING:

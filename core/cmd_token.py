@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from podhealth import credentials
-from podhealth.config_aggregator import node_name_problem
+from podhealth.hostnames import node_name_problem
 from podhealth.exitcodes import EXIT_USAGE
 
 SECRET_ENV = "PODHEALTH_CLUSTER_SECRET"

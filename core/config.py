@@ -6,12 +6,12 @@ The agent reads `agent`-side sections; the aggregator reads `aggregator`; both s
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
 from podhealth import credentials
+from podhealth.hostnames import node_name_problem
 from podhealth.config_aggregator import AggregatorConfig
 from podhealth.configload import (
     AbsPath, ConfigError, Ge, Gt, Le, NonEmpty, Percent, Port, Seconds, doc, load_file, load_text,
@@ -28,6 +28,10 @@ PROFILES: tuple[str, ...] = ("dgx-h100", "dgx-h200", "dgx-b200", "dgx-a100", "ge
 class NodeConfig:
     name: str = doc("Node name reported to the aggregator; empty = this host's short hostname.", "")
     profile: Profile = doc("Hardware profile (SKU) the node is checked against.", "dgx-h100")
+
+    def validate(self) -> tuple[str, str] | None:
+        problem = node_name_problem(self.name) if self.name else None
+        return ("name", problem) if problem else None
 
 
 @dataclass(frozen=True)
@@ -254,6 +258,13 @@ class ChecksConfig:
     prolog_budget: Annotated[float, Gt(0, "seconds"), Le(60, "seconds")] = doc(
         "Seconds podhealth-slurm-prolog / -epilog may take (passive checks only).", 5.0)
 
+    def validate(self) -> tuple[str, str] | None:
+        for node in self.agents:
+            problem = node_name_problem(node)
+            if problem:
+                return ("agents", problem)
+        return None
+
 
 @dataclass(frozen=True)
 class BurninConfig:
@@ -361,11 +372,3 @@ def load(path: Path | str) -> Config:
 def default_yaml() -> str:
     head = "# podhealth configuration. Every key is optional; shown are the defaults.\n"
     return head + render_default(Config()) + "\n"
-
-
-_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-
-
-def valid_node_name(name: str) -> bool:
-    """Slurm/DNS-safe node names only: these reach scontrol and the Kubernetes API."""
-    return bool(_NODE_NAME.match(name))

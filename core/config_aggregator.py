@@ -1,6 +1,8 @@
 """The aggregator's section of the config file (`aggregator:`), as frozen typed models.
 
-Imported by core/config.py, so this module must stay light: no aiohttp, no sqlite, nothing
+It lives in core, beside core/config.py which embeds it, because the schema is vocabulary every
+layer may read (the fencers take their settings from it, `podhealth token` validates node names
+with it) while the aggregator itself sits on top. Keep it light: no aiohttp, no sqlite, nothing
 that imports podhealth.config back.
 """
 
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
 from podhealth import credentials
+from podhealth.hostnames import node_name_problem
 from podhealth.netaddr import is_loopback_address
 from podhealth.configload import AbsPath, Ge, Gt, NonEmpty, Percent, Port, Seconds, doc
 
@@ -21,17 +24,6 @@ ActionName = Literal["NONE", "RESTART_APP", "RESET_GPU", "DRAIN", "REBOOT", "REP
 Severity = Literal["info", "warning", "critical"]
 Do = Literal["notify", "fence", "fence_and_reboot"]
 SEVERITY_RANK: Mapping[str, int] = {"info": 0, "warning": 1, "critical": 2}
-
-_NODE_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
-
-
-def node_name_problem(name: str) -> str | None:
-    """Why `name` is not a safe node name (it reaches scontrol and the Kubernetes API), or None."""
-    if not name:
-        return "expected a node name, got an empty string"
-    if len(name) > 63 or not name[0].isalnum() or not set(name) <= _NODE_CHARS:
-        return f'expected a node name (letters, digits, ".", "_", "-"; at most 63), got "{name}"'
-    return None
 
 
 @dataclass(frozen=True)
@@ -427,5 +419,5 @@ class AggregatorConfig:
 __all__ = [
     "AggregatorConfig", "AggListenConfig", "AggAuthConfig", "RuleConfig", "CapsConfig", "RateLimitConfig",
     "BreakerConfig", "FlapHoldConfig", "LadderConfig", "JobsConfig", "NodeEntry", "FencersConfig", "SlurmFencerConfig", "KubeFencerConfig",
-    "DryRunFencerConfig", "FileFencerConfig", "RetryConfig", "UiConfig", "BundlesConfig", "StoreConfig", "SEVERITY_RANK", "node_name_problem",
+    "DryRunFencerConfig", "FileFencerConfig", "RetryConfig", "UiConfig", "BundlesConfig", "StoreConfig", "SEVERITY_RANK",
 ]

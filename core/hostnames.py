@@ -30,31 +30,49 @@ _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 _TRAILING_DIGITS = re.compile(r"(.*?)([0-9]+)")
 
 
+_RULE = 'letters, digits, ".", "_", "-"; at most 63'
+
+
+def _shown(name: str) -> str:
+    """The name as an error message quotes it: control characters escaped, long names cut."""
+    cut = name[:80] + ("..." if len(name) > 80 else "")
+    return f'"{cut}"' if cut.isprintable() else repr(cut)
+
+
+def node_name_problem(name: object) -> str | None:
+    """Why `name` is not one safe node name, or None. THE node-name rule of podhealth: config
+    (`nodes`, `opt_out`, `node.name`, `node_tokens`), ingest and the agent API, `podhealth token`,
+    the fencers, the NCCL pair tests and the simulator all ask here, so a node the aggregator
+    accepts a report from is always one its fencers can fence (a name like `dgx-` or `all` used to
+    pass ingest and then be refused by the Slurm fencer, the node unfenceable forever)."""
+    if not isinstance(name, str):
+        return f"expected a node name, got {type(name).__name__}: a node name must be a string"
+    if not name:
+        return "expected a node name, got an empty string"
+    if len(name) > MAX_NAME_LEN:
+        return (f"expected a node name ({_RULE}), got {_shown(name)}: {len(name)} characters, "
+                f"the limit is {MAX_NAME_LEN}")
+    if any(c in name for c in "[],"):
+        return f"expected one node name, got {_shown(name)}: a hostlist expression, not one node (expand it first)"
+    if not _NAME.fullmatch(name):
+        bad = "".join(sorted({c for c in name if not (c.isascii() and (c.isalnum() or c in "._-"))}))
+        why = f"contains {bad!r}" if bad else "must start and end with a letter or digit"
+        return f"expected a node name ({_RULE}), got {_shown(name)}: not a valid Slurm node name, {why}"
+    if name.lower() in _RESERVED:
+        return f"expected a node name, got {_shown(name)}: a Slurm keyword, not a node"
+    return None
+
+
 def validate_node_name(name: str) -> str:
     """Return `name` if it is a safe single Slurm node name, else raise ValueError saying why."""
-    if not isinstance(name, str):
-        raise ValueError(f"node name must be a string, got {type(name).__name__}")
-    if not name:
-        raise ValueError("node name is empty")
-    if len(name) > MAX_NAME_LEN:
-        raise ValueError(f"node name {name[:80]!r} is {len(name)} characters; the limit is {MAX_NAME_LEN}")
-    if any(c in name for c in "[],"):
-        raise ValueError(f"node name {name!r} is a hostlist expression, not one node (expand it first)")
-    if not _NAME.fullmatch(name):
-        bad = sorted({c for c in name if not (c.isascii() and (c.isalnum() or c in "._-"))})
-        why = f"contains {''.join(bad)!r}" if bad else "must start and end with a letter or digit"
-        raise ValueError(f"node name {name!r} is not a valid Slurm node name: {why}")
-    if name.lower() in _RESERVED:
-        raise ValueError(f"node name {name!r} is a Slurm keyword, not a node")
+    problem = node_name_problem(name)
+    if problem:
+        raise ValueError(problem)
     return name
 
 
 def is_valid_node_name(name: str) -> bool:
-    try:
-        validate_node_name(name)
-    except ValueError:
-        return False
-    return True
+    return node_name_problem(name) is None
 
 
 def _split_top_level(expr: str) -> list[str]:

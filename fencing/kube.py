@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from podhealth.fencing.fence import FenceOutcome, FenceReason, FenceState, Job, render_reason
 from podhealth.fencing.kubeauth import DEFAULT_SA_DIR, InClusterError, in_cluster_configuration
+from podhealth.hostnames import node_name_problem
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -67,9 +68,13 @@ T = TypeVar("T")
 
 
 def validate_kube_node_name(name: str) -> str:
-    """Node names are DNS-1123 subdomains (lower case, digits, '-', '.'; at most 253 characters)."""
+    """podhealth's one node-name rule (podhealth.hostnames, what ingest and config enforce), and on
+    top Kubernetes' own: node names are DNS-1123 subdomains (lower case, digits, '-', '.')."""
     if not isinstance(name, str) or not name:
         raise ValueError("Kubernetes node name is empty")
+    problem = node_name_problem(name)
+    if problem:
+        raise ValueError(f"{name[:80]!r} is not a valid Kubernetes node name: {problem}")
     if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
         raise ValueError(f"{name[:80]!r} is not a valid Kubernetes node name (DNS-1123 subdomain: lower-case "
                          "letters, digits, '-' and '.', at most 253 characters)")

@@ -523,7 +523,7 @@ def add_subcommand(sub: argparse._SubParsersAction, common: argparse.ArgumentPar
 
 
 def options(args: argparse.Namespace) -> FleetOptions:
-    from podhealth.config_aggregator import node_name_problem
+    from podhealth.hostnames import node_name_problem
     from podhealth.sim.topology import STORAGE_MODES
 
     if not 1 <= args.nodes <= MAX_NODES:

@@ -38,7 +38,6 @@ import fcntl
 import importlib
 import json
 import os
-import re
 import stat
 import sys
 import tempfile
@@ -50,11 +49,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable, Iterator
 
+from podhealth.hostnames import node_name_problem
 from podhealth.sim import faults as faults_mod
 from podhealth.sim.state import Fault, NodeState, default_state
 
 ENV_ROOT = "PODHEALTH_SIM_DIR"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _RELOAD_INTERVAL_S = 0.1
 # A FIFO's default capacity: what a reader that attaches late gets replayed of kmsg.log (the newest
 # records), as /dev/kmsg's ring buffer keeps only the newest.
@@ -81,8 +80,9 @@ def root_problem(root: Path) -> str | None:
 
 def check_name(name: str) -> str:
     """Node names become directory names and Slurm node names: keep them to a safe alphabet."""
-    if not _NAME.match(name):
-        raise ValueError(f"bad node name {name!r}: use letters, digits, '.', '_' or '-' (max 63)")
+    problem = node_name_problem(name)
+    if problem:
+        raise ValueError(f"bad node name {name!r}: {problem}")
     return name
 
 

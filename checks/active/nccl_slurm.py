@@ -20,7 +20,7 @@ from typing import Callable, Mapping, Sequence
 
 from podhealth.checks.active import localize, nccl
 from podhealth.checks.passive.result import fail, ok, unknown, warn
-from podhealth.config import valid_node_name
+from podhealth.hostnames import validate_node_name
 from podhealth.vocab import Action, CheckResult
 
 CHECK = "nccl_pairwise"
@@ -55,8 +55,7 @@ class PairRun:
 
 def srun_argv(job: PairJob, a: str, b: str) -> list[str]:
     for n in (a, b):
-        if not valid_node_name(n):
-            raise ValueError(f"invalid node name {n!r}")
+        validate_node_name(n)
     argv = [job.srun, "-N2", f"--ntasks-per-node={job.ranks_per_node}", "-w", f"{a},{b}",
             "--job-name=podhealth-nccl", f"--time={max(1, int(job.timeout_s // 60) + 1)}", "--kill-on-bad-exit=1"]
     if job.partition:
@@ -102,8 +101,7 @@ def node_addresses(nodes: Sequence[str], scontrol: str = "scontrol", timeout_s: 
     """NodeAddr of each node from `scontrol show node -o` (names validated); missing ones omitted."""
     out: dict[str, str] = {}
     for n in nodes:
-        if not valid_node_name(n):
-            raise ValueError(f"invalid node name {n!r}")
+        validate_node_name(n)
     try:
         r = subprocess.run([scontrol, "show", "node", "-o", ",".join(nodes)], capture_output=True,
                            timeout=timeout_s, check=False)
@@ -184,8 +182,7 @@ def run_pairwise(nodes: Sequence[str], job: PairJob, gate_gbps: float | nccl.Gat
                  run: Callable[[PairJob, str, str], PairRun] = run_pair) -> PairwiseOutcome:
     """Localise bad nodes: rounds of disjoint pair tests until the localiser has no more to ask."""
     for n in list(nodes) + list(known_good):
-        if not valid_node_name(n):
-            raise ValueError(f"invalid node name {n!r}")
+        validate_node_name(n)
     runs: list[PairRun] = []
     pairs: list[localize.PairResult] = []
     p = localize.plan(nodes, pairs, known_good)

@@ -19,7 +19,8 @@ from typing import Any, Callable
 from podhealth import config as config_mod
 from podhealth.credentials import CredentialError
 from podhealth.checks.handover.report import EXIT_UNKNOWN, SuiteReport, render
-from podhealth.config import Config, valid_node_name
+from podhealth.config import Config
+from podhealth.hostnames import node_name_problem
 
 
 _EXIT_CODES = """exit codes:
@@ -83,8 +84,8 @@ def _token(args: argparse.Namespace, cfg: Config) -> str:
 def agent_url(cfg: Config, node: str, aggregator: str = "", token: str = "") -> str:
     """Where `node`'s agent answers, found as a cluster finds it: the config's checks.agents,
     then the aggregator (which has each node's agent_url), then DNS."""
-    if not valid_node_name(node):
-        raise CheckError(f"invalid node name {node!r}")
+    if node_name_problem(node):
+        raise CheckError(f"invalid node name: {node_name_problem(node)}")
     if node in cfg.checks.agents:
         return cfg.checks.agents[node]
     if aggregator:

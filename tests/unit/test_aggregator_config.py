@@ -87,13 +87,14 @@ def _err(text: str) -> str:
      'agg.yaml:2: aggregator.db: expected an absolute path, got "relative.db"'),
     ("aggregator:\n  nodes:\n    - name: dgx01\n    - name: 'dgx 02; rm -rf /'\n",
      "agg.yaml:4: aggregator.nodes[1].name: expected a node name (letters, digits, \".\", \"_\", \"-\"; at most 63), "
-     "got \"dgx 02; rm -rf /\""),
+     "got \"dgx 02; rm -rf /\": not a valid Slurm node name, contains ' /;'"),
     ("aggregator:\n  nodes:\n    - name: dgx01\n      agent_url: dgx01:9410\n",
      'agg.yaml:4: aggregator.nodes[0].agent_url: expected an http(s) URL, got "dgx01:9410"'),
     ("aggregator:\n  nodes:\n    - name: dgx01\n    - name: dgx01\n",
      "agg.yaml:3: aggregator.nodes: duplicate node dgx01"),
     ("aggregator:\n  opt_out: [dgx01, '-x']\n",
-     "agg.yaml:2: aggregator.opt_out: expected a node name (letters, digits, \".\", \"_\", \"-\"; at most 63), got \"-x\""),
+     "agg.yaml:2: aggregator.opt_out: expected a node name (letters, digits, \".\", \"_\", \"-\"; at most 63), got \"-x\": "
+     "not a valid Slurm node name, must start and end with a letter or digit"),
     ("aggregator:\n  auth:\n    node_tokens: {dgx01: ''}\n",
      "agg.yaml:3: aggregator.auth.node_tokens: empty token for node dgx01"),
     ("aggregator:\n  fencers:\n    file: {enabled: true, path: fence.json}\n",

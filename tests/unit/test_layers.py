@@ -26,10 +26,6 @@ MAY_IMPORT = {
 }
 # (importing module, imported layer): why it is still there. Cut them; never add one.
 KNOWN_BACK_EDGES = {
-    ("fencing/slurm.py", "aggregator"): "fencer settings from aggregator/config.py (the schema moves to core)",
-    ("fencing/kube.py", "aggregator"): "fencer settings from aggregator/config.py (the schema moves to core)",
-    ("core/config.py", "aggregator"): "the aggregator's config schema lives in aggregator/config.py (move to core)",
-    ("core/cmd_token.py", "aggregator"): "node_name_problem from aggregator/config.py (move with it)",
     ("collectors/nvlink.py", "checks"): "reads the profile's NVLink link count (pass it in from the agent)",
 }
 
