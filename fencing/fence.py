@@ -50,8 +50,21 @@ class FenceOutcome:
     error: str = ""
 
 
+class Transient(RuntimeError):
+    """The backend could not answer (slurmctld down, an API timeout): the same call may work later.
+    A fencer raises it after its ONE attempt; the action runner (aggregator/actions.py) is the
+    only place that tries again, with backoff and a cap."""
+
+
+class Refused(ValueError):
+    """The request itself cannot be carried out (a node name the backend refuses, an agent's
+    final "no"): trying again changes nothing. A ValueError, which is what the name validators raise."""
+
+
 @runtime_checkable
 class Fencer(Protocol):
+    """One attempt per call, bounded by the fencer's own timeout; never a retry loop inside."""
+
     name: str
 
     async def read(self, node: str) -> FenceState: ...
@@ -88,7 +101,7 @@ class BatchFencer(Protocol):
 class Remediator(Protocol):
     """Optional extension of Fencer: the scheduler's own way to reboot a node, and to change the
     reason on a fence podhealth made (REPAIR). Single attempts, like every fencer call: the action
-    runner (aggregator/service.py) is the one retrier."""
+    runner (aggregator/actions.py) is the one retrier."""
 
     async def reboot(self, node: str, reason: FenceReason) -> FenceOutcome:
         """Have the node rebooted once its jobs are done, and kept out of service afterwards (the

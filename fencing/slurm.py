@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, TypeVar
 
-from podhealth.fencing.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Job, render_reason
+from podhealth.fencing.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Job, Transient, render_reason
 from podhealth.hostnames import is_valid_node_name, validate_node_name
 from podhealth.fencing.slurmjobs import SQUEUE_FORMAT, parse_show_job, parse_squeue
 
@@ -41,8 +41,8 @@ _FIELD_LIMITS = (("check", 48), ("entity", 64), ("action", 24), ("id", 64))
 _SUFFIX_FLAGS = {"*": "NOT_RESPONDING", "~": "POWERED_DOWN", "#": "POWERING_UP", "!": "POWER_DOWN",
                  "%": "POWERING_DOWN", "$": "MAINTENANCE", "@": "REBOOT_REQUESTED", "^": "REBOOT_ISSUED",
                  "-": "PLANNED"}
-# Errors that mean "slurmctld did not answer": worth another try. Anything else (an invalid node,
-# a permission error) will not change by retrying.
+# Errors that mean "slurmctld did not answer": worth another try (by the action runner, later).
+# Anything else (an invalid node, a permission error) will not change by retrying.
 _TRANSIENT = ("unable to contact slurm controller", "socket timed out", "zero bytes were transmitted",
               "connection refused", "connection timed out", "communication connection failure",
               "slurm backup controller in standby mode", "timed out after")
@@ -210,8 +210,8 @@ def sanitise_reason(reason: FenceReason) -> str:
     return render_reason(clean)[:MAX_REASON_CHARS]
 
 
-class SlurmUnavailable(RuntimeError):
-    """slurmctld could not be reached (after retries); the caller keeps the action pending."""
+class SlurmUnavailable(Transient):
+    """slurmctld could not be reached (one attempt); the action runner tries again later."""
 
 
 @dataclass(frozen=True)
@@ -239,17 +239,16 @@ class SlurmFencer:
     name = "slurm"
 
     def __init__(self, scontrol: str = "scontrol", slurm_conf: str | os.PathLike[str] | None = None,
-                 timeout: float = 10.0, attempts: int = 3, backoff: float = 0.25,
-                 budget: float | None = None, env: Mapping[str, str] | None = None, squeue: str = "squeue") -> None:
+                 timeout: float = 10.0, budget: float | None = None, env: Mapping[str, str] | None = None,
+                 squeue: str = "squeue") -> None:
         """`timeout` bounds each scontrol run; `budget` (default 1.5 x timeout) bounds one whole
-        public call including retries, so a caller's own deadline of 2 x timeout is never hit."""
-        if attempts < 1 or timeout <= 0:
-            raise ValueError("attempts must be >= 1 and timeout > 0")
+        public call (a fence is read, update, read back), so a caller's own deadline of 2 x timeout
+        is never hit. Each scontrol runs once: the action runner is the one retrier."""
+        if timeout <= 0:
+            raise ValueError("timeout must be > 0")
         self.scontrol = scontrol
         self.squeue = squeue
         self.timeout = timeout
-        self.attempts = attempts
-        self.backoff = backoff
         self.budget = budget if budget is not None else timeout * 1.5
         base = dict(env if env is not None else os.environ)
         if slurm_conf:
@@ -426,7 +425,7 @@ class SlurmFencer:
                                   done: Callable[[FenceState], bool], not_done: Callable[[FenceState], str],
                                   default_output: Callable[[FenceState], str]) -> FenceOutcome:
         """Run one `scontrol update` and read the node back: only what Slurm then shows counts."""
-        run = await self._run_retrying(argv, deadline)
+        run = await self._run_once(argv, deadline)
         if run.rc != 0:
             return FenceOutcome(ok=False, changed=False, command=argv, output=run.text,
                                 error=f"scontrol {verb} failed: {run.text or 'rc ' + str(run.rc)}")
@@ -508,7 +507,7 @@ class SlurmFencer:
                                       output=f"drained: {st.reason} (a batch of {len(todo)}, "
                                              f"{len(chunks)} scontrol session(s))")
             elif run.rc is None or run.transient:
-                continue  # slurmctld did not answer: the caller's fence() retries this one with backoff
+                continue  # slurmctld did not answer: left out, for the caller's fence() of this one
             else:
                 err = run.err.strip()[:MAX_OUTPUT_CHARS]
                 out[n] = FenceOutcome(ok=False, changed=False, command=argv[n], output=st.raw,
@@ -526,7 +525,7 @@ class SlurmFencer:
     async def _read_chunk(self, names: list[str], deadline: float) -> dict[str, FenceState]:
         """One `scontrol show node -o a,b,c`: a node it does not know gets a line `Node X not found`
         (and rc 1) while the others are still printed."""
-        run = await self._run_retrying((self.scontrol, "show", "node", "-o", ",".join(names)), deadline)
+        run = await self._run_once((self.scontrol, "show", "node", "-o", ",".join(names)), deadline)
         out, missing = await _off_loop(_parse_listing, run.out)
         if run.rc != 0 and not out and not missing:
             raise SlurmUnavailable(f"scontrol show node: {run.text or 'rc ' + str(run.rc)}")
@@ -548,7 +547,7 @@ class SlurmFencer:
     async def list_fenced(self) -> dict[str, FenceState]:
         """Every drained/fenced node (ours or not); raises SlurmUnavailable when slurmctld is away."""
         deadline = time.monotonic() + self.budget
-        run = await self._run_retrying((self.scontrol, "show", "node", "-o"), deadline)
+        run = await self._run_once((self.scontrol, "show", "node", "-o"), deadline)
         if run.rc != 0:
             raise SlurmUnavailable(f"scontrol show node: {run.text or 'rc ' + str(run.rc)}")
         nodes = await _off_loop(parse_show_node, run.out)
@@ -557,7 +556,7 @@ class SlurmFencer:
     # ---- internals ------------------------------------------------------------------------------
 
     async def _read(self, node: str, deadline: float) -> FenceState:
-        run = await self._run_retrying((self.scontrol, "show", "node", "-o", node), deadline)
+        run = await self._run_once((self.scontrol, "show", "node", "-o", node), deadline)
         if run.rc != 0:
             if "not found" in run.text.lower() or "invalid node name" in run.text.lower():
                 return FenceState(node=node, exists=False, fenced=False, ours=False, raw=run.text)
@@ -567,23 +566,17 @@ class SlurmFencer:
             return FenceState(node=node, exists=False, fenced=False, ours=False, raw=run.text)
         return _state_of(nodes[0], run.out.strip())
 
-    async def _run_retrying(self, argv: tuple[str, ...], deadline: float) -> _Run:
-        delay = self.backoff
-        run = _Run(argv, None, "", "not run: no time left")
-        for attempt in range(self.attempts):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            run = await self._run(argv, min(self.timeout, left))
-            if not run.transient:
-                return run
-            if attempt + 1 < self.attempts:
-                await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-                delay *= 2
+    async def _run_once(self, argv: tuple[str, ...], deadline: float) -> _Run:
+        """One scontrol run within what is left of `deadline`; slurmctld not answering is
+        SlurmUnavailable (a Transient: the action runner decides whether and when to try again)."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise SlurmUnavailable(f"{' '.join(argv[1:3])}: not run: no time left")
+        run = await self._run(argv, min(self.timeout, left))
         if run.rc is None:
             raise SlurmUnavailable(run.err)
         if run.transient:
-            raise SlurmUnavailable(f"{' '.join(argv[1:3])}: {run.text} (after {self.attempts} tries)")
+            raise SlurmUnavailable(f"{' '.join(argv[1:3])}: {run.text}")
         return run
 
     async def _run(self, argv: tuple[str, ...], timeout: float, stdin: bytes | None = None) -> _Run:

@@ -20,7 +20,7 @@ def drain_or_resume(node: str, failing: CheckResult | None, fencer: SlurmFencer 
 
     Returns a one-line note for stderr (empty when nothing changed).
     """
-    f = fencer or SlurmFencer(slurm_conf=os.environ.get("SLURM_CONF") or None, timeout=3.0, attempts=1)
+    f = fencer or SlurmFencer(slurm_conf=os.environ.get("SLURM_CONF") or None, timeout=3.0)
     return asyncio.run(_apply(f, node, failing))
 
 
