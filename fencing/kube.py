@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from podhealth.fencing.fence import FenceOutcome, FenceReason, FenceState, Job, render_reason
+from podhealth.fencing.fence import FenceOutcome, FenceReason, FenceState, Job, Transient, render_reason
 from podhealth.fencing.kubeauth import DEFAULT_SA_DIR, InClusterError, in_cluster_configuration
 from podhealth.hostnames import node_name_problem
 
@@ -211,8 +211,9 @@ def release_patch(view: NodeView) -> Json:
                          "annotations": {ANNOTATION: None, REBOOT_ANNOTATION: None}}, "spec": spec}
 
 
-class KubeUnavailable(RuntimeError):
-    """The API server could not be reached or refused the call; the caller keeps the action pending."""
+class KubeUnavailable(Transient):
+    """The API server could not be reached or refused the call (one attempt); the caller keeps
+    the action pending and the action runner tries again later."""
 
 
 class _Conflict(Exception):
@@ -226,10 +227,12 @@ class KubeFencer:
 
     def __init__(self, api_client: "ApiClient | None" = None, kubeconfig: str | None = None,
                  in_cluster: bool = False, context: str | None = None, timeout: float = 10.0, attempts: int = 5,
-                 backoff: float = 0.1, budget: float | None = None, event_namespace: str = "default",
+                 budget: float | None = None, event_namespace: str = "default",
                  instance: str | None = None, clock: Callable[[], float] = time.time,
                  service_account_dir: str = DEFAULT_SA_DIR) -> None:
-        """`timeout` bounds each API call; `budget` (default 1.5 x timeout) one public call with retries.
+        """`timeout` bounds each API call; `budget` (default 1.5 x timeout) one public call. Each
+        API call is made once (the action runner is the one retrier); `attempts` bounds only the
+        re-reads after a 409 conflict, which are the merge patch's semantics, not retries.
         `in_cluster` uses the pod's service account from `service_account_dir` (fencing/kubeauth.py)."""
         from kubernetes import client as k8s
         from kubernetes import config as k8s_config
@@ -250,7 +253,6 @@ class KubeFencer:
         self.core = k8s.CoreV1Api(api_client)
         self.timeout = timeout
         self.attempts = attempts
-        self.backoff = backoff
         self.budget = budget if budget is not None else timeout * 1.5
         self.event_namespace = event_namespace
         self.instance = instance or socket.gethostname()
@@ -572,36 +574,29 @@ class KubeFencer:
         return ""
 
     async def _call(self, fn: Callable[[], T], deadline: float) -> T:
-        """Run a blocking client call in a thread, retrying transient failures until the deadline.
+        """Run one blocking client call in a thread, once, within what is left of `deadline`.
 
         404 and 409 are returned to the caller as ApiException (they are answers, not failures);
-        401/403/422 are final; 5xx, 429 and connection errors are retried with backoff.
+        anything else (401/403/422, 5xx, 429, connection errors, a timeout) is KubeUnavailable,
+        a Transient: the action runner decides whether and when to try again.
         """
         from kubernetes.client.exceptions import ApiException
 
-        delay = self.backoff
-        last = "no time left"
-        for attempt in range(self.attempts):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                # The client's own _request_timeout ends the thread's socket wait; this deadline
-                # only guards against a call that ignores it.
-                return await asyncio.wait_for(asyncio.to_thread(fn), left + 1.0)
-            except ApiException as e:
-                if e.status in (404, 409):
-                    raise
-                last = f"HTTP {e.status} {_api_message(e)}"
-                if e.status not in (429, 500, 502, 503, 504):
-                    raise KubeUnavailable(last) from None
-            except asyncio.TimeoutError:
-                last = f"timed out after {left:.1f}s"
-            except Exception as e:  # noqa: BLE001 - urllib3 connection errors, bad responses
-                last = f"{type(e).__name__}: {e}"
-            if attempt + 1 < self.attempts:
-                await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
-                delay *= 2
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise KubeUnavailable("Kubernetes API: no time left")
+        try:
+            # The client's own _request_timeout ends the thread's socket wait; this deadline
+            # only guards against a call that ignores it.
+            return await asyncio.wait_for(asyncio.to_thread(fn), left + 1.0)
+        except ApiException as e:
+            if e.status in (404, 409):
+                raise
+            last = f"HTTP {e.status} {_api_message(e)}"
+        except asyncio.TimeoutError:
+            last = f"timed out after {left:.1f}s"
+        except Exception as e:  # noqa: BLE001 - urllib3 connection errors, bad responses
+            last = f"{type(e).__name__}: {e}"
         raise KubeUnavailable(f"Kubernetes API: {last[:500]}")
 
 
