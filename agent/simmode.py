@@ -95,7 +95,7 @@ def _kmsg_reader(node: "SimNode", from_start: bool) -> Any:
     reader sees the ring buffer), so a command that sets the simulator up without reading the
     kernel log (`profile capture --simulate`) neither takes records from a running agent nor
     replays old ones into its stream."""
-    from podhealth.collectors.kmsg import KmsgDeviceReader
+    from podhealth.collectors.kmsg_reader import KmsgDeviceReader
 
     class NodeStream(KmsgDeviceReader):
         attached = False

@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Literal
 
+from podhealth.vocab import Event, EventKind, KernelFields, Nvlink5Payload, RecoveryChange
+
 ParsedKind = Literal["xid", "sxid", "fallen_off_bus"]
 
 MAX_TEXT = 512  # an Xid 119 line with its RPC payload is ~200 chars; a runaway line is cut here
@@ -86,36 +88,6 @@ _MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
 
 
 @dataclass(frozen=True, slots=True)
-class Nvlink5Payload:
-    """XID 144-150 fields; `registers[0]` is IntrInfo and `registers[1]` the Error Status."""
-
-    unit: str  # "RLW_REMAP", "NETIR_LINK_EVT", "TLW_RX/TLW_RX_PIPE0", ...
-    fatal: bool
-    cross_contain: int
-    injected: int
-    link: int
-    registers: tuple[int, ...]
-
-    @property
-    def intr_info(self) -> int | None:
-        return self.registers[0] if self.registers else None
-
-    @property
-    def error_status(self) -> int | None:
-        return self.registers[1] if len(self.registers) > 1 else None
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryChange:
-    """XID 154: the driver's recovery action moved from one state to another."""
-
-    from_value: int
-    from_name: str
-    to_value: int
-    to_name: str
-
-
-@dataclass(frozen=True, slots=True)
 class ParsedLine:
     kind: ParsedKind
     code: int  # 79 for a fallen-off-the-bus message without an Xid line
@@ -133,6 +105,11 @@ class ParsedLine:
     link: int | None = None
     nvlink5: Nvlink5Payload | None = None
     recovery: RecoveryChange | None = None
+
+    @property
+    def kernel(self) -> KernelFields:
+        """What an Event carries of this line for the rules (Event.kernel)."""
+        return KernelFields(fatal=self.fatal, link=self.link, nvlink5=self.nvlink5, recovery=self.recovery)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +157,32 @@ def parse(line: str, *, year: int | None = None) -> ParsedLine | Malformed | Non
 def parse_line(line: str, *, year: int | None = None) -> ParsedLine | None:
     p = parse(line, year=year)
     return p if isinstance(p, ParsedLine) else None
+
+
+_EVENT_KIND: dict[ParsedKind, EventKind] = {"xid": "xid", "sxid": "sxid", "fallen_off_bus": "kernel"}
+
+
+def event_of(p: ParsedLine, *, at: float, gpu: int | None = None) -> Event:
+    """The Event for a parsed line, carrying what was parsed (Event.kernel) so nothing parses it again.
+    `at` is its resolved wall time (the collector's job: the line's stamps, boot time, New Year)."""
+    return Event(
+        kind=_EVENT_KIND[p.kind], code=p.code, time=at, text=p.message,
+        pci_bus_id=p.pci_bus_id if p.kind != "sxid" else "",  # the SXid's address is the switch's: see device
+        gpu=gpu, pid=p.pid, process=p.process, device=p.device, subcode=p.subcode, source="kmsg", kernel=p.kernel,
+    )
+
+
+def with_kernel_fields(ev: Event) -> Event:
+    """`ev` carrying what this parser reads from its line (Event.kernel), for whoever judges it.
+
+    The collector's events already carry it (the line was parsed once, in the collector). An older
+    agent's event, or one built from text alone, carries none: its text is parsed here, by the same
+    parser, so no rule ever reads the text itself.
+    """
+    if ev.kernel is not None or ev.kind not in ("xid", "sxid", "kernel"):
+        return ev
+    p = parse_line(ev.text)
+    return replace(ev, kernel=p.kernel if p is not None else KernelFields())
 
 
 def gpu_mention(line: str) -> str | None:

@@ -10,7 +10,7 @@ import enum
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Literal, Mapping, cast, get_args
 
 Labels = tuple[tuple[str, str], ...]
 MetricKind = Literal["gauge", "counter", "info"]
@@ -218,6 +218,103 @@ EventKind = Literal["xid", "sxid", "kernel", "edac", "mce"]  # edac/mce: host RA
 
 
 @dataclass(frozen=True, slots=True)
+class Nvlink5Payload:
+    """XID 144-150 fields; `registers[0]` is IntrInfo and `registers[1]` the Error Status."""
+
+    unit: str  # "RLW_REMAP", "NETIR_LINK_EVT", "TLW_RX/TLW_RX_PIPE0", ...
+    fatal: bool
+    cross_contain: int
+    injected: int
+    link: int
+    registers: tuple[int, ...]
+
+    @property
+    def intr_info(self) -> int | None:
+        return self.registers[0] if self.registers else None
+
+    @property
+    def error_status(self) -> int | None:
+        return self.registers[1] if len(self.registers) > 1 else None
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryChange:
+    """XID 154: the driver's recovery action moved from one state to another."""
+
+    from_value: int
+    from_name: str
+    to_value: int
+    to_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class KernelFields:
+    """What the kernel-log parser (collectors/xid_parse.py) read from an NVIDIA line beyond the
+    Event's common fields: the payload the XID / SXid rules judge. The collector parses the line
+    once and the Event carries this, so the rules read fields and never the text."""
+
+    fatal: bool | None = None  # SXid / NVLink5 "Fatal" vs "Non-fatal"; None when the line says neither
+    link: int | None = None  # the NVLink the line names
+    nvlink5: Nvlink5Payload | None = None  # XID 144-150
+    recovery: RecoveryChange | None = None  # XID 154
+
+    def to_json(self) -> dict[str, object]:
+        n, r = self.nvlink5, self.recovery
+        return {
+            "fatal": self.fatal,
+            "link": self.link,
+            "nvlink5": None if n is None else {
+                "unit": n.unit, "fatal": n.fatal, "cross_contain": n.cross_contain, "injected": n.injected,
+                "link": n.link, "registers": list(n.registers)},
+            "recovery": None if r is None else {
+                "from_value": r.from_value, "from_name": r.from_name, "to_value": r.to_value, "to_name": r.to_name},
+        }
+
+    @classmethod
+    def from_json(cls, d: object) -> "KernelFields":
+        """Raises ValueError on a body of any other shape."""
+        if not isinstance(d, Mapping):
+            raise ValueError("kernel must be an object")
+        n, r = d.get("nvlink5"), d.get("recovery")
+        if not (n is None or isinstance(n, Mapping)) or not (r is None or isinstance(r, Mapping)):
+            raise ValueError("kernel.nvlink5 and kernel.recovery must be objects")
+        regs = (n.get("registers") or []) if n is not None else []
+        if not isinstance(regs, list):
+            raise ValueError("kernel.nvlink5.registers must be a list")
+        return cls(
+            fatal=_opt_bool(d.get("fatal"), "kernel.fatal"),
+            link=_opt_int(d.get("link"), "kernel.link"),
+            nvlink5=None if n is None else Nvlink5Payload(
+                unit=str(n.get("unit", "")), fatal=_opt_bool(n.get("fatal"), "kernel.nvlink5.fatal") is True,
+                cross_contain=_int(n.get("cross_contain"), "kernel.nvlink5.cross_contain"),
+                injected=_int(n.get("injected"), "kernel.nvlink5.injected"),
+                link=_int(n.get("link"), "kernel.nvlink5.link"),
+                registers=tuple(_int(x, "kernel.nvlink5.registers") for x in regs)),
+            recovery=None if r is None else RecoveryChange(
+                from_value=_int(r.get("from_value"), "kernel.recovery.from_value"),
+                from_name=str(r.get("from_name", "")),
+                to_value=_int(r.get("to_value"), "kernel.recovery.to_value"),
+                to_name=str(r.get("to_name", ""))),
+        )
+
+
+def _int(v: object, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{what}: expected an integer")
+    return v
+
+
+def _opt_int(v: object, what: str) -> int | None:
+    return None if v is None else _int(v, what)
+
+
+def _opt_bool(v: object, what: str) -> bool | None:
+    if v is not None and not isinstance(v, bool):
+        raise ValueError(f"{what}: expected true, false or null")
+    return v
+
+
+@dataclass(frozen=True, slots=True)
 class Event:
     """A one-off occurrence (an XID line, an NVML XID event), as opposed to a lasting condition."""
 
@@ -233,6 +330,11 @@ class Event:
     subcode: int | None = None  # XID 144-150 / 154 carry extra decoded info
     source: str = "kmsg"  # kmsg | nvml
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # What the collector parsed from the line (XID / SXid / fallen-off-bus events). None: not
+    # carried (an older agent's event, or one built from text alone); the rules then have the one
+    # parser read it from the text (collectors.xid_parse.with_kernel_fields).
+    kernel: KernelFields | None = None
+    job: str = ""  # the job on that GPU when the agent knew it ("slurm job 1234 (alice)"): agent/jobmap.py
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -248,4 +350,37 @@ class Event:
             "subcode": self.subcode,
             "source": self.source,
             "id": self.id,
+            "kernel": None if self.kernel is None else self.kernel.to_json(),
+            **({"job": self.job} if self.job else {}),
         }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> "Event":
+        """The inverse of to_json. An older agent's event has no "kernel" (kernel=None). Raises
+        ValueError (or KeyError for a missing kind/code/time) on a body of any other shape."""
+        if not isinstance(d, Mapping):
+            raise ValueError("an event must be an object")
+        kind = d["kind"]
+        if kind not in _EVENT_KINDS:
+            raise ValueError(f"kind: expected one of {', '.join(_EVENT_KINDS)}")
+        k = d.get("kernel")
+        eid = d.get("id")
+        return cls(
+            kind=cast(EventKind, kind),
+            code=_int(d["code"], "code"),
+            time=_number(d["time"], "time"),
+            text=str(d.get("text") or ""),
+            pci_bus_id=str(d.get("pci_bus_id") or ""),
+            gpu=_opt_int(d.get("gpu"), "gpu"),
+            pid=_opt_int(d.get("pid"), "pid"),
+            process=str(d.get("process") or ""),
+            device=str(d.get("device") or ""),
+            subcode=_opt_int(d.get("subcode"), "subcode"),
+            source=str(d.get("source") or "kmsg"),
+            kernel=None if k is None else KernelFields.from_json(k),
+            job=str(d.get("job") or "")[:256],
+            **({"id": str(eid)} if eid else {}),
+        )
+
+
+_EVENT_KINDS: tuple[str, ...] = get_args(EventKind)

@@ -9,6 +9,8 @@ workflows the catalog describes but cannot express as one action per code:
   - escalation of hardware codes that recur within the window.
 A verdict only looks at events inside the window, so an XID that stops recurring ages out: that
 is the recovery. `evaluate_xids` is pure: events, catalog and clock in, CheckResults out.
+The rules read what the collector parsed from the line (Event.kernel), never the text; an event
+that carries none (an older agent's) is completed by the collector's parser, the one reader of lines.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from typing import Any, Iterable, Literal, Mapping, Sequence, cast
 import yaml
 
 from podhealth import yamldata
-from podhealth.collectors.xid_parse import Nvlink5Payload, parse_line, parse_recovery
-from podhealth.vocab import Action, CheckResult, Event, Status, evidence_of
+from podhealth.collectors.xid_parse import with_kernel_fields
+from podhealth.vocab import Action, CheckResult, Event, KernelFields, Nvlink5Payload, Status, evidence_of
 
 Severity = Literal["info", "warning", "critical"]
 SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
@@ -410,7 +412,7 @@ def evaluate_xids(
     NVSwitch that had SXids (or is named in `switches`). Pure."""
     gpu_ids = gpu_ids or {}
     uuid_of = {idx: uuid for idx, uuid in gpu_ids.values()}
-    recent = [e for e in events if e.time >= now - window_s]
+    recent = [with_kernel_fields(e) for e in events if e.time >= now - window_s]
     by_entity: dict[str, list[Event]] = defaultdict(list)
     by_switch: dict[str, list[Event]] = defaultdict(list)
     for e in recent:
@@ -515,8 +517,13 @@ def _repeat(code: int, n: int, gpus: int, cat: XidCatalog) -> Finding:
                    f"{n} incident{'s' if n != 1 else ''}: application fault (CHECK_APP/CUDA)")
 
 
+def _kernel(e: Event) -> KernelFields:
+    """The parsed fields (evaluate_xids completed every event that came without them)."""
+    return e.kernel if e.kernel is not None else KernelFields()
+
+
 def _xid154(e: Event, cat: XidCatalog) -> Finding:
-    rec = parse_recovery(e.text)
+    rec = _kernel(e).recovery
     rule = cat.recovery_rule(rec.to_name, rec.to_value) if rec else None
     if rule is None and rec is None and e.subcode is not None and e.source != "nvml":
         rule = cat.recovery_by_value.get(e.subcode)
@@ -529,8 +536,7 @@ def _xid154(e: Event, cat: XidCatalog) -> Finding:
 def _nvlink5(code: int, mine: list[Event], has154: bool, cat: XidCatalog) -> Finding:
     worst: Finding | None = None
     for e in mine:
-        p = parse_line(e.text)
-        d = cat.decode_nvlink5(code, p.nvlink5 if p else None)
+        d = cat.decode_nvlink5(code, _kernel(e).nvlink5)
         rule, why = d.rule, d.text
         if d.bucket == "XID_154_EVAL" and has154:
             rule, why = Rule(Action.NONE, "info"), f"{d.text}; deferred to XID 154"
@@ -547,8 +553,7 @@ def _switch_findings(evs: list[Event], cat: XidCatalog) -> list[Finding]:
         info = cat.lookup_sxid(code)
         worst: Finding | None = None
         for e in (x for x in evs if x.code == code):
-            p = parse_line(e.text)
-            fatal = p.fatal if p else None
+            fatal = _kernel(e).fatal
             if info.unknown:
                 f = Finding(code, cat.unknown_sxid_fatal if fatal else cat.unknown_sxid,
                             "SXid not in the Fabric Manager catalog", unknown=True)

@@ -19,7 +19,8 @@ from podhealth.checks.passive.engine import CHECKS, Evaluator
 from podhealth.collectors import REGISTRY, factory
 from podhealth.collectors.aer_parse import LONG_TO_SHORT, device_kind, parse_aer_file, parse_rootport_total
 from podhealth.collectors.edac import EdacCollector
-from podhealth.collectors.kmsg import FileFollower, KmsgCollector
+from podhealth.collectors.kmsg import KmsgCollector
+from podhealth.collectors.kmsg_reader import FileFollower
 from podhealth.collectors.nvme import NvmeCollector, dir_source
 from podhealth.collectors.nvme_parse import parse_smart_log
 from podhealth.collectors.pcie_aer import PcieAerCollector

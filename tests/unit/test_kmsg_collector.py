@@ -6,17 +6,17 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from podhealth.collectors import REGISTRY, factory
-from podhealth.collectors.kmsg import (
-    FileFollower, KmsgCollector, KmsgDeviceReader, NvmlUnusable, NvmlXid, NvmlXidEvents, create,
-)
+from podhealth.collectors.kmsg import KmsgCollector, create
+from podhealth.collectors.kmsg_reader import KmsgDeviceReader
+from podhealth.collectors.nvml_events import NvmlUnusable, NvmlXid
 from podhealth.config import Config, loads
 from podhealth.vocab import Sample
+from tests.unit.test_kmsg_reader import Records
 
 OWN = Path(__file__).resolve().parent.parent / "fixtures" / "kmsg"
 REPO = Path(__file__).resolve().parents[2]
@@ -177,21 +177,6 @@ def test_pci_to_gpu_mapping_seam(tmp_path: Path) -> None:
 # ---- /dev/kmsg ---------------------------------------------------------------------------------
 
 
-class Records:
-    """Stands in for os.read on /dev/kmsg: a script of records and errors."""
-
-    def __init__(self, script: list[bytes | BaseException]) -> None:
-        self.script = script
-
-    def __call__(self, fd: int, n: int) -> bytes:
-        if not self.script:
-            raise BlockingIOError(11, "EAGAIN")
-        item = self.script.pop(0)
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-
 def test_kmsg_device_records_epipe_and_eagain(tmp_path: Path) -> None:
     dev = tmp_path / "fake-kmsg"
     dev.write_text("")  # something to open; reads come from the script
@@ -211,17 +196,6 @@ def test_kmsg_device_records_epipe_and_eagain(tmp_path: Path) -> None:
     assert value(got.samples, "kmsg_lines") == 3
     assert c.collect().events == ()  # EAGAIN straight away: nothing new
     c.close()
-
-
-def test_kmsg_device_reopen_does_not_repeat_records(tmp_path: Path) -> None:
-    dev = tmp_path / "fake-kmsg"
-    dev.write_text("")
-    recs = [f"3,{i},{i}000000,-;{X79}\n".encode() for i in (1, 2)]
-    script: list[bytes | BaseException] = [*recs, OSError(5, "EIO")]
-    reader = KmsgDeviceReader(dev, from_start=True, read_fn=Records(script))
-    assert len(reader.read(10, 1 << 20).lines) == 2 and reader.read(0, 0).error == ""
-    script += [*recs, f"3,3,3000000,-;{X79}\n".encode()]  # reopened from the start: 1 and 2 again
-    assert [ln.split(",")[1] for ln in reader.read(10, 1 << 20).lines] == ["3"]
 
 
 def test_real_dev_kmsg_reads_until_eagain() -> None:
@@ -334,67 +308,3 @@ def test_nvml_unusable_or_failing_falls_back_to_kernel_log(tmp_path: Path) -> No
     assert c2.collect().errors == ()
     c2.close()
     assert src.closed
-
-
-# ---- NvmlXidEvents against a stand-in pynvml module ---------------------------------------------
-
-
-class TimeoutError_(Exception):
-    pass
-
-
-def fake_pynvml(buses: list[str], events: list[tuple[int, int]], refuse: int | None = None) -> Any:
-    handles = [object() for _ in buses]
-    calls: list[str] = []
-
-    def register(h: object, mask: int, s: object) -> None:
-        if refuse is not None and h is handles[refuse]:
-            raise RuntimeError("Not Supported")
-        calls.append("register")
-
-    def wait(s: object, ms: int) -> Any:
-        if not events:
-            raise TimeoutError_()
-        gpu, code = events.pop(0)
-        return SimpleNamespace(device=handles[gpu], eventType=8, eventData=code)
-
-    return SimpleNamespace(
-        nvmlLib=object(), nvmlInit=lambda: calls.append("init"), nvmlShutdown=lambda: calls.append("shutdown"),
-        nvmlEventSetCreate=lambda: "set", nvmlEventSetFree=lambda s: calls.append("free"),
-        nvmlDeviceGetCount=lambda: len(handles), nvmlDeviceGetHandleByIndex=lambda i: handles[i],
-        nvmlDeviceGetPciInfo_v3=lambda h: SimpleNamespace(busId=buses[handles.index(h)].encode()),
-        nvmlDeviceRegisterEvents=register, nvmlEventSetWait_v2=wait,
-        nvmlEventTypeXidCriticalError=8, NVMLError_Timeout=TimeoutError_, calls=calls,
-    )
-
-
-def test_nvml_xid_events_register_poll_and_map_pci() -> None:
-    n = fake_pynvml(["00000000:18:00.0", "00000000:2A:00.0"], [(1, 79), (0, 13)], refuse=None)
-    src = NvmlXidEvents(n, clock=lambda: 7.0)
-    assert src.gpu_index_by_pci() == {"0000:18:00.0": 0, "0000:2a:00.0": 1}
-    assert src.poll(10) == [NvmlXid("0000:2a:00.0", 1, 79, 7.0), NvmlXid("0000:18:00.0", 0, 13, 7.0)]
-    assert src.poll(10) == []
-    src.close()
-    assert n.calls[-2:] == ["free", "shutdown"]
-
-
-def test_nvml_xid_events_one_gpu_refusing_is_a_note_all_refusing_is_unusable() -> None:
-    src = NvmlXidEvents(fake_pynvml(["0000:18:00.0", "0000:19:00.0"], [], refuse=1))
-    assert src.notes and "GPU 1" in src.notes[0]
-    with pytest.raises(NvmlUnusable, match="no GPU accepted"):
-        NvmlXidEvents(fake_pynvml(["0000:18:00.0"], [], refuse=0))
-
-    def no_driver() -> None:
-        raise RuntimeError("NVML Shared Library Not Found")
-
-    n = fake_pynvml([], [])
-    n.nvmlInit = no_driver
-    with pytest.raises(NvmlUnusable, match="nvmlInit failed"):
-        NvmlXidEvents(n)
-
-
-def test_file_follower_survives_binary_junk(tmp_path: Path) -> None:
-    log = tmp_path / "kern.log"
-    log.write_bytes(b"\xff\xfe garbage \x00\nNVRM: Xid (PCI:0000:18:00): 79\n")
-    batch = FileFollower(log, from_start=True).read(100, 1 << 20)
-    assert len(batch.lines) == 2 and batch.lines[1].endswith(": 79")

@@ -16,7 +16,8 @@ import pytest
 from podhealth.agent.scheduler import Scheduler
 from podhealth.agent.store import SnapshotStore
 from podhealth.collectors.base import Collection
-from podhealth.collectors.kmsg import KmsgCollector, KmsgDeviceReader, open_reader
+from podhealth.collectors.kmsg import KmsgCollector
+from podhealth.collectors.kmsg_reader import KmsgDeviceReader, open_reader
 from podhealth.config import loads
 from podhealth.sim.node import SimNode
 from podhealth.sim.state import Fault
