@@ -190,10 +190,15 @@ function matrix(g, results) {
   const entities = [...new Set(results.map((r) => r.entity))].sort(natural);
   const checks = [...new Set(results.map((r) => r.check))].sort();
   const at = new Map(results.map((r) => [`${r.entity}\u0000${r.check}`, r]));
+  // The job on each GPU, as the agent put it in the GPU's evidence (agent/jobmap.py): shown under
+  // the GPU's name so an operator sees whose work a failing GPU hurts.
+  const jobOf = new Map(results.filter((r) => r.evidence && r.evidence.job).map((r) => [r.entity, r.evidence.job]));
   const head = el("tr", {}, el("th", {}, "entity"), ...checks.map((c) => el("th", { className: "check", title: c }, c)));
   const body = el("tbody");
   for (const e of entities) {
-    const tr = el("tr", {}, el("th", { className: "mono", scope: "row" }, e));
+    const job = jobOf.get(e);
+    const tr = el("tr", {}, el("th", { className: "mono", scope: "row" }, e,
+      job ? el("div", { className: "gpujob", dataset: { entity: e } }, job) : null));
     for (const c of checks) {
       const r = at.get(`${e}\u0000${c}`);
       if (!r) { tr.append(el("td", { className: "cell" }, el("span", { className: "cellchip none" }, "·"))); continue; }
@@ -250,7 +255,8 @@ function eventRow(item) {
   const where = e.gpu !== null && e.gpu !== undefined ? `gpu${e.gpu}` : (e.device || e.pci_bus_id || "");
   return el("tr", { className: "bad" }, el("td", { className: "when" }, when(item.time)),
     el("td", {}, String(e.kind || "").toUpperCase()), el("td", { className: "num" }, e.code ?? ""),
-    el("td", { className: "mono" }, where), el("td", { className: "mono" }, e.text || ""));
+    el("td", { className: "mono" }, where, e.job ? el("div", { className: "gpujob" }, e.job) : null),
+    el("td", { className: "mono" }, e.text || ""));
 }
 
 function renderHistory(items) {
