@@ -13,6 +13,11 @@ Hooks for modules written later (the checks engine, the publisher):
 - `agent.add_metric_source(fn)` before `start()`: `fn(snapshot) -> Iterable[Family]`, rendered
   with every snapshot (runs in the render thread: read immutable state only). Call
   `agent.invalidate()` when a source's data changed without a new snapshot.
+- `agent.add_sink(sink)` before `start()`: somewhere the agent sends what it sees (agent/sink.py:
+  the aggregator publisher, the heartbeat, the InfluxDB export). Sinks start when the agent
+  serves and stop first; each is fed snapshots and events by these hooks through its own bounded
+  queue, so a slow or broken sink holds up nothing else. `agent.sinks.transition` takes verdict
+  transitions (agent/wiring.py connects the checks engine to it).
 
 A collector whose factory raises (CollectorDisabled with a reason, or anything else), does not
 return in time, or is disabled in config is reported disabled with the reason; the agent keeps
@@ -36,6 +41,7 @@ from podhealth.agent.metrics.render import ExpositionCache, RenderContext
 from podhealth.agent.scheduler import Scheduler
 from podhealth.agent.sdnotify import Notifier, watchdog, watchdog_interval
 from podhealth.agent.server import AGENT_KEY, build_app
+from podhealth.agent.sink import Sink, Sinks
 from podhealth.agent.store import EventsCallback, SnapshotCallback, SnapshotStore
 from podhealth.agent.worker import call_with_timeout
 from podhealth.collectors.base import Collector, CollectorDisabled
@@ -125,6 +131,7 @@ class Agent:
         self.http_limits: ConnLimits | None = None  # None: HTTP_MAX_CONNECTIONS / HTTP_IDLE_TIMEOUT
         self._repeats = Repeats(_log)
         self._sources.append(self._http_families)
+        self.sinks = Sinks()
 
     # ---- hooks ------------------------------------------------------------------------------
 
@@ -150,6 +157,11 @@ class Agent:
             raise RuntimeError("add_metric_source() must be called before start()")
         self._sources.append(source)
 
+    def add_sink(self, sink: Sink) -> None:
+        if self._started:
+            raise RuntimeError("add_sink() must be called before start()")
+        self.sinks.add(sink)
+
     def invalidate(self) -> None:
         """Re-render /metrics for the current snapshot (a metric source's data changed)."""
         self.exposition.update(self.store.snapshot)
@@ -170,6 +182,7 @@ class Agent:
     async def start(self) -> None:
         self.started_monotonic = time.monotonic()
         self._started = True
+        self._sources.append(self.sinks.families)  # after the sources added before start()
         await self._build_collectors()
         detail = self._export_filter()
         specs = {name: detail.specs(name, s) for name, s in self.specs.items()}
@@ -177,6 +190,9 @@ class Agent:
             self.node, self.version, self.cfg.node.profile, specs, tuple(self._sources), detail)
         self.store.on_snapshot.insert(0, self._changed)
         self._hooks.append(self._update_status)
+        # After the hooks installed before start() (the checks engine), as they were registered.
+        self._hooks.append(self.sinks.snapshot)
+        self.store.on_events.append(self.sinks.events)
         self.invalidate()
         self.scheduler.start()
         # The loop's own error reports (a failed accept() when fds run out) once per kind a minute.
@@ -197,6 +213,7 @@ class Agent:
         interval = watchdog_interval()
         if interval is not None and self.notifier.enabled:
             self._watchdog = asyncio.get_running_loop().create_task(watchdog(self.notifier, interval), name="watchdog")
+        await self.sinks.start()
 
     def _export_filter(self) -> ExportFilter:
         """Each collector's detail level and family switches (config) over export_detail.yaml."""
@@ -219,6 +236,7 @@ class Agent:
 
     async def stop(self) -> None:
         self.notifier.stopping()
+        await self.sinks.stop()  # while collectors and HTTP still run: the publisher drains its spool
         if self._hooks_timer is not None:
             self._hooks_timer.cancel()
             self._hooks_timer = None

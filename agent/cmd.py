@@ -164,7 +164,7 @@ async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None) 
     from podhealth.agent import wiring
 
     spool = sim.node.dir / "spool" if args.simulate else None
-    extras = wiring.install(agent, spool_dir=spool)
+    wiring.install(agent, spool_dir=spool)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -176,7 +176,6 @@ async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None) 
                    listen=f"{cfg.listen.address}:{cfg.listen.port}")
         await agent.stop()
         return 1
-    await extras.start()
     # Everything built so far (modules, config, collectors) lives as long as the process: keep
     # it out of the cyclic GC's view, or every full collection walks all of it again (~40 ms
     # each on a DGX agent, several per minute). The thresholds stay as they are: raising the
@@ -188,7 +187,6 @@ async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None) 
         await stop.wait()
     finally:
         _log.info("stopping")
-        await extras.stop()
         await agent.stop()
         if refresher is not None:
             refresher.cancel()

@@ -14,6 +14,9 @@ Lines are written by influxdb-client's own `Point` (its escaping: a newline in a
 `\\n`, never a second line; a backslash is left as it is), and only in the writer thread: the
 event loop just queues the samples, so a large snapshot costs it no formatting. The client is
 the `podhealth[influx]` extra (core/extras.py): import this module only after `require("influx")`.
+
+As the agent's sink (agent/sink.py) it takes each collector's samples once per successful
+collection, from the snapshots the agent hands it, with the metric specs `specs()` reads.
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ import asyncio
 import collections
 import time
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple
+from typing import Callable, Iterable, Mapping, NamedTuple
 
 import structlog
 from influxdb_client import Point
 from influxdb_client.domain.write_precision import WritePrecision
 
+from podhealth.agent.sink import Sink
 from podhealth.config import InfluxConfig
+from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import MetricSpec, Sample
 
 log = structlog.get_logger("influxdb")
@@ -72,10 +77,17 @@ class InfluxStats:
     last_error: str = ""
 
 
-class InfluxExporter:
-    def __init__(self, cfg: InfluxConfig, node: str, write_timeout: float = 10.0) -> None:
+class InfluxExporter(Sink):
+    name = "influxdb"
+
+    def __init__(self, cfg: InfluxConfig, node: str, write_timeout: float = 10.0,
+                 specs: Callable[[], Mapping[str, MetricSpec]] = dict) -> None:
+        """`specs()`: every collector's metric specs by name (their kinds: counters get `_total`,
+        info series are skipped), read when new samples arrive."""
         self.cfg = cfg
         self.node = node
+        self._specs = specs
+        self._seen: dict[str, CollectorState] = {}
         self.write_timeout = write_timeout
         self.buffer: collections.deque[Pending] = collections.deque()
         self.stats = InfluxStats()
@@ -83,7 +95,19 @@ class InfluxExporter:
         self._wake = asyncio.Event()
         self._client = None
 
-    def offer(self, samples: Iterable[Sample], specs: dict[str, MetricSpec], ts: float | None = None) -> None:
+    async def on_snapshot(self, snap: Snapshot) -> None:
+        specs: Mapping[str, MetricSpec] | None = None
+        for name, st in snap.collectors.items():
+            prev = self._seen.get(name)
+            if prev is st:
+                continue
+            self._seen[name] = st
+            # Only a new successful collection is new data; staleness flips carry no samples.
+            if st.samples and st.last_success and (prev is None or prev.last_success != st.last_success):
+                specs = specs if specs is not None else self._specs()
+                self.offer(st.samples, specs, st.last_success)
+
+    def offer(self, samples: Iterable[Sample], specs: Mapping[str, MetricSpec], ts: float | None = None) -> None:
         ts_ns = int((ts or time.time()) * 1e9)
         for s in samples:
             spec = specs.get(s.name)
@@ -153,7 +177,7 @@ class InfluxExporter:
                 backoff = min(backoff * 2, 60.0)
                 break
 
-    def start(self) -> None:
+    async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run(), name="influx-exporter")
 
     async def stop(self) -> None:

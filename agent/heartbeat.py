@@ -15,6 +15,9 @@ whole NodeStatus, the agent sends the full report only when it must:
 - when the aggregator answers a lease with 409 (it restarted, or took a transition since) or
   400 (it does not take leases).
 Otherwise it sends a lease (~230 bytes) naming the digest the aggregator answered to that report.
+
+As the agent's sink (agent/sink.py) it sends `report()` every `publish.report_interval` from
+start() to stop(), skipping the beats before the first judgement (`report()` is None then).
 """
 
 from __future__ import annotations
@@ -23,20 +26,27 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import aiohttp
 
 from podhealth import log as plog
 from podhealth.agent.failover import Replicas
+from podhealth.agent.metrics.family import Family
 from podhealth.agent.sequence import Sequencer
+from podhealth.agent.sink import Sink
 from podhealth.config import PublishConfig
-from podhealth.vocab import NodeReport
+from podhealth.snapshot import Snapshot
+from podhealth.vocab import MetricSpec, NodeReport, Sample
 
 log = plog.get("podhealth.heartbeat")
 
 # What a lease vouches for: every field the aggregator takes from a result, evidence aside.
 Projection = tuple[tuple[str, str, str, str, float, str], ...]
+
+SPEC = MetricSpec("publish_heartbeats", "counter",
+                  "Heartbeats to the aggregator by result: full (a full report taken), lease (a lease taken),\n"
+                  "conflict (a lease refused, the full report sent at once), failed (not delivered).")
 
 
 def projection(rep: NodeReport) -> Projection:
@@ -57,10 +67,17 @@ class HeartbeatStats:
     failures: int = 0  # heartbeats that did not get through (the next one tries again)
 
 
-class Heartbeat:
+class Heartbeat(Sink):
+    name = "heartbeat"
+
     def __init__(self, cfg: PublishConfig, clock: Callable[[], float] = time.monotonic,
-                 sequencer: Sequencer | None = None) -> None:
+                 sequencer: Sequencer | None = None,
+                 report: Callable[[], NodeReport | None] | None = None) -> None:
+        """`report`: the node's report now (None before the first judgement); without it start()
+        only opens the session and the caller sends (tests)."""
         self.cfg = cfg
+        self._report = report
+        self._task: asyncio.Task[None] | None = None
         self.sequencer = sequencer  # the publisher's: heartbeats and spooled records share one order
         self.replicas = Replicas(cfg.urls(), "/v1/reports")
         self.stats = HeartbeatStats()
@@ -73,11 +90,33 @@ class Heartbeat:
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession()
+        if self._report is not None:
+            self._task = asyncio.get_running_loop().create_task(self._beat(self._report), name="report-heartbeat")
 
     async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    async def _beat(self, report: Callable[[], NodeReport | None]) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.report_interval)
+            try:
+                rep = report()
+                if rep is not None:
+                    await self.send(rep)
+            except Exception as e:  # noqa: BLE001 - a bug here must not end the heartbeats for good
+                log.error("heartbeat failed", error=repr(e))
+
+    def families(self, snap: Snapshot) -> Iterable[Family]:
+        b = self.stats  # ints the loop replaces: safe to read in the render thread
+        yield Family(SPEC, tuple(
+            Sample.of("publish_heartbeats", float(v), result=k)
+            for k, v in (("full", b.full), ("lease", b.leases), ("conflict", b.conflicts), ("failed", b.failures))))
 
     def lease_for(self, rep: NodeReport) -> dict[str, Any] | None:
         """The lease to send instead of `rep`, or None when the full report must go."""

@@ -31,15 +31,18 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Iterable
 
 import aiohttp
 
 from podhealth import log as plog
 from podhealth.agent.failover import Replicas
+from podhealth.agent.metrics.family import Family
 from podhealth.agent.sequence import Sequencer
+from podhealth.agent.sink import Sink
 from podhealth.config import PublishConfig
-from podhealth.vocab import CheckResult, Event, NodeReport, Status
+from podhealth.snapshot import Snapshot
+from podhealth.vocab import CheckResult, Event, MetricSpec, NodeReport, Sample, Status
 
 log = plog.get("podhealth.publisher")
 _PREFIX, _SUFFIX = "seg-", ".jsonl"
@@ -49,6 +52,20 @@ BATCH_BYTES = 256 * 1024
 MEMORY_MAX_BYTES = 4 * 1024 * 1024
 MAX_CORRUPT_NOTES = 16  # corrupt lines remembered for the log per read (the count has them all)
 Opener = Callable[[Path, str], IO[bytes]]
+# After a burst of transitions, one full report this long after the first (see _report_soon).
+REPORT_DEBOUNCE_S = 0.5
+
+SPECS = {m.name: m for m in (
+    MetricSpec("publish_records", "counter",
+               "Spooled records (transitions, events, reports) by state: published, delivered, summarised\n"
+               "(folded into a summary when the spool was full), rejected (refused as malformed; kept)."),
+    MetricSpec("publish_spool_bytes", "gauge", "Bytes in the spool waiting for the aggregator.", "bytes"),
+    MetricSpec("publish_connected", "gauge",
+               "1 when records get through: the last delivery to the aggregator succeeded and the spool can be written."),
+    MetricSpec("publish_spool_errors", "counter",
+               "Spool faults by reason: an errno name (ENOSPC, EIO, EDQUOT: a write or read failed; records wait\n"
+               "in memory, bounded, and are retried) or corrupt (a spooled line that could not be read back; logged)."),
+)}
 
 
 @dataclass
@@ -319,11 +336,19 @@ def summarise(recs: list[dict[str, Any]]) -> dict[str, Any]:
             "count": n, "counts": counts}
 
 
-class Publisher:
+class Publisher(Sink):
+    """As the agent's sink: transitions and events are spooled as they come; `report()` (the
+    node report, None before the first judgement) is spooled after each burst of transitions."""
+
+    name = "publisher"
+
     def __init__(self, cfg: PublishConfig, node: str, *, fsync_batch: float = 0.05,
                  max_backoff: float = 30.0, sequencer: Sequencer | None = None,
-                 spool_opener: Opener | None = None) -> None:
+                 spool_opener: Opener | None = None,
+                 report: Callable[[], NodeReport | None] | None = None) -> None:
         self.cfg = cfg
+        self._report = report
+        self._report_timer: asyncio.TimerHandle | None = None
         self.node = node
         # Stamps each record with (boot_id, seq) when it is published, so the aggregator orders
         # it among heartbeats by the agent's own sequence, not by its wall clock (sequence.py).
@@ -372,6 +397,9 @@ class Publisher:
 
     async def stop(self, drain: float = 2.0) -> None:
         """Flush to disk (nothing published is lost), try to deliver for up to `drain` seconds, stop."""
+        if self._report_timer is not None:
+            self._report_timer.cancel()
+            self._report_timer = None
         if not self.enabled or not self._running:
             return
         await self._flush()
@@ -446,6 +474,41 @@ class Publisher:
 
     def publish_report(self, rep: NodeReport) -> None:
         self._put({"id": uuid.uuid4().hex, "type": "report", "time": rep.time, "report": rep.to_json()})
+
+    # -- the agent's sink --
+
+    async def on_events(self, events: tuple[Event, ...]) -> None:
+        for e in events:
+            self.publish_event(e)
+
+    async def on_transition(self, old: CheckResult | None, new: CheckResult, at: float) -> None:
+        self.publish_transition(old, new, at)
+        self._report_soon()
+
+    def _report_soon(self) -> None:
+        """One full report after a burst of transitions, so the aggregator's view is whole
+        (spooled with them, so it arrives after them, and never lost)."""
+        if self._report is not None and self._report_timer is None:
+            self._report_timer = asyncio.get_running_loop().call_later(REPORT_DEBOUNCE_S, self._push_report)
+
+    def _push_report(self) -> None:
+        self._report_timer = None
+        rep = self._report() if self._report is not None else None
+        if rep is not None:
+            self.publish_report(rep)
+
+    def families(self, snap: Snapshot) -> Iterable[Family]:
+        """The push path's own health, so an alert can tell a node that stopped reporting from one
+        whose aggregator is away (counters are ints the loop replaces: safe to read here)."""
+        p = self.stats
+        yield Family(SPECS["publish_records"], tuple(
+            Sample.of("publish_records", float(v), state=k)
+            for k, v in (("published", p.published), ("delivered", p.delivered), ("summarised", p.summarised),
+                         ("rejected", p.rejected))))
+        yield Family(SPECS["publish_spool_bytes"], (Sample.of("publish_spool_bytes", float(p.spool_bytes)),))
+        yield Family(SPECS["publish_connected"], (Sample.of("publish_connected", float(self.connected)),))
+        yield Family(SPECS["publish_spool_errors"], tuple(
+            Sample.of("publish_spool_errors", float(v), reason=k) for k, v in sorted(p.spool_errors.items())))
 
     # -- flushing to disk --
 
