@@ -27,10 +27,9 @@ running with the others (dcgm-exporter's exit-because-one-source-failed is the a
 from __future__ import annotations
 
 import asyncio
-import importlib
 import socket
 import time
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from aiohttp import web
 
@@ -43,9 +42,9 @@ from podhealth.agent.sdnotify import Notifier, watchdog, watchdog_interval
 from podhealth.agent.server import AGENT_KEY, build_app
 from podhealth.agent.sink import Sink, Sinks
 from podhealth.agent.store import EventsCallback, SnapshotCallback, SnapshotStore
-from podhealth.agent.worker import call_with_timeout
-from podhealth.collectors.base import Collector, CollectorDisabled
-from podhealth.config import CollectorConfig, Config
+from podhealth.collectors.base import Collector
+from podhealth.collectors.runtime import Factory, build, collector_config, factory_timeout, registry_factories
+from podhealth.config import Config
 from podhealth.hostnames import node_name_problem
 from podhealth.fdlimit import soft_limit
 from podhealth.httpguard import ConnLimits, GuardedSite, fd_share
@@ -55,12 +54,8 @@ from podhealth.vocab import MetricSpec, Sample
 
 __all__ = ["AGENT_KEY", "Agent", "Family", "MetricSource", "registry_factories"]
 
-Factory = Callable[..., Collector]
-
 _log = log.get("podhealth.agent")
 
-# A factory may open a vendor library (nvmlInit on 8 GPUs takes seconds): give it at least this long.
-MIN_FACTORY_TIMEOUT = 10.0
 # The longest the on_snapshot hooks wait for a burst of snapshot changes to end.
 HOOK_MAX_DELAY = 0.5
 # HTTP: Prometheus, the aggregator and an operator need a handful of connections; a flood of idle
@@ -69,26 +64,6 @@ HTTP_IDLE_TIMEOUT = 30.0
 HTTP_MAX_CONNECTIONS = 256
 HTTP_SPEC = MetricSpec("http_connections_refused", "counter",
                        "Connections refused because max connections were open (idle and slow ones time out).")
-
-
-def _registry_factory(name: str) -> Factory:
-    def make(cfg: Config, **seams: Any) -> Collector:
-        from podhealth.collectors import REGISTRY
-        module, _, attr = REGISTRY[name].partition(":")
-        fn: Factory = getattr(importlib.import_module(module), attr)
-        return fn(cfg, **seams)
-    return make
-
-
-def registry_factories() -> dict[str, Factory]:
-    """Every collector in collectors.REGISTRY, imported lazily (a missing library disables one)."""
-    from podhealth.collectors import REGISTRY
-    return {name: _registry_factory(name) for name in REGISTRY}
-
-
-def collector_config(cfg: Config, name: str) -> CollectorConfig:
-    cc = getattr(cfg.collectors, name, None)
-    return cc if isinstance(cc, CollectorConfig) else CollectorConfig()
 
 
 def default_node_name() -> str:
@@ -273,23 +248,8 @@ class Agent:
         if not cc.enabled:
             _log.info("collector disabled in config", collector=name)
             return None, "disabled in config"
-        timeout = self.factory_timeout if self.factory_timeout is not None else max(cc.timeout, MIN_FACTORY_TIMEOUT)
-        factory = self.factories[name]
-        seams = self.seams.get(name, {})
-        try:
-            collector = await call_with_timeout(f"init-{name}", lambda: factory(self.cfg, **seams), timeout)
-        except CollectorDisabled as e:
-            reason = str(e) or "disabled by its factory"
-        except TimeoutError:
-            reason = f"initialisation did not finish within {timeout:g}s"
-        except Exception as e:  # noqa: BLE001 - one broken source must not stop the agent
-            reason = f"initialisation failed: {type(e).__name__}: {e}"
-        else:
-            if not callable(getattr(collector, "collect", None)):
-                return None, f"factory returned {type(collector).__name__}, not a Collector"
-            return collector, ""
-        _log.warning("collector disabled", collector=name, reason=reason)
-        return None, reason
+        timeout = self.factory_timeout if self.factory_timeout is not None else factory_timeout(cc)
+        return await build(name, self.factories[name], self.cfg, self.seams.get(name, {}), timeout)
 
     def _changed(self, snap: Snapshot) -> None:
         self.exposition.update(snap)

@@ -19,7 +19,6 @@ an older snapshot that finishes later cannot take the fast verdict back (`_fast_
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
@@ -33,6 +32,7 @@ from podhealth.checks.passive.engine import Evaluator
 from podhealth.checks.handover.suite import ActiveTest, run_suite
 from podhealth.checks.handover.report import SuiteReport
 from podhealth.snapshot import Snapshot
+from podhealth.worker import Worker, call_off_loop
 from podhealth.vocab import Action, CheckResult, MetricSpec, NodeReport, Sample, Status
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ class Health:
         self._fast_hold: dict[tuple[str, str], tuple[CheckResult, int]] = {}
         self.jobmap: "JobMap | None" = None  # which job holds each GPU (agent/jobmap.py): GPU evidence names it
         # One thread: evaluations are serial (the Evaluator keeps rate and damping state).
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="health")
+        self._worker: Worker[Any] = Worker("health")
 
     # ---- continuous judgement -------------------------------------------------------------------
 
@@ -123,13 +123,13 @@ class Health:
         return False
 
     async def _judge_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while self._latest is not None and self._latest is not self._judged:
             snap, version = self._latest, self._latest_version
             self._judged = snap
             now = time.time()
             try:
-                results = await loop.run_in_executor(self._pool, self._ensure_evaluator(snap).evaluate, snap, now)
+                ev = self._ensure_evaluator(snap)
+                results = await self._worker.submit(lambda: ev.evaluate(snap, now))
             except Exception as e:  # noqa: BLE001 - a bug in a rule must not take the agent down
                 _log.error("check evaluation failed", error=repr(e))
                 return
@@ -146,7 +146,6 @@ class Health:
             self._fast = asyncio.get_running_loop().create_task(self._fast_loop(), name="health-fast")
 
     async def _fast_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while self._fast_pending and self.evaluator is not None:
             self._fast_pending = False
             snap, version = self.agent.store.snapshot, self.agent.store.version
@@ -154,8 +153,8 @@ class Health:
             try:
                 # The same single worker as the full evaluation: the Evaluator is not thread-safe,
                 # and this queues behind at most one evaluation in flight.
-                results = await loop.run_in_executor(self._pool, self.evaluator.judge_immediate, snap, now,
-                                                     EVENT_SOURCES)
+                judge = self.evaluator.judge_immediate
+                results = await self._worker.submit(lambda: judge(snap, now, EVENT_SOURCES))
             except Exception as e:  # noqa: BLE001 - the full evaluation still runs
                 _log.error("fast check evaluation failed", error=repr(e))
                 return
@@ -281,7 +280,7 @@ class Health:
 
     async def run_handover(self, progress: Callable[[str, int, int], None] | None = None) -> SuiteReport:
         # Deciding which active tests can run may probe CUDA in a subprocess: not on the loop.
-        tests = await asyncio.get_running_loop().run_in_executor(None, self.active_tests)
+        tests = await call_off_loop("handover-tests", self.active_tests)
         rep = await run_suite(self.agent.cfg, _AgentSource(self.agent), self.agent.node, progress, tests)
         self.last_handover = (time.time(), rep)
         return rep
@@ -292,7 +291,7 @@ class Health:
         ev = self.evaluator
         if ev is None:
             return None
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, ev)
+        return await self._worker.submit(lambda: fn(ev))
 
 
 class _AgentSource:

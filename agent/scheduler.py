@@ -1,7 +1,8 @@
 """Runs each collector on its own interval, off the event loop, with a timeout.
 
-Per collector: a tick every `interval` seconds starts `collect()` on that collector's own worker
-thread, unless the previous call is still in flight (then the tick is an overrun, counted, and
+Per collector: a tick every `interval` seconds starts a collection through the collector runtime
+(collectors/runtime.py: `collect()` on that collector's own worker thread), unless the previous
+call is still in flight (then the tick is an overrun, counted, and
 nothing starts: a thread cannot be cancelled, and piling calls onto a hung NVML or NFS source
 would only leak threads). A call still running `timeout` seconds after it started marks the
 collector stale and drops its samples, so hung data never looks fresh; whatever it returns late
@@ -26,15 +27,13 @@ from typing import Callable
 
 from podhealth import log
 from podhealth.agent.store import SnapshotStore
-from podhealth.agent.worker import Worker
-from podhealth.collectors.base import Collection, Collector
+from podhealth.collectors.base import Collector
+from podhealth.collectors.runtime import Outcome, Runner, outcome_state
 from podhealth.snapshot import CollectorState, Snapshot
 
 _log = log.get("podhealth.agent.scheduler")
 
-MAX_ERRORS = 16
 KICK_MIN_GAP = 0.05  # seconds between collections started by readiness (a log storm stays bounded)
-MAX_ERROR_CHARS = 512
 
 
 def succeeded(st: CollectorState) -> bool:
@@ -45,16 +44,11 @@ def succeeded(st: CollectorState) -> bool:
 @dataclass
 class _Slot:
     name: str
-    collector: Collector
+    runner: Runner
     interval: float
-    timeout: float
-    worker: Worker[Collection]
     watched_interval: float | None = None  # the interval while the descriptor is watched
     watchable: bool = False  # the last collection left a descriptor that is being watched
-    inflight: "asyncio.Future[Collection] | None" = None
-    started: float = 0.0
-    timed_out: bool = False
-    timer: asyncio.TimerHandle | None = None
+    run: "asyncio.Task[Outcome] | None" = None  # the collection not yet recorded (ends at its timeout)
     task: "asyncio.Task[None] | None" = None
     failing: bool = False  # last outcome was a failure or timeout (for logging the recovery)
     watched_fd: int | None = None  # registered with loop.add_reader while no collection runs
@@ -78,7 +72,10 @@ class Scheduler:
             watched_interval: float | None = None) -> None:
         if name in self._slots:
             raise ValueError(f"collector {name!r} added twice")
-        self._slots[name] = _Slot(name, collector, interval, timeout, Worker(name), watched_interval)
+        runner = Runner(name, collector, timeout, self._mono)
+        slot = _Slot(name, runner, interval, watched_interval)
+        runner.on_late = lambda seconds, s=slot: self._late(s, seconds)
+        self._slots[name] = slot
         if self.store.get(name) is None:
             self.store.put(CollectorState(name=name))
 
@@ -87,11 +84,11 @@ class Scheduler:
         return tuple(self._slots)
 
     def in_flight(self, name: str) -> bool:
-        return self._slots[name].inflight is not None
+        return _busy(self._slots[name])
 
     def idle(self) -> bool:
         """No collection running that has not timed out (a hung one does not hold up rendering)."""
-        return all(s.inflight is None or s.timed_out for s in self._slots.values())
+        return all(s.run is None for s in self._slots.values())
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -106,31 +103,20 @@ class Scheduler:
     async def stop(self, close_timeout: float = 2.0) -> None:
         """Stop ticking and close every collector whose worker is free (a hung one is left alone)."""
         for slot in self._slots.values():
-            if slot.task is not None:
-                slot.task.cancel()
-            if slot.timer is not None:
-                slot.timer.cancel()
+            for task in (slot.task, slot.run):
+                if task is not None:
+                    task.cancel()
             self._unwatch(slot)
-        tasks = [s.task for s in self._slots.values() if s.task is not None]
+        tasks = [t for s in self._slots.values() for t in (s.task, s.run) if t is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
-        closes = []
         for slot in self._slots.values():
+            slot.runner.on_late = None
             self._unwatch(slot)  # a collection that finished meanwhile may have watched again
-            if slot.inflight is None:
-                closes.append(self._close(slot, close_timeout))
-            else:
+        slots = list(self._slots.values())
+        closed = await asyncio.gather(*(s.runner.close(close_timeout) for s in slots))
+        for slot, ok in zip(slots, closed):
+            if not ok:  # its thread exits when the hung call returns
                 _log.warning("collector still busy at shutdown; not closed", collector=slot.name)
-        await asyncio.gather(*closes)
-        for slot in self._slots.values():
-            slot.worker.close()
-
-    async def _close(self, slot: _Slot, timeout: float) -> None:
-        try:
-            await asyncio.wait_for(asyncio.shield(slot.worker.submit(slot.collector.close)), timeout)
-        except TimeoutError:
-            _log.warning("collector close() timed out", collector=slot.name, timeout=timeout)
-        except Exception as e:  # noqa: BLE001 - shutting down anyway
-            _log.warning("collector close() failed", collector=slot.name, error=repr(e))
 
     async def _every(self, slot: _Slot, origin: float) -> None:
         # Fixed-rate ticks at absolute times on the loop's clock; a late wake-up skips ticks
@@ -167,15 +153,14 @@ class Scheduler:
             raise RuntimeError("collect_now() before start()")
         waits = []
         for slot in self._slots.values():
-            if slot.inflight is None:
+            if not _busy(slot):
                 self._start(slot)
-            if slot.inflight is not None and not slot.timed_out:
-                waits.append(slot.inflight)
+            if slot.run is not None:
+                waits.append(slot.run)
         if waits:
-            limit = max(s.timeout for s in self._slots.values()) + 0.1
-            # _done()/_timeout() update the store; shield so a hung call's future is never cancelled.
-            await asyncio.wait([asyncio.shield(f) for f in waits], timeout=limit)
-            await asyncio.sleep(0)  # let a timeout callback due at the same moment run
+            limit = max(s.runner.timeout for s in self._slots.values()) + 0.1
+            # Each run records its outcome (or its timeout) itself; shield it from our own cancellation.
+            await asyncio.wait([asyncio.shield(t) for t in waits], timeout=limit)
         return self.store.snapshot
 
     # ---- one tick ---------------------------------------------------------------------------
@@ -183,7 +168,7 @@ class Scheduler:
     def _tick(self, slot: _Slot) -> None:
         st = self.store.get(slot.name) or CollectorState(name=slot.name)
         aged = self._aged(slot, st)
-        if slot.inflight is not None:
+        if _busy(slot):
             self.store.put(replace(aged, overruns=aged.overruns + 1))
             _log.debug("collector overrun", collector=slot.name, overruns=aged.overruns + 1)
             return
@@ -195,7 +180,7 @@ class Scheduler:
 
     def _watch(self, slot: _Slot) -> None:
         """Watch the collector's descriptor until the next collection starts (none: nothing)."""
-        fd_of = getattr(slot.collector, "readable_fd", None)
+        fd_of = getattr(slot.runner.collector, "readable_fd", None)
         if fd_of is None or slot.unwatchable or self._loop is None or slot.task is None or slot.task.done():
             return
         try:
@@ -224,8 +209,8 @@ class Scheduler:
         """Records wait on the collector's descriptor: collect now (or after KICK_MIN_GAP)."""
         assert self._loop is not None
         self._unwatch(slot)  # level-triggered: unwatched until the records are read
-        if slot.inflight is not None:
-            return  # _done watches again; whatever is still unread makes it readable at once
+        if _busy(slot):
+            return  # _record (or _late) watches again; whatever is still unread makes it readable at once
         wait = slot.kicked + KICK_MIN_GAP - self._mono()
         if wait > 0:
             slot.kick_timer = self._loop.call_later(wait, self._kick, slot)
@@ -234,19 +219,28 @@ class Scheduler:
 
     def _kick(self, slot: _Slot) -> None:
         slot.kick_timer = None
-        if slot.inflight is None:
+        if not _busy(slot):
             slot.kicked = self._mono()
             self._start(slot)
 
     def _start(self, slot: _Slot) -> None:
         assert self._loop is not None
         self._unwatch(slot)
-        slot.started = self._mono()
-        slot.timed_out = False
-        fut = slot.worker.submit(slot.collector.collect)
-        slot.inflight = fut
-        fut.add_done_callback(lambda f, s=slot: self._done(s, f))
-        slot.timer = self._loop.call_later(slot.timeout, self._timeout, slot)
+        run = slot.runner.collect_once()  # the call starts now: the slot is busy from here
+        slot.run = run
+        # Added before anyone else waits on `run` (collect_now), so the outcome is in the store first.
+        run.add_done_callback(lambda t, s=slot: self._collected(s, t))
+
+    def _collected(self, slot: _Slot, run: "asyncio.Task[Outcome]") -> None:
+        if slot.run is run:
+            slot.run = None  # before the store hears of it: the agent's idle check must see it done
+        if run.cancelled():
+            return  # stopping
+        try:
+            self._record(slot, run.result())
+        finally:
+            if not slot.runner.busy:
+                self._watch(slot)  # a hung call watches again when it returns (_late)
 
     def _aged(self, slot: _Slot, st: CollectorState) -> CollectorState:
         """The state with staleness by age applied (last success older than stale_after intervals)."""
@@ -259,65 +253,36 @@ class Scheduler:
                          last_success=st.last_success, max_age=self.stale_after * slot.interval)
         return replace(st, stale=True, samples=())
 
-    def _timeout(self, slot: _Slot) -> None:
-        slot.timer = None
-        if slot.inflight is None or slot.inflight.done():
-            return
-        slot.timed_out = True
+    def _record(self, slot: _Slot, out: Outcome) -> None:
         now = self._clock()
         st = self.store.get(slot.name) or CollectorState(name=slot.name)
-        self.store.put(replace(
-            st, stale=True, samples=(), errors=(f"timed out after {slot.timeout:g}s",),
-            last_attempt=now, last_duration=slot.timeout, runs=st.runs + 1, failures=st.failures + 1,
-        ))
-        if not slot.failing:
-            _log.warning("collector timed out; marked stale until it returns",
-                         collector=slot.name, timeout=slot.timeout)
-        slot.failing = True
-
-    def _done(self, slot: _Slot, fut: "asyncio.Future[Collection]") -> None:
-        if slot.timer is not None:
-            slot.timer.cancel()
-            slot.timer = None
-        slot.inflight = None
-        try:
-            self._finish(slot, fut)
-        finally:
-            self._watch(slot)
-
-    def _finish(self, slot: _Slot, fut: "asyncio.Future[Collection]") -> None:
-        duration = self._mono() - slot.started
-        if fut.cancelled():
-            return
-        if slot.timed_out:
-            # Late data describes a moment long past: discard it; the next tick collects afresh.
-            _log.info("hung collection returned; discarded", collector=slot.name, seconds=round(duration, 3))
-            return
-        now = self._clock()
-        st = self.store.get(slot.name) or CollectorState(name=slot.name)
-        exc = fut.exception()
-        result = None if exc is not None else fut.result()
-        if exc is None and not isinstance(result, Collection):
-            exc = TypeError(f"collect() returned {type(result).__name__}, not Collection")
-        if exc is not None:
-            msg = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
-            self.store.put(replace(
-                self._aged(slot, st), samples=(), errors=(msg,), last_attempt=now,
-                last_duration=duration, runs=st.runs + 1, failures=st.failures + 1,
-            ))
+        if out.timed_out:
+            self.store.put(outcome_state(st, out, now))
             if not slot.failing:
-                _log.warning("collector failing", collector=slot.name, error=msg)
+                _log.warning("collector timed out; marked stale until it returns",
+                             collector=slot.name, timeout=slot.runner.timeout)
             slot.failing = True
             return
-        assert result is not None
-        self.store.put(replace(
-            st, samples=result.samples,
-            errors=tuple(e[:MAX_ERROR_CHARS] for e in result.errors[:MAX_ERRORS]),
-            last_success=now, last_attempt=now, last_duration=duration, stale=False, runs=st.runs + 1,
-        ), result.events)
+        if out.collection is None:
+            self.store.put(outcome_state(self._aged(slot, st), out, now))
+            if not slot.failing:
+                _log.warning("collector failing", collector=slot.name, error=out.error)
+            slot.failing = True
+            return
+        self.store.put(outcome_state(st, out, now), out.collection.events)
         if slot.failing:
-            _log.info("collector recovered", collector=slot.name, seconds=round(duration, 3))
+            _log.info("collector recovered", collector=slot.name, seconds=round(out.duration, 3))
         slot.failing = False
+
+    def _late(self, slot: _Slot, seconds: float) -> None:
+        # Late data describes a moment long past: discarded; the next tick collects afresh.
+        _log.info("hung collection returned; discarded", collector=slot.name, seconds=round(seconds, 3))
+        self._watch(slot)
+
+
+def _busy(slot: _Slot) -> bool:
+    """A collection runs or is not recorded yet, or a timed-out call still holds the worker."""
+    return slot.run is not None or slot.runner.busy
 
 
 def _wake(fut: "asyncio.Future[None]") -> None:

@@ -1,9 +1,13 @@
-"""One daemon thread per collector, so a hung vendor call blocks only its own collector.
+"""The one bridge from a blocking call on a thread to an asyncio future.
 
-A Python thread cannot be cancelled: the scheduler never submits a second call to a worker whose
-previous call has not returned, and the thread is a daemon so a call hung forever (NVML on a
-wedged GPU) cannot keep the process from exiting. `concurrent.futures` is not used because its
-executor threads are joined at interpreter exit, which is exactly what a hung call must not block.
+Every blocking call podhealth makes from its event loop with its own thread (a collector's
+collect(), a collector factory, the checks engine's evaluation, the simulated node's refresh)
+goes through a Worker: one daemon thread that runs submitted callables one at a time and settles
+an asyncio future on the submitting loop. A Python thread cannot be cancelled: callers never
+submit a second call to a worker whose previous call has not returned when that call may hang,
+and the thread is a daemon so a call hung forever (NVML on a wedged GPU) cannot keep the process
+from exiting. `concurrent.futures` is not used because its executor threads are joined at
+interpreter exit, which is exactly what a hung call must not block.
 """
 
 from __future__ import annotations
@@ -78,5 +82,15 @@ async def call_with_timeout(name: str, fn: Callable[[], T], timeout: float) -> T
     worker: Worker[T] = Worker(name)
     try:
         return await asyncio.wait_for(asyncio.shield(worker.submit(fn)), timeout)
+    finally:
+        worker.close()
+
+
+async def call_off_loop(name: str, fn: Callable[[], T]) -> T:
+    """Run one blocking call that bounds itself (a subprocess with its own timeout) on a throwaway
+    daemon thread, without tying up the event loop."""
+    worker: Worker[T] = Worker(name)
+    try:
+        return await asyncio.shield(worker.submit(fn))
     finally:
         worker.close()

@@ -8,19 +8,22 @@ cycle, and judged without damping: a node is handed back on what it shows at han
 
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol
 
 from podhealth import collectors
 from podhealth.checks import profiles
+from podhealth.collectors.runtime import Runner, build, collector_config, factory_timeout, outcome_state, registry_factory
 from podhealth.checks.passive.engine import CHECKS, Evaluator
 from podhealth.checks.handover.report import SuiteReport
 from podhealth.checks.passive.result import unknown
 from podhealth.config import Config
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import CheckResult, Event
+
+CLOSE_TIMEOUT = 2.0
 
 Progress = Callable[[str, int, int], None]
 
@@ -36,7 +39,8 @@ class ActiveTest:
 
 
 class LocalCollector:
-    """Collects every enabled collector once, each in its own thread with its own timeout.
+    """Collects every enabled collector once, through the agent's collector runtime
+    (collectors/runtime.py: each factory and each collect() off the loop with its own timeout).
 
     Used when no agent runs on the node. A collector that hangs is abandoned (its thread stays
     blocked, as a hung NVML call would) and reported stale, so the suite still finishes.
@@ -45,7 +49,7 @@ class LocalCollector:
     def __init__(self, cfg: Config, seams: dict[str, dict[str, Any]] | None = None,
                  only: tuple[str, ...] | None = None, timeout_cap: float | None = None) -> None:
         self.cfg = cfg
-        self.seams = seams or {}
+        self.seams = profiles.collector_seams(cfg, seams)  # the profile facts collectors need
         self.only = only
         self.timeout_cap = timeout_cap
 
@@ -60,51 +64,34 @@ class LocalCollector:
             names.append(name)
         return names
 
-    async def collect_now(self) -> Snapshot:
-        import asyncio
+    def _timeout(self, name: str) -> float:
+        timeout = collector_config(self.cfg, name).timeout
+        return min(timeout, self.timeout_cap) if self.timeout_cap is not None else timeout
 
-        return await asyncio.get_running_loop().run_in_executor(None, self.collect_sync)
+    async def collect_now(self) -> Snapshot:
+        names = self._enabled()
+        built = await asyncio.gather(*(
+            build(n, registry_factory(n), self.cfg, self.seams.get(n, {}), factory_timeout(collector_config(self.cfg, n)))
+            for n in names))
+        states: dict[str, CollectorState] = {}
+        runners = []
+        for name, (col, reason) in zip(names, built):
+            if col is None:
+                states[name] = CollectorState(name, enabled=False, disabled_reason=reason)
+            else:
+                runners.append(Runner(name, col, self._timeout(name)))
+        outcomes = await asyncio.gather(*(r.collect_once() for r in runners))
+        events: list[Event] = []
+        for runner, out in zip(runners, outcomes):
+            states[runner.name] = outcome_state(CollectorState(runner.name), out, time.time())
+            if out.collection is not None:
+                events.extend(out.collection.events)
+        await asyncio.gather(*(r.close(CLOSE_TIMEOUT) for r in runners))  # a hung one is left alone
+        return Snapshot(time.time(), {n: states[n] for n in names}, tuple(events))
 
     def collect_sync(self) -> Snapshot:
-        names = self._enabled()
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(names)), thread_name_prefix="handover")
-        states: dict[str, CollectorState] = {}
-        futures = {}
-        events: list[Event] = []
-        started = time.time()
-        for name in names:
-            try:
-                col = collectors.factory(name)(self.cfg, **self.seams.get(name, {}))
-            except Exception as e:  # noqa: BLE001 - CollectorDisabled or a broken source: report, go on
-                states[name] = CollectorState(name, enabled=False, disabled_reason=str(e) or type(e).__name__)
-                continue
-            futures[name] = (col, pool.submit(col.collect))
-        for name, (col, fut) in futures.items():
-            sect = getattr(self.cfg.collectors, name, None)
-            timeout = sect.timeout if sect is not None else 10.0
-            if self.timeout_cap is not None:
-                timeout = min(timeout, self.timeout_cap)
-            remaining = max(0.05, started + timeout - time.time())
-            try:
-                res = fut.result(timeout=remaining)
-                states[name] = CollectorState(name, samples=res.samples, errors=res.errors, last_success=started,
-                                              last_attempt=started, last_duration=time.time() - started, stale=False,
-                                              runs=1)
-                events.extend(res.events)
-            except concurrent.futures.TimeoutError:
-                states[name] = CollectorState(name, last_attempt=started, stale=True, runs=1, failures=1,
-                                              errors=(f"timed out after {timeout:g}s",))
-            except Exception as e:  # noqa: BLE001
-                states[name] = CollectorState(name, last_attempt=started, stale=True, runs=1, failures=1,
-                                              errors=(f"{type(e).__name__}: {e}",))
-            finally:
-                if fut.done():
-                    try:
-                        col.close()
-                    except Exception:  # noqa: BLE001
-                        pass
-        pool.shutdown(wait=False, cancel_futures=True)
-        return Snapshot(time.time(), states, tuple(events))
+        """collect_now() for a caller with no event loop running (`podhealth profile`)."""
+        return asyncio.run(self.collect_now())
 
 
 async def run_suite(cfg: Config, source: FreshSource, node: str, progress: Progress | None = None,

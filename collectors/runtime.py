@@ -1,0 +1,175 @@
+"""The one way podhealth builds a collector and runs it: `build` and `Runner.collect_once`.
+
+The agent's scheduler (every interval), the handover suite and `podhealth check` / `podhealth
+profile` (once, with no agent running) all go through here, so a collector behaves the same
+everywhere: its factory runs off the event loop with a timeout (nvmlInit on a wedged GPU must not
+hang the caller), each collect() runs on that collector's own worker thread (core/worker.py) with
+its own timeout, and a call still running at its timeout gives a timed-out outcome -- the
+collector is stale and its checks UNKNOWN -- while the thread is left to finish (a thread cannot
+be cancelled) and whatever it returns late is discarded. `outcome_state` turns an outcome into the
+CollectorState every consumer reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping
+
+from podhealth import log
+from podhealth.collectors.base import Collection, Collector, CollectorDisabled
+from podhealth.config import CollectorConfig, Config
+from podhealth.snapshot import CollectorState
+from podhealth.worker import Worker, call_with_timeout
+
+_log = log.get("podhealth.collectors.runtime")
+
+Factory = Callable[..., Collector]
+
+# A factory may open a vendor library (nvmlInit on 8 GPUs takes seconds): give it at least this long.
+MIN_FACTORY_TIMEOUT = 10.0
+MAX_ERRORS = 16
+MAX_ERROR_CHARS = 512
+
+
+def registry_factory(name: str) -> Factory:
+    """The factory of collectors.REGISTRY[name], imported when called (a missing library disables one)."""
+    def make(cfg: Config, **seams: Any) -> Collector:
+        from podhealth.collectors import REGISTRY
+        module, _, attr = REGISTRY[name].partition(":")
+        fn: Factory = getattr(importlib.import_module(module), attr)
+        return fn(cfg, **seams)
+    return make
+
+
+def registry_factories() -> dict[str, Factory]:
+    """Every collector in collectors.REGISTRY, imported lazily."""
+    from podhealth.collectors import REGISTRY
+    return {name: registry_factory(name) for name in REGISTRY}
+
+
+def collector_config(cfg: Config, name: str) -> CollectorConfig:
+    cc = getattr(cfg.collectors, name, None)
+    return cc if isinstance(cc, CollectorConfig) else CollectorConfig()
+
+
+def factory_timeout(cc: CollectorConfig) -> float:
+    return max(cc.timeout, MIN_FACTORY_TIMEOUT)
+
+
+async def build(name: str, factory: Factory, cfg: Config, seams: Mapping[str, Any],
+                timeout: float) -> tuple[Collector | None, str]:
+    """(the collector, "") or (None, why it is disabled): the factory raised CollectorDisabled or
+    anything else, did not return within `timeout`, or returned something that cannot collect."""
+    try:
+        collector = await call_with_timeout(f"init-{name}", lambda: factory(cfg, **seams), timeout)
+    except CollectorDisabled as e:
+        reason = str(e) or "disabled by its factory"
+    except TimeoutError:
+        reason = f"initialisation did not finish within {timeout:g}s"
+    except Exception as e:  # noqa: BLE001 - one broken source must not stop the others
+        reason = f"initialisation failed: {type(e).__name__}: {e}"
+    else:
+        if not callable(getattr(collector, "collect", None)):
+            return None, f"factory returned {type(collector).__name__}, not a Collector"
+        return collector, ""
+    _log.warning("collector disabled", collector=name, reason=reason)
+    return None, reason
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one collect_once() came to: a collection, or an error (`timed_out` when it hung)."""
+
+    collection: Collection | None
+    error: str = ""
+    timed_out: bool = False
+    duration: float = 0.0
+
+
+def outcome_state(st: CollectorState, out: Outcome, now: float) -> CollectorState:
+    """`st` after `out`, stamped `now`. A failure empties the samples but leaves `stale` to the
+    caller (the scheduler ages it; a fresh CollectorState is stale already); a timeout is stale."""
+    if out.timed_out:
+        return replace(st, stale=True, samples=(), errors=(out.error,), last_attempt=now,
+                       last_duration=out.duration, runs=st.runs + 1, failures=st.failures + 1)
+    if out.collection is None:
+        return replace(st, samples=(), errors=(out.error,), last_attempt=now, last_duration=out.duration,
+                       runs=st.runs + 1, failures=st.failures + 1)
+    col = out.collection
+    return replace(st, samples=col.samples,
+                   errors=tuple(e[:MAX_ERROR_CHARS] for e in col.errors[:MAX_ERRORS]),
+                   last_success=now, last_attempt=now, last_duration=out.duration, stale=False, runs=st.runs + 1)
+
+
+class Runner:
+    """One collector, its own worker thread and its timeout."""
+
+    def __init__(self, name: str, collector: Collector, timeout: float,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.collector = collector
+        self.timeout = timeout
+        self._mono = monotonic
+        self._worker: Worker[Collection] = Worker(name)
+        self._call: asyncio.Future[Collection] | None = None
+        self._hung: asyncio.Future[Collection] | None = None  # the call that outlived its timeout
+        self.on_late: Callable[[float], None] | None = None  # a timed-out call returned after (seconds)
+
+    @property
+    def busy(self) -> bool:
+        """The worker thread is still in a collect() (also one past its timeout)."""
+        return self._call is not None
+
+    def collect_once(self) -> "asyncio.Task[Outcome]":
+        """Start one collect() on the worker now (the runner is busy from this call on) and return
+        the task that ends with its Outcome: the collection, its error, or a timeout after
+        `timeout` seconds (the thread may run on; see on_late). Must run on the event loop."""
+        if self._call is not None:
+            raise RuntimeError(f"collector {self.name!r} is still collecting")
+        started = self._mono()
+        call = self._worker.submit(self.collector.collect)
+        self._call = call
+        call.add_done_callback(lambda f: self._returned(f, started))
+        return asyncio.get_running_loop().create_task(self._outcome(call, started), name=f"collect-once-{self.name}")
+
+    async def _outcome(self, call: "asyncio.Future[Collection]", started: float) -> Outcome:
+        # asyncio.wait never cancels `call`: a hung thread keeps it pending until it returns.
+        done, _ = await asyncio.wait((call,), timeout=self.timeout)
+        if not done:
+            self._hung = call
+            return Outcome(None, f"timed out after {self.timeout:g}s", True, self.timeout)
+        duration = self._mono() - started
+        if call.cancelled():
+            return Outcome(None, "CancelledError: collection cancelled", False, duration)
+        exc = call.exception()
+        if exc is None and not isinstance(call.result(), Collection):
+            exc = TypeError(f"collect() returned {type(call.result()).__name__}, not Collection")
+        if exc is not None:
+            return Outcome(None, f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS], False, duration)
+        return Outcome(call.result(), "", False, duration)
+
+    def _returned(self, call: "asyncio.Future[Collection]", started: float) -> None:
+        if self._call is call:
+            self._call = None
+        if self._hung is call:
+            self._hung = None
+            if self.on_late is not None:
+                self.on_late(self._mono() - started)
+
+    async def close(self, timeout: float) -> bool:
+        """Close the collector on its worker, then let the thread go. False, and nothing closed,
+        while a collect() still runs: the thread exits when that call returns."""
+        try:
+            if self._call is not None:
+                return False
+            await asyncio.wait_for(asyncio.shield(self._worker.submit(self.collector.close)), timeout)
+        except TimeoutError:
+            _log.warning("collector close() timed out", collector=self.name, timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - shutting down anyway
+            _log.warning("collector close() failed", collector=self.name, error=repr(e))
+        finally:
+            self._worker.close()
+        return True
