@@ -42,6 +42,7 @@ from podhealth.agent.sdnotify import Notifier, watchdog, watchdog_interval
 from podhealth.agent.server import AGENT_KEY, build_app
 from podhealth.agent.sink import Sink, Sinks
 from podhealth.agent.store import EventsCallback, SnapshotCallback, SnapshotStore
+from podhealth.checks import profiles
 from podhealth.collectors.base import Collector
 from podhealth.collectors.runtime import Factory, build, collector_config, factory_timeout, registry_factories
 from podhealth.config import Config
@@ -82,7 +83,7 @@ class Agent:
             raise ValueError(f"invalid node name: {node_name_problem(self.node)}")
         self.version = version
         self.factories = dict(factories if factories is not None else registry_factories())
-        self.seams = {k: dict(v) for k, v in (seams or {}).items()}
+        self.seams = profiles.collector_seams(cfg, seams)  # the profile facts collectors need (NVLink links)
         self.notifier = notifier if notifier is not None else Notifier()
         self.factory_timeout = factory_timeout
         self.store = SnapshotStore(keep_events=cfg.collectors.kmsg.keep_events)

@@ -142,6 +142,15 @@ def load(name: str, overrides: Mapping[str, Any] | None = None) -> Profile:
 DRIFT_VERDICTS = ("OK", "WARN", "FAIL")
 
 
+def collector_seams(cfg: "Config", seams: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """The profile facts collectors need, as factory seams, under the builder's own `seams` (which
+    win key by key). Collectors sit below checks and never read a profile themselves."""
+    out: dict[str, dict[str, Any]] = {"nvlink": {"links_expected": of_config(cfg).nvlink_links}}
+    for name, kw in (seams or {}).items():
+        out[name] = {**out.get(name, {}), **kw}
+    return out
+
+
 def of_config(cfg: "Config", profile_file: str | Path | None = None) -> Profile:
     """The profile a node is judged against: `checks.profile_file` (a site profile that `extends`
     a shipped one, checks/site_profile.py) or `node.profile`, then `checks.overrides` on top.

@@ -21,9 +21,8 @@ from typing import ClassVar, Mapping
 
 import pynvml
 
-from podhealth.checks import profiles
 from podhealth.collectors import nvlink_fields
-from podhealth.collectors.base import Collection, specs
+from podhealth.collectors.base import Collection, CollectorDisabled, specs
 from podhealth.collectors.nvlink_fields import Ask
 from podhealth.collectors.nvml import field_value
 from podhealth.collectors.nvml_session import (
@@ -238,9 +237,13 @@ class NvlinkCollector:
         return out
 
 
-def create(cfg: Config, *, session: NvmlSession | None = None, slow_call_s: float = SLOW_CALL_S) -> NvlinkCollector:
-    """The agent's nvlink collector; links expected come from the node's hardware profile.
-    Seams as for nvml.create: `session`, `slow_call_s`."""
-    prof = profiles.of_config(cfg)
+def create(cfg: Config, *, links_expected: int | None = None, session: NvmlSession | None = None,
+           slow_call_s: float = SLOW_CALL_S) -> NvlinkCollector:
+    """The agent's nvlink collector. `links_expected` is the node's hardware profile's NVLink link
+    count: a fact of checks/, which sits above the collectors, so whoever builds collectors passes it
+    (checks/profiles.collector_seams; the agent and the handover suite both do). Other seams as for
+    nvml.create: `session`, `slow_call_s`."""
+    if links_expected is None:
+        raise CollectorDisabled("no NVLink link count given (links_expected, from the hardware profile)")
     return NvlinkCollector(session if session is not None else shared(cfg.paths.nvml_library),
-                           prof.nvlink_links, slow_call_s)
+                           links_expected, slow_call_s)

@@ -1,7 +1,7 @@
 """The layers point one way (docs/architecture.md): core <- collectors <- checks <- agent, and the
 aggregator on top; the simulator is a top layer too (it builds whole nodes and pods). An import
-that points up fails here, except the few listed in KNOWN_BACK_EDGES, which are debts with a
-plan (issue 15) and may only shrink: a listed edge that is gone must be removed from the list."""
+that points up fails here. KNOWN_BACK_EDGES (debts with a plan) is empty since issue 15 and may
+only shrink. tests/unit/test_import_contracts.py checks the same layers with import-linter."""
 
 from __future__ import annotations
 
@@ -24,10 +24,8 @@ MAY_IMPORT = {
     "aggregator": {"core", "fencing"},
     "sim": {"core", "collectors", "checks", "agent", "fencing", "aggregator"},
 }
-# (importing module, imported layer): why it is still there. Cut them; never add one.
-KNOWN_BACK_EDGES = {
-    ("collectors/nvlink.py", "checks"): "reads the profile's NVLink link count (pass it in from the agent)",
-}
+# (importing module, imported layer): why it is still there. Issue 15 cut the last ones; never add one.
+KNOWN_BACK_EDGES: dict[tuple[str, str], str] = {}
 
 
 def _layer_of_module(mod: str) -> str | None:

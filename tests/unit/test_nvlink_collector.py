@@ -9,6 +9,7 @@ from typing import Iterator
 import pynvml
 import pytest
 
+from podhealth.checks import profiles
 from podhealth.collectors import REGISTRY, factory
 from podhealth.collectors.base import Collection
 from podhealth.collectors.nvlink import METRICS, NvlinkCollector, create
@@ -26,7 +27,7 @@ ERROR_TYPES = {"crc_flit", "crc_data", "replay", "recovery"}
 
 @pytest.fixture
 def collector(session: NvmlSession) -> Iterator[NvlinkCollector]:
-    c = create(Config(), session=session)
+    c = create(Config(), links_expected=18, session=session)
     try:
         yield c
     finally:
@@ -103,7 +104,7 @@ def test_lost_gpu_reports_expected_links_and_an_error_others_flow(node: SimNode,
 
 def test_expected_links_come_from_the_profile_and_its_overrides(session: NvmlSession) -> None:
     cfg = loads("node: {profile: dgx-h100}\nchecks: {overrides: {nvlink_links: 16}}\n")
-    c = create(cfg, session=session)
+    c = create(cfg, session=session, **profiles.collector_seams(cfg)["nvlink"])
     try:
         col = c.collect()
     finally:
@@ -153,7 +154,8 @@ def test_nonexistent_links_are_not_asked_again(tmp_path: Path, monkeypatch: pyte
     a100 = SimNode.create(tmp_path, "dgxa", "dgx-a100")
     nvml_lib.install(a100)
     s = NvmlSession()
-    c = create(loads("node: {profile: dgx-a100}\n"), session=s)
+    a100_cfg = loads("node: {profile: dgx-a100}\n")
+    c = create(a100_cfg, session=s, **profiles.collector_seams(a100_cfg)["nvlink"])
     try:
         first = c.collect()
         assert first.errors == ()
@@ -187,7 +189,7 @@ def test_batched_and_per_link_reads_give_the_same_samples(node: SimNode, session
                                                           faults: tuple[tuple[str, ...], ...]) -> None:
     for f in faults:
         inject(node, *f)
-    batched = create(Config(), session=session)
+    batched = create(Config(), links_expected=18, session=session)
     per_link = NvlinkCollector(session, 18, batch=False)
     try:
         a, b = batched.collect(), per_link.collect()
@@ -201,7 +203,7 @@ def test_batched_and_per_link_reads_give_the_same_samples(node: SimNode, session
 
 def test_crc_errors_climb_on_the_same_link_either_way(node: SimNode, session: NvmlSession) -> None:
     inject(node, "fault=nvlink-crc", "gpu=0", "link=14", "rate=500")
-    batched = create(Config(), session=session)
+    batched = create(Config(), links_expected=18, session=session)
     per_link = NvlinkCollector(session, 18, batch=False)
     try:
         got = wait_until(lambda: (v := value(batched.collect(), "nvlink_errors", 0, link="14", type="crc_flit")) > 0 and v,
@@ -230,7 +232,7 @@ def test_a_field_not_supported_drops_its_reading_not_the_gpu(node: SimNode, sess
         return values
 
     monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", fv)
-    c = create(Config(), session=session)
+    c = create(Config(), links_expected=18, session=session)
     try:
         col = c.collect()
         assert col.errors == ()
@@ -250,7 +252,7 @@ def test_a_driver_without_field_values_is_read_per_link(node: SimNode, session: 
         raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 
     monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", missing)
-    c = create(Config(), session=session)
+    c = create(Config(), links_expected=18, session=session)
     try:
         col = c.collect()
     finally:
@@ -261,7 +263,7 @@ def test_a_driver_without_field_values_is_read_per_link(node: SimNode, session: 
 
 def test_shares_one_session_with_nvml(node: SimNode, session: NvmlSession) -> None:
     nv = create_nvml(Config(), session=session)
-    link = create(Config(), session=session)
+    link = create(Config(), links_expected=18, session=session)
     try:
         a = nv.collect()
         gen = session.generation
@@ -277,7 +279,7 @@ def test_shares_one_session_with_nvml(node: SimNode, session: NvmlSession) -> No
 
 def test_registered_and_documented() -> None:
     assert REGISTRY["nvlink"] == "podhealth.collectors.nvlink:create"
-    c = factory("nvlink")(Config())
+    c = factory("nvlink")(Config(), **profiles.collector_seams(Config())["nvlink"])
     try:
         assert c.name == "nvlink" and c.metrics is METRICS
     finally:
@@ -292,3 +294,15 @@ def test_registered_and_documented() -> None:
     assert set(METRICS) <= names, sorted(set(METRICS) - names)
     for spec in METRICS.values():
         assert spec.help and spec.kind in ("gauge", "counter")
+
+
+def test_without_the_profiles_link_count_the_collector_is_disabled_not_guessing(session: NvmlSession) -> None:
+    """collectors/ sits below checks/ and never reads a profile: the builder passes the count."""
+    from podhealth.collectors.base import CollectorDisabled
+
+    with pytest.raises(CollectorDisabled, match="links_expected"):
+        create(Config(), session=session)
+    cfg = loads("node: {profile: dgx-a100}\n")
+    assert profiles.collector_seams(cfg)["nvlink"] == {"links_expected": 12}
+    assert profiles.collector_seams(cfg, {"nvlink": {"links_expected": 4}, "nvml": {"x": 1}}) == {
+        "nvlink": {"links_expected": 4}, "nvml": {"x": 1}}
