@@ -35,6 +35,7 @@ from podhealth.agent.sink import Sink
 from podhealth.config import InfluxConfig
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import MetricSpec, Sample
+from podhealth.worker import call_with_timeout
 
 log = structlog.get_logger("influxdb")
 
@@ -144,9 +145,8 @@ class InfluxExporter(Sink):
         if not self.buffer:
             return True
         batch = [self.buffer[i] for i in range(min(self.cfg.batch_size, len(self.buffer)))]
-        loop = asyncio.get_running_loop()
         try:
-            await asyncio.wait_for(loop.run_in_executor(None, self._write, batch), self.write_timeout + 1)
+            await call_with_timeout("influx-write", lambda: self._write(batch), self.write_timeout + 1)
         except Exception as e:  # noqa: BLE001 - endpoint away, 4xx/5xx: keep the points, back off
             self.stats.failures += 1
             if str(e) != self.stats.last_error:
