@@ -45,14 +45,13 @@ def bundle_dir(agg: "Aggregator") -> Path:
 
 
 async def _download(agg: "Aggregator", url: str) -> bytes:
-    assert agg._session is not None
     cfg = agg.cfg.bundles
     headers = {"Content-Type": "application/json"}
     if agg.cfg.auth.agent_token:
         headers["Authorization"] = f"Bearer {agg.cfg.auth.agent_token}"
     timeout = aiohttp.ClientTimeout(total=cfg.timeout)
     try:
-        async with agg._session.post(url.rstrip("/") + PATH, data=b"{}", headers=headers, timeout=timeout) as r:
+        async with agg.session.post(url.rstrip("/") + PATH, data=b"{}", headers=headers, timeout=timeout) as r:
             if r.status != 200:
                 text = (await r.content.read(500)).decode(errors="replace")
                 raise BundleError(f"HTTP {r.status} {text}".strip())
@@ -87,8 +86,6 @@ async def fetch(agg: "Aggregator", node: str, fence_id: int) -> dict[str, Any] |
     """Fetch, store and record the node's bundle for fence `fence_id`; on failure an audit line
     (bundle failed: why) and None. Never raises: it runs beside the fence, not in it."""
     mem, writer = agg.mem, agg.writer
-    if mem is None or writer is None:
-        return None
     rec = mem.nodes.get(node)
     url = rec.agent_url if rec is not None else ""
     now = agg.clock()

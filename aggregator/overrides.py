@@ -141,7 +141,7 @@ async def mark_healthy(agg: "Aggregator", node: str, reason: str, who: str) -> d
     return out
 
 
-def drain_event_op(agg: "Aggregator", node: str, fencer: str, reason: str, now: float) -> Op:
+def drain_event_op(node: str, fencer: str, reason: str, now: float) -> Op:
     """An operator's own drain, as an event in the node's history (the UI's events table)."""
     body = {"node": node, "event": {"kind": "operator_drain", "code": "", "device": fencer,
                                     "text": f"drained by someone else in {fencer}: {reason}; podhealth leaves it alone"}}

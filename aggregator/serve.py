@@ -29,11 +29,11 @@ def http_limits() -> ConnLimits:
 
 
 async def start_http(agg: Aggregator, limits: ConnLimits) -> web.AppRunner:
-    """Start the aggregator (its cleanup_ctx) and its guarded HTTP site; raises StoreError or
-    OSError (nothing left running then)."""
+    """Start the opened aggregator (its cleanup_ctx) and its guarded HTTP site; raises StoreError
+    or OSError (nothing left running then but `agg`, which the caller stops)."""
     cfg = agg.cfg
     runner = web.AppRunner(make_app(agg), access_log=None, handle_signals=False, **limits.runner_kwargs())
-    await runner.setup()  # runs cleanup_ctx: opens the store, recovers, reconciles
+    await runner.setup()  # runs cleanup_ctx: recovers the journal, reconciles, starts the loops
     refusals = Repeats(log)
 
     def refused(open_now: int) -> None:
@@ -50,15 +50,21 @@ async def start_http(agg: Aggregator, limits: ConnLimits) -> web.AppRunner:
 
 
 async def serve(cfg: AggregatorConfig) -> int:
-    agg = Aggregator(cfg)
     # The loop's own error reports (a failed accept() when fds run out) once per kind a minute.
     asyncio.get_running_loop().set_exception_handler(loop_exception_handler(Repeats(log)))
     try:
-        runner = await start_http(agg, http_limits())
+        agg = await Aggregator.open(cfg)
     except StoreError as e:
         log.error("cannot open the state store", error=str(e))
         return 2
+    try:
+        runner = await start_http(agg, http_limits())
+    except StoreError as e:
+        await agg.stop()
+        log.error("cannot open the state store", error=str(e))
+        return 2
     except OSError as e:
+        await agg.stop()  # start_http's cleanup already stopped it after a started app: stop() is idempotent
         log.error("cannot listen", address=cfg.listen.address, port=cfg.listen.port, error=str(e))
         return 2
     log.info("aggregator listening", addresses=[f"{a[0]}:{a[1]}" for a in runner.addresses], dry_run=cfg.dry_run,

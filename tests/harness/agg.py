@@ -123,18 +123,21 @@ def config(tmp_path: Path, nodes: int = 4, **kw: Any) -> AggregatorConfig:
 async def running(cfg: AggregatorConfig, fencers: list[Any] | None = None,
                   housekeeping: float = 0.1) -> AsyncIterator[tuple[Aggregator, str]]:
     """An aggregator with its HTTP server on a free loopback port; always stopped afterwards."""
-    agg = Aggregator(cfg, fencers=fencers)
+    agg = await Aggregator.open(cfg, fencers=fencers)
     agg.housekeeping_interval = housekeeping
-    app = make_app(agg)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
     try:
-        yield agg, f"http://127.0.0.1:{port}"
+        app = make_app(agg)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            port = free_port()
+            site = web.TCPSite(runner, "127.0.0.1", port)
+            await site.start()
+            yield agg, f"http://127.0.0.1:{port}"
+        finally:
+            await runner.cleanup()
     finally:
-        await runner.cleanup()
+        await agg.stop()  # idempotent: also when start() (runner.setup) failed half way
 
 
 def post(url: str, body: Any, token: str | None = None, raw: bytes | None = None,

@@ -204,10 +204,11 @@ class Clocks:
 
 @contextlib.asynccontextmanager
 async def started(tmp_path: Path, fencer: MemFencer, clocks: Clocks, **kw: Any) -> AsyncIterator[Aggregator]:
-    agg = Aggregator(config(tmp_path, **kw), fencers=[fencer], clock=lambda: clocks.wall, mono=lambda: clocks.mono)
+    agg = await Aggregator.open(config(tmp_path, **kw), fencers=[fencer], clock=lambda: clocks.wall,
+                                mono=lambda: clocks.mono)
     agg.housekeeping_interval = 3600.0
-    await agg.start()
     try:
+        await agg.start()
         yield agg
     finally:
         await agg.stop()

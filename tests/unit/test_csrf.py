@@ -31,8 +31,12 @@ def test_same_site(headers: dict[str, str], ok: bool) -> None:
     assert csrf.same_site(req) is ok
 
 
-def test_every_mutating_route_of_the_aggregator_is_guarded(tmp_path: Path) -> None:
-    app = make_app(Aggregator(config(tmp_path)), manage=False)  # make_app itself runs require_guarded
+async def test_every_mutating_route_of_the_aggregator_is_guarded(tmp_path: Path) -> None:
+    agg = await Aggregator.open(config(tmp_path))
+    try:
+        app = make_app(agg, manage=False)  # make_app itself runs require_guarded
+    finally:
+        await agg.stop()
     posts = [r for r in app.router.routes() if r.method not in csrf.SAFE_METHODS]
     assert len(posts) == 11 and all(getattr(r.handler, "_podhealth_same_site_only", False) for r in posts)
 

@@ -130,8 +130,12 @@ async def test_aggregator_caps_and_times_out_idle_connections(tmp_path: Path) ->
     port = free_port()
     cfg = agg_config(tmp_path)
     cfg = dataclasses.replace(cfg, listen=dataclasses.replace(cfg.listen, address="127.0.0.1", port=port))
-    agg = Aggregator(cfg)
-    runner = await start_http(agg, ConnLimits(CAP, IDLE))
+    agg = await Aggregator.open(cfg)
+    try:
+        runner = await start_http(agg, ConnLimits(CAP, IDLE))
+    except BaseException:
+        await agg.stop()
+        raise
     try:
         refused, took = await _flood_then_recover(port)
         assert refused >= CAP - 2 and took < IDLE * 4
