@@ -27,7 +27,7 @@ from podhealth.collectors import ib_parse, nfs_parse, xid_parse
 from podhealth.config import default_yaml, loads as config_loads
 from podhealth.configload import ConfigError
 from podhealth.sim import nvidia_smi
-from podhealth.vocab import NodeReport
+from podhealth.vocab import Event, NodeReport
 from tests.harness.fuzz import (
     FIXTURES, HOSTILE_NUMBERS, dumps_loose, fuzz_settings, json_bodies, mutated, mutated_doc, read, texts,
 )
@@ -281,6 +281,32 @@ def test_alertmanager_webhooks_raise_only_bad_request(raw: bytes) -> None:
     except ingest.BadRequest:
         return
     assert all(math.isfinite(a.time) for a in alerts)
+
+
+def _event_bodies() -> list[dict[str, Any]]:
+    """The collector's own events as an agent sends them (with Event.kernel), and as an older one did."""
+    events = [xid_parse.event_of(p, at=1000.0, gpu=0) for p in (xid_parse.parse_line(x) for x in KMSG) if p is not None]
+    bodies = [{**e.to_json(), "id": f"e{i}"} for i, e in enumerate(events)  # fixed ids: the same seeds every run
+              if e.kernel is not None and (e.kernel.nvlink5 or e.kernel.recovery or e.kernel.fatal is not None)][:6]
+    return bodies + [{k: v for k, v in b.items() if k != "kernel"} for b in bodies[:2]]
+
+
+@fuzz_settings(120)
+@given(json_bodies(_event_bodies()))
+def test_event_json_raises_only_value_or_key_error_and_round_trips(raw: bytes) -> None:
+    """Event.from_json (an agent's event read back: spool, bundle, tests) and the one parser's
+    completion of an event without fields (what the XID rules run on every event)."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        return
+    try:
+        ev = Event.from_json(doc)
+    except (ValueError, KeyError):
+        return
+    assert Event.from_json(json.loads(json.dumps(ev.to_json()))) == ev or not math.isfinite(ev.time)
+    done = xid_parse.with_kernel_fields(ev)
+    assert done.kernel is not None or ev.kind not in ("xid", "sxid", "kernel")
 
 
 @fuzz_settings()
