@@ -11,7 +11,7 @@ This module joins two sources into one stream of events:
     counts once and the kernel line is preferred: NVML events are held briefly and dropped when the
     matching kernel line shows up.
 Host RAS lines (EDAC memory error summaries, `mce: [Hardware Error]`) become events too
-(kind edac / mce, collectors/ras_parse.py); checks/host_errors.py judges them.
+(kind edac / mce, collectors/ras_parse.py); checks/passive/memory_ecc.py judges them.
 Collectors export raw facts: what an XID means is decided in checks/passive/xid.py. Every collect() is
 bounded (records and bytes per call) and never blocks.
 """
@@ -36,9 +36,6 @@ MAX_BYTES = 4 * 1024 * 1024  # per collect() from a followed file
 DEDUP_S = 2.0  # an NVML XID and its kernel line further apart than this are two XIDs
 NVML_HOLD_S = 2.0  # NVML events wait this long for their kernel line before standing alone
 NVML_MAX_EVENTS = 256  # per collect()
-
-
-# ---- the collector ------------------------------------------------------------------------------
 
 
 @dataclass
