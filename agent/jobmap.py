@@ -155,4 +155,5 @@ class JobMap:
 def install(agent: "Agent") -> JobMap:
     jm = JobMap(agent.cfg.collectors.jobs.dcgm_job_mapping_dir)
     agent.on_snapshot.append(jm.on_snapshot)
+    agent.sinks.annotate_event = lambda ev: tag_event(ev, jm.jobs)  # published XID events name the job
     return jm

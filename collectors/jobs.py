@@ -148,7 +148,8 @@ class JobsCollector:
 
         try:
             recs = self._records(errors)
-            up["records"] = True
+            if recs or self.state_dir.exists():  # no directory: no prolog records jobs on this node
+                up["records"] = True
             jobs.extend(recs)
         except OSError as e:
             up["records"] = False

@@ -83,6 +83,7 @@ def test_collector_reads_records_and_says_unknown_when_it_cannot(tmp_path: Path)
     info, up = _info(_collector(tmp_path))
     assert info == {("0", "42", "slurm", "alice", "", ""), ("1", "42", "slurm", "alice", "", "")}
     assert up == {"records": 1.0}  # no cgroup v1 hierarchy, no kubelet: those sources are not here
+    assert _info(_collector(tmp_path / "elsewhere")) == (set(), {})  # no prolog has run: no source at all
     # The state directory cannot be listed (a file where the directory should be): unknown, not "no job".
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -184,15 +185,14 @@ def test_kubelet_pods_on_gpus(tmp_path: Path, kubelet: tuple[Path, dict[str, obj
     assert info == {("2", "ml.train-0", "kubernetes", "", "ml", "train-0"),
                     ("3", "ml.train-0", "kubernetes", "", "ml", "train-0"),
                     ("4", "ml.infer", "kubernetes", "", "ml", "infer")}
-    assert up == {"records": 1.0, "kubelet": 1.0}
+    assert up == {"kubelet": 1.0}
 
 
 def test_kubelet_that_does_not_answer_is_unknown(tmp_path: Path, kubelet: tuple[Path, dict[str, object]]) -> None:
     sock, state = kubelet
     state["hang"] = True
     col = _collector(tmp_path, sock, timeout=0.5).collect()
-    assert [(s.label("source"), s.value) for s in col.samples if s.name == "job_source_up"] == [
-        ("kubelet", 0.0), ("records", 1.0)]
+    assert [(s.label("source"), s.value) for s in col.samples if s.name == "job_source_up"] == [("kubelet", 0.0)]
     assert any("within" in e for e in col.errors), col.errors
 
 
