@@ -23,6 +23,7 @@ from podhealth import config
 from podhealth.credentials import CredentialError
 from podhealth.exitcodes import EXIT_USAGE
 from podhealth.hostnames import node_name_problem
+from podhealth.netaddr import parse_listen
 
 SIM_PROFILES = ("dgx-h100", "dgx-h200", "dgx-b200", "dgx-a100")
 DEFAULT_SIM_NODE = "dgx01"
@@ -43,16 +44,6 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--compat", choices=["dcgm-exporter"], help="also expose GPU series under these names")
     p.set_defaults(func=run)
     return p
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--listen: expected ADDR:PORT, got {text!r}")
-    host = host.strip("[]")  # [::1]:9410
-    if not host:
-        raise ValueError(f"--listen: missing address in {text!r}")
-    return host, int(port)
 
 
 MALLOC_ARENAS = 2

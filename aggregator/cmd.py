@@ -12,6 +12,7 @@ from typing import Any
 from podhealth import config
 from podhealth.credentials import CredentialError
 from podhealth.exitcodes import EXIT_USAGE, UsageError
+from podhealth.netaddr import parse_listen
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
@@ -25,21 +26,12 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     return p
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host, port = "", text
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f'--listen: expected HOST:PORT, got "{text}"')
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
 def effective_config(args: argparse.Namespace) -> Any:
     cfg = config.load(args.config) if args.config else config.Config()
     agg = cfg.aggregator
     if args.listen:
         try:
-            host, port = parse_listen(args.listen)
+            host, port = parse_listen(args.listen, any_host="0.0.0.0")
         except ValueError as e:
             raise UsageError(str(e)) from None
         agg = dataclasses.replace(agg, listen=dataclasses.replace(agg.listen, address=host, port=port))

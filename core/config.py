@@ -13,8 +13,9 @@ from typing import Annotated, Any, Literal, Mapping
 from podhealth import credentials
 from podhealth.hostnames import node_name_problem
 from podhealth.config_aggregator import AggregatorConfig
+from podhealth.config_listen import ListenConfig
 from podhealth.configload import (
-    AbsPath, ConfigError, Ge, Gt, Le, NonEmpty, Percent, Port, Seconds, doc, load_file, load_text,
+    AbsPath, ConfigError, Ge, Gt, Le, Percent, Port, Seconds, doc, load_file, load_text,
     render_default,
 )
 
@@ -49,12 +50,6 @@ class PathsConfig:
     nvml_library: str = doc("NVML shared library; empty = the system's libnvidia-ml.so.1.", "")
     dcgm_bindings: Annotated[Path, AbsPath()] = doc(
         "Where DCGM installs its Python bindings.", Path("/usr/share/datacenter-gpu-manager-4/bindings/python3"))
-
-
-@dataclass(frozen=True)
-class ListenConfig:
-    address: Annotated[str, NonEmpty()] = doc("Address the HTTP server (/metrics, /health) binds.", "0.0.0.0")
-    port: Port = doc("Port of the HTTP server (0 = pick a free one).", 9410)
 
 
 @dataclass(frozen=True)
@@ -348,7 +343,7 @@ class Config:
     node: NodeConfig = doc("This node.", factory=NodeConfig)
     log: LogConfig = doc("Logging.", factory=LogConfig)
     paths: PathsConfig = doc("Where the agent reads the system from.", factory=PathsConfig)
-    listen: ListenConfig = doc("HTTP server.", factory=ListenConfig)
+    listen: ListenConfig = doc("HTTP server (/metrics, /health, POST /v1/handover).", factory=ListenConfig)
     collectors: CollectorsConfig = doc("Collectors, each with its own interval and timeout.", factory=CollectorsConfig)
     exporters: ExportersConfig = doc("Where samples are pushed besides /metrics.", factory=ExportersConfig)
     publish: PublishConfig = doc("Pushing verdict transitions and XID events to the aggregator.", factory=PublishConfig)

@@ -17,21 +17,14 @@ from typing import Annotated, Any, Literal, Mapping
 
 from podhealth import credentials
 from podhealth.hostnames import node_name_problem
+from podhealth.config_listen import ListenConfig
 from podhealth.netaddr import is_loopback_address
-from podhealth.configload import AbsPath, Ge, Gt, NonEmpty, Percent, Port, Seconds, doc
+from podhealth.configload import AbsPath, Ge, Gt, NonEmpty, Percent, Seconds, doc
 
 ActionName = Literal["NONE", "RESTART_APP", "RESET_GPU", "DRAIN", "REBOOT", "REPLACE"]
 Severity = Literal["info", "warning", "critical"]
 Do = Literal["notify", "fence", "fence_and_reboot"]
 SEVERITY_RANK: Mapping[str, int] = {"info": 0, "warning": 1, "critical": 2}
-
-
-@dataclass(frozen=True)
-class AggListenConfig:
-    address: Annotated[str, NonEmpty()] = doc(
-        "Address the aggregator's HTTP server binds. Any but loopback needs credentials under `auth`\n"
-        "(cluster_secret, node_tokens or cluster_token): without them ingest is anonymous.", "127.0.0.1")
-    port: Port = doc("Port of the aggregator's HTTP server (0 = pick a free one).", 9420)
 
 
 @dataclass(frozen=True)
@@ -329,7 +322,10 @@ class StoreConfig:
 
 @dataclass(frozen=True)
 class AggregatorConfig:
-    listen: AggListenConfig = doc("HTTP server (ingest, API, /metrics).", factory=AggListenConfig)
+    listen: ListenConfig = doc(
+        "HTTP server (ingest, API, /metrics). An address but loopback needs credentials under `auth`\n"
+        "(cluster_secret, node_tokens or cluster_token): without them ingest is anonymous.",
+        factory=lambda: ListenConfig("127.0.0.1", 9420))
     db: Annotated[Path, AbsPath()] = doc("SQLite state file (WAL); store.url, when set, wins.",
                                          Path("/var/lib/podhealth/aggregator.db"))
     store: StoreConfig = doc("The state store (SQLite file or PostgreSQL).", factory=StoreConfig)
@@ -417,7 +413,7 @@ class AggregatorConfig:
 
 
 __all__ = [
-    "AggregatorConfig", "AggListenConfig", "AggAuthConfig", "RuleConfig", "CapsConfig", "RateLimitConfig",
+    "AggregatorConfig", "ListenConfig", "AggAuthConfig", "RuleConfig", "CapsConfig", "RateLimitConfig",
     "BreakerConfig", "FlapHoldConfig", "LadderConfig", "JobsConfig", "NodeEntry", "FencersConfig", "SlurmFencerConfig", "KubeFencerConfig",
     "DryRunFencerConfig", "FileFencerConfig", "RetryConfig", "UiConfig", "BundlesConfig", "StoreConfig", "SEVERITY_RANK",
 ]

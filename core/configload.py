@@ -226,9 +226,15 @@ class _Loader:
                 return Path(value)
         raise self.err(node, path, f"expected {_type_name(tp)}, got {_show(node)}")
 
-    def dataclass(self, cls: Any, node: yaml.Node, path: str) -> Any:
+    def dataclass(self, cls: Any, node: yaml.Node, path: str, base: Any = None) -> Any:
+        """`cls` from a mapping; the keys it leaves out keep `base`'s values (the parent field's
+        own default, as `config default` prints it: aggregator.listen is 127.0.0.1:9420, the
+        agent's listen 0.0.0.0:9410), else the class defaults."""
+        def make(**kw: Any) -> Any:
+            return dataclasses.replace(base, **kw) if base is not None else cls(**kw)
+
         if isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null"):
-            return cls()
+            return make()
         if not isinstance(node, yaml.MappingNode):
             raise self.err(node, path, f"expected a mapping, got {_show(node)}")
         hints = get_type_hints(cls, include_extras=True)
@@ -248,7 +254,11 @@ class _Loader:
                 continue
             seen.add(key)
             try:
-                kwargs[key] = self.convert(hints[key], vn, sub)
+                f = fields[key]
+                if dataclasses.is_dataclass(hints[key]) and f.default_factory is not dataclasses.MISSING:
+                    kwargs[key] = self.dataclass(hints[key], vn, sub, base=f.default_factory())
+                else:
+                    kwargs[key] = self.convert(hints[key], vn, sub)
             except ConfigError as e:
                 self.report(e)
         if self.errors is not None and len(self.errors) > before:
@@ -256,11 +266,11 @@ class _Loader:
             # wrong) so the rest of the file can still be checked; its validate() would judge
             # values the file does not hold.
             try:
-                return cls(**kwargs)
+                return make(**kwargs)
             except (TypeError, ValueError):
-                return cls()
+                return make()
         try:
-            obj = cls(**kwargs)
+            obj = make(**kwargs)
         except (TypeError, ValueError) as e:
             raise self.err(node, path, str(e)) from None
         validate = getattr(obj, "validate", None)

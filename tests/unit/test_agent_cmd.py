@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from podhealth.agent.cmd import parse_listen
+from podhealth.netaddr import parse_listen
 from tests.harness.proc import free_port, http_get, service
 
 pytestmark = pytest.mark.timeout(60)

@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from podhealth.aggregator.cmd import parse_listen
+from podhealth.netaddr import parse_listen
 from podhealth.config_aggregator import AggAuthConfig
 from tests.harness.agg import MemFencer, config, running
 
@@ -95,10 +95,10 @@ def test_aggregator_refuses_a_bad_config_with_file_line_key(tmp_path: Path) -> N
 @pytest.mark.parametrize("text, want", [("127.0.0.1:9420", ("127.0.0.1", 9420)), (":80", ("0.0.0.0", 80)),
                                         ("9000", ("0.0.0.0", 9000)), ("[::1]:9", ("::1", 9))])
 def test_parse_listen(text: str, want: tuple[str, int]) -> None:
-    assert parse_listen(text) == want
+    assert parse_listen(text, any_host="0.0.0.0") == want  # the aggregator's --listen
 
 
 @pytest.mark.parametrize("text", ["host:", "host:99999", "x:y"])
 def test_parse_listen_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="--listen"):
-        parse_listen(text)
+        parse_listen(text, any_host="0.0.0.0")
