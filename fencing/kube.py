@@ -242,10 +242,16 @@ class KubeFencer:
         if api_client is None:
             try:
                 if in_cluster:
-                    api_client = k8s.ApiClient(in_cluster_configuration(service_account_dir))
+                    conf = in_cluster_configuration(service_account_dir)
                 else:
                     # Its own Configuration: the process-wide default is never touched.
-                    api_client = k8s_config.new_client_from_config(config_file=kubeconfig or None, context=context)
+                    conf = type.__call__(k8s.Configuration)
+                    k8s_config.load_kube_config(config_file=kubeconfig or None, context=context,
+                                                client_configuration=conf)
+                # One attempt per call: urllib3 would otherwise repeat a refused connection 3 times
+                # inside it (the client's default Retry), a hidden layer under the action runner's.
+                conf.retries = 0
+                api_client = k8s.ApiClient(conf)
             except (k8s_config.ConfigException, OSError, InClusterError) as e:
                 where = "in-cluster service account" if in_cluster else f"kubeconfig {kubeconfig or '(default)'}"
                 raise ValueError(f"cannot load the Kubernetes {where}: {e}") from None
