@@ -13,6 +13,7 @@ is parsed; a missing or malformed token is refused before the body is read.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -48,6 +49,13 @@ class Speaker:
 ANYONE = Speaker()
 
 
+def _key(token: str) -> bytes:
+    """What the token maps are keyed by: its SHA-256. A dict lookup compares keys with ==, which
+    stops at the first differing byte; comparing digests leaks nothing an attacker can use to
+    guess a token byte by byte (the one-to-one checks use webguard.same_token)."""
+    return hashlib.sha256(token.encode()).digest()
+
+
 def _looks_derived(token: str) -> bool:
     return len(token) == 64 and set(token) <= _HEX
 
@@ -58,9 +66,9 @@ class Auth:
         self.cluster = cfg.cluster_token
         self.cluster_for_agents = cfg.cluster_token_for_agents
         self.admin = cfg.admin_token
-        self.by_token = {tok: node for node, tok in cfg.node_tokens.items()}
+        self.by_token = {_key(tok): node for node, tok in cfg.node_tokens.items()}
         self.open = not (self.secret or self.cluster or self.by_token)
-        self._derived: dict[str, str] = {}
+        self._derived: dict[bytes, str] = {}  # _key(derived token) -> the node it was checked for
 
     def ingest(self, request: web.Request, central: bool = False) -> Speaker:
         """Who the request speaks as; `central` for /v1/alertmanager. Raises Refused (401)."""
@@ -69,7 +77,8 @@ class Auth:
         tok = bearer(request)
         if tok is None:
             raise Refused(401, "unauthorized", "missing bearer token")
-        node = self.by_token.get(tok) or self._derived.get(tok)
+        key = _key(tok)
+        node = self.by_token.get(key) or self._derived.get(key)
         if node is not None:
             return Speaker(node=node, vouches=True)
         if same_token(self.cluster, tok):
@@ -87,12 +96,12 @@ class Auth:
         """`speaker` may speak for `node`; raises Refused (401) when not."""
         if speaker.node is not None and speaker.node != node:
             raise Refused(401, "unauthorized", f"this token speaks for {speaker.node}, not {node}")
-        if speaker.token and self._derived.get(speaker.token) != node:
+        if speaker.token and self._derived.get(_key(speaker.token)) != node:
             if not node_token_matches(self.secret, node, speaker.token):
                 raise Refused(401, "unauthorized", f"invalid token for {node}")
             if len(self._derived) >= _CACHE_MAX:
                 self._derived.clear()
-            self._derived[speaker.token] = node
+            self._derived[_key(speaker.token)] = node
 
     def require_admin(self, request: web.Request) -> None:
         if not self.admin:
