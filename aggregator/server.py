@@ -113,7 +113,6 @@ def _answer(out: dict[str, Any]) -> bytes:
 
 def _check_node(agg: Aggregator, request: web.Request, node: str, bound: Speaker) -> None:
     request.app[AUTH].check_node(bound, node)
-    assert agg.mem is not None
     if node not in agg.mem.nodes and not agg.cfg.learn_nodes:
         raise _Reject(403, "forbidden", f"unknown node {node} (learn_nodes is off)")
 
@@ -123,8 +122,7 @@ async def _commit(agg: Aggregator, ops: list[Any], new_ids: Sequence[str] = (),
     try:
         await agg.commit(ops)
     except Exception as e:  # noqa: BLE001 - the client retries; say why
-        assert agg.mem is not None
-        # Memory follows the store: what this request changed is undone, so a resend is applied.
+            # Memory follows the store: what this request changed is undone, so a resend is applied.
         if undo is not None:
             agg.mem.rollback(undo)
         agg.mem.forget_ids(new_ids)
@@ -141,7 +139,6 @@ async def _reports(agg: Aggregator, request: web.Request, bound: Speaker) -> dic
         raise _Reject(400, "bad_request", str(e)) from None
     _check_node(agg, request, rep.node, bound)
     mem = agg.mem
-    assert mem is not None
     undo = mem.checkpoint(rep.node)
     if isinstance(rep, ingest.Lease):
         leased, ops = ingest.apply_lease(mem, rep, agg.clock())
@@ -175,7 +172,6 @@ async def _events(agg: Aggregator, request: web.Request, bound: Speaker) -> dict
     except ingest.BadRequest as e:
         raise _Reject(400, "bad_request", str(e)) from None
     _check_node(agg, request, batch.node, bound)
-    assert agg.mem is not None
     undo = agg.mem.checkpoint(batch.node)
     applied, ops, new_ids = ingest.apply_events(agg.mem, batch, agg.clock())
     if bound.vouches:
@@ -194,7 +190,6 @@ async def _alertmanager(agg: Aggregator, request: web.Request, bound: Speaker) -
         alerts = ingest.parse_alertmanager(obj, now, ingest.parse_rfc3339)
     except ingest.BadRequest as e:
         raise _Reject(400, "bad_request", str(e)) from None
-    assert agg.mem is not None
     undo = agg.mem.checkpoint(*(a.node for a in alerts))
     applied, ops = ingest.apply_alerts(agg.mem, alerts, now, agg.cfg.learn_nodes)
     _count(agg, applied)
@@ -215,7 +210,6 @@ def _count(agg: Aggregator, a: ingest.Applied) -> None:
 
 async def api_nodes(request: web.Request) -> web.Response:
     agg = request.app[AGG]
-    assert agg.mem is not None
     state = request.query.get("state")
     check = request.query.get("check")
     partition = request.query.get("partition")
@@ -241,7 +235,6 @@ async def api_node(request: web.Request) -> web.Response:
     out = agg.node_json(name)
     if out is None:
         return _error(404, f"unknown node {name}")
-    assert agg.store is not None
     report = await asyncio.to_thread(agg.store.node_report, name)
     out["report"] = json.loads(report) if report else None
     return web.json_response(out)
@@ -250,7 +243,6 @@ async def api_node(request: web.Request) -> web.Response:
 async def api_history(request: web.Request) -> web.Response:
     agg = request.app[AGG]
     name = request.match_info["name"]
-    assert agg.mem is not None and agg.store is not None
     if name not in agg.mem.nodes:
         return _error(404, f"unknown node {name}")
     try:
@@ -275,7 +267,6 @@ async def api_fleet(request: web.Request) -> web.Response:
 async def api_fleet_versions(request: web.Request) -> web.Response:
     """Which nodes run which driver, VBIOS, HCA firmware, OFED, kernel (aggregator/versions.py)."""
     agg = request.app[AGG]
-    assert agg.store is not None and agg.mem is not None
     stamps = {name: rec.stored_at for name, rec in agg.mem.nodes.items()}
     view = await asyncio.to_thread(request.app[VERSIONS].view, stamps, agg.store.drift_readings, agg.clock())
     return web.json_response(view)
@@ -398,7 +389,6 @@ async def api_bundles(request: web.Request) -> web.Response:
     if refusal is not None:
         return refusal
     name = request.match_info["name"]
-    assert agg.mem is not None and agg.store is not None
     if name not in agg.mem.nodes:
         return _error(404, f"unknown node {name}")
     rows = await asyncio.to_thread(agg.store.bundles_of, name)
@@ -415,7 +405,6 @@ async def api_bundle(request: web.Request) -> web.StreamResponse:
         bid = int(request.match_info["id"])
     except ValueError:
         return _error(400, "a bundle id is an integer")
-    assert agg.store is not None
     b = await asyncio.to_thread(agg.store.bundle, bid)
     if b is None or b["node"] != name:
         return _error(404, f"no bundle {bid} of {name}")
@@ -440,13 +429,12 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     agg = request.app[AGG]
-    ok = agg.mem is not None and agg.writer is not None
-    if ok and agg.writer is not None and agg.writer.error:
+    if agg.writer.error:
         # Up, but every change would be refused: not healthy (a load balancer or systemd should know).
         return web.json_response({"status": "store_failing", "error": agg.writer.error,
                                   "pending_actions": len(agg.pending)}, status=503)
-    return web.json_response({"status": "ok" if ok else "starting", "pending_actions": len(agg.pending)},
-                             status=200 if ok else 503)
+    # Built whole by Aggregator.open() and started before the site listens: never "starting" here.
+    return web.json_response({"status": "ok", "pending_actions": len(agg.pending)})
 
 
 AUTH = web.AppKey("auth", Auth)

@@ -214,7 +214,6 @@ async def fleet_history(request: web.Request) -> web.Response:
         hours = -1.0
     if not 0 < hours <= HISTORY_HOURS_MAX:
         raise web.HTTPBadRequest(text=f"hours: expected a number in (0, {HISTORY_HOURS_MAX}]")
-    assert agg.store is not None and agg.mem is not None
     now = agg.clock()
     samples = await asyncio.to_thread(agg.store.fleet_history, now - hours * 3600)
     body = {"now": now, "hours": hours, "interval": agg.cfg.ui.history_interval,
