@@ -122,7 +122,7 @@ async def _commit(agg: Aggregator, ops: list[Any], new_ids: Sequence[str] = (),
     try:
         await agg.commit(ops)
     except Exception as e:  # noqa: BLE001 - the client retries; say why
-            # Memory follows the store: what this request changed is undone, so a resend is applied.
+        # Memory follows the store: what this request changed is undone, so a resend is applied.
         if undo is not None:
             agg.mem.rollback(undo)
         agg.mem.forget_ids(new_ids)
