@@ -1,6 +1,6 @@
 """The agent's renderer: exposition bytes assembled from per-family blocks kept between renders.
 
-`exposition.families()` + `Encoder` render a snapshot from nothing. Between two renders,
+The tests' reference renderer (tests/oracles/exposition.py) renders a snapshot from nothing. Between two renders,
 though, most of it did not change: a collector that did not run kept its CollectorState (the
 store replaces only the one that ran), and collectors hand on the same Sample object for a value
 that did not change (collectors/infiniband.py, collectors/nfs.py). So each family's text block is
@@ -13,8 +13,8 @@ kept with the Sample objects it was made from:
 - anything else (series came or went) is validated and formatted from the start, with the
   line prefixes still cached by label set.
 The rules (validation, merging of families that share a name, header text) are exposition's and
-encode's; the output is byte-identical to `Encoder.encode(families(snapshot, ctx))`, which the
-tests check over changing snapshots.
+encode's; the output is byte-identical to the reference's, which the tests check over changing
+snapshots.
 """
 
 from __future__ import annotations

@@ -1,22 +1,18 @@
-"""Prometheus text and OpenMetrics bytes from rendered families, with each series' label part cached.
+"""The pieces of Prometheus text and OpenMetrics lines: family header, series prefix, value.
 
-Between two snapshots almost every series keeps its labels and only its value changes, so the
-escaped `name{labels} ` prefix of a series is built once and reused: a render then costs one dict
-lookup and one float formatting per series. prometheus-client's generate_latest formats every
-label of every series on every call, which made rendering the largest part of the agent's CPU
-per cycle. The output is byte-identical to prometheus-client's (the tests compare them); names
-and label names are already validated by exposition.families().
-
-The pieces (line prefix, value, family header) are shared with agent/metrics/blocks.py, the agent's
-incremental renderer.
+agent/metrics/blocks.py (the agent's renderer) builds the escaped `name{labels} ` prefix of a
+series once and reuses it: between two snapshots almost every series keeps its labels and only
+its value changes, so a render costs one lookup and one float formatting per series.
+prometheus-client's generate_latest formats every label of every series on every call, which
+made rendering the largest part of the agent's CPU per cycle. The bytes are prometheus-client's
+(the tests compare them, through tests/oracles/exposition.py); names and label names are already
+validated by the rules in agent/metrics/exposition.py.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
-from podhealth.agent.metrics.exposition import Rendered
 from podhealth.vocab import Labels
 
 _TEXT_TYPE = {"counter": "counter", "gauge": "gauge", "info": "gauge"}
@@ -62,29 +58,3 @@ def line_prefix(sample_name: str, labels: Labels, node: str) -> str:
     d.setdefault("node", node)
     inner = ",".join(f'{k}="{_label_value(v)}"' for k, v in sorted(d.items()))
     return f"{sample_name}{{{inner}}} "
-
-
-class Encoder:
-    def __init__(self, node: str) -> None:
-        self.node = node
-        self._prefix: dict[tuple[str, Labels], str] = {}
-
-    def encode(self, fams: Sequence[Rendered], openmetrics: bool) -> bytes:
-        cache = self._prefix
-        if len(cache) > MAX_CACHED_SERIES:
-            cache.clear()  # label churn (e.g. ever-new reason texts) must not grow memory forever
-        out: list[str] = []
-        for f in fams:
-            out.append(header(f.name, f.sample_name, f.type, f.help, f.unit, openmetrics))
-            sname = f.sample_name
-            for labels, value in f.series:
-                key = (sname, labels)
-                prefix = cache.get(key)
-                if prefix is None:
-                    prefix = cache[key] = line_prefix(sname, labels, self.node)
-                out.append(prefix)
-                out.append(format_value(value))
-                out.append("\n")
-        if openmetrics:
-            out.append("# EOF\n")
-        return "".join(out).encode("utf-8")

@@ -1,4 +1,4 @@
-"""Snapshot -> metric families, and the prometheus-client custom collector over them.
+"""The rules that turn a snapshot into metric families: names, types, validation, grouping.
 
 Names: `podhealth_` + the sample name; counters get `_total` on their samples (prometheus-client
 convention: the OpenMetrics family name has no suffix); info metrics keep their `_info` sample
@@ -7,10 +7,10 @@ collector's MetricSpec. A sample with a bad name or label is dropped (and logged
 breaking the whole scrape: dcgm-exporter's one-error-means-HTTP-500 registry is the
 counter-example.
 
-`families()` does the validation once; `SnapshotCollector` (prometheus-client's custom collector
-protocol) and the cached encoder in agent/metrics/encode.py both render its output, byte for byte alike.
-The agent itself renders through agent/metrics/blocks.py, which applies the same rules (the helpers
-below) family by family and reuses what did not change; tests hold it to `families()`' output.
+The agent renders through agent/metrics/blocks.py, which applies these rules family by family
+and reuses what did not change. The tests hold it, byte for byte, to a render from nothing
+(tests/oracles/exposition.py) that applies the same rules and is itself compared with
+prometheus-client's encoders.
 """
 
 from __future__ import annotations
@@ -27,11 +27,9 @@ from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import Labels, MetricSpec, Sample
 
 if TYPE_CHECKING:
-    from prometheus_client.metrics_core import Metric
-
     from podhealth.agent.metrics.detail import ExportFilter
 
-__all__ = ["PREFIX", "Family", "MetricSource", "RenderContext", "Rendered", "SnapshotCollector", "families", "with_node"]
+__all__ = ["PREFIX", "Family", "MetricSource", "RenderContext"]
 
 PREFIX = "podhealth_"
 
@@ -54,24 +52,6 @@ class RenderContext:
 
     def exported(self, cname: str, st: CollectorState) -> CollectorState:
         return st if self.detail is None else self.detail.state(cname, st)
-
-
-@dataclass(frozen=True, slots=True)
-class Rendered:
-    """One validated family, ready for any encoder. `series` labels do not carry `node` yet."""
-
-    name: str  # family name (OpenMetrics), e.g. podhealth_gpu_energy_joules
-    sample_name: str  # e.g. podhealth_gpu_energy_joules_total
-    type: str  # gauge | counter | info
-    help: str
-    unit: str
-    series: tuple[tuple[Labels, float], ...]
-
-
-def with_node(labels: Labels, node: str) -> dict[str, str]:
-    d = dict(labels)
-    d.setdefault("node", node)
-    return d
 
 
 class _Checked:
@@ -151,23 +131,6 @@ def checked_number(value: object, typ: str, origin: str) -> float | None:
     return v
 
 
-def checked_value(s: Sample, typ: str, origin: str) -> float | None:
-    """The value a sample is rendered with, or None when the sample must be dropped."""
-    if not labels_ok(s.labels, origin):
-        return None
-    return checked_number(s.value, typ, origin)
-
-
-def _series(samples: Iterable[Sample], typ: str, origin: str) -> tuple[tuple[Labels, float], ...]:
-    """Validated series; the last value wins on a duplicate label set."""
-    out: dict[Labels, float] = {}
-    for s in samples:
-        value = checked_value(s, typ, origin)
-        if value is not None:
-            out[s.labels] = value
-    return tuple(out.items())
-
-
 def collector_groups(cname: str, samples: Iterable[Sample],
                      specs: Mapping[str, MetricSpec]) -> list[tuple[MetricSpec, list[Sample]]]:
     """One collector's samples by metric name, in order of first appearance, with their specs."""
@@ -188,15 +151,6 @@ def collector_groups(cname: str, samples: Iterable[Sample],
     return out
 
 
-def _collector_groups(snapshot: Snapshot, ctx: RenderContext) -> Iterator[tuple[str, MetricSpec, Sequence[Sample], bool]]:
-    for cname, st in snapshot.collectors.items():
-        st = ctx.exported(cname, st)
-        if not st.samples:
-            continue
-        for spec, samples in collector_groups(cname, st.samples, ctx.specs.get(cname, {})):
-            yield cname, spec, samples, True
-
-
 def source_groups(snapshot: Snapshot, ctx: RenderContext) -> Iterator[tuple[str, MetricSpec, Sequence[Sample], bool]]:
     for fam in self_families(snapshot, ctx.version, ctx.profile):
         yield "self", fam.spec, fam.samples, True
@@ -209,47 +163,3 @@ def source_groups(snapshot: Snapshot, ctx: RenderContext) -> Iterator[tuple[str,
             continue
         for fam in extra:
             yield origin, fam.spec, fam.samples, fam.prefixed
-
-
-def families(snapshot: Snapshot, ctx: RenderContext) -> list[Rendered]:
-    """Every family of the snapshot (collector samples, self-metrics, metric sources), merged by name."""
-    merged: dict[str, tuple[tuple[str, str, str, str, str], list[Sample]]] = {}
-    groups = list(_collector_groups(snapshot, ctx)) + list(source_groups(snapshot, ctx))
-    for origin, spec, samples, prefixed in groups:
-        if not checked.name_ok(spec.name):
-            checked.warn_once(f"{origin}:{spec.name}", "invalid metric name skipped", origin=origin, metric=spec.name)
-            continue
-        name, sample, typ, unit = names_of(spec, prefixed)
-        entry = merged.get(name)
-        if entry is None:
-            merged[name] = ((name, sample, typ, spec.help or spec.name, unit), list(samples))
-        else:
-            entry[1].extend(samples)
-    out = []
-    for (name, sample, typ, help_, unit), samples in merged.values():
-        series = _series(samples, typ, name)
-        if series:
-            out.append(Rendered(name, sample, typ, help_, unit, series))
-    return out
-
-
-class SnapshotCollector:
-    """prometheus-client's custom collector protocol over one immutable snapshot."""
-
-    def __init__(self, snapshot: Snapshot, ctx: RenderContext) -> None:
-        self.snapshot = snapshot
-        self.ctx = ctx
-
-    def describe(self) -> list["Metric"]:
-        return []  # registering must not trigger a collection
-
-    def collect(self) -> Iterator["Metric"]:
-        # Imported here: the agent renders through agent/metrics/blocks.py and never needs
-        # prometheus-client at run time (it costs ~8 MiB of RSS).
-        from prometheus_client.metrics_core import Metric
-
-        for fam in families(self.snapshot, self.ctx):
-            m = Metric(fam.name, fam.help, fam.type, fam.unit)
-            for labels, value in fam.series:
-                m.add_sample(fam.sample_name, with_node(labels, self.ctx.node), value)
-            yield m

@@ -11,12 +11,10 @@ from __future__ import annotations
 import asyncio
 import enum
 import gzip
-from typing import Iterable
 
 from podhealth import log
 from podhealth.agent.metrics.blocks import BlockEncoder
-from podhealth.agent.metrics.encode import Encoder
-from podhealth.agent.metrics.exposition import RenderContext, Rendered, families
+from podhealth.agent.metrics.exposition import RenderContext
 from podhealth.snapshot import Snapshot
 
 _log = log.get("podhealth.agent.metrics.render")
@@ -62,23 +60,7 @@ def wants_gzip(accept_encoding: str) -> bool:
     return any(p.split(";")[0].strip().lower() == "gzip" for p in accept_encoding.split(","))
 
 
-def render(snapshot: Snapshot, ctx: RenderContext, variants: Iterable[Variant],
-           encoder: Encoder | None = None) -> dict[Variant, bytes]:
-    """Pure: the exposition of `snapshot` in each requested variant."""
-    return _encode(families(snapshot, ctx), encoder or Encoder(ctx.node), variants)
-
-
-def _encode(fams: list[Rendered], encoder: Encoder, variants: Iterable[Variant]) -> dict[Variant, bytes]:
-    plain: dict[Format, bytes] = {}
-    out: dict[Variant, bytes] = {}
-    for fmt, gz in variants:
-        if fmt not in plain:
-            plain[fmt] = encoder.encode(fams, fmt is Format.OPENMETRICS)
-        out[(fmt, gz)] = _compress(plain[fmt]) if gz else plain[fmt]
-    return out
-
-
-def _compress(body: bytes) -> bytes:
+def compress(body: bytes) -> bytes:
     # Level 1: loopback and LAN scrapes gain little from tighter compression; CPU matters more.
     return gzip.compress(body, compresslevel=1, mtime=0)
 
@@ -179,7 +161,7 @@ class ExpositionCache:
                 self._blocks = BlockEncoder(self.ctx.node)
             plain = self._plain[fmt] = (version, self._blocks.render(snapshot, self.ctx, fmt is Format.OPENMETRICS))
             self.renders += 1
-        return _compress(plain[1]) if gz else plain[1]
+        return compress(plain[1]) if gz else plain[1]
 
     async def current(self, variant: Variant = (Format.TEXT, False)) -> bytes:
         return await self.get(variant)

@@ -14,11 +14,13 @@ from podhealth.agent.metrics import compat
 from podhealth.agent.agent import Agent
 from podhealth.agent.metrics.exposition import RenderContext
 from podhealth.agent.metrics.family import Family
-from podhealth.agent.metrics.render import Format, negotiate, render, wants_gzip
+from podhealth.agent.metrics.blocks import BlockEncoder
+from podhealth.agent.metrics.render import Format, negotiate, wants_gzip
 from podhealth.collectors.base import Collection, specs
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import Event, MetricSpec, Sample, labels_of
 from tests.harness.proc import need
+from tests.oracles.exposition import render
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,7 +49,9 @@ def ctx(**kw: object) -> RenderContext:
 
 
 def text(snap: Snapshot, c: RenderContext | None = None, fmt: Format = Format.TEXT) -> str:
-    return render(snap, c or ctx(), [(fmt, False)])[(fmt, False)].decode()
+    """What the agent's renderer makes of `snap` (a fresh one: nothing reused from a prior render)."""
+    c = c or ctx()
+    return BlockEncoder(c.node).render(snap, c, fmt is Format.OPENMETRICS).decode()
 
 
 def promtool_problems(body: str) -> list[str]:
@@ -264,8 +268,7 @@ def test_cached_encoder_is_byte_identical_to_prometheus_client() -> None:
     from prometheus_client import exposition as text_exposition
     from prometheus_client.openmetrics import exposition as om_exposition
 
-    from podhealth.agent.metrics.encode import Encoder
-    from podhealth.agent.metrics.exposition import SnapshotCollector
+    from tests.oracles.exposition import Encoder, SnapshotCollector
 
     tricky = (
         Sample.of("gpu_temperature_celsius", 41, gpu=0, model='quote " back \\ slash\nnewline', extra="ünïcode"),
@@ -310,9 +313,7 @@ def test_block_encoder_matches_a_full_render_as_snapshots_change() -> None:
     """The agent's incremental renderer (agent/metrics/blocks.py) gives exactly the bytes of a render from
     scratch, whatever changed: values, series appearing and going, duplicates, invalid samples,
     families shared by two origins, a failing source, a collector going stale."""
-    from podhealth.agent.metrics.blocks import BlockEncoder
-    from podhealth.agent.metrics.encode import Encoder
-    from podhealth.agent.metrics.exposition import families
+    from tests.oracles.exposition import Encoder, families
 
     ib_specs = specs(MetricSpec("infiniband_port_stat", "counter", "IB counter."),
                      MetricSpec("infiniband_info", "info", "HCA."),

@@ -13,8 +13,7 @@ import pytest
 from podhealth.agent.agent import Agent
 from podhealth.agent.metrics.blocks import BlockEncoder
 from podhealth.agent.metrics.detail import ExportFilter, load_rules, unknown_families
-from podhealth.agent.metrics.encode import Encoder
-from podhealth.agent.metrics.exposition import RenderContext, families
+from podhealth.agent.metrics.exposition import RenderContext
 from podhealth.collectors import nvlink
 from podhealth.collectors.base import Collection
 from podhealth.collectors.nvml_session import NvmlSession
@@ -24,6 +23,7 @@ from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import MetricSpec, Sample
 from tests.harness.nvmlsim import inject, node, session  # noqa: F401 - fixtures
 from tests.harness.proc import wait_until
+from tests.oracles.exposition import Encoder, families
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -87,7 +87,7 @@ def test_full_and_family_switches() -> None:
 def sim_nvlink(node: SimNode, session: NvmlSession) -> Iterator[list[Sample]]:
     inject(node, "fault=nvlink-crc", "gpu=3", "link=5", "rate=200")
     inject(node, "fault=nvlink-down", "gpu=1", "link=2")
-    c = nvlink.create(Config(), session=session)
+    c = nvlink.create(Config(), links_expected=18, session=session)
     try:
         # The CRC counter climbs with time: collect until it has counted.
         wait_until(lambda: any(s.value for s in c.collect().samples if s.name == "nvlink_errors"), 5, 0.05, "CRC errors")

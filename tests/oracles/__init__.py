@@ -1,0 +1,1 @@
+"""Reference implementations the tests hold production code to (never imported by podhealth)."""
