@@ -9,6 +9,10 @@ error verdict (`job_source_up` says which could be read):
   `<sysfs_root>/fs/cgroup/devices/slurm*/uid_<uid>/job_<id>/devices.list`, where Slurm's
   task/cgroup plugin allows the job's own /dev/nvidiaN (char major 195, minor N). cgroup v2
   enforces devices with eBPF and has no readable list: there the records are the source.
+- `processes`: on a cgroup v2 Slurm node (`<sysfs_root>/fs/cgroup/system.slice/slurmstepd.scope`),
+  for GPUs no record names: the GPU's processes from NVML, each placed in its job by the
+  `job_<id>` in `<procfs_root>/<pid>/cgroup` (its user from the pid's status Uid). A job whose
+  GPUs run no process yet is not seen this way; the prolog's record is the exact source.
 - `kubelet`: the kubelet's PodResources API (podresources.py, grpcio optional): pods holding
   `nvidia.com/gpu`, whose device ids (GPU UUIDs) are turned into indices through NVML.
 
@@ -23,7 +27,7 @@ import os
 import pwd
 import re
 from pathlib import Path
-from typing import Callable, ClassVar, Mapping
+from typing import TYPE_CHECKING, Callable, ClassVar, Mapping
 
 from podhealth.collectors import job_records, podresources
 from podhealth.collectors.base import Collection, specs
@@ -31,18 +35,24 @@ from podhealth.collectors.job_records import JobRecord
 from podhealth.config import Config
 from podhealth.vocab import MetricSpec, Sample
 
+if TYPE_CHECKING:
+    from podhealth.collectors.nvml_session import NvmlSession
+
 METRICS: Mapping[str, MetricSpec] = specs(
     MetricSpec("gpu_job_info", "gauge",
                "1 per GPU and the job using it (labels job_id, scheduler slurm|kubernetes, user, namespace, pod)."),
     MetricSpec("job_source_up", "gauge",
-               "Whether a job source could be read (source records|cgroup|kubelet): 0 = its jobs are unknown."),
+               "Whether a job source could be read (source records|cgroup|processes|kubelet): 0 = its jobs are unknown."),
 )
 
 NVIDIA_MAJOR = 195  # /dev/nvidiaN is char 195:N; 195:255 is nvidiactl, 195:254 nvidia-modeset
 _DEVICE_LINE = re.compile(r"^([abc])\s+(\*|\d+):(\*|\d+)\s+[rwm]+$")
 _JOB_DIR = re.compile(r"^job_([0-9]{1,20})$")
 _UID_DIR = re.compile(r"^uid_([0-9]{1,10})$")
+_CGROUP_JOB = re.compile(r"/job_([0-9]{1,20})(?:/|$)")
+_STATUS_UID = re.compile(r"^Uid:\s+([0-9]+)", re.M)
 UuidMap = Callable[[], Mapping[str, int]]
+GpuPids = Callable[[], Mapping[int, list[int]]]
 
 
 def parse_devices_list(text: str) -> tuple[int, ...] | None:
@@ -61,6 +71,23 @@ def parse_devices_list(text: str) -> tuple[int, ...] | None:
     return tuple(sorted(gpus))
 
 
+def parse_proc_cgroup(text: str) -> str | None:
+    """<procfs_root>/<pid>/cgroup -> the Slurm job id the process runs in, or None.
+    v2: `0::/system.slice/slurmstepd.scope/job_1234/step_0/user/task_0`;
+    v1: `4:devices:/slurm/uid_1000/job_1234/step_0/task_0`."""
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        m = _CGROUP_JOB.search(path)
+        if m:
+            return m.group(1)
+    return None
+
+
+def parse_status_uid(text: str) -> int | None:
+    m = _STATUS_UID.search(text)
+    return int(m.group(1)) if m else None
+
+
 def user_of(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name
@@ -73,9 +100,13 @@ class JobsCollector:
     metrics: ClassVar[Mapping[str, MetricSpec]] = METRICS
 
     def __init__(self, state_dir: Path, cgroup_devices: Path, pod_socket: Path, timeout: float,
-                 uuid_map: UuidMap | None = None) -> None:
+                 uuid_map: UuidMap | None = None, *, slurm_v2_scope: Path | None = None,
+                 procfs_root: Path = Path("/proc"), gpu_pids: GpuPids | None = None) -> None:
         self.state_dir = state_dir
         self.cgroup_devices = cgroup_devices
+        self.slurm_v2_scope = slurm_v2_scope
+        self.procfs_root = procfs_root
+        self.gpu_pids = gpu_pids
         self.pod_socket = pod_socket
         self.timeout = timeout
         self.uuid_map = uuid_map
@@ -116,6 +147,27 @@ class JobsCollector:
                     if gpus:
                         out.append(JobRecord("slurm", jm.group(1), gpus, user_of(int(um.group(1)))))
         return out
+
+    def _processes(self, known: set[int]) -> list[JobRecord] | None:
+        """Slurm jobs of the processes on GPUs that no record names (cgroup v2 nodes); None when
+        this is not a cgroup v2 Slurm node. Raises when NVML cannot list the processes."""
+        if self.gpu_pids is None or self.slurm_v2_scope is None or not self.slurm_v2_scope.is_dir():
+            return None
+        jobs: dict[str, tuple[set[int], str]] = {}
+        for gpu, pids in sorted(self.gpu_pids().items()):
+            if gpu in known:
+                continue
+            for pid in pids:
+                try:
+                    job = parse_proc_cgroup((self.procfs_root / str(pid) / "cgroup").read_text(errors="replace"))
+                    uid = parse_status_uid((self.procfs_root / str(pid) / "status").read_text(errors="replace"))
+                except (FileNotFoundError, ProcessLookupError):
+                    continue  # the process ended
+                if job is None:
+                    continue  # not a Slurm job's process (an operator's nvidia-smi, a daemon)
+                gpus, user = jobs.setdefault(job, (set(), user_of(uid) if uid is not None else ""))
+                gpus.add(gpu)
+        return [JobRecord("slurm", j, tuple(sorted(g)), u) for j, (g, u) in sorted(jobs.items())]
 
     def _kubelet(self) -> list[JobRecord] | None:
         """GPU pods from the kubelet; None when there is no kubelet socket (not a Kubernetes node)."""
@@ -166,6 +218,16 @@ class JobsCollector:
             errors.append(f"{self.cgroup_devices}: {e.strerror or e}")
 
         try:
+            procs = self._processes({g for r in jobs for g in r.gpus})
+            if procs is not None:
+                up["processes"] = True
+                known_ids = {(r.scheduler, r.job_id) for r in jobs}
+                jobs.extend(r for r in procs if (r.scheduler, r.job_id) not in known_ids)
+        except Exception as e:  # noqa: BLE001 - NVML errors come in many types; any of them is "unknown"
+            up["processes"] = False
+            errors.append(f"GPU processes: {type(e).__name__}: {e}")
+
+        try:
             kube = self._kubelet()
             if kube is not None:
                 up["kubelet"] = True
@@ -214,11 +276,40 @@ def nvml_uuid_map(library_path: str) -> UuidMap:
     return read
 
 
-def create(cfg: Config, *, uuid_map: UuidMap | None = None, **_seams: object) -> JobsCollector:
+def nvml_gpu_pids(library_path: str, session: "NvmlSession | None" = None) -> GpuPids:
+    """GPU index -> PIDs of its compute and graphics processes, from the agent's NVML session."""
+    def read() -> Mapping[int, list[int]]:
+        import pynvml
+
+        from podhealth.collectors.nvml_session import shared
+
+        s = session if session is not None else shared(library_path)
+        s.acquire()
+        try:
+            out: dict[int, list[int]] = {}
+            _, devices = s.devices()
+            for d in devices:
+                if d.handle is None:
+                    continue
+                procs = list(pynvml.nvmlDeviceGetComputeRunningProcesses(d.handle))
+                procs += pynvml.nvmlDeviceGetGraphicsRunningProcesses(d.handle)
+                out[d.index] = sorted({int(p.pid) for p in procs})
+            return out
+        finally:
+            s.release()
+    return read
+
+
+def create(cfg: Config, *, uuid_map: UuidMap | None = None, gpu_pids: GpuPids | None = None,
+           **_seams: object) -> JobsCollector:
     jc = cfg.collectors.jobs
-    return JobsCollector(jc.state_dir, cfg.paths.sysfs_root / "fs" / "cgroup" / "devices", jc.pod_resources_socket,
+    cgroup = cfg.paths.sysfs_root / "fs" / "cgroup"
+    return JobsCollector(jc.state_dir, cgroup / "devices", jc.pod_resources_socket,
                          timeout=max(0.5, jc.timeout - 0.5),
-                         uuid_map=uuid_map if uuid_map is not None else nvml_uuid_map(cfg.paths.nvml_library))
+                         uuid_map=uuid_map if uuid_map is not None else nvml_uuid_map(cfg.paths.nvml_library),
+                         slurm_v2_scope=cgroup / "system.slice" / "slurmstepd.scope",
+                         procfs_root=cfg.paths.procfs_root,
+                         gpu_pids=gpu_pids if gpu_pids is not None else nvml_gpu_pids(cfg.paths.nvml_library))
 
 
 def records_from_samples(samples: "list[Sample] | tuple[Sample, ...]") -> dict[int, list[JobRecord]]:

@@ -17,10 +17,15 @@ from podhealth.agent import jobmap
 from podhealth.checks.cli import slurm_hooks
 from podhealth.collectors import REGISTRY, factory, job_records, podresources
 from podhealth.collectors.job_records import JobRecord
-from podhealth.collectors.jobs import JobsCollector, parse_devices_list, records_from_samples
+from podhealth.collectors.jobs import (
+    JobsCollector, nvml_gpu_pids, parse_devices_list, parse_proc_cgroup, parse_status_uid, records_from_samples,
+)
+from podhealth.collectors.nvml_session import NvmlSession
+from podhealth.sim.node import SimNode
 from podhealth.config import Config, loads
 from podhealth.vocab import CheckResult, Event, Status, evidence_of
 from tests.conftest import REPO
+from tests.harness.nvmlsim import inject, node, session  # noqa: F401 - fixtures
 
 
 def _collector(tmp: Path, socket: Path | None = None, uuids: dict[str, int] | None = None,
@@ -112,6 +117,61 @@ def test_cgroup_fallback_for_jobs_without_record(tmp_path: Path) -> None:
     info, up = _info(_collector(tmp_path))
     assert info == {("5", "7", "slurm", "root", "", ""), ("6", "8", "slurm", "bob", "", "")}
     assert up == {"records": 1.0, "cgroup": 1.0}
+
+
+# ---- cgroup v2: the GPU's processes (NVML) placed in their jobs through /proc/<pid>/cgroup ----------
+
+def test_proc_cgroup_and_status() -> None:
+    assert parse_proc_cgroup("0::/system.slice/slurmstepd.scope/job_1234/step_0/user/task_0\n") == "1234"
+    assert parse_proc_cgroup("12:pids:/\n4:devices:/slurm/uid_1000/job_77/step_batch/task_0\n") == "77"
+    assert parse_proc_cgroup("0::/user.slice/user-1000.slice/session-3.scope\n") is None
+    assert parse_proc_cgroup("0::/system.slice/slurmstepd.scope/job_12x/step_0\n") is None
+    assert parse_status_uid("Name:\tpython3\nUid:\t1001\t1001\t1001\t1001\n") == 1001
+    assert parse_status_uid("Name:\tx\n") is None
+
+
+def _v2_node(tmp: Path, procs: dict[int, tuple[str, int]], pids: dict[int, list[int]]) -> JobsCollector:
+    (tmp / "sys" / "fs" / "cgroup" / "system.slice" / "slurmstepd.scope").mkdir(parents=True)
+    for pid, (cgroup, uid) in procs.items():
+        (tmp / "proc" / str(pid)).mkdir(parents=True)
+        (tmp / "proc" / str(pid) / "cgroup").write_text(f"0::{cgroup}\n")
+        (tmp / "proc" / str(pid) / "status").write_text(f"Name:\tpython3\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    return JobsCollector(tmp / "jobs", tmp / "sys" / "fs" / "cgroup" / "devices", tmp / "no.sock", 2.0,
+                         slurm_v2_scope=tmp / "sys" / "fs" / "cgroup" / "system.slice" / "slurmstepd.scope",
+                         procfs_root=tmp / "proc", gpu_pids=lambda: pids)
+
+
+def test_cgroup_v2_processes_for_gpus_without_record(tmp_path: Path) -> None:
+    # pid 102 on GPU 2 has ended (no /proc entry); pid 103 on GPU 3 is ignored: a record names GPU 3.
+    c = _v2_node(tmp_path, {100: ("/system.slice/slurmstepd.scope/job_55/step_0/user/task_0", 0),
+                            101: ("/user.slice/user-0.slice/session-1.scope", 0),  # someone's nvidia-smi
+                            103: ("/system.slice/slurmstepd.scope/job_99/step_0/user/task_0", 0)},
+                 {0: [100], 1: [101], 2: [102], 3: [103], 4: [100]})
+    job_records.write_record(tmp_path / "jobs", JobRecord("slurm", "56", (3,), "bob"))  # GPU 3: the record says
+    info, up = _info(c)
+    assert info == {("0", "55", "slurm", "root", "", ""), ("4", "55", "slurm", "root", "", ""),
+                    ("3", "56", "slurm", "bob", "", "")}
+    assert up == {"records": 1.0, "processes": 1.0}
+
+
+def test_processes_unknown_when_nvml_fails(tmp_path: Path) -> None:
+    c = _v2_node(tmp_path, {}, {})
+
+    def broken() -> dict[int, list[int]]:
+        raise RuntimeError("NVML: driver not loaded")
+    c.gpu_pids = broken
+    job_records.write_record(tmp_path / "jobs", JobRecord("slurm", "56", (3,), "bob"))
+    info, up = _info(c)
+    assert info == {("3", "56", "slurm", "bob", "", "")}  # the records still count
+    assert up == {"records": 1.0, "processes": 0.0}
+
+
+def test_nvml_gpu_pids_through_real_pynvml(node: SimNode, session: NvmlSession) -> None:
+    read = nvml_gpu_pids("", session)
+    assert all(v == [] for v in read().values())
+    inject(node, "fault=gpu-busy", "gpu=2")
+    got = read()
+    assert got[2] == [4242] and all(v == [] for g, v in got.items() if g != 2)
 
 
 # ---- the kubelet's PodResources API, real gRPC on a unix socket -------------------------------------
