@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Sequence
 
+from podhealth import pci
 from podhealth.collectors.nvml import CLOCKS_EVENT_REASONS as REASON_BITS
 from podhealth.vocab import Event, Labels, MetricKind, MetricSpec, Sample
 
@@ -130,18 +131,6 @@ METRICS: Mapping[str, MetricSpec] = {
 }
 
 
-def dcgm_pci_bus_id(bus_id: str) -> str:
-    """podhealth's "0000:b1:00.0" in DCGM's form "00000000:B1:00.0" (8-digit domain, upper case)."""
-    parts = bus_id.split(":")
-    if len(parts) != 3:
-        return bus_id.upper()
-    try:
-        domain = int(parts[0], 16)
-    except ValueError:
-        return bus_id.upper()
-    return f"{domain:08X}:{parts[1]}:{parts[2]}".upper()
-
-
 @dataclass(frozen=True, slots=True)
 class _Gpu:
     index: str
@@ -158,7 +147,7 @@ class _Gpu:
             "device": f"nvidia{self.index}",
             "modelName": self.model,
             "Hostname": hostname,
-            "pci_bus_id": dcgm_pci_bus_id(self.pci_bus_id) if self.pci_bus_id else "",
+            "pci_bus_id": pci.dcgm_form(self.pci_bus_id) or "",
             "DCGM_FI_DRIVER_VERSION": self.driver_version,
         }
         base.update(self.job)
@@ -255,12 +244,12 @@ def _clock_reasons(samples: Sequence[Sample], gpus: Mapping[str, _Gpu], hostname
 
 
 def _last_xid(events: Sequence[Event], gpus: Mapping[str, _Gpu], hostname: str) -> list[Sample]:
-    by_bus = {g.pci_bus_id: idx for idx, g in gpus.items() if g.pci_bus_id}
+    by_bus = {pci.normalise(g.pci_bus_id): idx for idx, g in gpus.items() if g.pci_bus_id}
     last: dict[str, Event] = {}
     for e in events:
         if e.kind != "xid":
             continue
-        idx = str(e.gpu) if e.gpu is not None else by_bus.get(e.pci_bus_id.lower(), "")
+        idx = str(e.gpu) if e.gpu is not None else by_bus.get(pci.normalise(e.pci_bus_id) or "", "")
         if idx in gpus and (idx not in last or e.time >= last[idx].time):
             last[idx] = e
     return [Sample(XID_ERRORS.name, float(last[idx].code) if idx in last else 0.0, g.labels(hostname))

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from podhealth import pci
+
 # sysfs prints "N/A (no PMA)" for counters a port cannot report (e.g. some iWARP/OPA devices);
 # that is "unsupported", not an error and not zero.
 _UNSUPPORTED_PREFIX = "N/A"
@@ -181,7 +183,6 @@ def parse_device(files: DeviceFiles) -> ParsedDevice:
 # --- Where a device sits and what the OS calls it (for checks/ib_roles) ---------------------
 
 # A PCI function as the kernel names it: domain:bus:device.function.
-_PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 # mlx5 names the RDMA device of a RoCE LAG (its two ports bonded by the OS) mlx5_bond_N.
 _BOND_DEVICE = re.compile(r"^mlx5_bond_[0-9]+$")
 
@@ -189,8 +190,7 @@ _BOND_DEVICE = re.compile(r"^mlx5_bond_[0-9]+$")
 def parse_pci_address(link: str) -> str | None:
     """The target of <dev>/device ('../../../0000:aa:00.0') -> '0000:aa:00.0'; None when the
     link does not end in a PCI address (a virtual device, a test tree without links)."""
-    name = link.rstrip("/").rpartition("/")[2]
-    return name.lower() if _PCI_ADDRESS.match(name) else None
+    return pci.normalise(link.rstrip("/").rpartition("/")[2])
 
 
 def parse_numa_node(text: str) -> int | None:

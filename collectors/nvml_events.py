@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol
 
-from podhealth.collectors.xid_parse import normalise_pci
+from podhealth.pci import normalise as normalise_pci
 
 NVML_WAIT_MS = 1  # nvmlEventSetWait timeout; the agent calls us every interval anyway
 
@@ -117,9 +117,7 @@ def _nvml_pci(n: Any, handle: Any) -> str:
         info = n.nvmlDeviceGetPciInfo_v3(handle)
     except Exception:  # noqa: BLE001
         return ""
-    raw = info.busId
-    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
-    return normalise_pci(text.rstrip("\x00")) or ""
+    return normalise_pci(info.busId) or ""  # bytes with trailing NULs from ctypes: core/pci.py reads them
 
 
 def _handle_key(h: Any) -> Any:

@@ -24,6 +24,7 @@ from typing import Callable, TypeVar
 
 import pynvml
 
+from podhealth import pci as pci_address
 from podhealth.collectors.base import SourceUnreadable
 
 T = TypeVar("T")
@@ -57,19 +58,6 @@ class NvmlReinitNeeded(Exception):
         super().__init__(f"NVML needs re-initialisation: {error}")
         self.generation = generation
         self.error = error
-
-
-def normalize_pci_bus_id(raw: str | bytes) -> str:
-    """NVML's "00000000:18:00.0" as the kernel writes it: "0000:18:00.0" (lowercase, 4-digit domain)."""
-    text = (raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw).strip().rstrip("\x00")
-    parts = text.split(":")
-    if len(parts) != 3:
-        return text.lower()
-    try:
-        domain = int(parts[0], 16)
-    except ValueError:
-        return text.lower()
-    return f"{domain:04x}:{parts[1]}:{parts[2]}".lower()
 
 
 def cuda_version_text(v: int) -> str:
@@ -245,7 +233,7 @@ class NvmlSession:
 
         uuid = (old.uuid if old else "") or one(lambda: str(pynvml.nvmlDeviceGetUUID(handle)))
         pci = (old.pci_bus_id if old else "") or one(
-            lambda: normalize_pci_bus_id(pynvml.nvmlDeviceGetPciInfo(handle).busId))
+            lambda: pci_address.normalise(pynvml.nvmlDeviceGetPciInfo(handle).busId) or "")
         model = (old.model if old else "") or one(lambda: str(pynvml.nvmlDeviceGetName(handle)))
         ident = GpuIdentity(index, uuid, pci, model)
         self._identities[index] = ident

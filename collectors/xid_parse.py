@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Literal
 
+# PCI addresses as the driver prints them ("PCI:0000:18:00", "0000:18:00.0", "18:00.0"): core/pci.py
+from podhealth.pci import normalise as normalise_pci
 from podhealth.vocab import Event, EventKind, KernelFields, Nvlink5Payload, RecoveryChange
 
 ParsedKind = Literal["xid", "sxid", "fallen_off_bus"]
@@ -43,10 +45,6 @@ _PID_NAME = re.compile(
     r"^,?\s*(?:pid=(?P<pid>'[^']*'|[^,\s]*)\s*,?\s*)?(?:name=(?P<name>.*?)(?:,\s+|,$|$))?(?P<detail>.*)$"
 )
 
-# PCI addresses as the driver prints them: "PCI:0000:18:00", "0000:18:00.0", "18:00.0".
-_PCI = re.compile(
-    r"^(?:PCI:)?(?:(?P<dom>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})(?:\.(?P<fn>[0-7]))?$"
-)
 # A GPU named in a non-Xid message: "NVRM: GPU 0000:29:00.0: ...", "The NVIDIA GPU 0000:b3:00.0".
 _GPU_MENTION = re.compile(r"\bGPU\s+(?:at\s+PCI:)?((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])")
 _NVIDIA_GPU_LINE = re.compile(r"The NVIDIA GPU\s+((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])")
@@ -118,17 +116,6 @@ class Malformed:
 
     reason: str
     text: str
-
-
-def normalise_pci(raw: str) -> str | None:
-    """"PCI:0000:18:00" / "0000:18:00.0" / "18:00.0" / "00000000:18:00.0" -> "0000:18:00.0"."""
-    m = _PCI.match(raw.strip())
-    if not m:
-        return None
-    dom = int(m.group("dom") or "0", 16)
-    if dom > 0xFFFF:
-        return None
-    return f"{dom:04x}:{int(m.group('bus'), 16):02x}:{int(m.group('dev'), 16):02x}.{m.group('fn') or '0'}"
 
 
 def is_candidate(line: str) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from podhealth.checks.passive.context import Context
 from podhealth.checks.passive.result import fail, ok, unknown, warn
 from podhealth.collectors.pcie_aer import ENDPOINT_KINDS
-from podhealth.collectors.xid_parse import normalise_pci
+from podhealth.pci import normalise as normalise_pci
 from podhealth.vocab import Action, CheckResult, Sample
 
 

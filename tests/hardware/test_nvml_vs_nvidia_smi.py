@@ -21,7 +21,8 @@ from typing import Iterator, Mapping
 import pytest
 
 from podhealth.collectors import nvlink, nvml
-from podhealth.collectors.nvml_session import NvmlSession, normalize_pci_bus_id
+from podhealth import pci
+from podhealth.collectors.nvml_session import NvmlSession
 from podhealth.config import Config
 from podhealth.vocab import Sample
 
@@ -82,7 +83,7 @@ def parse_smi_xml(text: str) -> dict[str, SmiGpu]:
     cuda = (root.findtext("cuda_version") or "").strip()
     out: dict[str, SmiGpu] = {}
     for g in root.findall("gpu"):
-        bus = normalize_pci_bus_id(g.findtext("pci/pci_bus_id") or g.get("id") or "")
+        bus = pci.normalise(g.findtext("pci/pci_bus_id") or g.get("id") or "") or ""
         gpu = SmiGpu(bus)
         v = gpu.values
 
@@ -288,7 +289,7 @@ def _smi(smi: str, *args: str) -> str:
 def test_collectors_agree_with_nvidia_smi(nvidia_smi: str) -> None:
     session = NvmlSession()
     nv = nvml.create(Config(), session=session)
-    link = nvlink.create(Config(), session=session)
+    link = nvlink.create(Config(), links_expected=18, session=session)
     try:
         a, la = nv.collect(), link.collect()
         xml = _smi(nvidia_smi, "-q", "-x")

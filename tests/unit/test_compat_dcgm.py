@@ -8,7 +8,8 @@ from typing import Iterator
 
 import pytest
 
-from podhealth.collectors.compat_dcgm import FIELDS, METRICS, dcgm_pci_bus_id, to_dcgm
+from podhealth import pci
+from podhealth.collectors.compat_dcgm import FIELDS, METRICS, to_dcgm
 from podhealth.vocab import Event, Sample
 
 GPU0 = {"gpu": 0, "uuid": "GPU-aaaa", "pci_bus_id": "0000:18:00.0", "model": "NVIDIA H100 80GB HBM3"}
@@ -120,8 +121,8 @@ def test_last_xid_per_gpu_by_index_or_pci_address() -> None:
 def test_every_output_name_has_a_spec_and_pci_ids_round_trip() -> None:
     out = to_dcgm(nvml_samples(), hostname="h", events=[])
     assert {s.name for s in out} <= set(METRICS)
-    assert dcgm_pci_bus_id("0000:18:00.0") == "00000000:18:00.0"
-    assert dcgm_pci_bus_id("0001:b1:00.0") == "00000001:B1:00.0"
+    assert pci.dcgm_form("0000:18:00.0") == "00000000:18:00.0"
+    assert pci.dcgm_form("0001:b1:00.0") == "00000001:B1:00.0"
 
 
 def test_types_and_names_agree_with_dcgm_exporters_counters_file(shared_fixtures: Path) -> None:
@@ -153,7 +154,7 @@ def sim_samples(tmp_path: Path) -> Iterator[list[Sample]]:
     session = NvmlSession()
     try:
         a = nvml.create(Config(), session=session).collect()
-        b = nvlink.create(Config(), session=session).collect()
+        b = nvlink.create(Config(), links_expected=18, session=session).collect()
         yield list(a.samples + b.samples)
     finally:
         session.shutdown()

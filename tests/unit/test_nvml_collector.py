@@ -16,7 +16,8 @@ import pytest
 from podhealth.collectors import REGISTRY, factory
 from podhealth.collectors.base import Collection
 from podhealth.collectors.nvml import CLOCKS_EVENT_REASONS, METRICS, NvmlCollector, create
-from podhealth.collectors.nvml_session import NvmlSession, NvmlUnavailable, normalize_pci_bus_id
+from podhealth import pci
+from podhealth.collectors.nvml_session import NvmlSession, NvmlUnavailable
 from podhealth.config import Config
 from podhealth.sim import nvml_lib
 from podhealth.sim.node import SimNode
@@ -115,10 +116,10 @@ def test_energy_is_a_counter_in_joules_that_grows(node: SimNode, collector: Nvml
 
 
 def test_pci_bus_id_is_normalised_to_the_kernels_form() -> None:
-    assert normalize_pci_bus_id("00000000:18:00.0") == "0000:18:00.0"
-    assert normalize_pci_bus_id(b"00000000:DB:00.0\x00") == "0000:db:00.0"
-    assert normalize_pci_bus_id("0001:9A:00.0") == "0001:9a:00.0"
-    assert normalize_pci_bus_id("garbage") == "garbage"
+    assert pci.normalise("00000000:18:00.0") == "0000:18:00.0"
+    assert pci.normalise(b"00000000:DB:00.0\x00") == "0000:db:00.0"
+    assert pci.normalise("0001:9A:00.0") == "0001:9a:00.0"
+    assert pci.normalise("garbage") is None  # (the GPU is then labelled without an address)
 
 
 def test_retired_pages_are_absent_where_not_supported_never_zero(collector: NvmlCollector) -> None:

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from podhealth.collectors.xid_parse import (
-    LineAssembler, Malformed, ParsedLine, is_candidate, normalise_pci, parse, parse_line, parse_nvlink5,
+    LineAssembler, Malformed, ParsedLine, is_candidate, parse, parse_line, parse_nvlink5,
     parse_recovery,
 )
+from podhealth.pci import normalise as normalise_pci
 
 OWN = Path(__file__).resolve().parent.parent / "fixtures" / "kmsg"
 
