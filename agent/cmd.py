@@ -25,7 +25,6 @@ from podhealth.exitcodes import EXIT_USAGE
 from podhealth.hostnames import node_name_problem
 from podhealth.netaddr import parse_listen
 
-SIM_PROFILES = ("dgx-h100", "dgx-h200", "dgx-b200", "dgx-a100")
 DEFAULT_SIM_NODE = "dgx01"
 
 
@@ -34,8 +33,11 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                        description="Run the node agent: collectors on their intervals, Prometheus "
                                    "exposition on /metrics, liveness on /healthz, sd_notify under systemd.")
     p.add_argument("--config", type=Path, help="YAML config file (default: all defaults)")
-    p.add_argument("--simulate", choices=SIM_PROFILES, metavar="PROFILE",
-                   help=f"run against a simulated node ({', '.join(SIM_PROFILES)}); binds 127.0.0.1 by default")
+    from podhealth.sim.state import simulated_profiles
+
+    sims = simulated_profiles()
+    p.add_argument("--simulate", choices=sims, metavar="PROFILE",
+                   help=f"run against a simulated node ({', '.join(sims)}); binds 127.0.0.1 by default")
     p.add_argument("--sim-root", type=Path, help="directory of simulated nodes (default $PODHEALTH_SIM_DIR "
                                                  "or /tmp/podhealth-sim-$UID)")
     p.add_argument("--node", help="node name (default: config node.name, else the short hostname; "

@@ -40,6 +40,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                        description="Site golden profiles: `capture` writes what a known-good node shows as a "
                                    "profile that extends the closest shipped one; `diff` shows how a node differs.")
     psub = p.add_subparsers(dest="profile_command", metavar="SUBCOMMAND")
+    from podhealth.sim.state import simulated_profiles
     for name, helptext in (("capture", "write this node's profile (YAML) to stdout"),
                            ("diff", "compare a node with a profile: exit 0 same, 1 differs, 2 cannot tell")):
         sp = psub.add_parser(name, help=helptext)
@@ -48,7 +49,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
             sp.add_argument("--format", choices=["table", "json"], default="table")
             sp.add_argument("-v", "--verbose", action="store_true", help="table: the values that match too")
         src = sp.add_mutually_exclusive_group()
-        src.add_argument("--simulate", choices=("dgx-h100", "dgx-h200", "dgx-b200", "dgx-a100"), metavar="PROFILE",
+        src.add_argument("--simulate", choices=simulated_profiles(), metavar="PROFILE",
                          help="read a simulated node (created if absent, as `podhealth agent --simulate`)")
         src.add_argument("--url", help="read a running agent's /metrics at this base URL")
         src.add_argument("--node", help="read that node's agent (URL from checks.agents, else DNS)")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -72,12 +71,13 @@ class ProfileError(ValueError):
 
 @lru_cache(maxsize=1)
 def _raw() -> dict[str, Any]:
-    text = resources.files("podhealth.checks.data").joinpath("profiles.yaml").read_text(encoding="utf-8")
-    data: dict[str, Any] = yamldata.load(text)
+    data: dict[str, Any] = yamldata.shipped("profiles.yaml")
     return data
 
 
 def names() -> tuple[str, ...]:
+    """THE list of hardware profiles: checks/data/profiles.yaml's. The config schema
+    (core/config.py PROFILES), the simulator's per-SKU facts and every CLI's choices derive from it."""
     return tuple(_raw()["profiles"])
 
 

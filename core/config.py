@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Mapping
 
-from podhealth import credentials
+from podhealth import credentials, yamldata
 from podhealth.hostnames import node_name_problem
 from podhealth.config_aggregator import AggregatorConfig
 from podhealth.config_listen import ListenConfig
@@ -21,8 +21,14 @@ from podhealth.configload import (
 
 __all__ = ["Config", "ConfigError", "load", "loads", "default_yaml"]
 
-Profile = Literal["dgx-h100", "dgx-h200", "dgx-b200", "dgx-a100", "generic"]
-PROFILES: tuple[str, ...] = ("dgx-h100", "dgx-h200", "dgx-b200", "dgx-a100", "generic")
+# The hardware profiles: checks/data/profiles.yaml is the one list (checks/profiles.names() reads
+# the same file); read here as data, so the schema refuses an unknown `node.profile` with file and
+# line, and core imports nothing of checks.
+PROFILES: tuple[str, ...] = tuple(yamldata.shipped("profiles.yaml")["profiles"])
+if TYPE_CHECKING:
+    Profile = str
+else:
+    Profile = Literal[PROFILES]
 
 
 @dataclass(frozen=True)

@@ -182,12 +182,13 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _add_node(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
+    from podhealth.checks import profiles
     from podhealth.sim.topology import STORAGE_MODES
 
     p = sub.add_parser("node", parents=[common], help="create a simulated node")
     p.add_argument("name", help="node name, e.g. dgx01")
     p.add_argument("--profile", default=None,
-                   help="hardware profile (dgx-h100, dgx-h200, dgx-b200, dgx-a100, generic); "
+                   help=f"hardware profile ({', '.join(profiles.names())}); "
                         "default dgx-h100, or guessed from --from-nvidia-smi")
     p.add_argument("--from-nvidia-smi", metavar="FILE", default=None,
                    help="seed GPUs from an `nvidia-smi -q` capture ('-' reads stdin)")

@@ -504,13 +504,14 @@ def _default_root() -> Path:
 
 
 def add_subcommand(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
-    from podhealth.agent.cmd import SIM_PROFILES
+    from podhealth.sim.state import simulated_profiles
 
     p = sub.add_parser("fleet", parents=[common], help="run a simulated pod: agents, aggregator, loopback Slurm",
                        description="Start N simulated DGX nodes with their agents, an aggregator and (when Slurm "
                                    "is installed) a loopback Slurm cluster; stay in the foreground until Ctrl-C.")
     p.add_argument("--nodes", type=int, default=16, help=f"number of nodes, 1..{MAX_NODES} (default 16)")
-    p.add_argument("--profile", choices=SIM_PROFILES, default="dgx-h100", help="hardware profile (default dgx-h100)")
+    p.add_argument("--profile", choices=simulated_profiles(), default="dgx-h100",
+                   help=f"hardware profile: {', '.join(simulated_profiles())} (default dgx-h100)")
     p.add_argument("--base-port", type=int, default=None,
                    help="aggregator on this port, agents on the next N (default: free ports)")
     p.add_argument("--no-slurm", action="store_true", help="do not start Slurm; use the dry-run fencer")

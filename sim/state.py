@@ -263,6 +263,13 @@ SKUS: Mapping[str, Sku] = MappingProxyType({
 })
 GENERIC_SKU = Sku(0, 0, "", 0, 0, 0, 0, "hopper", (), "565.57.01", 12070, "MT_0000000838", "28.41.1000")
 
+
+def simulated_profiles() -> tuple[str, ...]:
+    """The profiles a node can be simulated as (`--simulate`, `simulate fleet --profile`): those of
+    the one list (checks/data/profiles.yaml) the simulator has SKU facts for, in its order.
+    tests/unit/test_profile_list.py holds SKUS (and topology.LAYOUTS) to that list."""
+    return tuple(n for n in profiles.names() if n in SKUS)
+
 DEFAULT_UNITS: Mapping[str, str] = MappingProxyType({
     "nvidia-fabricmanager.service": "active",
     "nvidia-persistenced.service": "active",
