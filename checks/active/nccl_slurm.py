@@ -115,12 +115,6 @@ def node_addresses(nodes: Sequence[str], scontrol: str = "scontrol", timeout_s: 
     return out
 
 
-@dataclass(frozen=True)
-class Classified:
-    result: localize.PairResult
-    run: PairRun
-
-
 def classify(run: PairRun, gate: float | nccl.Gates, median_gbps: float, slow_pct: float) -> localize.PairResult:
     """Turn one pair's run into pass / fail / unknown for the localiser.
 

@@ -31,7 +31,6 @@ class LinkEvent:
 class _Port:
     active: bool | None = None
     down_since: float | None = None
-    seen_since: float = 0.0
     link_downed: float | None = None
     events: deque[LinkEvent] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
 
@@ -46,7 +45,7 @@ class LinkTracker:
         counter (None = not read; a saturated one is not evidence of anything new)."""
         p = self._p.get(key)
         if p is None:
-            p = self._p[key] = _Port(seen_since=t)
+            p = self._p[key] = _Port()
         state_downs = 0
         if active is not None:
             if p.active is None and not active and p.down_since is None:
@@ -76,10 +75,6 @@ class LinkTracker:
             return None
         return now - p.down_since
 
-    def seen_for(self, key: Hashable, now: float) -> float:
-        p = self._p.get(key)
-        return 0.0 if p is None else now - p.seen_since
-
     def downs(self, key: Hashable, now: float, window: float) -> tuple[int, tuple[LinkEvent, ...]]:
         """How many times the port went down within `window` seconds before `now`, and the
         events (downs and recoveries) of that window, oldest first."""
@@ -88,7 +83,3 @@ class LinkTracker:
             return 0, ()
         recent = tuple(e for e in p.events if e.t > now - window)
         return sum(e.downs for e in recent if e.kind == "down"), recent
-
-    def forget_missing(self, seen: set[Hashable]) -> None:
-        for k in [k for k in self._p if k not in seen]:
-            del self._p[k]

@@ -52,8 +52,3 @@ class RateTracker:
     def points(self) -> dict[Hashable, tuple[tuple[float, float], ...]]:
         """A copy of every history, (time, value) oldest first (the evidence bundle's IB part)."""
         return {k: tuple(h) for k, h in self._h.items()}
-
-    def forget_missing(self, seen: set[Hashable]) -> None:
-        for k in list(self._h):
-            if k not in seen:
-                del self._h[k]
