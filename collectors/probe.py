@@ -71,16 +71,6 @@ class ProbeResult:
     detail: str  # "" when ok; else why ("timed out after 2s", the helper's reason, ...)
 
 
-def run_probe(argv: Sequence[str], timeout: float) -> tuple[bool, float, str]:
-    """Start a helper, probe once, stop it; (ok, seconds, detail)."""
-    p = Probe(argv)
-    try:
-        r = p.run(timeout)
-    finally:
-        p.close()
-    return r.ok, r.seconds, r.detail
-
-
 def _killpg(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)

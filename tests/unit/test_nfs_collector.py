@@ -14,7 +14,7 @@ import pytest
 
 from podhealth.collectors import REGISTRY, factory
 from podhealth.collectors.nfs import NfsCollector, create, default_probe_argv
-from podhealth.collectors.probe import Probe, run_probe
+from podhealth.collectors.probe import Probe
 from podhealth.config import CollectorsConfig, Config, NfsConfig, NfsMount, PathsConfig
 from podhealth.vocab import Sample
 from tests.harness.proc import wait_until
@@ -193,6 +193,16 @@ def test_hung_probes_run_concurrently(dgx_proc: Path) -> None:
         col.close()
     assert [_v(r.samples, "nfs_probe_ok", mountpoint=m) for m, _ in mounts] == [0, 0, 0]
     assert elapsed < 3.0, f"probes ran one after another ({elapsed:.2f}s)"
+
+
+def run_probe(argv: Sequence[str], timeout: float) -> tuple[bool, float, str]:
+    """Start a helper, probe once, stop it; (ok, seconds, detail)."""
+    p = Probe(argv)
+    try:
+        r = p.run(timeout)
+    finally:
+        p.close()
+    return r.ok, r.seconds, r.detail
 
 
 def test_default_probe_is_a_real_statfs(tmp_path: Path) -> None:
