@@ -41,7 +41,6 @@ START_TIMEOUT = 10.0
 # tries a last write); sinks stop side by side, well inside systemd's TimeoutStopSec=20.
 STOP_TIMEOUT = 10.0
 MAX_PENDING = 10_000  # events and transitions waiting for one sink
-REASONS = ("error", "timeout", "dropped")
 
 SINK_ERRORS = MetricSpec(
     "sink_errors", "counter",
@@ -135,7 +134,7 @@ class Sinks:
         self._started = False
         # Counts and the log are touched from the loop and from the render thread (families()).
         self._lock = threading.Lock()
-        self.errors: dict[tuple[str, str], int] = {}
+        self.errors: dict[tuple[str, str], int] = {}  # (sink, reason: error, timeout, dropped) -> calls
         self._repeats = Repeats(_log)
         # What the agent adds to an event before any sink sees it (agent/jobmap.py: the job on its GPU).
         self.annotate_event: Callable[[Event], Event] | None = None
@@ -146,9 +145,6 @@ class Sinks:
         if any(lane.name == sink.name for lane in self._lanes):
             raise ValueError(f"a sink named {sink.name!r} is already installed")
         self._lanes.append(_Lane(sink))
-        with self._lock:
-            for reason in REASONS:
-                self.errors[(sink.name, reason)] = 0
 
     @property
     def names(self) -> list[str]:
@@ -258,9 +254,10 @@ class Sinks:
             except Exception as e:  # noqa: BLE001 - one sink's broken families drop only its own
                 self._failed(lane.name, "error", "families", "sink families failed",
                              error=f"{type(e).__name__}: {e}"[:500])
-        if self._lanes:
-            with self._lock:
-                counts = sorted(self.errors.items())
-            out.append(Family(SINK_ERRORS, tuple(
-                Sample.of("sink_errors", float(n), sink=sink, reason=reason) for (sink, reason), n in counts)))
+        with self._lock:
+            counts = sorted(self.errors.items())
+        # Each series appears with its first failure (as publish_spool_errors): a healthy node's
+        # sinks add no series to its budget (tests/integration/test_series_budget.py).
+        out.append(Family(SINK_ERRORS, tuple(
+            Sample.of("sink_errors", float(n), sink=sink, reason=reason) for (sink, reason), n in counts)))
         return out
