@@ -196,7 +196,8 @@ class Sinks:
         await asyncio.gather(*(self._stop(lane) for lane in self._lanes))
 
     async def _stop(self, lane: _Lane) -> None:
-        """Deliver what is queued, then stop the sink; the whole within stop_timeout."""
+        """Deliver what is queued, then stop the sink: within stop_timeout (stop() gets at least
+        half a second even when a hung delivery used all of it)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.stop_timeout
         lane.accepting = False
