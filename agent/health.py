@@ -45,7 +45,6 @@ CHECK_STATUS = MetricSpec("check_status", "gauge",
                           "Verdict of one check about one entity: 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN.")
 NODE_HEALTH = MetricSpec("node_health", "gauge",
                          "The node's verdict (worst check): 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN; `action` is the worst FAIL action.")
-HEALTH_KEY: web.AppKey["Health"] = web.AppKey("podhealth_health")
 # The collectors whose events the fast path judges (the kernel log; NVML XID events come through it too).
 EVENT_SOURCES = ("kmsg",)
 # A snapshot that brings no new reading (the kernel-log collector's once-a-second run on a quiet

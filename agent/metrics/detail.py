@@ -22,9 +22,7 @@ from podhealth import yamldata
 from podhealth.snapshot import CollectorState
 from podhealth.vocab import Labels, MetricSpec, Sample
 
-Level = Literal["basic", "full", "none"]
 Keep = Literal["all", "changed", "none"]
-LEVELS: tuple[str, ...] = ("basic", "full", "none")
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,7 +90,6 @@ class ExpositionCache:
         self._timer: asyncio.TimerHandle | None = None
         self._burst_started = 0.0
         self._served = True  # the last render was fetched by a scrape (or none happened yet)
-        self.renders = 0
 
     def update(self, snapshot: Snapshot) -> None:
         """Called on the loop after each snapshot change (or a metric source's): the next scrape renders it."""
@@ -160,7 +159,6 @@ class ExpositionCache:
             if self._blocks.node != self.ctx.node:
                 self._blocks = BlockEncoder(self.ctx.node)
             plain = self._plain[fmt] = (version, self._blocks.render(snapshot, self.ctx, fmt is Format.OPENMETRICS))
-            self.renders += 1
         return compress(plain[1]) if gz else plain[1]
 
     async def current(self, variant: Variant = (Format.TEXT, False)) -> bytes:
