@@ -16,9 +16,12 @@ UNKNOWN, non-responding, and still drainable); 1,000 slurmd processes would need
 Case 2, throughput: `spread-nodes` nodes, each with its own slurmd (200 slurmd start in ~4 s and
 take ~1.5 GiB RSS on this machine), with the cap, the rate limit and the breaker raised out of
 the way. (a) the nodes fail one after another over `spread-seconds`: per-node latency from the
-failing report to DRAIN visible in `sinfo`; (b) all of them fail within one second: fences per
-second from the first failing report to the last drain (NVSentinel's published cordon throughput
-is about 2.5 nodes/s; target >= 100 nodes/s).
+failing report to DRAIN visible in `sinfo`; (b) all of them fail at once (every failing report
+sent together, as fast as the aggregator takes them): fences per second = nodes drained / the
+time from the first failing report to the last DRAIN seen in Slurm (NVSentinel's published cordon
+throughput is about 2.5 nodes/s; target >= 100 nodes/s). Sending (b)'s reports spread over a
+second, as this bench once did, measured their arrival rate (50 nodes over 1 s cannot drain
+faster than 50/s), not the fencer's.
 
 Without Slurm (not installed, or --no-slurm) the aggregator's dry-run fencer stands in and the
 Slurm figures are not printed.
@@ -188,8 +191,11 @@ async def storm_case(agg: Aggregator, names: list[str], slurm_env: dict[str, str
     return tl, fenced_slurm, fleet
 
 
-async def spread_case(agg: Aggregator, names: list[str], slurm_env: dict[str, str], over: float) -> tuple[list[float], float, int]:
-    """Fail the nodes one by one over `over` s; latency per node from its report to DRAIN in Slurm."""
+async def spread_case(agg: Aggregator, names: list[str], slurm_env: dict[str, str],
+                      over: float) -> tuple[list[float], float, int, float]:
+    """Fail the nodes one by one over `over` s (all at once when 0); latency per node from its
+    report to DRAIN in Slurm, the last drain, how many drained, the first drain (seconds after
+    the first failing report)."""
     f = ReportFactory()
     async with aiohttp.ClientSession() as s:
         await post_reports(s, agg.url, [ReportFactory.body(f.healthy_parts(n), time.time()) for n in names], 0)
@@ -210,7 +216,8 @@ async def spread_case(agg: Aggregator, names: list[str], slurm_env: dict[str, st
     assert tl.drained_at is not None
     lat = [tl.drained_at[n] - (sent_at[i] - t0) for i, n in enumerate(names) if n in tl.drained_at]
     last = max(tl.drained_at.values(), default=float("nan"))
-    return lat, last, len(tl.drained_at)
+    first = min(tl.drained_at.values(), default=float("nan"))
+    return lat, last, len(tl.drained_at), first
 
 
 def main() -> int:
@@ -272,18 +279,20 @@ def main() -> int:
     print(f"\nthroughput: {args.spread_nodes} nodes, one slurmd each; cap, rate limit and breaker raised")
     names = list(node_names(args.spread_nodes))
     for label, over in ((f"(a) failing one after another over {args.spread_seconds:g} s", args.spread_seconds),
-                        ("(b) all failing within 1 s", 1.0)):
+                        ("(b) all failing at once", 0.0)):
         with workdir("ph-spread-") as wd, SlurmCluster(nodes=args.spread_nodes, start_timeout=120) as cluster:
             fencer = {"slurm": {"enabled": True, "slurm_conf": str(cluster.conf), "timeout": 10.0}}
             with Aggregator(wd, agg_settings(names, fencer, raised=True)) as agg:
-                lat, last, drained = asyncio.run(spread_case(agg, names, cluster.env, over))
+                lat, last, drained, first = asyncio.run(spread_case(agg, names, cluster.env, over))
         print(f"  {label}: {drained}/{len(names)} drained; report -> DRAIN p50 {percentile(lat, 50) * 1e3:.0f} ms, "
               f"p99 {percentile(lat, 99) * 1e3:.0f} ms, max {max(lat, default=float('nan')) * 1e3:.0f} ms; "
-              f"last drain {last:.2f} s after the first failing report")
-        if over <= 1.0:
+              f"first drain {first:.2f} s, last drain {last:.2f} s after the first failing report")
+        if over == 0:
+            # From the first failing report, not the first drain: the decide and read-before-drain
+            # time counts, and the bench's 50 ms sinfo polling makes the last drain a late bound.
             rate = drained / last if last > 0 else float("nan")
             print(f"      fences per second {rate:.0f}   target >= 100/s   ratio {rate / 100:.2f}  {verdict(rate >= 100)}; "
-                  f"{rate / 2.5:.0f}x NVSentinel's ~2.5 nodes/s")
+                  f"{rate / 2.5:.0f}x NVSentinel's ~2.5 nodes/s (first to last drain: {last - first:.2f} s)")
     return 0
 
 
