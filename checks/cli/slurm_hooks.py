@@ -124,8 +124,8 @@ def healthcheck(env: "os._Environ[str] | dict[str, str]") -> int:
 
 def record_job(cfg: Config, env: "os._Environ[str] | dict[str, str]", hook: str) -> str:
     """The prolog records which GPUs the job holds (collectors.jobs.state_dir, read by the agent's
-    `jobs` collector); the epilog removes the record. Returns a line for stderr when it could
-    not: knowing the job is worth a log line, never a failed job or a drained node."""
+    `jobs` collector). Returns a line for stderr when it could not: knowing the job is worth a
+    log line, never a failed job or a drained node."""
     from podhealth.collectors import job_records
 
     job = env.get("SLURM_JOB_ID", "")
@@ -133,13 +133,9 @@ def record_job(cfg: Config, env: "os._Environ[str] | dict[str, str]", hook: str)
         return f"podhealth {hook}: no usable SLURM_JOB_ID ({job[:40]!r}): job not recorded"
     state_dir = cfg.collectors.jobs.state_dir
     try:
-        if hook == "epilog":
-            job_records.remove_record(state_dir, "slurm", job)
-            return ""
         # SLURM_JOB_GPUS holds the host's GPU indices in the prolog (so does CUDA_VISIBLE_DEVICES
         # there, unlike inside the job): prolog_epilog.shtml. A job without GPUs holds none.
-        raw = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""
-        gpus = job_records.parse_gpu_list(raw)
+        gpus = job_records.parse_gpu_list(env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or "")
         if not gpus:
             return ""
         user = env.get("SLURM_JOB_USER", "")
@@ -150,13 +146,28 @@ def record_job(cfg: Config, env: "os._Environ[str] | dict[str, str]", hook: str)
         return f"podhealth {hook}: job {job} not recorded in {state_dir}: {e}"
 
 
+def forget_job(cfg: Config, env: "os._Environ[str] | dict[str, str]", hook: str) -> str:
+    """Remove the job's record (the epilog; a prolog that failed the job). "" or a stderr line."""
+    from podhealth.collectors import job_records
+
+    job = env.get("SLURM_JOB_ID", "")
+    if not job_records.valid_job_id(job):
+        return ""
+    try:
+        job_records.remove_record(cfg.collectors.jobs.state_dir, "slurm", job)
+        return ""
+    except OSError as e:
+        return f"podhealth {hook}: job {job}'s record not removed: {e}"
+
+
 def _job_hook(env: "os._Environ[str] | dict[str, str]", hook: str) -> int:
     cfg = load_config(env)
     node = node_name(cfg, env)
     job = env.get("SLURM_JOB_ID", "?")
     gpus = job_gpus(env)
-    if hook == "epilog":  # the job is over whatever the verdict: its GPUs are free
-        _note(record_job(cfg, env, hook))
+    # The epilog: the job is over whatever the verdict, its GPUs are free. The prolog records the
+    # job before judging, so a job that runs because podhealth could not judge is known too.
+    _note(record_job(cfg, env, hook) if hook == "prolog" else forget_job(cfg, env, hook))
     rep = _report(cfg, node, cfg.checks.prolog_budget)
     results = for_job(rep.results, gpus)
     fails, unknowns = _judge(results)
@@ -164,9 +175,9 @@ def _job_hook(env: "os._Environ[str] | dict[str, str]", hook: str) -> int:
     for r in unknowns:
         print(f"podhealth {hook}: job {job} on {node}: undecided: {line(r)}", file=sys.stderr)
     if not fails:
-        if hook == "prolog":  # the job will run: record its GPUs
-            _note(record_job(cfg, env, hook))
         return EXIT_PASS
+    if hook == "prolog":  # the job will not run here: it holds no GPUs
+        _note(forget_job(cfg, env, hook))
     for r in fails:
         print(f"podhealth {hook}: job {job} on {node} ({scope}): {line(r)}", file=sys.stderr)
     msg = _drain(node, fails[0])

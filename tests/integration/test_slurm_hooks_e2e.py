@@ -44,6 +44,7 @@ collectors:
   host: {interval: 1, timeout: 2}
   kmsg: {interval: 0.5, timeout: 2}
   nfs: {interval: 1, timeout: 3, mounts: [{path: /home, timeout: 1}]}
+  jobs: {state_dir: %(jobs)s}
 """
 
 
@@ -60,7 +61,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     tmp = tmp_path_factory.mktemp("hooks")
     port = free_port()
     cfg = tmp / "podhealth.yaml"
-    cfg.write_text(CONFIG % {"port": port})
+    cfg.write_text(CONFIG % {"port": port, "jobs": tmp / "jobs"})
     argv = [sys.executable, "-m", "podhealth", "agent", "--config", str(cfg), "--simulate", "dgx-h100",
             "--sim-root", str(tmp / "sim"), "--listen", f"127.0.0.1:{port}"]
     with service("agent", argv, tmp, port=port,
@@ -143,10 +144,11 @@ def test_prolog_judges_only_the_jobs_gpus(agent: Service, cluster_with, tmp_path
     try:
         wait_until(lambda: _status(agent) == "FAIL", 60, 0.2, "the agent to judge FAIL")
         ran = tmp_path / "ran-small"
-        small = c.run("srun", "-w", "dgx01", "--gres=gpu:2", "sh", "-c", f"echo $CUDA_VISIBLE_DEVICES > {ran}",
+        small = c.run("srun", "-w", "dgx01", "--gres=gpu:2", "sh", "-c", f"echo $SLURM_JOB_ID $CUDA_VISIBLE_DEVICES > {ran}",
                       timeout=60, check=False)
         assert small.returncode == 0, small.stderr
-        assert ran.read_text().strip() == "0,1"
+        small_id, visible = ran.read_text().split()
+        assert visible == "0,1"
         # The job ran and the prolog left the node in service (it passes through "completing").
         wait_until(lambda: _node(c)[0] == "idle", 60, 0.2, "dgx01 idle again after the small job")
 
@@ -159,6 +161,9 @@ def test_prolog_judges_only_the_jobs_gpus(agent: Service, cluster_with, tmp_path
         wait_until(lambda: c.run("squeue", "-h", "-j", job, "-o", "%T", check=False).stdout.strip() == "PENDING",
                    60, 0.2, "the job to be requeued")
         assert not big.exists(), "the job ran on a node whose GPU failed the prolog"
+        # The prolog recorded the small job's GPUs (no Epilog here to remove it) and took back the
+        # record of the job it failed: that one holds no GPUs on this node.
+        assert sorted(p.name for p in (Path(str(agent.extra["root"])).parent / "jobs").iterdir()) == [f"slurm-{small_id}.json"]
         c.run("scancel", job, check=False)
     finally:
         _sim(agent, "clear", "dgx01")

@@ -304,8 +304,9 @@ def test_prolog_records_and_epilog_removes(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "jobs" / "slurm-7.json").read_text())["gpus"] == [0]
     assert slurm_hooks.record_job(cfg, {"SLURM_JOB_ID": "8"}, "prolog") == ""  # no GPUs: nothing to record
     assert not (tmp_path / "jobs" / "slurm-8.json").exists()
-    assert slurm_hooks.record_job(cfg, env, "epilog") == ""
+    assert slurm_hooks.forget_job(cfg, env, "epilog") == ""
     assert not (tmp_path / "jobs" / "slurm-1234.json").exists()
+    assert slurm_hooks.forget_job(cfg, env, "epilog") == ""  # twice (a failed prolog, then the epilog)
     assert "SLURM_JOB_ID" in slurm_hooks.record_job(cfg, {"SLURM_JOB_ID": "../x"}, "prolog")
     (tmp_path / "file").write_text("")
     cfg2 = loads(f"collectors: {{jobs: {{state_dir: {tmp_path / 'file' / 'jobs'}}}}}\n")
