@@ -31,6 +31,7 @@ from podhealth.collectors.job_records import JobRecord
 from podhealth.collectors.jobs import records_from_samples
 from podhealth.snapshot import Snapshot
 from podhealth.vocab import MAX_EVIDENCE_ITEMS, CheckResult, Event
+from podhealth.worker import call_off_loop
 
 if TYPE_CHECKING:
     from podhealth.agent.agent import Agent
@@ -135,9 +136,10 @@ class JobMap:
                 self._writing = asyncio.get_running_loop().create_task(self._write(files), name="jobmap-write")
 
     async def _write(self, files: dict[str, str]) -> None:
-        assert self.mapping_dir is not None
+        mapping_dir = self.mapping_dir
+        assert mapping_dir is not None
         try:
-            errors = await asyncio.get_running_loop().run_in_executor(None, write_mapping, self.mapping_dir, files)
+            errors = await call_off_loop("jobmap-write", lambda: write_mapping(mapping_dir, files))
         except OSError as e:
             errors = [f"{self.mapping_dir}: {e.strerror or e}"]
         if errors:
