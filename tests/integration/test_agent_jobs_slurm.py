@@ -2,8 +2,9 @@
 for a real job on the loopback Slurm, the prolog records the job's GPUs (SLURM_JOB_ID,
 SLURM_JOB_USER, SLURM_JOB_GPUS as slurmd sets them), and the simulated agent then reports the job
 for those GPUs: `gpu_job_info` on /metrics, `job` in the GPU's /health evidence, and
-dcgm-exporter's job-mapping files. When the job ends, the real epilog removes the record and all
-three say no job again.
+dcgm-exporter's job-mapping files. An XID on one of the job's GPUs reaches a real aggregator
+(`podhealth aggregator`, the agent pushing to it) naming the job, in the event and in the GPU's
+evidence. When the job ends, the real epilog removes the record and the agent says no job again.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -18,14 +20,17 @@ from typing import Iterator
 
 import pytest
 
+from podhealth.credentials import derive_node_token
 from tests.harness.proc import Service, free_port, http_get, service, wait_until
 from tests.harness.slurm import SlurmCluster, missing_binaries
+from tests.integration.test_ui_browser import SECRET, start_aggregator
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 CONFIG = """
 node: {name: dgx01, profile: dgx-h100}
 listen: {port: %(port)d}
+publish: {aggregator_url: "%(agg)s", token: "%(token)s"}
 checks:
   grace: 0
   slurm_drain: never
@@ -54,8 +59,10 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, S
         pytest.skip("the loopback Slurm harness is only supported as root (munged, slurmd)")
     tmp = tmp_path_factory.mktemp("jobs")
     port = free_port()
+    agg_port = free_port()
     cfg = tmp / "podhealth.yaml"
-    cfg.write_text(CONFIG % {"port": port, "jobs": tmp / "jobs", "map": tmp / "map"})
+    cfg.write_text(CONFIG % {"port": port, "jobs": tmp / "jobs", "map": tmp / "map",
+                             "agg": f"http://127.0.0.1:{agg_port}", "token": derive_node_token(SECRET, "dgx01")})
     # Our own root so the hook wrappers can name slurm.conf before slurmd first runs them.
     root = Path(tempfile.mkdtemp(prefix="phjobs-", dir="/tmp"))
     root.chmod(0o755)  # munged: every directory above its socket must be o+x
@@ -72,10 +79,13 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, S
             "--sim-root", str(tmp / "sim"), "--listen", f"127.0.0.1:{port}"]
     cluster = SlurmCluster(nodes=1, gpus=8, root=root / "c", extra_conf="\n".join(lines))
     conf.symlink_to(root / "c" / "slurm.conf")
+    (tmp / "agg").mkdir()
     try:
-        with service("agent", argv, tmp, port=port, ready_timeout=90,
-                     ready=lambda: http_get(f"http://127.0.0.1:{port}/health")[0] == 200
-                     and bool(json.loads(http_get(f"http://127.0.0.1:{port}/health")[1])["results"])) as agent:
+        with start_aggregator(tmp / "agg", None, {}, port=agg_port) as agg, \
+                service("agent", argv, tmp, port=port, ready_timeout=90,
+                        ready=lambda: http_get(f"http://127.0.0.1:{port}/health")[0] == 200
+                        and bool(json.loads(http_get(f"http://127.0.0.1:{port}/health")[1])["results"])) as agent:
+            agent.extra["agg"] = agg
             cluster.start()
             try:
                 yield agent, cluster, tmp
@@ -83,6 +93,21 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, S
                 cluster.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _sim(agent: Service, tmp: Path, *args: str) -> None:
+    subprocess.run([sys.executable, "-m", "podhealth", "simulate", *args, "--root", str(tmp / "sim")],
+                   check=True, capture_output=True, timeout=60)
+
+
+def _agg_events(agg: Service) -> list[dict[str, object]]:
+    items = json.loads(http_get(f"{agg.url}/api/v1/nodes/dgx01/history?limit=300")[1]).get("items", [])
+    return [i["event"]["event"] for i in items if i.get("type") == "event" and (i.get("event") or {}).get("event")]
+
+
+def _agg_evidence(agg: Service) -> dict[tuple[str, str], str]:
+    rep = json.loads(http_get(f"{agg.url}/api/v1/nodes/dgx01")[1]).get("report") or {}
+    return {(r["check"], r["entity"]): r["evidence"].get("job", "") for r in rep.get("results", [])}
 
 
 def _job_series(agent: Service) -> set[tuple[str, str, str]]:
@@ -121,8 +146,20 @@ def test_prolog_records_the_job_and_the_agent_reports_it(setup: tuple[Service, S
         assert (rec["job_id"], rec["user"], rec["gpus"]) == (job, user, [0, 1])
         wait_until(lambda: sorted(os.listdir(tmp / "map")) == ["0", "1"], 30, 0.2, "dcgm-exporter mapping files")
         assert (tmp / "map" / "0").read_text() == f"{job}\n"
+
+        # An XID 79 on the job's GPU 1: the aggregator hears which job it hurts.
+        _sim(agent, tmp, "inject", "dgx01", "xid=79", "gpu=1")
+        agg = agent.extra["agg"]
+        assert isinstance(agg, Service)
+        wait_until(lambda: [e for e in _agg_events(agg) if e.get("gpu") == 1 and e.get("code") == 79], 60, 0.2,
+                   "the XID event at the aggregator")
+        # (the kernel's line and NVML's event for the same XID: each names the job)
+        assert {e.get("job") for e in _agg_events(agg) if e.get("gpu") == 1} == {label}
+        wait_until(lambda: _agg_evidence(agg).get(("xid", "gpu1")) == label, 60, 0.2,
+                   "the aggregator's report of gpu1 to name the job")
     finally:
         c.run("scancel", job, check=False)
+        _sim(agent, tmp, "clear", "dgx01")
     # The epilog removes the record: the job is gone from the series, the evidence and the files.
     wait_until(lambda: not (tmp / "jobs" / f"slurm-{job}.json").exists(), 60, 0.2, "the epilog to remove the record")
     wait_until(lambda: _job_series(agent) == set(), 30, 0.2, "the agent to report no job")
