@@ -29,10 +29,12 @@ Wire format of `POST /v1/events` (what agent/publisher.py sends):
 from __future__ import annotations
 
 import math
+import operator
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Literal, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Mapping
 
+import msgspec
 import orjson
 
 from podhealth.vocab import Action, Status
@@ -230,11 +232,92 @@ def parse_lease(obj: Any, where: str = "lease") -> Lease:
 
 
 def read_posted(raw: bytes) -> ParsedReport | Lease:
-    """What a node POSTs to /v1/reports: a lease (a `digest`, no `results`) or a full report."""
+    """What a node POSTs to /v1/reports: a lease (a `digest`, no `results`) or a full report.
+
+    Typed first (_read_typed); a body it does not take goes the general way, which accepts it
+    as well or raises with the exact reason."""
+    got = _read_typed(raw)
+    if got is not None:
+        return got
     obj = loads(raw)
     if isinstance(obj, dict) and "digest" in obj and "results" not in obj:
         return parse_lease(obj)
     return parse_report(obj, raw, "report")
+
+
+# ---- /v1/reports decoded by type (the hot path) ------------------------------------------------
+#
+# ~1,000 bodies/s at 10,000 nodes. orjson builds every object of a ~16 KB report (each result's
+# evidence too) and _verdicts then walks them in Python; msgspec decodes straight into the few
+# typed fields ingest uses, checking types, enums and lengths in C, and skips the rest (still
+# checked as JSON): a DGX report in ~25 us here instead of ~110 us, a lease in ~1 us instead of 3.
+# It takes only what the general path takes with the same meaning (JSON, UTF-8, numbers in range,
+# last of duplicate keys); anything it refuses is read again the general way for the reason.
+
+
+if TYPE_CHECKING:
+    _StatusName = str
+    _ActionName = str
+else:  # the names of vocab's members (strings, whose hashes are cached: the fingerprint hashes 4 per result)
+    _StatusName = Literal[tuple(s.value for s in Status)]
+    _ActionName = Literal[tuple(a.value for a in Action)]
+
+
+class _Result(msgspec.Struct, gc=False):
+    check: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME)]
+    status: _StatusName
+    entity: Annotated[str, msgspec.Meta(max_length=MAX_NAME)] = "node"
+    action: _ActionName = "NONE"
+    since: float = 0.0  # msgspec refuses a number out of float range, so it is finite
+    summary: str = ""
+
+
+class _Posted(msgspec.Struct, gc=False):
+    node: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME)]
+    time: float
+    results: list[_Result] | msgspec.UnsetType = msgspec.UNSET  # absent: a lease (null: the general path says why)
+    digest: str | msgspec.UnsetType = msgspec.UNSET
+    boot_id: str | None = None
+    seq: int | None = None
+
+
+_decode_posted = msgspec.json.Decoder(_Posted).decode
+_result_key = operator.attrgetter("check", "entity", "status", "action")  # what _verdicts fingerprints
+_GOOD_NAMES: set[str] = set()  # node names node_name_problem passed (one per node; bounded below)
+_GOOD_NAMES_MAX = 200_000
+
+
+def _read_typed(raw: bytes) -> ParsedReport | Lease | None:
+    """The body as _Posted, or None when it is not one that the general path would read the
+    same way (then that path decides)."""
+    try:
+        p = _decode_posted(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    node = p.node
+    if node not in _GOOD_NAMES:
+        if node_name_problem(node) is not None:
+            return None
+        if len(_GOOD_NAMES) >= _GOOD_NAMES_MAX:
+            _GOOD_NAMES.clear()
+        _GOOD_NAMES.add(node)
+    boot, seq = p.boot_id, p.seq
+    order: Order | None = None
+    if boot is not None or seq is not None:
+        if (boot is None or seq is None or not 0 < len(boot) <= MAX_BOOT_ID or not boot.isprintable()
+                or not 0 <= seq <= MAX_SEQ):
+            return None
+        order = (boot, seq)
+    results = p.results
+    if isinstance(results, msgspec.UnsetType):
+        digest = p.digest
+        if isinstance(digest, msgspec.UnsetType) or _DIGEST.fullmatch(digest) is None:
+            return None
+        return Lease(node=node, time=p.time, digest=digest, order=order)
+    bad = tuple([Verdict(r.check, r.entity, _STATUSES[r.status], _ACTIONS[r.action], r.since, r.summary[:512])
+                 for r in results if r.status != "OK"])
+    return ParsedReport(node=node, time=p.time, verdicts=bad, raw=raw, fp=hash(tuple(map(_result_key, results))),
+                        order=order)
 
 
 def parse_events(obj: Any) -> EventBatch:

@@ -91,3 +91,86 @@ def test_a_lease_is_told_from_a_report() -> None:
         with pytest.raises(ingest.BadRequest, match=message):
             ingest.read_posted(raw)
     assert ingest.digest_of(-1) == "ffffffffffffffff" and ingest.digest_of(255) == "00000000000000ff"
+
+
+# ---- the typed path (msgspec) and the general path (orjson + _verdicts) agree ------------------
+
+from hypothesis import given, settings  # noqa: E402 - kept beside the tests that use it
+from hypothesis import strategies as st  # noqa: E402
+
+
+def general(raw: bytes) -> ingest.ParsedReport | ingest.Lease:
+    """read_posted without its typed fast path: what every body must read as."""
+    obj = ingest.loads(raw)
+    if isinstance(obj, dict) and "digest" in obj and "results" not in obj:
+        return ingest.parse_lease(obj)
+    return ingest.parse_report(obj, raw, "report")
+
+
+def outcome(read: Any, raw: bytes) -> Any:
+    try:
+        got = read(raw)
+    except ingest.BadRequest:
+        return "refused"
+    if isinstance(got, ingest.Lease):
+        return got
+    return (got.node, got.time, got.verdicts, got.fp, got.order, got.raw)
+
+
+# Values of every JSON type, near the edges the checks draw (lengths 0/1/128/129, seq bounds,
+# non-printable and non-ASCII text), for each field the two paths read.
+_text = st.sampled_from(["", "x", "node", "dgx01", "dgx-01.a", "a b", "all", "dgx[1-2]", "é", "\u0007", "x" * 128,
+                         "x" * 129, "0123456789abcdef", "0123456789ABCDEF", "OK", "WARN", "FAIL", "UNKNOWN", "BROKEN",
+                         "NONE", "REBOOT", "DRAIN", "ok"])
+_number = st.one_of(st.integers(-2, 2), st.sampled_from([0.5, 1e300, -1e300, 2**63 - 1, 2**63, 10**30, 1700000000.25]))
+_any = st.one_of(st.none(), st.booleans(), _text, _number, st.just([]), st.just({}))
+
+
+_good_result = st.fixed_dictionaries(
+    {"check": st.sampled_from(["xid", "ecc", "x" * 128]), "status": st.sampled_from(["OK", "WARN", "FAIL", "UNKNOWN"])},
+    optional={"entity": st.sampled_from(["gpu0", "", "mlx5_0/1"]), "action": st.sampled_from(["NONE", "REBOOT"]),
+              "since": st.sampled_from([0, 5.5, 1700000000.25]), "summary": st.sampled_from(["", "XID 79", "é" * 600]),
+              "evidence": st.just({"gpu_c": "41.0"})})
+_good = st.fixed_dictionaries(
+    {"node": st.sampled_from(["dgx01", "dgx-01.a"]), "time": st.sampled_from([1.5, 7, 1700000000.25])},
+    optional={"results": st.lists(_good_result, max_size=4), "digest": st.just("0123456789abcdef"),
+              "boot_id": st.just("boot-1"), "seq": st.sampled_from([0, 7, 2**63 - 1]),
+              "staleness": st.just({"nvml": 0.4})})
+# A field: (top level or the first result, key, what to do: a value of any type, or None to drop it)
+_change = st.tuples(st.booleans(), st.sampled_from(["node", "time", "results", "digest", "boot_id", "seq", "check",
+                                                    "status", "entity", "action", "since", "summary", "evidence"]),
+                    st.one_of(st.none(), _any))
+
+
+@st.composite
+def _body(draw: Any) -> dict[str, Any]:
+    """A well-formed report or lease with up to three fields changed or dropped."""
+    doc = draw(_good)
+    for in_result, key, value in draw(st.lists(_change, max_size=3)):
+        results = doc.get("results")
+        first = results[0] if isinstance(results, list) and results else None
+        target = first if in_result and isinstance(first, dict) else doc
+        if value is None:
+            target.pop(key, None)
+        else:
+            target[key] = value
+    return doc
+
+
+@settings(max_examples=600, deadline=None)
+@given(_body())
+def test_the_typed_path_reads_every_body_as_the_general_path(doc: dict[str, Any]) -> None:
+    raw = json.dumps(doc).encode()
+    assert outcome(ingest.read_posted, raw) == outcome(general, raw)
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"node": "dgx01", "time": 1e999, "results": []}',  # out of float range: not a finite number
+    b'{"node": "dgx01", "time": 1, "results": [{"check": "x", "status": "OK", "since": true}]}',
+    b'{"node": "dgx01", "time": 1, "boot_id": "b", "seq": 1.0, "results": []}',
+    b'{"node": "dgx01", "time": 1, "digest": null}',
+    b'{"node": "dgx01", "time": 1, "results": null, "digest": "0123456789abcdef"}',
+    b'{"node": "dgx\\ud800", "time": 1, "results": []}',  # a lone surrogate is not UTF-8 text
+])
+def test_edge_bodies_read_the_same_both_ways(raw: bytes) -> None:
+    assert outcome(ingest.read_posted, raw) == outcome(general, raw)
