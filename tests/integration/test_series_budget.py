@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -122,6 +123,11 @@ def test_default_budget_and_every_queried_metric(tmp_path: Path) -> None:
         inject(root, "xid=13", "gpu=2")
         wait_until(lambda: value(scrape(svc)[1], "podhealth_xid_events_total", gpu="2", code="13"),
                    30, 0.2, "the XID counter")
+        # podhealth_gpu_job_info appears with the first job on a GPU (the GPU alerts join it): start one.
+        subprocess.run([sys.executable, "-m", "podhealth", "simulate", "job", "start", NODE, "--gpus", "2",
+                        "--id", "1", "--root", str(root)], check=True, capture_output=True, timeout=60)
+        wait_until(lambda: value(scrape(svc)[1], "podhealth_gpu_job_info", gpu="2", job_id="1"),
+                   30, 0.2, "the job on GPU 2")
         text = scrape(svc)[1]
     exported = names(text)
     missing = {n: w for n, w in queried_names().items() if n not in exported and n not in FIRST_EVENT}
