@@ -1,4 +1,4 @@
-"""Pure parsers for /sys/class/infiniband: file text in, frozen dataclasses out.
+"""Pure parsers for /sys/class/infiniband: file text in, values out.
 
 No I/O and no clock here. The reader (collectors/infiniband.py) hands over the text of each file
 it could read; a file it could not read is simply absent, and its value stays None (never 0).
@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
-from typing import Mapping
 
 from podhealth import pci
 
@@ -19,58 +17,6 @@ _UNSUPPORTED_PREFIX = "N/A"
 
 # rate units the kernel's rate_show() prints, in bits per second
 _RATE_UNITS = {"Gb/sec": 1e9, "Mb/sec": 1e6}
-
-
-@dataclass(frozen=True, slots=True)
-class PortFiles:
-    """Raw text of one port's files, as the reader found them (absent file = key missing)."""
-
-    port: str
-    attrs: Mapping[str, str]  # state, phys_state, rate, link_layer
-    counters: tuple[tuple[str, str], ...] = ()
-    hw_counters: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceFiles:
-    name: str
-    attrs: Mapping[str, str]  # board_id, fw_ver, hca_type
-    ports: tuple[PortFiles, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class IbPort:
-    device: str
-    port: int
-    state_id: int | None
-    state: str | None
-    phys_state_id: int | None
-    phys_state: str | None
-    rate_bytes_per_second: float | None
-    link_layer: str | None
-    counters: tuple[tuple[str, int], ...]  # raw file values (data counters still in 4-byte words)
-    hw_counters: tuple[tuple[str, int], ...]
-
-    def counter(self, name: str) -> int | None:
-        for k, v in self.counters:
-            if k == name:
-                return v
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class IbDevice:
-    name: str
-    board_id: str | None
-    fw_ver: str | None
-    hca_type: str | None
-    ports: tuple[IbPort, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedDevice:
-    device: IbDevice
-    problems: tuple[str, ...]  # malformed files, each skipped on its own
 
 
 def parse_enum(text: str) -> tuple[int, str]:
@@ -112,72 +58,6 @@ def parse_counter(text: str) -> int | None:
     if v < 0:
         raise ValueError(f"expected an unsigned integer, got {t[:40]!r}")
     return v
-
-
-def _counters(where: str, raw: tuple[tuple[str, str], ...],
-              problems: list[str]) -> tuple[tuple[str, int], ...]:
-    out: list[tuple[str, int]] = []
-    for name, text in raw:
-        try:
-            v = parse_counter(text)
-        except ValueError as e:
-            problems.append(f"{where}/{name}: {e}")
-            continue
-        if v is not None:
-            out.append((name, v))
-    out.sort()
-    return tuple(out)
-
-
-def _text(attrs: Mapping[str, str], key: str) -> str | None:
-    v = attrs.get(key)
-    return None if v is None else v.strip()
-
-
-def parse_port(device: str, files: PortFiles, problems: list[str]) -> IbPort | None:
-    where = f"{device}/ports/{files.port}"
-    try:
-        port = int(files.port)
-    except ValueError:
-        problems.append(f"{where}: port directory name is not a number")
-        return None
-    state_id = state = phys_id = phys = None
-    rate: float | None = None
-    if "state" in files.attrs:
-        try:
-            state_id, state = parse_enum(files.attrs["state"])
-        except ValueError as e:
-            problems.append(f"{where}/state: {e}")
-    if "phys_state" in files.attrs:
-        try:
-            phys_id, phys = parse_enum(files.attrs["phys_state"])
-        except ValueError as e:
-            problems.append(f"{where}/phys_state: {e}")
-    if "rate" in files.attrs:
-        try:
-            rate = parse_rate(files.attrs["rate"])
-        except ValueError as e:
-            problems.append(f"{where}/rate: {e}")
-    return IbPort(
-        device=device, port=port, state_id=state_id, state=state, phys_state_id=phys_id,
-        phys_state=phys, rate_bytes_per_second=rate, link_layer=_text(files.attrs, "link_layer") or None,
-        counters=_counters(f"{where}/counters", files.counters, problems),
-        hw_counters=_counters(f"{where}/hw_counters", files.hw_counters, problems),
-    )
-
-
-def parse_device(files: DeviceFiles) -> ParsedDevice:
-    problems: list[str] = []
-    ports = [p for p in (parse_port(files.name, pf, problems) for pf in files.ports) if p is not None]
-    ports.sort(key=lambda p: p.port)
-    dev = IbDevice(
-        name=files.name,
-        board_id=_text(files.attrs, "board_id"),
-        fw_ver=_text(files.attrs, "fw_ver"),
-        hca_type=_text(files.attrs, "hca_type"),
-        ports=tuple(ports),
-    )
-    return ParsedDevice(dev, tuple(problems))
 
 
 # --- Where a device sits and what the OS calls it (for checks/ib_roles) ---------------------

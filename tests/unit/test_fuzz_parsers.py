@@ -28,6 +28,7 @@ from podhealth.config import default_yaml, loads as config_loads
 from podhealth.configload import ConfigError
 from podhealth.sim import nvidia_smi
 from podhealth.vocab import Event, NodeReport
+from tests.harness import ib_device
 from tests.harness.fuzz import (
     FIXTURES, HOSTILE_NUMBERS, dumps_loose, fuzz_settings, json_bodies, mutated, mutated_doc, read, texts,
 )
@@ -87,20 +88,20 @@ COUNTER_NAMES, COUNTER_TEXTS = _counter_samples()
 
 
 @st.composite
-def port_files(draw: Any) -> ib_parse.PortFiles:
+def port_files(draw: Any) -> ib_device.PortFiles:
     attrs = {k: draw(texts(_ib_samples(k))) for k in ("state", "phys_state", "rate", "link_layer")
              if draw(st.integers(0, 5))}  # sometimes a file is missing (unreadable)
     counters = tuple((n, draw(texts(COUNTER_TEXTS))) for n in draw(st.lists(st.sampled_from(COUNTER_NAMES), max_size=6)))
     hw = tuple((n, draw(texts(COUNTER_TEXTS))) for n in draw(st.lists(st.sampled_from(COUNTER_NAMES), max_size=3)))
     port = draw(st.one_of(st.just("1"), st.sampled_from(HOSTILE_NUMBERS), st.text(max_size=4)))
-    return ib_parse.PortFiles(port=port, attrs=attrs, counters=counters, hw_counters=hw)
+    return ib_device.PortFiles(port=port, attrs=attrs, counters=counters, hw_counters=hw)
 
 
 @fuzz_settings()
 @given(st.lists(port_files(), max_size=3), st.dictionaries(st.sampled_from(["board_id", "fw_ver", "hca_type"]),
                                                          texts(["MT_0000000838\n", "28.39.1002\n", "MT4129\n"])))
-def test_infiniband_device_never_raises_and_values_are_sane(ports: list[ib_parse.PortFiles], attrs: dict[str, str]) -> None:
-    out = ib_parse.parse_device(ib_parse.DeviceFiles(name="mlx5_0", attrs=attrs, ports=tuple(ports)))
+def test_infiniband_device_never_raises_and_values_are_sane(ports: list[ib_device.PortFiles], attrs: dict[str, str]) -> None:
+    out = ib_device.parse_device(ib_device.DeviceFiles(name="mlx5_0", attrs=attrs, ports=tuple(ports)))
     for p in out.device.ports:
         assert p.rate_bytes_per_second is None or (math.isfinite(p.rate_bytes_per_second)
                                                     and p.rate_bytes_per_second >= 0), p

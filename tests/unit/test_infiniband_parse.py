@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from podhealth.collectors.ib_parse import (
-    DeviceFiles, PortFiles, parse_counter, parse_device, parse_enum, parse_rate,
-)
+from podhealth.collectors.ib_parse import parse_counter, parse_enum, parse_rate
+from tests.harness.ib_device import DeviceFiles, PortFiles, parse_device
 
 
 @pytest.mark.parametrize("text,expected", [
