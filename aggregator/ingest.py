@@ -472,7 +472,7 @@ def apply_events(mem: Memory, batch: EventBatch, now: float) -> tuple[Applied, l
         new_ids.append(e.id)
         ops.append(mem.record_event(e.id, batch.node, e.type, e.time, e.body, now))
         if e.transition is not None:
-            res, vops = mem.apply_verdict(batch.node, e.transition, e.time, now, "agent", ref=e.id, order=e.order)
+            res, vops = mem.apply_verdict(batch.node, e.transition, now, "agent", ref=e.id, order=e.order)
             ops += vops
             if res == "stale":
                 out.stale += 1
@@ -488,7 +488,7 @@ def apply_alerts(mem: Memory, alerts: list[AlertObservation], now: float, learn:
         if a.node not in mem.nodes and not learn:
             out.stale += 1
             continue
-        _, vops = mem.apply_verdict(a.node, a.verdict, a.time, now, "alertmanager", ref=a.ref, severity=a.severity)
+        _, vops = mem.apply_verdict(a.node, a.verdict, now, "alertmanager", ref=a.ref, severity=a.severity)
         ops += vops
         out.applied += 1
     return out, ops

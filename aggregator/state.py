@@ -408,10 +408,10 @@ class Memory:
         rec.seen_dirty = True
         return ops + self._status(rec, now)
 
-    def apply_verdict(self, node: str, v: Verdict, event_time: float, now: float, source: Source = "agent",
+    def apply_verdict(self, node: str, v: Verdict, now: float, source: Source = "agent",
                       ref: str = "", severity: str | None = None, order: Order | None = None) -> tuple[str, list[Op]]:
         """One verdict change (an agent's transition, an alert firing or resolving); an agent's is
-        ordered among its reports by `order` (see _stale)."""
+        ordered among its reports by `order` (see _stale), never by the event's own time claim."""
         rec, ops = self.ensure_node(node, now)
         if source == "agent":
             if self._stale(rec, order, report=False):

@@ -59,16 +59,17 @@ def test_records_are_ordered_by_boot_and_seq_not_by_time() -> None:
     assert m.apply_report("n", (), 9e9, "", 101.0, order=("b1", 9))[0] == "stale"
     assert m.apply_report("n", (), 1.0, "", 102.0, order=("b1", 11), fp=1)[0] == "applied"
     assert m.nodes["n"].report_time == 102.0, "the stored time is the aggregator's"
-    # a transition older than the last report is stale; a newer one voids it
+    # a transition older than the last report is stale; a newer one voids it (a transition
+    # carries no time claim into the memory at all: apply_verdict takes none)
     from podhealth.aggregator.state import Verdict
     from podhealth.vocab import Action
     v = Verdict("xid", "GPU0", Status.FAIL, Action.RESET_GPU, 1.0)
-    assert m.apply_verdict("n", v, 9e9, 103.0, order=("b1", 10))[0] == "stale"
-    assert m.apply_verdict("n", v, 1.0, 104.0, order=("b1", 12))[0] == "applied"
+    assert m.apply_verdict("n", v, 103.0, order=("b1", 10))[0] == "stale"
+    assert m.apply_verdict("n", v, 104.0, order=("b1", 12))[0] == "applied"
     assert m.apply_report("n", (), 9e9, "", 105.0, order=("b1", 11), fp=2)[0] == "stale"
     # a reboot is a new epoch (seq starts low again); the old boot's late records are stale
     assert m.apply_report("n", (), 1.0, "", 106.0, order=("b2", 1), fp=3)[0] == "applied"
-    assert m.apply_verdict("n", v, 1.0, 107.0, order=("b1", 99))[0] == "stale"
+    assert m.apply_verdict("n", v, 107.0, order=("b1", 99))[0] == "stale"
     assert m.nodes["n"].retired == ("b1",) and m.conditions_of("n") == []
     # an agent that sends no seq is ordered by arrival: never stale
     assert m.apply_report("n", (), 0.0, "", 108.0, fp=4)[0] == "applied"

@@ -269,7 +269,7 @@ def test_unreachable_is_unknown_first_then_a_separate_condition() -> None:
 
 def test_condition_type_is_the_one_policy_reads() -> None:
     m = Memory()
-    m.apply_verdict("dgx02", Verdict("GpuXid", "node", Status.FAIL, Action.DRAIN, since=5.0), 5.0, 6.0,
+    m.apply_verdict("dgx02", Verdict("GpuXid", "node", Status.FAIL, Action.DRAIN, since=5.0), 6.0,
                     source="alertmanager", ref="fp1", severity="warning")
     [c] = m.open_conditions()
     assert isinstance(c, Condition) and c.source == "alertmanager" and c.severity == "warning" and c.ref == "fp1"

@@ -96,7 +96,7 @@ async def test_a_lease_the_aggregator_cannot_match_is_followed_by_the_full_repor
             assert (hb.stats.full, hb.stats.leases, hb.stats.conflicts) == (2, 2, 1)
             # a transition reaches the aggregator (through the spool) that the agent has since
             # taken back: the next lease is refused and the full report puts things right
-            agg.mem.apply_verdict("dgx01", Verdict("xid", "gpu0", Status.FAIL, Action.REBOOT, 1095.0), 1095.0, 1095.0)
+            agg.mem.apply_verdict("dgx01", Verdict("xid", "gpu0", Status.FAIL, Action.REBOOT, 1095.0), 1095.0)
             assert [c.check for c in agg.mem.conditions_of("dgx01")] == ["xid"]
             assert await hb.send(healthy(1120))
             assert (hb.stats.full, hb.stats.leases, hb.stats.conflicts) == (3, 2, 2)
