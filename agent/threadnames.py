@@ -30,7 +30,7 @@ def set_native_name(name: str) -> None:
         pass
 
 
-def _on_first_call(frame: FrameType, event: str, arg: Any) -> None:
+def _on_first_call(_frame: FrameType, _event: str, _arg: Any) -> None:
     # threading runs this profile hook in each new thread before its run(): name the thread
     # once, then take the hook away again so it costs nothing afterwards.
     sys.setprofile(None)

@@ -319,7 +319,7 @@ class SlurmCluster:
     def __enter__(self) -> "SlurmCluster":
         return self.start()
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(self, _et: type[BaseException] | None, e: BaseException | None, _tb: TracebackType | None) -> None:
         self.stop(failed=e is not None)
 
     # ---- internals ------------------------------------------------------------------------------
