@@ -144,3 +144,17 @@ async def test_a_refused_call_is_not_tried_again(tmp_path: Path, down_scontrol: 
         with pytest.raises(Refused, match="bad name"):
             await runner.call("slurm read bad name", refuse)
         assert tries == 1 and len(log.read_text().splitlines()) == before
+
+
+def test_the_aggregator_parts_never_import_the_service() -> None:
+    """service.py wires the parts together; a part that imported it would make a cycle of the wiring."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2] / "aggregator"
+    for name in ("actions.py", "reconcile.py", "liveness.py", "views.py"):
+        tree = ast.parse((root / name).read_text(), name)
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | {
+            a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not {m for m in imported if m.endswith("aggregator.service")}, name
+        assert not any(isinstance(n, ast.ImportFrom) and n.module == "podhealth.aggregator"
+                       and any(a.name == "service" for a in n.names) for n in ast.walk(tree)), name
