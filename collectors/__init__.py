@@ -10,7 +10,6 @@ import importlib
 from typing import Callable
 
 from podhealth.collectors.base import Collection, Collector, CollectorDisabled
-from podhealth.config import Config
 
 # name -> "module:factory"
 REGISTRY: dict[str, str] = {
@@ -28,7 +27,8 @@ REGISTRY: dict[str, str] = {
 }
 
 
-def factory(name: str) -> Callable[[Config], Collector]:
+def factory(name: str) -> Callable[..., Collector]:
+    """The factory REGISTRY names (importing its module now): `factory(name)(cfg, **seams)`."""
     module, _, attr = REGISTRY[name].partition(":")
     return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
 

@@ -13,7 +13,6 @@ CollectorState every consumer reads.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
@@ -37,10 +36,8 @@ MAX_ERROR_CHARS = 512
 def registry_factory(name: str) -> Factory:
     """The factory of collectors.REGISTRY[name], imported when called (a missing library disables one)."""
     def make(cfg: Config, **seams: Any) -> Collector:
-        from podhealth.collectors import REGISTRY
-        module, _, attr = REGISTRY[name].partition(":")
-        fn: Factory = getattr(importlib.import_module(module), attr)
-        return fn(cfg, **seams)
+        from podhealth.collectors import factory
+        return factory(name)(cfg, **seams)
     return make
 
 
