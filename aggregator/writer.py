@@ -13,6 +13,7 @@ import threading
 from typing import Any, Callable, Sequence, TypeVar
 
 from podhealth.aggregator.store import Op, Store, db_errors
+from podhealth.worker import settle_from_thread
 
 T = TypeVar("T")
 _MAX_BATCH = 512
@@ -140,18 +141,5 @@ class Writer:
 
     @staticmethod
     def _resolve(fut: "asyncio.Future[Any] | None", result: Any, err: BaseException | None) -> None:
-        if fut is None:
-            return
-        loop = fut.get_loop()
-
-        def done() -> None:
-            if fut.cancelled():
-                return
-            if err is not None:
-                fut.set_exception(err)
-            else:
-                fut.set_result(result)
-        try:
-            loop.call_soon_threadsafe(done)
-        except RuntimeError:
-            pass  # loop already closed: nobody is waiting any more
+        if fut is not None:
+            settle_from_thread(fut, result, err)

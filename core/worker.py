@@ -7,7 +7,9 @@ an asyncio future on the submitting loop. A Python thread cannot be cancelled: c
 submit a second call to a worker whose previous call has not returned when that call may hang,
 and the thread is a daemon so a call hung forever (NVML on a wedged GPU) cannot keep the process
 from exiting. `concurrent.futures` is not used because its executor threads are joined at
-interpreter exit, which is exactly what a hung call must not block.
+interpreter exit, which is exactly what a hung call must not block. A thread of its own that
+settles futures itself (the aggregator's DB writer, committing in groups) does it through
+`settle_from_thread`. (`asyncio.to_thread` remains for short calls that cannot hang.)
 """
 
 from __future__ import annotations
@@ -16,20 +18,27 @@ import asyncio
 import contextlib
 import queue
 import threading
-from typing import Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 T = TypeVar("T")
 
-_Job = tuple[Callable[[], object], "asyncio.Future[object]", asyncio.AbstractEventLoop]
+_Job = tuple[Callable[[], object], "asyncio.Future[object]"]
 
 
-def _settle(fut: "asyncio.Future[object]", value: object, exc: BaseException | None) -> None:
+def _settle(fut: "asyncio.Future[Any]", value: object, exc: BaseException | None) -> None:
     if fut.cancelled():
         return
     if exc is not None:
         fut.set_exception(exc)
     else:
         fut.set_result(value)
+
+
+def settle_from_thread(fut: "asyncio.Future[Any]", value: object, exc: BaseException | None = None) -> None:
+    """From any thread: give `fut` its result (or `exc`) on its own loop. A loop already closed
+    (a call that outlived shutdown) is nobody's to tell: nothing happens."""
+    with contextlib.suppress(RuntimeError):
+        fut.get_loop().call_soon_threadsafe(_settle, fut, value, exc)
 
 
 class Worker(Generic[T]):
@@ -43,9 +52,8 @@ class Worker(Generic[T]):
 
     def submit(self, fn: Callable[[], T]) -> "asyncio.Future[T]":
         """Queue `fn`; must be called from the event loop that awaits the result."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[object] = loop.create_future()
-        self._jobs.put((fn, fut, loop))
+        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._jobs.put((fn, fut))
         return fut  # type: ignore[return-value]
 
     def _run(self) -> None:
@@ -53,16 +61,14 @@ class Worker(Generic[T]):
             job = self._jobs.get()
             if job is None:
                 return
-            fn, fut, loop = job
+            fn, fut = job
             value: object = None
             exc: BaseException | None = None
             try:
                 value = fn()
             except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
                 exc = e
-            # The loop may be gone when a call hung past shutdown; then nobody awaits the result.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_settle, fut, value, exc)
+            settle_from_thread(fut, value, exc)
 
     def close(self) -> None:
         """Let the thread exit after its current call (if any) returns."""
