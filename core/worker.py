@@ -9,7 +9,8 @@ and the thread is a daemon so a call hung forever (NVML on a wedged GPU) cannot 
 from exiting. `concurrent.futures` is not used because its executor threads are joined at
 interpreter exit, which is exactly what a hung call must not block. A thread of its own that
 settles futures itself (the aggregator's DB writer, committing in groups) does it through
-`settle_from_thread`. (`asyncio.to_thread` remains for short calls that cannot hang.)
+`settle_from_thread`. (The aggregator's `asyncio.to_thread` calls, the standard library's own
+bridge on its default executor, are left as they are.)
 """
 
 from __future__ import annotations
