@@ -203,6 +203,14 @@ class Aggregator:
             for n in cfg.nodes:
                 ops += mem.configure_node(n.name, n.agent_url, n.slurm_name, n.k8s_name, n.partition, now)
             await writer.write(ops + fleet_sample_ops(cfg, mem, now))  # the fleet chart starts at the start
+            silences = {(s.node, s.check): s for s in loaded.silences}
+            session = aiohttp.ClientSession()
+            try:
+                return cls(cfg, fs, store, writer, mem, silences, session, lease, lease_info, loaded.pending,
+                           clock=clock, mono=mono, started_at=now)
+            except BaseException:
+                await session.close()
+                raise
         except BaseException:
             if writer is not None:
                 with contextlib.suppress(Exception):
@@ -211,9 +219,6 @@ class Aggregator:
                 store.close()
             lease.release()
             raise
-        silences = {(s.node, s.check): s for s in loaded.silences}
-        return cls(cfg, fs, store, writer, mem, silences, aiohttp.ClientSession(), lease, lease_info, loaded.pending,
-                   clock=clock, mono=mono, started_at=now)
 
     # ---- shared state ----------------------------------------------------------------------------
 
