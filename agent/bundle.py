@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from aiohttp import web
 
 from podhealth import log, webguard
+from podhealth.worker import call_off_loop
 
 if TYPE_CHECKING:
     from podhealth.agent.agent import Agent
@@ -147,8 +148,8 @@ async def collect(agent: "Agent", health: "Health") -> list[Part]:
     """Every part, read now; the commands run in threads with timeouts, concurrently."""
     from podhealth.checks.passive import drift
 
-    smi, dmesg = await asyncio.gather(asyncio.to_thread(run_command, NVIDIA_SMI),
-                                      asyncio.to_thread(run_command, DMESG))
+    smi, dmesg = await asyncio.gather(call_off_loop("bundle-smi", lambda: run_command(NVIDIA_SMI)),
+                                      call_off_loop("bundle-dmesg", lambda: run_command(DMESG)))
     snap = agent.snapshot
     events = [e.to_json() for e in snap.events]
     ib = await health.on_evaluator(ib_history)
@@ -193,7 +194,7 @@ class Bundles:
             parts = await collect(self.agent, self.health)
             meta = {"node": self.agent.node, "podhealth": self.agent.version, "created": time.time(),
                     "format": 1}
-            body, manifest = await asyncio.to_thread(pack, parts, meta)
+            body, manifest = await call_off_loop("bundle-pack", lambda: pack(parts, meta))
         _log.info("evidence bundle built", bytes=len(body), seconds=round(time.monotonic() - started, 3),
                   notes=[p["name"] for p in manifest["parts"] if p["note"]])
         return web.Response(body=body, headers={

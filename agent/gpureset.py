@@ -27,6 +27,7 @@ import pynvml
 from aiohttp import web
 
 from podhealth import log, webguard
+from podhealth.worker import call_with_timeout
 
 if TYPE_CHECKING:
     from podhealth.agent.agent import Agent
@@ -96,7 +97,8 @@ class GpuReset:
     async def _reset(self, gpu: int, reason: str) -> web.Response:
         cfg = self.agent.cfg
         try:
-            pids = await asyncio.wait_for(asyncio.to_thread(gpu_pids, cfg.paths.nvml_library, gpu), NVML_TIMEOUT_S)
+            # A wedged NVML hangs the call: its own daemon thread, abandoned after the timeout.
+            pids = await call_with_timeout("gpu-pids", lambda: gpu_pids(cfg.paths.nvml_library, gpu), NVML_TIMEOUT_S)
         except LookupError as e:
             return web.json_response({"error": str(e), "gpu": gpu}, status=404)
         except (Unreadable, asyncio.TimeoutError) as e:

@@ -195,9 +195,9 @@ def thread_role(pid: int, tid: int, comm: str) -> str:
         return f"collector {comm}"
     if comm.startswith("nfs-probe"):
         return "NFS probe threads (spawn + wait)"
-    if comm.startswith("asyncio_"):
+    if comm == "render" or comm.startswith("asyncio_"):
         return "rendering /metrics"
-    if comm.startswith("health_"):
+    if comm == "health" or comm.startswith("health_"):
         return "checks (verdicts)"
     if comm == "sim-refresh":
         return "SIMULATOR tree refresh"

@@ -16,6 +16,7 @@ from podhealth import log
 from podhealth.agent.metrics.blocks import BlockEncoder
 from podhealth.agent.metrics.exposition import RenderContext
 from podhealth.snapshot import Snapshot
+from podhealth.worker import Worker
 
 _log = log.get("podhealth.agent.metrics.render")
 
@@ -87,6 +88,7 @@ class ExpositionCache:
         self._lock = asyncio.Lock()
         self._wanted: set[Variant] = set()
         self._pre: asyncio.Task[None] | None = None
+        self._worker: Worker[bytes] | None = None  # the render thread, started by the first render
         self._timer: asyncio.TimerHandle | None = None
         self._burst_started = 0.0
         self._served = True  # the last render was fetched by a scrape (or none happened yet)
@@ -142,7 +144,9 @@ class ExpositionCache:
             if hit is not None and hit[0] == version:
                 return hit[1]
             try:
-                out = await asyncio.to_thread(self._render, snapshot, version, variant)
+                if self._worker is None:
+                    self._worker = Worker("render")
+                out = await self._worker.submit(lambda: self._render(snapshot, version, variant))
             except Exception:  # noqa: BLE001 - serve the last good bytes rather than fail the scrape
                 _log.exception("rendering /metrics failed")
                 if hit is None:
@@ -171,3 +175,6 @@ class ExpositionCache:
         if self._pre is not None:
             self._pre.cancel()
             await asyncio.gather(self._pre, return_exceptions=True)
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
