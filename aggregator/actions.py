@@ -32,8 +32,8 @@ from podhealth.aggregator.state import Checkpoint, Memory
 from podhealth.aggregator.store import ActionRow, ActionStart, Op, StaleEpoch, Store, StoreError, db_errors
 from podhealth.aggregator.writer import Writer
 from podhealth.fencing.fence import (
-    BatchFencer, DryRunFencer, FenceOutcome, FenceReason, FenceState, Fencer, Job, JobSource, Refused, Remediator,
-    Transient, parse_reason, render_reason, repair_reason,
+    BatchFencer, DryRunFencer, FenceOutcome, FenceReason, FenceState, Fencer, Job, JobSource, NodeNames, Refused,
+    Remediator, Transient, parse_reason, render_reason, repair_reason,
 )
 
 T = TypeVar("T")
@@ -320,12 +320,8 @@ class ActionRunner:
         """The node's name in this fencer's backend (slurm_name, k8s_name, else the node's own)."""
         rec = self.mem.nodes.get(node)
         if rec is None:
-            return node
-        if fencer.name == "slurm":
-            return rec.slurm_name or node
-        if fencer.name in ("kubernetes", "kube", "k8s"):
-            return rec.k8s_name or node
-        return node
+            return fencer.target(NodeNames(node))
+        return fencer.target(NodeNames(node, slurm=rec.slurm_name, kubernetes=rec.k8s_name))
 
     async def call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
         """One fencer call under the retry policy: up to `retries.attempts` calls, `delay()` apart.

@@ -61,11 +61,25 @@ class Refused(ValueError):
     final "no"): trying again changes nothing. A ValueError, which is what the name validators raise."""
 
 
+@dataclass(frozen=True)
+class NodeNames:
+    """A node's names: podhealth's own, and the ones the config gives for each backend (empty:
+    the same as `node`). Each fencer picks its own (`Fencer.target`)."""
+
+    node: str
+    slurm: str = ""
+    kubernetes: str = ""
+
+
 @runtime_checkable
 class Fencer(Protocol):
     """One attempt per call, bounded by the fencer's own timeout; never a retry loop inside."""
 
     name: str
+
+    def target(self, names: NodeNames) -> str:
+        """The node's name in this backend: every other call takes this name."""
+        ...
 
     async def read(self, node: str) -> FenceState: ...
 
@@ -192,6 +206,9 @@ class DryRunFencer:
     """
 
     name: str = "dryrun"
+
+    def target(self, names: NodeNames) -> str:
+        return names.node
     _nodes: dict[str, _DryRunNode] = field(default_factory=dict)
 
     async def read(self, node: str) -> FenceState:

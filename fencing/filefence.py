@@ -17,11 +17,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from podhealth.fencing.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, render_reason
+from podhealth.fencing.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, NodeNames, render_reason
 
 
 class FileFencer:
     name = "file"
+
+    def target(self, names: NodeNames) -> str:
+        return names.node
 
     def __init__(self, path: Path | str, gate: Path | str | None = None, gate_after: bool = False) -> None:
         self.path = Path(path)

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from podhealth.fencing.fence import FenceOutcome, FenceReason, FenceState, Job, Transient, render_reason
+from podhealth.fencing.fence import FenceOutcome, FenceReason, FenceState, Job, NodeNames, Transient, render_reason
 from podhealth.fencing.kubeauth import DEFAULT_SA_DIR, InClusterError, in_cluster_configuration
 from podhealth.hostnames import node_name_problem
 
@@ -224,6 +224,10 @@ class KubeFencer:
     """Cordons, taints and annotates Nodes; undoes only its own marks."""
 
     name = "kubernetes"
+
+    def target(self, names: NodeNames) -> str:
+        """The Node object's name (nodes[].k8s_name), else podhealth's name."""
+        return names.kubernetes or names.node
 
     def __init__(self, api_client: "ApiClient | None" = None, kubeconfig: str | None = None,
                  in_cluster: bool = False, context: str | None = None, timeout: float = 10.0, attempts: int = 5,

@@ -21,7 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, TypeVar
 
-from podhealth.fencing.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Job, Transient, render_reason
+from podhealth.fencing.fence import (
+    REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Job, NodeNames, Transient, render_reason,
+)
 from podhealth.hostnames import is_valid_node_name, validate_node_name
 from podhealth.fencing.slurmjobs import SQUEUE_FORMAT, parse_show_job, parse_squeue
 
@@ -237,6 +239,10 @@ class SlurmFencer:
     """Drains and resumes Slurm nodes with scontrol. Safe to share between tasks."""
 
     name = "slurm"
+
+    def target(self, names: NodeNames) -> str:
+        """Slurm's NodeName (nodes[].slurm_name), else podhealth's name."""
+        return names.slurm or names.node
 
     def __init__(self, scontrol: str = "scontrol", slurm_conf: str | os.PathLike[str] | None = None,
                  timeout: float = 10.0, budget: float | None = None, env: Mapping[str, str] | None = None,

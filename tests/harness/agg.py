@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Sequence
 from aiohttp import web
 
 from podhealth.config_aggregator import AggregatorConfig, NodeEntry
-from podhealth.fencing.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Job, render_reason
+from podhealth.fencing.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Job, NodeNames, render_reason
 from podhealth.aggregator.server import make_app
 from podhealth.aggregator.service import Aggregator
 from tests.harness.proc import free_port
@@ -26,6 +26,9 @@ from tests.harness.proc import free_port
 @dataclasses.dataclass
 class MemFencer:
     name: str = "mem"
+
+    def target(self, names: NodeNames) -> str:
+        return names.node
     fenced: dict[str, str] = dataclasses.field(default_factory=dict)  # node -> reason
     opted_out: set[str] = dataclasses.field(default_factory=set)
     missing: set[str] = dataclasses.field(default_factory=set)
