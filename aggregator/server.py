@@ -101,7 +101,7 @@ def _answer(out: dict[str, Any]) -> bytes:
     """The JSON of an ingest answer; the few distinct ones (counts) are encoded once."""
     digest = out.pop("digest", None)
     if digest is not None:  # one per node: splice it into the shared encoding of the counts
-        return _answer(out)[:-1] + b', "digest": "' + digest.encode() + b'"}'
+        return _with_digest(_answer(out), digest)
     key = tuple(out.items())
     body = _ANSWERS.get(key)
     if body is None:
@@ -109,6 +109,10 @@ def _answer(out: dict[str, Any]) -> bytes:
         if len(_ANSWERS) < 1024:
             _ANSWERS[key] = body
     return body
+
+
+# The answer to one report or lease, by what became of it (a digest is spliced in: _with_digest).
+_ONE = {r: _answer(ingest.Applied(**{r: 1}).to_json()) for r in ("applied", "unchanged", "stale")}
 
 
 def _check_node(agg: Aggregator, request: web.Request, node: str, bound: Speaker) -> None:
@@ -131,38 +135,68 @@ async def _commit(agg: Aggregator, ops: list[Any], new_ids: Sequence[str] = (),
     agg.poke()
 
 
-async def _reports(agg: Aggregator, request: web.Request, bound: Speaker) -> dict[str, Any]:
-    raw = await _raw_body(request, agg.cfg.max_body_bytes)
-    try:
-        rep = ingest.read_posted(raw)
-    except ingest.BadRequest as e:
-        raise _Reject(400, "bad_request", str(e)) from None
-    _check_node(agg, request, rep.node, bound)
-    mem = agg.mem
-    undo = mem.checkpoint(rep.node)
-    if isinstance(rep, ingest.Lease):
-        leased, ops = ingest.apply_lease(mem, rep, agg.clock())
-        if leased is None:
-            raise _Reject(409, "conflict", f"no full report of {rep.node} with digest {rep.digest} here: "
-                                           "send the full report")
-        applied = leased
-    else:
-        applied, ops = ingest.apply_report(mem, rep, agg.clock())
-    if bound.vouches:
-        mem.vouch(rep.node)  # its own credential: a real node, counted in the breaker's fleet
-    _count(agg, applied)
-    if ops:
-        await _commit(agg, ops, undo=undo)
-    out = applied.to_json()
-    if isinstance(rep, ingest.Lease):
-        if not applied.stale:
-            out["digest"] = rep.digest  # it matched
-        return out
-    rec = mem.nodes.get(rep.node)
-    if not applied.stale and rec is not None and rec.fp:
-        # What a lease must name to stand for this report (see ingest.Lease).
-        out["digest"] = ingest.digest_of(rec.fp)
-    return out
+def _reports_endpoint(agg: Aggregator, auth: Auth) -> Handler:
+    """POST /v1/reports: the steps of _ingest_endpoint and a body handler, written out in one
+    function. At 10,000 nodes it runs ~1,000 times a second, each time with caches cooled by
+    everything else the loop did in between, where a Python call costs about a microsecond: a
+    lease takes a handful of calls, and the metrics are counted in batches (IngestTally)."""
+    tally = agg.metrics.ingest_tally("reports")
+    latency = agg.metrics.ingest_children("reports")[0]
+    refused = agg.metrics.ingest_requests
+    limit, learn = agg.cfg.max_body_bytes, agg.cfg.learn_nodes
+    perf_counter = time.perf_counter
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        t0 = perf_counter()
+        try:
+            bound = auth.ingest(request)
+            raw = await _raw_body(request, limit)
+            try:
+                rep = ingest.read_posted(raw)
+            except ingest.BadRequest as e:
+                raise _Reject(400, "bad_request", str(e)) from None
+            node = rep.node
+            auth.check_node(bound, node)
+            mem = agg.mem
+            if not learn and node not in mem.nodes:
+                raise _Reject(403, "forbidden", f"unknown node {node} (learn_nodes is off)")
+            undo = mem.checkpoint(node)
+            if type(rep) is ingest.Lease:
+                leased, ops = ingest.apply_lease(mem, rep, agg.clock())
+                if leased is None:
+                    raise _Reject(409, "conflict", f"no full report of {node} with digest {rep.digest} here: "
+                                                   "send the full report")
+                applied = leased
+                digest: str | None = rep.digest  # it matched
+            else:
+                assert isinstance(rep, ingest.ParsedReport)
+                applied, ops = ingest.apply_report(mem, rep, agg.clock())
+                rec = mem.nodes.get(node)
+                # What a lease must name to stand for this report (see ingest.Lease).
+                digest = ingest.digest_of(rec.fp) if rec is not None and rec.fp else None
+            if bound.vouches:
+                mem.vouch(node)  # its own credential: a real node, counted in the breaker's fleet
+            if applied.clock_ahead:
+                agg.metrics.clock_ahead.inc(applied.clock_ahead)
+            if ops:
+                await _commit(agg, ops, undo=undo)
+        except _Reject as r:
+            refused.labels("reports", r.result).inc()
+            latency.observe(perf_counter() - t0)
+            return _error(r.status, r.message)
+        except BaseException:
+            latency.observe(perf_counter() - t0)
+            raise
+        result = "stale" if applied.stale else "unchanged" if applied.unchanged else "applied"
+        body = _ONE[result] if digest is None or applied.stale else _with_digest(_ONE[result], digest)
+        tally.ok(perf_counter() - t0, result)
+        return web.Response(body=body, headers=_JSON)
+    return handler
+
+
+def _with_digest(answer: bytes, digest: str) -> bytes:
+    """An answer's JSON with the node's digest spliced in (one per node: not worth caching)."""
+    return answer[:-1] + b', "digest": "' + digest.encode() + b'"}'
 
 
 async def _events(agg: Aggregator, request: web.Request, bound: Speaker) -> dict[str, Any]:
@@ -458,7 +492,7 @@ def make_app(agg: Aggregator, *, manage: bool = True) -> web.Application:
             gc.unfreeze()
             await agg.stop()
         app.cleanup_ctx.append(lifecycle)
-    app.router.add_post("/v1/reports", same_site_only(_ingest_endpoint("reports", _reports)))
+    app.router.add_post("/v1/reports", same_site_only(_reports_endpoint(agg, app[AUTH])))
     app.router.add_post("/v1/events", same_site_only(_ingest_endpoint("events", _events)))
     app.router.add_post("/v1/alertmanager",
                         same_site_only(_ingest_endpoint("alertmanager", _alertmanager, central=True)))
