@@ -59,6 +59,8 @@ KINDS: Mapping[str, KindSpec] = {
                                "every fault without persist=1 (and not persistent by nature) is gone"),
     "gpu-reset-fails": KindSpec(("gpu",), {}, "`nvidia-smi -r` on this GPU fails (podhealth simulate gpu-reset)"),
     "gpu-busy": KindSpec(("gpu",), {}, "a compute process (pid 4242) runs on the GPU (NVML running processes)"),
+    "nvml-events-unsupported": KindSpec(("gpu",), {}, "NVML refuses XID event registration on the GPU (NOT_SUPPORTED, "
+                                                      "as some vGPU and passthrough drivers answer)"),
     "pcie-aer-fatal": KindSpec(("gpu",), {}, "fatal PCIe AER error (Surprise Down, Completion Timeout) on the GPU's link"),
     "edac-ue": KindSpec((), {}, "one uncorrectable host memory error on mc0's second DIMM (EDAC + kernel line)"),
     "nvme-critical": KindSpec((), {}, "nvme0 SMART critical warning 0x04 (reliability degraded) and media errors"),

@@ -989,6 +989,9 @@ def _register_events(h: int, mask: int, sid: int) -> None:
     es = _event_set(sid)
     if mask & ~SUPPORTED_EVENTS:
         raise _Fail(NOT_SUPPORTED)
+    # fault=nvml-events-unsupported: the documented answer of a platform without event support
+    if any(f.kind == "nvml-events-unsupported" and f.gpu == v.spec.index for f in _b().node.state.faults):
+        raise _Fail(NOT_SUPPORTED)
     es.masks[v.spec.index] = es.masks.get(v.spec.index, 0) | mask
 
 

@@ -1,12 +1,11 @@
-"""NVML's XID event source (collectors/nvml_events.py): against a stand-in pynvml module for the
-error paths a simulator cannot produce, and against real pynvml on the simulated NVML library."""
+"""NVML's XID event source (collectors/nvml_events.py), with real pynvml: on the simulated NVML
+library (events delivered; a GPU that refuses event registration) and with no NVML library at all."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -14,61 +13,52 @@ from podhealth.collectors.nvml_events import NvmlUnusable, NvmlXid, NvmlXidEvent
 from tests.harness.proc import wait_until
 
 
-# ---- NvmlXidEvents against a stand-in pynvml module ---------------------------------------------
+# ---- the error paths, with real pynvml ------------------------------------------------------------
 
 
-class TimeoutError_(Exception):
-    pass
+@pytest.fixture
+def sim_nvml(tmp_path: Path) -> Iterator[Any]:
+    from podhealth.sim import nvml_lib
+    from podhealth.sim.node import SimNode
+
+    node = SimNode.create(tmp_path, "dgx01", "dgx-h100")
+    nvml_lib.install(node)
+    try:
+        yield node
+    finally:
+        nvml_lib.uninstall()
 
 
-def fake_pynvml(buses: list[str], events: list[tuple[int, int]], refuse: int | None = None) -> Any:
-    handles = [object() for _ in buses]
-    calls: list[str] = []
+def test_one_gpu_refusing_events_is_a_note_all_refusing_is_unusable(sim_nvml: Any) -> None:
+    import pynvml
 
-    def register(h: object, mask: int, s: object) -> None:
-        if refuse is not None and h is handles[refuse]:
-            raise RuntimeError("Not Supported")
-        calls.append("register")
+    from podhealth.sim import faults
 
-    def wait(s: object, ms: int) -> Any:
-        if not events:
-            raise TimeoutError_()
-        gpu, code = events.pop(0)
-        return SimpleNamespace(device=handles[gpu], eventType=8, eventData=code)
-
-    return SimpleNamespace(
-        nvmlLib=object(), nvmlInit=lambda: calls.append("init"), nvmlShutdown=lambda: calls.append("shutdown"),
-        nvmlEventSetCreate=lambda: "set", nvmlEventSetFree=lambda s: calls.append("free"),
-        nvmlDeviceGetCount=lambda: len(handles), nvmlDeviceGetHandleByIndex=lambda i: handles[i],
-        nvmlDeviceGetPciInfo_v3=lambda h: SimpleNamespace(busId=buses[handles.index(h)].encode()),
-        nvmlDeviceRegisterEvents=register, nvmlEventSetWait_v2=wait,
-        nvmlEventTypeXidCriticalError=8, NVMLError_Timeout=TimeoutError_, calls=calls,
-    )
-
-
-def test_nvml_xid_events_register_poll_and_map_pci() -> None:
-    n = fake_pynvml(["00000000:18:00.0", "00000000:2A:00.0"], [(1, 79), (0, 13)], refuse=None)
-    src = NvmlXidEvents(n, clock=lambda: 7.0)
-    assert src.gpu_index_by_pci() == {"0000:18:00.0": 0, "0000:2a:00.0": 1}
-    assert src.poll(10) == [NvmlXid("0000:2a:00.0", 1, 79, 7.0), NvmlXid("0000:18:00.0", 0, 13, 7.0)]
-    assert src.poll(10) == []
-    src.close()
-    assert n.calls[-2:] == ["free", "shutdown"]
-
-
-def test_nvml_xid_events_one_gpu_refusing_is_a_note_all_refusing_is_unusable() -> None:
-    src = NvmlXidEvents(fake_pynvml(["0000:18:00.0", "0000:19:00.0"], [], refuse=1))
-    assert src.notes and "GPU 1" in src.notes[0]
+    sim_nvml.inject(faults.parse(["fault=nvml-events-unsupported", "gpu=1"], time.time()))
+    src = NvmlXidEvents(pynvml)
+    try:
+        assert len(src.notes) == 1 and "GPU 1" in src.notes[0], src.notes
+        assert len(src.gpu_index_by_pci()) == 8
+    finally:
+        src.close()
+    for gpu in range(8):
+        sim_nvml.inject(faults.parse(["fault=nvml-events-unsupported", f"gpu={gpu}"], time.time()))
     with pytest.raises(NvmlUnusable, match="no GPU accepted"):
-        NvmlXidEvents(fake_pynvml(["0000:18:00.0"], [], refuse=0))
+        NvmlXidEvents(pynvml)
 
-    def no_driver() -> None:
-        raise RuntimeError("NVML Shared Library Not Found")
 
-    n = fake_pynvml([], [])
-    n.nvmlInit = no_driver
+def test_no_nvml_library_is_unusable_not_a_crash() -> None:
+    import ctypes.util
+
+    import pynvml
+
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("a real NVML library is installed on this machine")
+    from podhealth.sim import nvml_lib
+
+    nvml_lib.uninstall()  # pynvml back to "not loaded": nvmlInit looks for libnvidia-ml.so.1
     with pytest.raises(NvmlUnusable, match="nvmlInit failed"):
-        NvmlXidEvents(n)
+        NvmlXidEvents(pynvml)
 
 
 # ---- real pynvml on the simulated NVML library -------------------------------------------------
