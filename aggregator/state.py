@@ -9,7 +9,6 @@ SQLite — so 10,000 nodes cost a few MB.
 from __future__ import annotations
 
 import collections
-import copy
 import operator
 import types
 from dataclasses import dataclass, field, fields, replace
@@ -593,7 +592,7 @@ class Memory:
         field values (one C call) rather than copied as an object."""
         saved: dict[str, tuple[object, ...] | None] = {}
         conds: dict[str, dict[tuple[str, str, str], Condition]] = {}
-        for name in dict.fromkeys(names):
+        for name in names if len(names) == 1 else dict.fromkeys(names):
             rec = self.nodes.get(name)
             saved[name] = None if rec is None else _save_rec(rec)
             keys = self.by_node.get(name)
@@ -625,8 +624,7 @@ class Memory:
         self.version += 1
 
 
-@dataclass(frozen=True)
-class Checkpoint:
+class Checkpoint(NamedTuple):  # not a frozen dataclass: one per ingest request, and its __init__ is slower
     nodes: dict[str, tuple[object, ...] | None]  # a record's field values (_save_rec); None: it did not exist
     conditions: dict[str, dict[tuple[str, str, str], Condition]]
 
@@ -644,7 +642,8 @@ def _save_rec(rec: NodeRec) -> tuple[object, ...]:
         return values
     out = list(values)
     for i in _REC_MUTABLE:
-        out[i] = copy.copy(out[i])
+        v = out[i]
+        out[i] = type(v)(v)  # type: ignore[call-arg]  # list, dict or set: a shallow copy
     return tuple(out)
 
 
@@ -652,5 +651,5 @@ def _restore_rec(rec: NodeRec, values: tuple[object, ...]) -> None:
     """Put `values` (_save_rec) back into `rec`, in place (coroutines holding it see it too);
     mutable containers are copied again, so the checkpoint can be restored twice."""
     for i, (name, v) in enumerate(zip(_REC_FIELDS, values)):
-        setattr(rec, name, copy.copy(v) if i in _REC_MUTABLE else v)
+        setattr(rec, name, type(v)(v) if i in _REC_MUTABLE else v)  # type: ignore[call-arg]
 

@@ -24,7 +24,9 @@ on the same loop (bench/aiohttp_floor.py), takes the steady load just before and
 Printed per phase: achieved rate, aggregator CPU per request (utime+stime deltas from
 /proc/<pid>/stat), client-side latency p50/p99; at the end the SQLite size (db + WAL) and the
 aggregator's RSS. Targets (issue 8): <= 200 us CPU per report, p99 <= 50 ms at 1,000 reports/s,
-RSS <= 300 MiB. This machine's other load shows up in the latency figures: run it on a quiet box.
+RSS <= 300 MiB; (issue 20) CPU per report <= 1.2x the peer's under the same load, for the lease
+mix and for every heartbeat a full report (the peer then takes that load, before and after (4)).
+This machine's other load shows up in the latency figures: run it on a quiet box.
 """
 
 from __future__ import annotations
@@ -240,15 +242,18 @@ def show(phase: Phase, target_rate: float | None, idle_rate: float = 0.0) -> Non
               f"p99 {percentile(phase.event_latencies, 99) * 1e3:.1f} ms (batches of 20)")
 
 
-async def floor_phase(args: argparse.Namespace, nodes: list[str], when: str) -> Phase:
-    """The same steady load against aiohttp doing nothing (bench/aiohttp_floor.py): the peer.
+async def floor_phase(args: argparse.Namespace, nodes: list[str], when: str, all_full: bool = False) -> Phase:
+    """The same load against aiohttp doing nothing (bench/aiohttp_floor.py): the peer; with
+    `all_full`, the load of the every-heartbeat-a-full-report phase.
 
-    Run just before and just after the aggregator's steady phase, because this machine's speed
-    drifts by tens of percent over minutes and only figures taken side by side compare."""
+    Run just before and just after the aggregator's phase, because this machine's speed drifts
+    by tens of percent over minutes and only figures taken side by side compare."""
     with FloorServer() as fl:
         async with Load(fl.url, nodes, args.concurrency, args.full_interval) as load:
             load.steady_state(digest="0123456789abcdef")  # what the peer answers to a full report
-            phase = await run_phase(load, fl, f"peer ({when}): aiohttp doing nothing, same load",  # type: ignore[arg-type]
+            load.all_full = all_full
+            what = "every heartbeat a full report" if all_full else "same load"
+            phase = await run_phase(load, fl, f"peer ({when}): aiohttp doing nothing, {what}",  # type: ignore[arg-type]
                                     lambda p: load.steady(p, args.interval, args.floor_duration / 2, False))
     show(phase, args.nodes / args.interval)
     return phase
@@ -287,13 +292,32 @@ async def main_async(args: argparse.Namespace, agg: Aggregator) -> list[Phase]:
                                           lambda p: load.steady(p, args.interval, args.burst_duration, True)))
             show(phases[-1], rate, load.idle_cpu_rate)
         if args.full_duration > 0:
+            full_floor: list[Phase] = []
+            if args.floor_duration > 0:
+                full_floor.append(await floor_phase(args, nodes, "before", all_full=True))
             load.all_full = True
             phases.append(await run_phase(
                 load, agg, "every heartbeat a full report (live readings: no two alike), no leases",
                 lambda p: load.steady(p, args.interval, args.full_duration, False)))
             show(phases[-1], rate, load.idle_cpu_rate)
             args.full_phase = phases[-1]
+            if args.floor_duration > 0:
+                full_floor.append(await floor_phase(args, nodes, "after", all_full=True))
+                args.full_floor = full_floor
     return phases
+
+
+def per_request_us(phases: list[Phase]) -> float:
+    requests = sum(p.reports + p.event_posts for p in phases)
+    return sum(p.cpu for p in phases) / requests * 1e6 if requests else float("nan")
+
+
+def peer_line(label: str, agg_us: float, floor: list[Phase]) -> None:
+    """The issue-20 target: the aggregator's CPU per report <= 1.2x the peer's under the same load."""
+    f_us = per_request_us(floor)
+    ratio = agg_us / f_us
+    print(f"  {label:<24s} aggregator {agg_us:5.0f} us, peer (aiohttp doing nothing) {f_us:5.0f} us per request "
+          f"= {ratio:.2f}x   target <= 1.2x  {verdict(ratio <= 1.2)}; {agg_us - f_us:.0f} us of its own work")
 
 
 def _pg_bytes(url: str) -> int:
@@ -351,17 +375,16 @@ def main() -> int:
               f"(peak {end.peak_rss_mib:.0f} MiB); run took {total:.0f} s")
         print(f"\nSummary (steady phase: {steady.full} full reports, {steady.leases} leases):")
         print(f"  CPU per report  {cpu_us:7.0f} us   target <= 200 us    ratio {cpu_us / 200:.2f}  {verdict(cpu_us <= 200)}")
-        floor = getattr(args, "floor", [])
-        if floor:
-            f_req = sum(p.reports + p.event_posts for p in floor)
-            f_us = sum(p.cpu for p in floor) / f_req * 1e6 if f_req else float("nan")
-            print(f"  peer: aiohttp doing nothing {f_us:5.0f} us per request (same loop, same load, side by side); "
-                  f"the aggregator costs {cpu_us / f_us:.2f}x that, {cpu_us - f_us:.0f} us of its own work per report")
         full = getattr(args, "full_phase", None)
         if full is not None:
             f_us = full.cpu / full.reports * 1e6 if full.reports else float("nan")
             print(f"  CPU per report  {f_us:7.0f} us   when every heartbeat is a full report (no leases; live "
                   f"readings make each one new)   p99 {percentile(full.latencies, 99) * 1e3:.1f} ms")
+        # Issue 20: against the peer (same loop, same load, side by side, halves before and after)
+        if getattr(args, "floor", []):
+            peer_line("lease mix (steady):", cpu_us, args.floor)
+        if full is not None and getattr(args, "full_floor", []):
+            peer_line("every heartbeat full:", per_request_us([full]), args.full_floor)
         print(f"  p99 latency     {p99:7.1f} ms   target <= 50 ms at {rate:.0f}/s   ratio {p99 / 50:.2f}  "
               f"{verdict(p99 <= 50)}")
         print(f"  RSS (peak)      {end.peak_rss_mib:7.0f} MiB  target <= 300 MiB   ratio {end.peak_rss_mib / 300:.2f}  "
