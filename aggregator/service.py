@@ -24,7 +24,6 @@ from typing import Any, Callable, Sequence
 import aiohttp
 
 from podhealth import log as plog
-from podhealth.vocab import Status
 
 from podhealth.aggregator import bundles, overrides, views
 from podhealth.aggregator.actions import ActionRunner, NotLeader, OperatorError, Pending, build_fencers, slug
@@ -523,9 +522,6 @@ class Aggregator:
                                                   "", extra, undo))
         return await self.actions.await_action(t, wait)
 
-    async def _release_after_handover(self, node: str, now: float) -> None:
-        await self.actions.release_after_handover(node, now)
-
     async def reset_order(self, node: str, who: str, reason: str) -> dict[str, Any]:
         """Forget the order of a node's records (a forged or runaway seq left its real reports
         stale): its next record starts afresh. Audited."""
@@ -572,10 +568,6 @@ class Aggregator:
 
     def repairs_json(self) -> list[dict[str, Any]]:
         return views.repairs_json(self.mem, self.store)
-
-    def status_of(self, name: str) -> Status | None:
-        rec = self.mem.nodes.get(name)
-        return rec.status if rec else None
 
 
 def fleet_sample_ops(cfg: AggregatorConfig, mem: Memory, now: float) -> list[Op]:

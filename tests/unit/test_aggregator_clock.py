@@ -280,7 +280,7 @@ async def test_a_flapping_node_is_held_fenced_for_an_operator(tmp_path: Path) ->
             assert rec.fence is FenceMode.FENCED and not rec.hold
             await apply(agg, report("dgx01", clocks.wall, "OK"))
             # the handover passed (what _do_handover does next): podhealth releases it
-            await agg._release_after_handover("dgx01", clocks.wall)
+            await agg.actions.release_after_handover("dgx01", clocks.wall)
             await settle(agg)
             assert rec.fence is FenceMode.NONE
             clocks.step(60.0)
