@@ -311,7 +311,7 @@ async def test_the_flap_count_survives_a_restart(tmp_path: Path) -> None:
             await apply(agg, report("dgx01", clocks.wall))
             agg.run_decide()
             await settle(agg)
-            await agg._release_after_handover("dgx01", clocks.wall)
+            await agg.actions.release_after_handover("dgx01", clocks.wall)
             await settle(agg)
             clocks.step(61.0)
     async with started(tmp_path, fencer, clocks, **kw) as agg:
