@@ -18,15 +18,14 @@ says nothing rather than naming a job that may have ended.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from podhealth import log
+from podhealth.atomicfile import write_atomic
 from podhealth.collectors.job_records import JobRecord
 from podhealth.collectors.jobs import records_from_samples
 from podhealth.snapshot import Snapshot
@@ -98,16 +97,7 @@ def write_mapping(directory: Path, files: dict[str, str]) -> list[str]:
         try:
             if path.exists() and path.read_text() == body:
                 continue
-            fd, tmp = tempfile.mkstemp(prefix=".", suffix=".tmp", dir=directory)
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(body)
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            write_atomic(path, body, fsync=False)  # rewritten on every change while the agent runs
         except OSError as e:
             errors.append(f"{path}: {e.strerror or e}")
     return errors

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from podhealth import log as plog
+from podhealth.atomicfile import write_atomic
 
 from podhealth.aggregator.store import Store
 
@@ -68,12 +69,7 @@ async def _download(agg: "Aggregator", url: str) -> bytes:
 def _write(path: Path, body: bytes) -> None:
     """Whole or not at all: a crash leaves a .tmp, never a half bundle under the real name."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        f.write(body)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, body, mode=0o600)
 
 
 def _remove(paths: list[str]) -> None:

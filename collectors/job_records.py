@@ -15,15 +15,15 @@ Pure parsing (`parse_record`) is separate from the few I/O helpers, which take t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Literal
+
+from podhealth.atomicfile import write_atomic
 
 Scheduler = Literal["slurm", "kubernetes"]
 SCHEDULERS: tuple[str, ...] = ("slurm", "kubernetes")
@@ -134,18 +134,7 @@ def write_record(state_dir: Path, rec: JobRecord) -> Path:
     path = record_path(state_dir, rec.scheduler, rec.job_id)
     state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
     body = json.dumps(rec.to_json() if rec.since else {**rec.to_json(), "since": time.time()}).encode()
-    fd, tmp = tempfile.mkstemp(prefix=".", suffix=".tmp", dir=state_dir)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, body)
     return path
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from podhealth.atomicfile import write_atomic
 from podhealth.fencing.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, NodeNames, render_reason
 
 
@@ -43,12 +43,7 @@ class FileFencer:
         return data
 
     def _save(self, data: dict[str, Any]) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            json.dump(data, f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps(data, sort_keys=True))
 
     async def _wait_gate(self) -> None:
         while self.gate is not None and self.gate.exists():
