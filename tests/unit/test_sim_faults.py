@@ -70,7 +70,7 @@ def test_every_kind_has_a_parse_case() -> None:
         "fault=nfs-missing mount=/x", "fault=nfs-hung mount=/x", "fault=unit-down unit=a.service", "fault=reboot",
         "fault=ib-flap device=mlx5_0", "fault=ib-counter-saturated device=mlx5_0 counter=symbol_error",
         "fault=pcie-aer-fatal gpu=0", "fault=edac-ue", "fault=nvme-critical", "fault=gpu-reset-fails gpu=0",
-        "fault=gpu-busy gpu=0"]}
+        "fault=gpu-busy gpu=0", "fault=nvml-events-unsupported gpu=0"]}
     assert covered == set(faults.KINDS)
 
 
