@@ -43,6 +43,7 @@ from podhealth.agent.sink import Sink
 from podhealth.config import PublishConfig
 from podhealth.snapshot import Snapshot
 from podhealth.vocab import CheckResult, Event, MetricSpec, NodeReport, Sample, Status
+from podhealth.worker import offload
 
 log = plog.get("podhealth.publisher")
 _PREFIX, _SUFFIX = "seg-", ".jsonl"
@@ -386,9 +387,9 @@ class Publisher(Sink):
     async def start(self) -> None:
         if not self.enabled:
             return
-        self._spool = await asyncio.to_thread(Spool, Path(self.cfg.spool_dir), self.cfg.spool_max_bytes,
+        self._spool = await offload(Spool, Path(self.cfg.spool_dir), self.cfg.spool_max_bytes,
                                               self._opener)
-        self.stats.spool_bytes = await asyncio.to_thread(self._spool.size)
+        self.stats.spool_bytes = await offload(self._spool.size)
         self._session = aiohttp.ClientSession()
         self._running = True
         self._have_spooled.set()  # whatever an earlier run left behind
@@ -416,7 +417,7 @@ class Publisher(Sink):
                       error=self.stats.spool_failing)
         if self._spool is not None:
             async with self._lock:
-                await asyncio.to_thread(self._spool.close)
+                await offload(self._spool.close)
         if self._session is not None:
             await self._session.close()
 
@@ -533,7 +534,7 @@ class Publisher(Sink):
         spool = self._spool
         try:
             async with self._lock:
-                await asyncio.to_thread(spool.append, lines)
+                await offload(spool.append, lines)
         except OSError as e:
             # Keep them, oldest first, ahead of what was published meanwhile; bounded by folding.
             self._buf[:0] = lines
@@ -550,8 +551,8 @@ class Publisher(Sink):
         self._retry = self._fsync_batch
         try:
             async with self._lock:
-                folded = await asyncio.to_thread(spool.enforce_bound)
-                self.stats.spool_bytes = await asyncio.to_thread(spool.size)
+                folded = await offload(spool.enforce_bound)
+                self.stats.spool_bytes = await offload(spool.size)
         except OSError as e:
             folded = 0
             self._count_error(e)  # the records are spooled; only the bound waits for the next flush
@@ -594,7 +595,7 @@ class Publisher(Sink):
         once per failing spell and re-raised for the sender to back off."""
         try:
             async with self._lock:
-                out = await asyncio.to_thread(fn, *args)
+                out = await offload(fn, *args)
         except OSError as e:
             reason = self._count_error(e)
             if not self._read_failing:
@@ -689,7 +690,7 @@ class Publisher(Sink):
                 log.error("aggregator rejected a record; kept in rejected.jsonl", id=rec.get("id"), error=text)
                 assert self._spool is not None
                 line = json.dumps({"record": rec, "error": text}, separators=(",", ":")) + "\n"
-                await asyncio.to_thread(_append, self._spool.dir / "rejected.jsonl", line)
+                await offload(_append, self._spool.dir / "rejected.jsonl", line)
             elif status != 200:
                 return False
         return True

@@ -27,6 +27,7 @@ from podhealth import log as plog
 from podhealth.atomicfile import write_atomic
 
 from podhealth.aggregator.store import Store
+from podhealth.worker import offload
 
 if TYPE_CHECKING:
     from podhealth.aggregator.service import Aggregator
@@ -93,11 +94,11 @@ async def fetch(agg: "Aggregator", node: str, fence_id: int) -> dict[str, Any] |
             raise BundleError(f"not a tar.gz (starts {body[:8]!r})")
         digest = hashlib.sha256(body).hexdigest()
         path = bundle_dir(agg) / node / f"{fence_id}.tar.gz"
-        await asyncio.to_thread(_write, path, body)
+        await offload(_write, path, body)
         keep = agg.cfg.bundles.keep
         bid, dropped = await writer.call(
             lambda s: s.add_bundle(node, fence_id, now, len(body), digest, str(path), keep))
-        await asyncio.to_thread(_remove, [p for p in dropped if p != str(path)])
+        await offload(_remove, [p for p in dropped if p != str(path)])
         await writer.write([Store.op_audit(now, node, "podhealth", "bundle stored", f"evidence for fence {fence_id}",
                                            (), f"{len(body)} bytes sha256 {digest}", True, fence_id)])
         log.info("evidence bundle stored", node=node, fence=fence_id, bytes=len(body), dropped=len(dropped))

@@ -17,6 +17,7 @@ from typing import Awaitable, Callable
 from podhealth import log as plog
 
 from podhealth.aggregator.lease import LeaseInfo, PgLease
+from podhealth.worker import offload
 
 log = plog.get("podhealth.aggregator.leader")
 
@@ -44,7 +45,7 @@ class Leadership:
         """One lease call off the loop, given at most `budget` seconds. A call that runs out (a
         frozen server) is abandoned with its connection: a thread cannot be cancelled."""
         try:
-            return await asyncio.wait_for(asyncio.to_thread(fn), timeout=max(0.1, budget))
+            return await asyncio.wait_for(offload(fn), timeout=max(0.1, budget))
         except asyncio.TimeoutError:
             self.lease.abandon()
             raise
@@ -140,4 +141,4 @@ class Leadership:
             await asyncio.gather(t, return_exceptions=True)
         if info is not None:
             await self.release_lease(info)
-        await asyncio.to_thread(self.lease.close)
+        await offload(self.lease.close)

@@ -9,7 +9,6 @@ CSRF-safe without cookies.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import json
 import time
@@ -29,6 +28,7 @@ from podhealth.webguard import from_this_host, require_guarded, same_site_only
 from podhealth.aggregator.auth import Auth, Refused, Speaker
 from podhealth.aggregator.service import Aggregator, OperatorError
 from podhealth.aggregator.state import Checkpoint
+from podhealth.worker import offload
 
 AGG = web.AppKey("aggregator", Aggregator)
 _log = plog.get("podhealth.aggregator.http")
@@ -269,7 +269,7 @@ async def api_node(request: web.Request) -> web.Response:
     out = agg.node_json(name)
     if out is None:
         return _error(404, f"unknown node {name}")
-    report = await asyncio.to_thread(agg.store.node_report, name)
+    report = await offload(agg.store.node_report, name)
     out["report"] = json.loads(report) if report else None
     return web.json_response(out)
 
@@ -284,14 +284,14 @@ async def api_history(request: web.Request) -> web.Response:
         before = float(request.query["before"]) if "before" in request.query else None
     except ValueError:
         return _error(400, "limit must be an integer and before a number")
-    items = await asyncio.to_thread(agg.store.history, name, limit, before)
+    items = await offload(agg.store.history, name, limit, before)
     return web.json_response({"node": name, "items": items})
 
 
 async def api_repairs(request: web.Request) -> web.Response:
     """The repair queue: nodes the remediation ladder handed to a human, with their attempts."""
     agg = request.app[AGG]
-    return web.json_response({"repairs": await asyncio.to_thread(agg.repairs_json)})
+    return web.json_response({"repairs": await offload(agg.repairs_json)})
 
 
 async def api_fleet(request: web.Request) -> web.Response:
@@ -302,7 +302,7 @@ async def api_fleet_versions(request: web.Request) -> web.Response:
     """Which nodes run which driver, VBIOS, HCA firmware, OFED, kernel (aggregator/versions.py)."""
     agg = request.app[AGG]
     stamps = {name: rec.stored_at for name, rec in agg.mem.nodes.items()}
-    view = await asyncio.to_thread(request.app[VERSIONS].view, stamps, agg.store.drift_readings, agg.clock())
+    view = await offload(request.app[VERSIONS].view, stamps, agg.store.drift_readings, agg.clock())
     return web.json_response(view)
 
 
@@ -425,7 +425,7 @@ async def api_bundles(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if name not in agg.mem.nodes:
         return _error(404, f"unknown node {name}")
-    rows = await asyncio.to_thread(agg.store.bundles_of, name)
+    rows = await offload(agg.store.bundles_of, name)
     return web.json_response({"node": name, "bundles": [bundles.public(b) for b in rows]})
 
 
@@ -439,11 +439,11 @@ async def api_bundle(request: web.Request) -> web.StreamResponse:
         bid = int(request.match_info["id"])
     except ValueError:
         return _error(400, "a bundle id is an integer")
-    b = await asyncio.to_thread(agg.store.bundle, bid)
+    b = await offload(agg.store.bundle, bid)
     if b is None or b["node"] != name:
         return _error(404, f"no bundle {bid} of {name}")
     path = Path(b["path"])
-    if not await asyncio.to_thread(path.is_file):
+    if not await offload(path.is_file):
         return _error(410, f"bundle {bid} of {name} is recorded but its file is not on this aggregator's disk "
                            f"({path.name}: deleted, or fetched by another replica)")
     return web.FileResponse(path, headers={

@@ -41,6 +41,7 @@ from podhealth.aggregator.store import (
     ActionRow, Loaded, Op, Store, StoreError, db_errors, is_postgres_url, sqlite_path,
 )
 from podhealth.aggregator.writer import Writer
+from podhealth.worker import offload
 
 __all__ = ["Aggregator", "NotLeader", "OperatorError", "Pending", "build_fencers"]
 
@@ -80,13 +81,13 @@ async def _open_sqlite(cfg: AggregatorConfig, url: str, now: float) -> tuple[Sto
     lease = FileLease(db)
     store: Store | None = None
     try:
-        await asyncio.to_thread(db.parent.mkdir, parents=True, exist_ok=True)
+        await offload(db.parent.mkdir, parents=True, exist_ok=True)
         # The lock before the open: a second aggregator must not even migrate the schema.
-        await asyncio.to_thread(lease.lock, now)
-        store = opened = await asyncio.to_thread(Store, db)
+        await offload(lease.lock, now)
+        store = opened = await offload(Store, db)
         # The epoch is a write: a read-only or locked file says so now, not at the first report.
-        info = await asyncio.to_thread(lease.acquire, opened, now)
-        loaded = await asyncio.to_thread(opened.load, now, cfg.event_retention)
+        info = await offload(lease.acquire, opened, now)
+        loaded = await offload(opened.load, now, cfg.event_retention)
     except BaseException as e:
         if store is not None:
             with contextlib.suppress(Exception):
@@ -105,8 +106,8 @@ async def _open_replica(cfg: AggregatorConfig, url: str, now: float) -> tuple[St
     """A replica on PostgreSQL: open (migrate) and load; leadership is taken by its loop."""
     store: Store | None = None
     try:
-        store = opened = await asyncio.to_thread(Store, url)
-        loaded = await asyncio.to_thread(opened.load, now, cfg.event_retention)
+        store = opened = await offload(Store, url)
+        loaded = await offload(opened.load, now, cfg.event_retention)
     except BaseException as e:
         if store is not None:
             with contextlib.suppress(Exception):
@@ -194,7 +195,7 @@ class Aggregator:
             store, loaded, lease, lease_info = await _open_sqlite(cfg, url, now)
         writer: Writer | None = None
         try:
-            cycles = await asyncio.to_thread(store.recent_cycles, now - cfg.flap_hold.window)  # writer not yet running
+            cycles = await offload(store.recent_cycles, now - cfg.flap_hold.window)  # writer not yet running
             mem = load_memory(cfg, loaded, cycles, now, mono)
             writer = Writer(store)
             writer.start()
@@ -282,7 +283,7 @@ class Aggregator:
             mem = self.mem
             started = self.clock()
             try:
-                rows, conds = await asyncio.to_thread(self.store.observed_since, cursor)
+                rows, conds = await offload(self.store.observed_since, cursor)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the next round tries again; the lease decides who acts

@@ -33,6 +33,7 @@ from aiohttp import web
 from podhealth.aggregator import grafana
 from podhealth.hostnames import node_name_problem
 from podhealth.webguard import Handler
+from podhealth.worker import offload
 
 if TYPE_CHECKING:
     from podhealth.aggregator.service import Aggregator
@@ -215,7 +216,7 @@ async def fleet_history(request: web.Request) -> web.Response:
     if not 0 < hours <= HISTORY_HOURS_MAX:
         raise web.HTTPBadRequest(text=f"hours: expected a number in (0, {HISTORY_HOURS_MAX}]")
     now = agg.clock()
-    samples = await asyncio.to_thread(agg.store.fleet_history, now - hours * 3600)
+    samples = await offload(agg.store.fleet_history, now - hours * 3600)
     body = {"now": now, "hours": hours, "interval": agg.cfg.ui.history_interval,
             "samples": [{"time": t, "counts": c} for t, c in samples] + [{"time": now, "counts": agg.mem.counts()}]}
     return web.json_response(body, headers={"Cache-Control": "no-store"})

@@ -13,7 +13,7 @@ import threading
 from typing import Any, Callable, Sequence, TypeVar
 
 from podhealth.aggregator.store import Op, Store, db_errors
-from podhealth.worker import settle_from_thread
+from podhealth.worker import offload, settle_from_thread
 
 T = TypeVar("T")
 _MAX_BATCH = 512
@@ -40,7 +40,7 @@ class Writer:
     async def stop(self) -> None:
         if self._started:
             self._q.put(_STOP)
-            await asyncio.to_thread(self._thread.join, 30.0)
+            await offload(self._thread.join, 30.0)
             self._started = False
 
     def write(self, ops: Sequence[Op], epoch: int | None = None) -> "asyncio.Future[None]":

@@ -9,8 +9,8 @@ and the thread is a daemon so a call hung forever (NVML on a wedged GPU) cannot 
 from exiting. `concurrent.futures` is not used because its executor threads are joined at
 interpreter exit, which is exactly what a hung call must not block. A thread of its own that
 settles futures itself (the aggregator's DB writer, committing in groups) does it through
-`settle_from_thread`. (The aggregator's `asyncio.to_thread` calls, the standard library's own
-bridge on its default executor, are left as they are.)
+`settle_from_thread`. Bounded local work that cannot hang for ever (SQLite, spool and bundle
+files) goes through `offload`, the loop's default executor, so every hop off the loop is here.
 """
 
 from __future__ import annotations
@@ -101,3 +101,10 @@ async def call_off_loop(name: str, fn: Callable[[], T]) -> T:
         return await asyncio.shield(worker.submit(fn))
     finally:
         worker.close()
+
+
+async def offload(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Bounded local work (SQLite, spool and bundle files: nothing that can hang for ever) on the
+    loop's default executor, whose threads are reused. A call that can hang (a vendor library,
+    NFS, a subprocess) goes to a Worker instead: interpreter exit joins executor threads."""
+    return await asyncio.to_thread(fn, *args, **kwargs)

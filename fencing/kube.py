@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from podhealth.fencing.fence import FenceOutcome, FenceReason, FenceState, Job, NodeNames, Transient, render_reason
 from podhealth.fencing.kubeauth import DEFAULT_SA_DIR, InClusterError, in_cluster_configuration
 from podhealth.hostnames import node_name_problem
+from podhealth.worker import offload
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -395,7 +396,7 @@ class KubeFencer:
             ns, _, name = j.id.partition("/")
             body = V1Eviction(metadata=V1ObjectMeta(name=name, namespace=ns))
             try:
-                await asyncio.wait_for(asyncio.to_thread(lambda: self.core.create_namespaced_pod_eviction(
+                await asyncio.wait_for(offload(lambda: self.core.create_namespaced_pod_eviction(
                     name, ns, body, _request_timeout=self._rt(deadline))), self._rt(deadline) + 1.0)
                 done.append(j.id)
             except ApiException as e:
@@ -598,7 +599,7 @@ class KubeFencer:
         try:
             # The client's own _request_timeout ends the thread's socket wait; this deadline
             # only guards against a call that ignores it.
-            return await asyncio.wait_for(asyncio.to_thread(fn), left + 1.0)
+            return await asyncio.wait_for(offload(fn), left + 1.0)
         except ApiException as e:
             if e.status in (404, 409):
                 raise

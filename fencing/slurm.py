@@ -26,6 +26,7 @@ from podhealth.fencing.fence import (
 )
 from podhealth.hostnames import is_valid_node_name, validate_node_name
 from podhealth.fencing.slurmjobs import SQUEUE_FORMAT, parse_show_job, parse_squeue
+from podhealth.worker import offload
 
 if TYPE_CHECKING:
     from podhealth.config_aggregator import SlurmFencerConfig
@@ -615,7 +616,7 @@ async def _off_loop(parse: Callable[[str], _T], text: str) -> _T:
     """Parse scontrol's output in a worker thread when it is long (a whole cluster's listing)."""
     if len(text) <= _INLINE_BYTES:
         return parse(text)
-    return await asyncio.to_thread(parse, text)
+    return await offload(parse, text)
 
 
 def _parse_listing(text: str) -> tuple[dict[str, FenceState], dict[str, str]]:
