@@ -21,7 +21,7 @@ from pathlib import Path
 
 from podhealth.agent.publisher import Publisher
 from podhealth.config import PublishConfig
-from podhealth.vocab import Action, CheckResult, Event, Status
+from podhealth.vocab import Action, CheckResult, Event, NodeReport, Status
 
 BURST = 5
 PACE_S = 0.05  # between bursts: a production rate, not a wait for anything
@@ -31,18 +31,26 @@ async def main(node: str, url: str, token: str, work: Path, fail_at: float) -> N
     # URL,URL,...: aggregator replicas (publish.aggregators), the agent fails over between them
     cfg = PublishConfig(aggregators=tuple(url.split(",")), token=token, spool_dir=work / "spool",
                         spool_max_bytes=8 << 20, timeout=2.0)
-    pub = Publisher(cfg, node, max_backoff=0.3)
+    failing = CheckResult("xid", Status.FAIL, "GPU0", action=Action.RESET_GPU, summary="chaos: XID 79")
+    failed = False
+
+    def report() -> NodeReport | None:
+        # As the real agent (agent/wiring.py): after a burst of transitions the publisher also
+        # sends the node's full report. A replica that is not the leader stores it, and the
+        # leader takes conditions from other replicas' full reports (Memory.adopt), not from a
+        # transition alone.
+        return NodeReport(node, "chaos", "dgx-h100", (failing,)) if failed else None
+
+    pub = Publisher(cfg, node, max_backoff=0.3, report=report)
     await pub.start()
     run = uuid.uuid4().hex[:8]  # ids stay unique across restarts of this node's process
-    failed = False
     i = 0
     with open(work / "published.txt", "a", buffering=1) as out:
         while not (work / "stop").exists():
             if not failed and time.time() >= fail_at:
                 # The storm: this node's GPU fails (a transition, as the agent publishes it).
-                pub.publish_transition(None, CheckResult("xid", Status.FAIL, "GPU0", action=Action.RESET_GPU,
-                                                         summary="chaos: XID 79"))
                 failed = True
+                await pub.on_transition(None, failing, time.time())  # as the agent's sinks are fed
             ids = [f"{node}-{run}-{i + k:05d}" for k in range(BURST)]
             for eid in ids:
                 pub.publish_event(Event(kind="xid", code=(79, 48, 94)[i % 3], time=time.time(), text=f"Xid {eid}",

@@ -215,8 +215,15 @@ def test_killing_the_leader_hands_over_without_a_double_fence_or_a_lost_event(
         wait_until(f.leader, timeout=4 * LEASE, what=f"a leader after PostgreSQL came back {why}")
         # every node has had its turn to fail (the schedule), and the storm has filled the cap
         time.sleep(max(0.0, max(fail_at.values()) + 1.0 - time.time()))
-        wait_until(lambda: _q(url, "SELECT COUNT(DISTINCT node) FROM actions WHERE kind = 'fence' AND state = 'done'")
-                   [0][0] >= CAP, timeout=30.0, what=f"the storm to fill the cap {why}")
+        try:
+            wait_until(lambda: _q(url, "SELECT COUNT(DISTINCT node) FROM actions WHERE kind = 'fence' AND state = 'done'")
+                       [0][0] >= CAP, timeout=30.0, what=f"the storm to fill the cap {why}")
+        except AssertionError as e:
+            # What the store says, so a failure here tells whether the FAILs arrived and what the
+            # leader did with them (the replicas' logs are under tmp_path/logs).
+            raise AssertionError(f"{e}\nactions: {_q(url, 'SELECT id, node, kind, state, result FROM actions ORDER BY id')}"
+                                 f"\nconditions: {_q(url, 'SELECT * FROM conditions')}"
+                                 f"\nfail_at - t0: { {a: round(t - t0, 1) for a, t in fail_at.items()} }") from None
         for a in _tokens():
             (tmp_path / a / "stop").touch()
         published = _published(tmp_path)
