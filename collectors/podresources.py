@@ -91,42 +91,35 @@ def _text(v: bytes | int) -> str:
 
 
 def _msgs(buf: bytes, num: int) -> Iterator[bytes]:
+    """Every length-delimited field `num` (an embedded message or a string), in order."""
     for n, wt, v in fields(buf):
         if n == num and wt == 2 and isinstance(v, bytes):
             yield v
 
 
+def _string(buf: bytes, num: int) -> str:
+    """String field `num`; protobuf's rule for a repeated scalar: the last one wins ("" if none)."""
+    last = ""
+    for v in _msgs(buf, num):
+        last = _text(v)
+    return last
+
+
 def parse_list_response(buf: bytes, resources: tuple[str, ...] = GPU_RESOURCES) -> list[PodDevices]:
-    """A ListPodResourcesResponse -> the containers holding any of `resources`."""
+    """A ListPodResourcesResponse -> the containers holding any of `resources`.
+
+    PodResources{1 name, 2 namespace, 3 containers}; ContainerResources{1 name, 2 devices};
+    ContainerDevices{1 resource_name, 2 device_ids} (k8s.io/kubelet podresources/v1)."""
     out: list[PodDevices] = []
     for pod in _msgs(buf, 1):
-        name = namespace = ""
-        containers: list[bytes] = []
-        for n, wt, v in fields(pod):
-            if n == 1 and wt == 2:
-                name = _text(v)
-            elif n == 2 and wt == 2:
-                namespace = _text(v)
-            elif n == 3 and wt == 2 and isinstance(v, bytes):
-                containers.append(v)
-        for c in containers:
-            cname = ""
-            devices: list[bytes] = []
-            for n, wt, v in fields(c):
-                if n == 1 and wt == 2:
-                    cname = _text(v)
-                elif n == 2 and wt == 2 and isinstance(v, bytes):
-                    devices.append(v)
-            for d in devices:
-                resource = ""
-                ids: list[str] = []
-                for n, wt, v in fields(d):
-                    if n == 1 and wt == 2:
-                        resource = _text(v)
-                    elif n == 2 and wt == 2:
-                        ids.append(_text(v))
+        name, namespace = _string(pod, 1), _string(pod, 2)
+        for c in _msgs(pod, 3):
+            cname = _string(c, 1)
+            for d in _msgs(c, 2):
+                resource = _string(d, 1)
+                ids = tuple(_text(v) for v in _msgs(d, 2))
                 if resource in resources and ids:
-                    out.append(PodDevices(namespace, name, cname, resource, tuple(ids)))
+                    out.append(PodDevices(namespace, name, cname, resource, ids))
     return out
 
 
