@@ -352,14 +352,24 @@ class LineAssembler:
     - NVSwitch "Severity ..." / "Data {...}" lines repeat the header's code: when a header for the
       same switch and code was seen within the last few lines they are absorbed (None); alone (the
       header was lost), they stand for the SXid themselves so it is not missed.
+    - A GPU falling off the bus is printed twice: the Xid 79 record, then the driver's own
+      "NVRM: GPU 0000:91:00.0: GPU has fallen off the bus." (both real captures in
+      ../shared/fixtures/xid_kernel_logs: the next line, 4 us later, same address). That second
+      line is the same fault: it is absorbed (None) when an Xid 79 for the same PCI address came
+      within the last few lines and, where both lines are stamped, within PAIR_S. Alone (no Xid
+      line: the 570 open module's "The NVIDIA GPU ... has fallen off the bus", or the Xid record
+      lost), it stands for the fault itself so it is never missed. An Xid 79 is never absorbed:
+      it is the catalogued record (the metric, the match with NVML's event).
     """
 
     LOOKBACK = 16  # lines; NVSwitch interleaves several switches' lines within a few records
+    PAIR_S = 2.0  # an Xid 79 and a bus line of the same GPU stamped further apart are two faults
 
     def __init__(self) -> None:
         self._n = 0
         self._gpu_at: tuple[int, str, float | None, float | None] | None = None
         self._headers: dict[tuple[str, int], int] = {}
+        self._xid79: dict[str, tuple[int, float | None, float | None]] = {}  # pci -> (line, wall, mono)
 
     def feed(self, line: str, *, year: int | None = None) -> ParsedLine | Malformed | None:
         self._n += 1
@@ -376,8 +386,16 @@ class LineAssembler:
             # Continuation lines carry no timestamp of their own: they share the first line's.
             _, pci, wall, mono = self._gpu_at
             if p.wall_time is None and p.mono_time is None:
-                return replace(p, pci_bus_id=pci, wall_time=wall, mono_time=mono)
-            return replace(p, pci_bus_id=pci)
+                p = replace(p, pci_bus_id=pci, wall_time=wall, mono_time=mono)
+            else:
+                p = replace(p, pci_bus_id=pci)
+        if p.kind == "fallen_off_bus":
+            return None if self._follows_its_xid79(p) else p
+        if p.kind == "xid" and p.code == 79 and p.pci_bus_id:
+            self._xid79[p.pci_bus_id] = (self._n, p.wall_time, p.mono_time)
+            if len(self._xid79) > 256:  # bounded: forget the oldest
+                for addr in sorted(self._xid79, key=lambda a: self._xid79[a][0])[:128]:
+                    del self._xid79[addr]
         if p.kind == "sxid":
             key = (p.device, p.code)
             if p.continuation:
@@ -391,3 +409,14 @@ class LineAssembler:
                         del self._headers[k]
         return p
 
+    def _follows_its_xid79(self, p: ParsedLine) -> bool:
+        """Is this fallen-off-the-bus line the driver's summary of an Xid 79 just read for the
+        same GPU? A line that names no GPU cannot be matched, and stands."""
+        seen = self._xid79.get(p.pci_bus_id) if p.pci_bus_id else None
+        if seen is None or self._n - seen[0] > self.LOOKBACK:
+            return False
+        _, wall, mono = seen
+        for then, now in ((wall, p.wall_time), (mono, p.mono_time)):
+            if then is not None and now is not None and abs(now - then) > self.PAIR_S:
+                return False
+        return True

@@ -84,7 +84,9 @@ def lines_for(state: NodeState, fault: Fault, boot_time: float, first_seq: int) 
         pid, proc = (4242, "python3") if fault.code in _PROCESS_CODES else (None, "")
         messages = [(PRIO_ERR, xid_message(gpu, fault.code, pid, proc))]
     else:
-        # A GPU falling off the bus: identification lines, the Xid 79, then the driver's summary.
+        # A GPU falling off the bus: identification lines, the Xid 79, then the driver's summary
+        # line, microseconds apart (kmsg_xid79_fallen_off_bus_plus_sxid20034_h100.log, 535's
+        # dmesg -T capture). One fault: the collector folds the summary into the Xid 79.
         messages = [
             (PRIO_INFO, f"NVRM: GPU at PCI:{xid_pci(gpu)}: {gpu.uuid}"),
             (PRIO_INFO, f"NVRM: GPU Board Serial Number: {gpu.serial}"),
