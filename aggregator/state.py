@@ -12,7 +12,7 @@ import collections
 import operator
 import types
 from dataclasses import dataclass, field, fields, replace
-from typing import Iterable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 from podhealth.vocab import Action, Status
 
@@ -20,7 +20,7 @@ from podhealth.fencing.fence import REPAIR, parse_reason
 from podhealth.aggregator.model import (
     BreakerState, Condition, FenceMode, FleetState, NodeView, Source, severity_of,
 )
-from podhealth.aggregator.store import Loaded, NodeRow, Op, Store
+from podhealth.aggregator.store import Loaded, NodeRow, Observed, Op, Store
 
 REACHABLE_CHECK = "agent_reachable"
 Order = tuple[str, int]  # an agent's (boot_id, seq): see agent/sequence.py
@@ -382,7 +382,8 @@ class Memory:
             if rec.boot_id:
                 rec.retired = (rec.boot_id, *rec.retired)[:RETIRED_BOOTS]
             rec.boot_id, rec.report_seq, rec.verdict_seq = boot, 0, 0
-            ops.append(Store.op_node_fields(rec.name, boot_id=boot, report_seq=0, retired_boots=" ".join(rec.retired)))
+            ops.append(Store.op_node_fields(rec.name, boot_id=boot, report_seq=0, verdict_seq=0,
+                                            retired_boots=" ".join(rec.retired)))
         if report:
             rec.report_seq = seq
         else:
@@ -418,6 +419,8 @@ class Memory:
             if self._stale(rec, order, report=False):
                 return "stale", ops  # a newer full report already said how things are
             ops += self._advance(rec, order, report=False)
+            if order is not None:  # for the leader, when this is a follower (adopt)
+                ops.append(Store.op_node_verdict_seq(node, rec.boot_id, rec.verdict_seq, now))
             rec.fp = 0  # the last report no longer describes the node: no lease or "unchanged" until a new one
             rec.last_seen = max(rec.last_seen, now)
             rec.seen_dirty = True
@@ -515,37 +518,92 @@ class Memory:
         self._refresh(rec)
         return [Store.op_node_fields(rec.name, status=status.value, ok_since=ok_since)]
 
-    def adopt(self, rows: Iterable[tuple[str, float, float, str, float | None, str, int]],
-              conditions: Iterable[Condition]) -> int:
-        """Another replica's ingest, read back from the shared store (Store.observed_since): a
-        node whose stored report is newer than the one held here takes the stored status and
-        open conditions; one only seen later takes the later last_seen. Fence, hold and ladder
-        fields are the leader's own and stay. Returns how many nodes took a newer report."""
+    def adopt(self, rows: Iterable[Observed], conditions: Iterable[Condition]) -> int:
+        """Another replica's ingest, read back from the shared store (Store.observed_since).
+
+        A node whose stored report is newer than the one held here takes the stored status and
+        open conditions; one whose stored agent transition is newer than every record applied
+        here (by the agent's order: a FAIL sent only to a follower) takes the stored agent
+        conditions; one only seen later takes the later last_seen. A stored state older than
+        this memory by the agent's (boot_id, seq) is never taken, nor one whose conditions are
+        not in the answer (not changed since the cursor). Fence, hold and ladder fields are the
+        leader's own and stay. Returns how many nodes took newer state (memory only: what they
+        took is the store's already)."""
         by_node: dict[str, list[Condition]] = {}
         for c in conditions:
             by_node.setdefault(c.node, []).append(c)
         taken = 0
-        for name, report_time, last_seen, status, ok_since, boot_id, report_seq in rows:
-            rec = self.nodes.get(name)
+        for o in rows:
+            rec = self.nodes.get(o.name)
             if rec is None:
                 continue  # a node learned at another replica: the next takeover loads it
-            if last_seen > rec.last_seen:
-                rec.last_seen = last_seen
-            if report_time <= rec.report_time:
+            if o.last_seen > rec.last_seen:
+                rec.last_seen = o.last_seen
+            if not o.changed:
                 continue
-            for key in list(self.by_node.get(name, ())):
-                del self.conditions[key]
-            self.by_node.pop(name, None)
-            for c in by_node.get(name, ()):
-                self.conditions[c.key] = c
-                self.by_node.setdefault(name, set()).add(c.key)
-            rec.report_time, rec.status, rec.ok_since = report_time, Status(status), ok_since
-            rec.boot_id, rec.report_seq = boot_id, report_seq
-            rec.fp = 0  # the next report here is compared afresh
-            rec.unreachable_since = None
+            stored = by_node.get(o.name, ())
+            if o.report_time > rec.report_time and not self._behind(rec, o):
+                self._replace_conditions(o.name, stored, lambda c: True)
+                rec.report_time, rec.status, rec.ok_since = o.report_time, Status(o.status), o.ok_since
+                rec.unreachable_since = None
+            elif self._newer_transition(rec, o):
+                # Only the agent's own conditions: the leader's liveness and alerts' stay as they are.
+                self._replace_conditions(o.name, stored, lambda c: c.source == "agent")
+                keys = self.by_node.get(o.name)
+                if keys:
+                    rec.status, rec.ok_since = Status.worst([self.conditions[k].status for k in keys]), None
+                else:
+                    rec.status = Status.OK if rec.report_time else Status.UNKNOWN
+                    rec.ok_since = rec.ok_since if rec.ok_since is not None else o.ok_since
+            else:
+                continue
+            if o.boot_id != rec.boot_id:
+                if rec.boot_id and o.boot_id:
+                    rec.retired = (rec.boot_id, *rec.retired)[:RETIRED_BOOTS]
+                rec.boot_id, rec.report_seq, rec.verdict_seq = o.boot_id, o.report_seq, o.verdict_seq
+            else:  # neither seq goes back (see _behind, _newer_transition)
+                rec.report_seq, rec.verdict_seq = max(rec.report_seq, o.report_seq), max(rec.verdict_seq, o.verdict_seq)
+            rec.fp = 0  # the next report here is compared afresh (and no lease holds: conditions moved)
             self._refresh(rec)
             taken += 1
         return taken
+
+    @staticmethod
+    def _behind(rec: NodeRec, o: Observed) -> bool:
+        """The stored report is older than this memory's: of a boot the node already left, or in
+        the same boot an older report, or one that has not seen a transition applied here (its
+        conditions lack it: the read came before this replica's own commit)."""
+        if o.boot_id != rec.boot_id:
+            return o.boot_id in rec.retired
+        return o.verdict_seq < rec.verdict_seq or o.report_seq < rec.report_seq
+
+    @staticmethod
+    def _newer_transition(rec: NodeRec, o: Observed) -> bool:
+        """The store holds an agent transition newer than every record this memory applied: in
+        the same boot, newer than its newest transition and not older than its latest report
+        (such a one is stale, see _stale); or the first of a boot not seen here (a new epoch, as
+        ingest takes it), never a retired one. Agents without seq have none. The stored
+        report_seq is not asked: a replica's lazy last-seen flush (op_node_seen) may put back an
+        older one of its own beside a newer transition."""
+        if not o.boot_id or o.verdict_seq <= 0:
+            return False
+        if o.boot_id != rec.boot_id:
+            return o.boot_id not in rec.retired
+        return o.verdict_seq > rec.verdict_seq and o.verdict_seq >= rec.report_seq
+
+    def _replace_conditions(self, node: str, stored: Iterable[Condition], which: Callable[[Condition], bool]) -> None:
+        """The node's conditions that `which` picks become the stored ones (memory only: they are
+        the store's already)."""
+        for key in [k for k in self.by_node.get(node, ()) if which(self.conditions[k])]:
+            del self.conditions[key]
+            self.by_node[node].discard(key)
+        for c in stored:
+            if which(c):
+                self.conditions[c.key] = c
+                self.by_node.setdefault(node, set()).add(c.key)
+        if not self.by_node.get(node, True):
+            del self.by_node[node]
+        self.version += 1
 
     # ---- events and fences -------------------------------------------------------------------
 

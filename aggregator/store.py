@@ -17,7 +17,7 @@ import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Protocol, Sequence
 
 from podhealth.vocab import Action, Status
 
@@ -199,6 +199,14 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX bundles_node ON bundles (node, id);
     """,
+    # 9: replicas. verdict_seq is the agent's seq of the newest transition applied in the node's
+    # boot_id (reports move report_seq, transitions this), verdict_at when a replica applied it:
+    # the leader reads both back (Store.observed_since) to take a transition that reached only a
+    # follower without waiting for the agent's next full report.
+    """
+    ALTER TABLE nodes ADD COLUMN verdict_seq INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE nodes ADD COLUMN verdict_at REAL NOT NULL DEFAULT 0;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 LADDER_LOOKBACK = 366 * 86400.0  # failed attempts loaded at start: longer than any sane ladder.window
@@ -233,6 +241,24 @@ class NodeRow:
     hold_reason: str = ""
     ladder: str = ""
     ladder_at: float = 0.0
+    verdict_seq: int = 0  # the newest transition's seq in boot_id (migration 9)
+
+
+class Observed(NamedTuple):
+    """One node as the shared store holds it, for the leader's merge (Store.observed_since,
+    Memory.adopt)."""
+
+    name: str
+    report_time: float
+    last_seen: float
+    status: str
+    ok_since: float | None
+    boot_id: str
+    report_seq: int
+    verdict_seq: int
+    # A report or transition was stored since the cursor, so the node's open conditions are in
+    # the same answer: only such a row may replace what the leader holds.
+    changed: bool
 
 
 @dataclass(frozen=True)
@@ -307,14 +333,14 @@ def _reason_from(text: str) -> FenceReason | None:
 _NODE_COLS = ("name, agent_url, slurm_name, k8s_name, partition, learned, first_seen, last_seen, status, "
               "report_time, fence, fence_reason, fenced_at, hold, opted_out, ok_since, handover, handover_at, "
               "unreachable_since, released_at, boot_id, report_seq, retired_boots, clock_ahead, hold_reason, ladder, "
-              "ladder_at")
+              "ladder_at, verdict_seq")
 _ACTION_COLS = "id, node, kind, state, who, why, reason, rule, dry_run, created, updated, attempts, next_attempt, result"
 
 
 def _node_row(r: Sequence[Any]) -> NodeRow:
     return NodeRow(r[0], r[1], r[2], r[3], r[4], bool(r[5]), r[6], r[7], r[8], r[9], FenceMode(r[10]), r[11],
                    r[12], bool(r[13]), bool(r[14]), r[15], r[16], r[17], r[18], r[19], r[20], r[21], r[22], r[23],
-                   r[24], r[25], r[26])
+                   r[24], r[25], r[26], r[27])
 
 
 def _bundle(r: Sequence[Any]) -> dict[str, Any]:
@@ -557,6 +583,15 @@ class Store:
                 (last_seen, report_time, report_seq, name))
 
     @staticmethod
+    def op_node_verdict_seq(name: str, boot_id: str, verdict_seq: int, at: float) -> Op:
+        """An agent transition applied at `at`: the node's verdict_seq moves up, only within the
+        boot the row is in (the boot change, op_node_fields, is written first in the same
+        transaction). A replica that applies a late transition of an older boot, or one older
+        than what another replica stored, leaves the row alone: it never goes back."""
+        return ("UPDATE nodes SET verdict_seq = ?, verdict_at = ? WHERE name = ? AND boot_id = ? AND verdict_seq < ?",
+                (verdict_seq, at, name, boot_id, verdict_seq))
+
+    @staticmethod
     def op_node_fields(name: str, **fields: Any) -> Op:
         cols = ", ".join(f"{k} = ?" for k in fields)
         assert set(fields) <= _NODE_FIELDS, set(fields) - _NODE_FIELDS
@@ -721,24 +756,35 @@ class Store:
         return tuple(Silence(r[0], r[1], r[2], r[3], r[4], r[5]) for r in self.conn.execute(
             "SELECT node, check_name, until, reason, who, created FROM silences ORDER BY node, check_name"))
 
-    def observed_since(self, since: float) -> tuple[list[tuple[str, float, float, str, float | None, str, int]],
-                                                     list[Condition]]:
-        """What any replica ingested since `since`: (name, report_time, last_seen, status,
-        ok_since, boot_id, report_seq) of the nodes seen since then, and the open conditions of
-        those with a report since then. The leader merges them (Memory.adopt): replicas all
+    def observed_since(self, since: float) -> tuple[list[Observed], list[Condition]]:
+        """What any replica ingested since `since`: the nodes seen, reported or with an agent
+        transition since then, and the open conditions of those reported or with a transition
+        since then (Observed.changed). The leader merges them (Memory.adopt): replicas all
         ingest, and only the leader decides."""
+        # One snapshot for both reads (PostgreSQL reads each statement in its own otherwise), so a
+        # row marked changed has its conditions in the answer however the replicas write between.
+        begin = "BEGIN ISOLATION LEVEL REPEATABLE READ" if self.url else "BEGIN"
         with self._read_lock:
             db = self._read()
-            rows = [(str(r[0]), float(r[1]), float(r[2]), str(r[3]), r[4], str(r[5]), int(r[6])) for r in db.execute(
-                "SELECT name, report_time, last_seen, status, ok_since, boot_id, report_seq FROM nodes "
-                "WHERE last_seen >= ? OR report_time >= ?", (since, since)).fetchall()]
-            conds = [Condition(node=r[0], check=r[1], entity=r[2], status=Status(r[3]), action=Action(r[4]),
-                               severity=r[5], since=r[6], observed=r[7], source=r[8], ref=r[9], summary=r[10],
-                               notified=bool(r[11]), opened=r[12])
-                     for r in db.execute(
-                         "SELECT c.node, c.check_name, c.entity, c.status, c.action, c.severity, c.since, c.observed, "
-                         "c.source, c.ref, c.summary, c.notified, c.opened FROM conditions c JOIN nodes n "
-                         "ON n.name = c.node WHERE n.report_time >= ?", (since,)).fetchall()]
+            db.execute(begin)
+            try:
+                rows = [Observed(str(r[0]), float(r[1]), float(r[2]), str(r[3]), r[4], str(r[5]), int(r[6]),
+                                 int(r[7]), bool(r[8])) for r in db.execute(
+                    "SELECT name, report_time, last_seen, status, ok_since, boot_id, report_seq, verdict_seq, "
+                    "(report_time >= ? OR verdict_at >= ?) FROM nodes "
+                    "WHERE last_seen >= ? OR report_time >= ? OR verdict_at >= ?", (since,) * 5).fetchall()]
+                conds = [Condition(node=r[0], check=r[1], entity=r[2], status=Status(r[3]), action=Action(r[4]),
+                                   severity=r[5], since=r[6], observed=r[7], source=r[8], ref=r[9], summary=r[10],
+                                   notified=bool(r[11]), opened=r[12])
+                         for r in db.execute(
+                             "SELECT c.node, c.check_name, c.entity, c.status, c.action, c.severity, c.since, "
+                             "c.observed, c.source, c.ref, c.summary, c.notified, c.opened FROM conditions c "
+                             "JOIN nodes n ON n.name = c.node WHERE n.report_time >= ? OR n.verdict_at >= ?",
+                             (since, since)).fetchall()]
+                db.execute("COMMIT")
+            except BaseException:
+                rollback(db)
+                raise
         return rows, conds
 
     def evacuations(self) -> dict[str, str]:
@@ -898,4 +944,4 @@ class Store:
 _NODE_FIELDS = frozenset(
     "agent_url slurm_name k8s_name partition learned first_seen last_seen status report_time fence "
     "fence_reason fenced_at hold opted_out ok_since handover handover_at unreachable_since released_at "
-    "boot_id report_seq retired_boots clock_ahead hold_reason ladder ladder_at".split())
+    "boot_id report_seq retired_boots clock_ahead hold_reason ladder ladder_at verdict_seq".split())

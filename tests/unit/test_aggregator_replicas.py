@@ -108,6 +108,31 @@ async def test_one_leader_acts_and_a_cut_off_leader_stops_before_a_follower_take
         assert follower.store.counts()["actions"] == 2
 
 
+async def test_a_transition_posted_only_to_a_follower_fences_without_a_takeover(tmp_path: Path, pg: Any) -> None:
+    # An agent's FAIL transition (/v1/events) moves no report_time; the leader takes it by the
+    # agent's order (the stored verdict_seq), with no full report after it and no takeover.
+    fencer = MemFencer()
+    async with pair(tmp_path, pg.new_database(), fencer) as aggs, aiohttp.ClientSession() as http:
+        await until(lambda: len(leaders(aggs)) == 1, timeout=3 * LEASE)
+        [lead] = leaders(aggs)
+        (follower, furl) = next((a, u) for a, u in aggs if a is not lead)
+        lurl = next(u for a, u in aggs if a is lead)
+        epoch = lead.epoch()
+        report = {**fail_report("dgx04", 10, "OK"), "boot_id": "boot-1", "seq": 10}
+        async with http.post(f"{lurl}/v1/reports", json=report) as r:
+            assert r.status == 200
+        transition = {"id": "dgx04-t11", "type": "transition", "time": 11, "boot_id": "boot-1", "seq": 11,
+                      "old": None, "new": {"check": "xid", "entity": "GPU0", "status": "FAIL", "action": "RESET_GPU",
+                                           "since": 11}}
+        async with http.post(f"{furl}/v1/events", json={"node": "dgx04", "events": [transition]}) as r:
+            assert r.status == 200 and (await r.json())["applied"] == 1
+        await until(lambda: "dgx04" in fencer.fenced and not lead.pending, timeout=10)
+        assert lead.mem.nodes["dgx04"].verdict_seq == 11
+        assert lead.acting() and lead.epoch() == epoch and follower.epoch() is None, "no takeover"
+        rows = lead.store.conn.execute("SELECT node, kind, state, epoch FROM actions ORDER BY id").fetchall()
+        assert [tuple(r) for r in rows] == [("dgx04", "fence", "done", epoch)]
+
+
 async def test_a_clean_stop_hands_the_lead_over_at_once(tmp_path: Path, pg: Any) -> None:
     fencer = MemFencer()
     cfg = config(tmp_path, nodes=2, store=StoreConfig(url=pg.new_database(), lease=30.0))

@@ -8,7 +8,7 @@ import pytest
 
 from podhealth.fencing.fence import FenceReason
 from podhealth.aggregator.model import BreakerState, Condition, FenceMode
-from podhealth.aggregator.state import Memory, Verdict
+from podhealth.aggregator.state import Memory, NodeRec, Verdict
 from podhealth.aggregator.store import (
     MIGRATIONS, SCHEMA_VERSION, DbConn, NodeRow, Store, StoreError, connect, db_errors, migrate,
 )
@@ -109,6 +109,63 @@ def test_migration_3_moves_reports_out_of_the_node_rows(db: Where) -> None:
     assert tuple(s.conn.execute(f"SELECT {typeof} FROM reports WHERE name = 'dgx02'").fetchone()) == ("text",)
     assert sorted((n.name, n.last_seen, n.report_time) for n in s.load(now=10, event_retention=100).nodes) == [
         ("dgx01", 9.0, 8.0), ("dgx02", 9.0, 8.0)]
+
+
+def test_migration_9_gives_old_node_rows_a_verdict_seq(db: Where) -> None:
+    conn = raw(db("v8.db"))
+    assert migrate(conn, upto=8) == 8
+    conn.execute("INSERT INTO nodes (name, boot_id, report_seq, last_seen) VALUES ('dgx01', 'b1', 7, 5)")
+    conn.close()
+    s = Store(db("v8.db"))
+    assert s.version == SCHEMA_VERSION >= 9
+    assert {"verdict_seq", "verdict_at"} <= set(columns(s, "nodes"))
+    [n] = s.load(now=10, event_retention=100).nodes
+    assert (n.boot_id, n.report_seq, n.verdict_seq) == ("b1", 7, 0)
+    # the old row is not "changed" by the migration: its default verdict_at is no transition
+    rows, conds = s.observed_since(1.0)
+    assert [(o.name, o.verdict_seq, o.changed) for o in rows] == [("dgx01", 0, False)] and conds == []
+
+
+def _follower_transition(m: Memory, s: Store, node: str, status: Status, now: float, order: tuple[str, int]) -> str:
+    result, ops = m.apply_verdict(node, Verdict("xid", "GPU0", status, Action.RESET_GPU, now), now, order=order)
+    s.apply(ops)
+    return result
+
+
+def test_an_ordered_transition_is_stored_with_its_seq_and_read_back_as_changed(db: Where) -> None:
+    s = Store(db("a.db"))
+    m = Memory()
+    _, ops = m.apply_report("dgx01", (), 100.0, "{}", 100.0, order=("b1", 10))
+    s.apply(ops)
+    s.apply(m.flush_seen())
+    assert _follower_transition(m, s, "dgx01", Status.FAIL, 200.0, ("b1", 11)) == "applied"
+    rows, conds = s.observed_since(150.0)  # after the report, before the transition
+    [o] = rows
+    assert (o.boot_id, o.report_seq, o.verdict_seq, o.status, o.changed) == ("b1", 10, 11, "FAIL", True)
+    assert [(c.node, c.check, c.status, c.source) for c in conds] == [("dgx01", "xid", Status.FAIL, "agent")]
+    assert s.observed_since(201.0) == ([], [])  # nothing since then
+    # another replica's late transition (older seq) leaves the stored seq alone: it never goes back
+    late = Memory()
+    late.nodes["dgx01"] = NodeRec(name="dgx01", boot_id="b1", report_seq=10)
+    assert _follower_transition(late, s, "dgx01", Status.OK, 210.0, ("b1", 10)) == "applied"
+    [o] = s.observed_since(150.0)[0]
+    assert o.verdict_seq == 11
+    # ... and so does one of a boot the row has left (the stored seq is always of the stored boot)
+    assert _follower_transition(m, s, "dgx01", Status.FAIL, 220.0, ("b2", 3)) == "applied"
+    older = Memory()
+    older.nodes["dgx01"] = NodeRec(name="dgx01", boot_id="b1", report_seq=10, verdict_seq=11)
+    assert _follower_transition(older, s, "dgx01", Status.FAIL, 230.0, ("b1", 40)) == "applied"
+    [o] = s.observed_since(150.0)[0]
+    assert (o.boot_id, o.verdict_seq) == ("b2", 3)
+    # a report of a new boot starts its transitions from 0
+    _, ops = m.apply_report("dgx01", (), 300.0, "{}", 300.0, order=("b3", 1))
+    s.apply(ops)
+    [o] = s.observed_since(299.0)[0]
+    assert (o.boot_id, o.report_seq, o.verdict_seq) == ("b3", 1, 0)
+    # an agent without seq: nothing to order it by, so none is written (the leader waits for its report)
+    _, ops = m.apply_verdict("dgx02", Verdict("xid", "GPU0", Status.FAIL), 400.0)
+    s.apply(ops)
+    assert tuple(s.conn.execute("SELECT verdict_seq, verdict_at FROM nodes WHERE name = 'dgx02'").fetchone()) == (0, 0)
 
 
 def test_refuses_a_database_from_a_newer_podhealth(db: Where) -> None:
