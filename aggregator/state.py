@@ -558,8 +558,12 @@ class Memory:
             else:
                 continue
             if o.boot_id != rec.boot_id:
-                if rec.boot_id and o.boot_id:
-                    rec.retired = (rec.boot_id, *rec.retired)[:RETIRED_BOOTS]
+                # The boots the store's writer saw the node leave, and those this memory saw it
+                # leave; this memory's own boot only if the store says so: were the stored boot a
+                # stale one (a spooled record that reached a lagging replica), retiring ours here
+                # would make all its next records stale.
+                left = (*o.retired_boots.split(), *rec.retired)
+                rec.retired = tuple(b for b in dict.fromkeys(left) if b != o.boot_id)[:RETIRED_BOOTS]
                 rec.boot_id, rec.report_seq, rec.verdict_seq = o.boot_id, o.report_seq, o.verdict_seq
             else:  # neither seq goes back (see _behind, _newer_transition)
                 rec.report_seq, rec.verdict_seq = max(rec.report_seq, o.report_seq), max(rec.verdict_seq, o.verdict_seq)
@@ -581,14 +585,15 @@ class Memory:
     def _newer_transition(rec: NodeRec, o: Observed) -> bool:
         """The store holds an agent transition newer than every record this memory applied: in
         the same boot, newer than its newest transition and not older than its latest report
-        (such a one is stale, see _stale); or the first of a boot not seen here (a new epoch, as
-        ingest takes it), never a retired one. Agents without seq have none. The stored
+        (such a one is stale, see _stale); or one of another boot that the stored row says
+        followed this memory's (its retired_boots name this one), or any when this memory has no
+        boot. Never one of a boot retired here. Agents without seq have none. The stored
         report_seq is not asked: a replica's lazy last-seen flush (op_node_seen) may put back an
         older one of its own beside a newer transition."""
         if not o.boot_id or o.verdict_seq <= 0:
             return False
         if o.boot_id != rec.boot_id:
-            return o.boot_id not in rec.retired
+            return o.boot_id not in rec.retired and (not rec.boot_id or rec.boot_id in o.retired_boots.split())
         return o.verdict_seq > rec.verdict_seq and o.verdict_seq >= rec.report_seq
 
     def _replace_conditions(self, node: str, stored: Iterable[Condition], which: Callable[[Condition], bool]) -> None:

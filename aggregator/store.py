@@ -256,6 +256,7 @@ class Observed(NamedTuple):
     boot_id: str
     report_seq: int
     verdict_seq: int
+    retired_boots: str  # space-separated, newest first: the boots the writer of boot_id saw the node leave
     # A report or transition was stored since the cursor, so the node's open conditions are in
     # the same answer: only such a row may replace what the leader holds.
     changed: bool
@@ -769,9 +770,9 @@ class Store:
             db.execute(begin)
             try:
                 rows = [Observed(str(r[0]), float(r[1]), float(r[2]), str(r[3]), r[4], str(r[5]), int(r[6]),
-                                 int(r[7]), bool(r[8])) for r in db.execute(
+                                 int(r[7]), str(r[8]), bool(r[9])) for r in db.execute(
                     "SELECT name, report_time, last_seen, status, ok_since, boot_id, report_seq, verdict_seq, "
-                    "(report_time >= ? OR verdict_at >= ?) FROM nodes "
+                    "retired_boots, (report_time >= ? OR verdict_at >= ?) FROM nodes "
                     "WHERE last_seen >= ? OR report_time >= ? OR verdict_at >= ?", (since,) * 5).fetchall()]
                 conds = [Condition(node=r[0], check=r[1], entity=r[2], status=Status(r[3]), action=Action(r[4]),
                                    severity=r[5], since=r[6], observed=r[7], source=r[8], ref=r[9], summary=r[10],

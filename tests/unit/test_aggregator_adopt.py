@@ -34,6 +34,12 @@ def sync(leader: Memory, s: Store, since: float) -> int:
     return leader.adopt(rows, conds)
 
 
+def row(report_time: float, status: str, boot_id: str, report_seq: int, verdict_seq: int, changed: bool = True,
+        retired_boots: str = "", last_seen: float = 200.0) -> Observed:
+    return Observed("dgx01", report_time, last_seen, status, None, boot_id, report_seq, verdict_seq, retired_boots,
+                    changed)
+
+
 def replicas(tmp_path: Path) -> tuple[Store, Memory, Memory]:
     """A store, the leader's memory and a follower's, both having taken the agent's report 10."""
     s = Store(tmp_path / "a.db")
@@ -106,10 +112,35 @@ def test_boots_order_the_stored_transitions(tmp_path: Path) -> None:
     rec = leader.nodes["dgx01"]
     assert (rec.boot_id, rec.report_seq, rec.verdict_seq, rec.retired) == ("b2", 0, 3, ("b1",))
     assert rec.status is Status.FAIL
+    # the leader's own late record of the boot it left is stale there now, as at the follower
+    assert leader.apply_report("dgx01", (), 0.0, "{}", 210.0, order=("b1", 11))[0] == "stale"
     # a stored transition of a boot the leader has retired is old news, whatever its seq
-    row = Observed("dgx01", 0.0, 300.0, "OK", 300.0, "b1", 10, 99, True)
-    assert leader.adopt([row], []) == 0 and rec.status is Status.FAIL and rec.boot_id == "b2"
+    assert leader.adopt([row(0.0, "OK", "b1", 10, 99, last_seen=300.0)], []) == 0
+    assert rec.status is Status.FAIL and rec.boot_id == "b2"
     assert rec.last_seen == 300.0, "seen later is still taken"
+
+
+def test_a_stale_boot_a_lagging_follower_stored_does_not_lock_the_leader_out() -> None:
+    # The leader has the node's current boot b3 (it never saw b2); a follower that knew only b1
+    # applies a spooled transition of b2, overtaken by b3's heartbeats (transitions are spooled,
+    # heartbeats are not), and stores b2 with b1 retired. Taking b2 as newer would retire b3 here
+    # and make every next b3 record stale: the stored row does not say it left b3, so no.
+    leader = Memory()
+    leader.apply_report("dgx01", (), 0.0, "{}", 100.0, order=("b1", 50))
+    leader.apply_report("dgx01", (), 0.0, "{}", 150.0, order=("b3", 2), fp=1)
+    fail = [Condition("dgx01", "xid", "GPU0", Status.FAIL, Action.RESET_GPU, source="agent")]
+    assert leader.adopt([row(100.0, "FAIL", "b2", 0, 7, retired_boots="b1")], fail) == 0
+    rec = leader.nodes["dgx01"]
+    assert (rec.boot_id, rec.retired, rec.status) == ("b3", ("b1",), Status.OK)
+    assert leader.apply_report("dgx01", (), 0.0, "{}", 210.0, order=("b3", 3), fp=2)[0] == "applied"
+    # one that did leave b3 is taken, and keeps what the leader knew had been left before
+    assert leader.adopt([row(100.0, "FAIL", "b4", 0, 1, retired_boots="b3")], fail) == 1
+    assert (rec.boot_id, rec.retired, rec.status) == ("b4", ("b3", "b1"), Status.FAIL)
+    # a memory with no boot yet (an agent's first ordered record went to a follower) takes any
+    fresh = Memory()
+    fresh.ensure_node("dgx01", 100.0)
+    assert fresh.adopt([row(100.0, "FAIL", "b9", 0, 1)], fail) == 1
+    assert fresh.nodes["dgx01"].boot_id == "b9" and fresh.nodes["dgx01"].status is Status.FAIL
 
 
 def test_agents_without_seq_and_unchanged_rows_take_no_transition() -> None:
@@ -117,14 +148,14 @@ def test_agents_without_seq_and_unchanged_rows_take_no_transition() -> None:
     leader.apply_report("dgx01", (), 0.0, "{}", 100.0)
     fail = [Condition("dgx01", "xid", "GPU0", Status.FAIL, Action.RESET_GPU, source="agent")]
     # no order: nothing says the stored state is newer than the leader's but the report time
-    assert leader.adopt([Observed("dgx01", 100.0, 200.0, "FAIL", None, "", 0, 0, True)], fail) == 0
+    assert leader.adopt([row(100.0, "FAIL", "", 0, 0)], fail) == 0
     assert leader.nodes["dgx01"].status is Status.OK and leader.nodes["dgx01"].last_seen == 200.0
     # a newer transition whose conditions are not in the answer (not changed since the cursor)
-    assert leader.adopt([Observed("dgx01", 100.0, 200.0, "FAIL", None, "b1", 0, 5, False)], []) == 0
-    assert leader.adopt([Observed("dgx01", 900.0, 200.0, "FAIL", None, "", 0, 0, False)], []) == 0
+    assert leader.adopt([row(100.0, "FAIL", "b1", 0, 5, changed=False)], []) == 0
+    assert leader.adopt([row(900.0, "FAIL", "", 0, 0, changed=False)], []) == 0
     assert leader.nodes["dgx01"].status is Status.OK
     # a newer report is still taken by its time, as before
-    assert leader.adopt([Observed("dgx01", 150.0, 200.0, "FAIL", None, "", 0, 0, True)], fail) == 1
+    assert leader.adopt([row(150.0, "FAIL", "", 0, 0)], fail) == 1
     assert leader.nodes["dgx01"].status is Status.FAIL
 
 
