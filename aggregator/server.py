@@ -160,8 +160,15 @@ def _reports_endpoint(agg: Aggregator, auth: Auth) -> Handler:
             mem = agg.mem
             if not learn and node not in mem.nodes:
                 raise _Reject(403, "forbidden", f"unknown node {node} (learn_nodes is off)")
-            undo = mem.checkpoint(node)
             if type(rep) is ingest.Lease:
+                quiet = mem.lease_quiet(node, rep.digest, rep.time, agg.clock(), rep.order)
+                if quiet is not None:  # nothing to write, nothing to undo: answered here
+                    if bound.vouches:
+                        mem.vouch(node)
+                    tally.ok(perf_counter() - t0, quiet)
+                    return web.Response(body=_with_digest(_ONE[quiet], rep.digest) if quiet == "unchanged"
+                                        else _ONE[quiet], headers=_JSON)
+                undo = mem.checkpoint(node)
                 leased, ops = ingest.apply_lease(mem, rep, agg.clock())
                 if leased is None:
                     raise _Reject(409, "conflict", f"no full report of {node} with digest {rep.digest} here: "
@@ -170,6 +177,7 @@ def _reports_endpoint(agg: Aggregator, auth: Auth) -> Handler:
                 digest: str | None = rep.digest  # it matched
             else:
                 assert isinstance(rep, ingest.ParsedReport)
+                undo = mem.checkpoint(node)
                 applied, ops = ingest.apply_report(mem, rep, agg.clock())
                 rec = mem.nodes.get(node)
                 # What a lease must name to stand for this report (see ingest.Lease).

@@ -340,6 +340,32 @@ class Memory:
         ops += self._advance(rec, order, report=True)
         return "unchanged", ops + self._seen_unchanged(rec, now)
 
+    def lease_quiet(self, node: str, digest: str, report_time: float, now: float,
+                    order: Order | None) -> str | None:
+        """apply_lease for the lease of nearly every heartbeat at scale: a reachable node with no
+        open condition, the same boot, a clock within the skew. Then a lease changes a few fields
+        of the record in place and writes nothing now (last_seen goes out with flush_seen), so
+        the caller needs no checkpoint. Returns "unchanged" or "stale" as apply_lease would, or
+        None when any of that does not hold (nothing changed; use apply_lease)."""
+        rec = self.nodes.get(node)
+        if (rec is None or not rec.fp or rec.status is not Status.OK or rec.ok_since is None
+                or rec.unreachable_since is not None or node in self.by_node
+                or report_time - now > self.max_skew or digest_of(rec.fp) != digest):
+            return None
+        if order is not None:
+            boot, seq = order
+            if boot != rec.boot_id:
+                return None
+            rec.clock_offset = report_time - now
+            if seq <= rec.report_seq or seq < rec.verdict_seq:
+                return "stale"
+            rec.report_seq = seq
+        else:
+            rec.clock_offset = report_time - now
+        rec.report_time = rec.last_seen = now
+        rec.seen_dirty = True
+        return "unchanged"
+
     # ---- ordering: the agent's sequence, our clock -------------------------------------------
 
     def claim_ahead(self, claim: float, now: float) -> bool:
