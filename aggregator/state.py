@@ -57,7 +57,7 @@ class NodeRec:
     report_time: float = 0.0  # when the aggregator received the latest report (never the agent's claim)
     fp: int = 0  # fingerprint of the last report's verdicts, to skip unchanged reports cheaply; 0 = none
     # Ordering by the agent's own sequence: the boot (epoch) and the seq of the latest report;
-    # verdict_seq is the newest transition applied (memory only); retired: earlier boots.
+    # verdict_seq is the newest transition applied (stored since migration 9); retired: earlier boots.
     boot_id: str = ""
     report_seq: int = 0
     verdict_seq: int = 0
@@ -176,7 +176,8 @@ class Memory:
                 status=Status(r.status), report_time=r.report_time, fence=r.fence, fence_reason=r.fence_reason,
                 fenced_at=r.fenced_at, hold=r.hold, opted_out=r.opted_out, ok_since=r.ok_since, handover=r.handover,
                 handover_at=r.handover_at, unreachable_since=r.unreachable_since, released_at=r.released_at,
-                boot_id=r.boot_id, report_seq=r.report_seq, retired=tuple(r.retired_boots.split()),
+                boot_id=r.boot_id, report_seq=r.report_seq, verdict_seq=r.verdict_seq,
+                retired=tuple(r.retired_boots.split()),
                 clock_ahead=r.clock_ahead, hold_reason=r.hold_reason, ladder=r.ladder, ladder_at=r.ladder_at,
                 ladder_failures=tuple(loaded.ladder_failures.get(r.name, ())),
                 evacuated=loaded.evacuated.get(r.name, ""))

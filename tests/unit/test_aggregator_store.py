@@ -281,6 +281,21 @@ def test_memory_round_trips_through_the_store(db: Where) -> None:
     assert {h["type"] for h in hist} == {"verdict", "event"}
 
 
+def test_the_agents_order_survives_a_restart(db: Where) -> None:
+    """A transition's seq is stored: after a restart a heartbeat sent before that transition
+    (delayed in flight) is still stale and cannot close the FAIL it opened."""
+    s = Store(db("a.db"))
+    m = Memory()
+    s.apply(m.apply_report("dgx01", (), 100.0, "{}", 100.0, order=("b1", 10))[1])
+    s.apply(m.apply_verdict("dgx01", Verdict("xid", "GPU0", Status.FAIL, Action.RESET_GPU, 1.0), 110.0,
+                            order=("b1", 12))[1])
+    m2 = Memory.from_loaded(s.load(now=120.0, event_retention=100))
+    assert (m2.nodes["dgx01"].boot_id, m2.nodes["dgx01"].verdict_seq) == ("b1", 12)
+    assert m2.apply_report("dgx01", (), 121.0, "{}", 121.0, order=("b1", 11))[0] == "stale"
+    assert m2.nodes["dgx01"].status is Status.FAIL
+    assert m2.apply_report("dgx01", (), 122.0, "{}", 122.0, order=("b1", 13))[0] == "applied"
+
+
 def test_event_ids_older_than_retention_are_forgotten(db: Where) -> None:
     s = Store(db("a.db"))
     m = Memory()
