@@ -71,6 +71,8 @@ _TRIGGER = re.compile(
     r"^\s*CREATE\s+TRIGGER\s+(\w+)\s+BEFORE\s+(UPDATE|DELETE)\s+ON\s+(\w+)\s+BEGIN\s+SELECT\s+RAISE\s*\(\s*ABORT\s*,"
     r"\s*'([^']*)'\s*\)\s*;\s*END\s*;?\s*$", re.I | re.S)
 _MIN2 = re.compile(r"\bMIN\(\s*([\w.]+)\s*,\s*([\w.]+)\s*\)", re.I)
+# SQLite's two-argument MAX (a scalar, not the aggregate); a side may be a parameter.
+_MAX2 = re.compile(r"\bMAX\(\s*([\w.?]+)\s*,\s*([\w.?]+)\s*\)", re.I)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -93,6 +95,7 @@ def translate(sql: str) -> tuple[str, ...]:
         s = re.sub(r"\bREAL\b", "DOUBLE PRECISION", s, flags=re.I)
         s = re.sub(r"\)\s*WITHOUT\s+ROWID\s*$", ")", s, flags=re.I)
     s = _MIN2.sub(r"LEAST(\1, \2)", s)
+    s = _MAX2.sub(r"GREATEST(\1, \2)", s)
     m = _OR_REPLACE.match(s)
     if m:
         table, cols = m.group(1), [c.strip() for c in m.group(2).split(",")]

@@ -615,8 +615,8 @@ class Memory:
         (such a one is stale, see _stale); or one of another boot that the stored row says
         followed this memory's (its retired_boots name this one), or any when this memory has no
         boot. Never one of a boot retired here. Agents without seq have none. The stored
-        report_seq is not asked: a replica's lazy last-seen flush (op_node_seen) may put back an
-        older one of its own beside a newer transition."""
+        report_seq is not asked: it arrives with the lazy last-seen flush (op_node_seen),
+        seconds after the report, and may lag a transition stored at once."""
         if not o.boot_id or o.verdict_seq <= 0:
             return False
         if o.boot_id != rec.boot_id:
@@ -663,7 +663,7 @@ class Memory:
         for rec in self.nodes.values():
             if rec.seen_dirty:
                 rec.seen_dirty = False
-                ops.append(Store.op_node_seen(rec.name, rec.last_seen, rec.report_time, rec.report_seq))
+                ops.append(Store.op_node_seen(rec.name, rec.last_seen, rec.report_time, rec.report_seq, rec.boot_id))
         return ops
 
     def set_breaker(self, b: BreakerState) -> list[Op]:

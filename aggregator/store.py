@@ -578,10 +578,15 @@ class Store:
                 "ON CONFLICT (name) DO UPDATE SET report = excluded.report", (name, report))
 
     @staticmethod
-    def op_node_seen(name: str, last_seen: float, report_time: float, report_seq: int = 0) -> Op:
-        """The lazy last-seen flush: one constant statement, so a flush of every node is one executemany."""
-        return ("UPDATE nodes SET last_seen = ?, report_time = ?, report_seq = ? WHERE name = ?",
-                (last_seen, report_time, report_seq, name))
+    def op_node_seen(name: str, last_seen: float, report_time: float, report_seq: int = 0, boot_id: str = "") -> Op:
+        """The lazy last-seen flush: one constant statement, so a flush of every node is one executemany.
+
+        Nothing moves back: replicas share the row, and one that took an older heartbeat (or
+        flushes later) must not undo a newer report time or seq another replica stored. The seq
+        is compared only within the boot the row is in (a boot change is written at once)."""
+        return ("UPDATE nodes SET last_seen = MAX(last_seen, ?), report_time = MAX(report_time, ?), "
+                "report_seq = CASE WHEN boot_id = ? AND report_seq < ? THEN ? ELSE report_seq END WHERE name = ?",
+                (last_seen, report_time, boot_id, report_seq, report_seq, name))
 
     @staticmethod
     def op_node_verdict_seq(name: str, boot_id: str, verdict_seq: int, at: float) -> Op:

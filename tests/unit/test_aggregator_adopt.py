@@ -77,9 +77,9 @@ def test_a_follower_flush_of_an_older_report_seq_does_not_hide_a_newer_transitio
     s, leader, follower = replicas(tmp_path)
     assert write(s, leader.apply_report("dgx01", (), 0.0, "{}", 150.0, order=("b1", 20), fp=7)) == "applied"
     assert write(s, follower.apply_verdict("dgx01", XID, 200.0, order=("b1", 21))) == "applied"
-    s.apply(follower.flush_seen())  # writes the follower's report_seq 10 back over the leader's 20
+    s.apply(follower.flush_seen())  # the follower's older report_seq 10 does not go over the leader's 20
     [o] = s.observed_since(150.0)[0]
-    assert (o.report_seq, o.verdict_seq) == (10, 21)
+    assert (o.report_seq, o.verdict_seq) == (20, 21)
     assert sync(leader, s, 150.0) == 1 and leader.nodes["dgx01"].status is Status.FAIL
     assert leader.nodes["dgx01"].report_seq == 20, "a seq never goes back"
 
