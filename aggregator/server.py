@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
@@ -290,6 +291,8 @@ async def api_history(request: web.Request) -> web.Response:
     try:
         limit = min(1000, max(1, int(request.query.get("limit", "100"))))
         before = float(request.query["before"]) if "before" in request.query else None
+        if before is not None and not math.isfinite(before):  # NaN matched nothing: an empty page, no error
+            raise ValueError
     except ValueError:
         return _error(400, "limit must be an integer and before a number")
     items = await offload(agg.store.history, name, limit, before)
@@ -443,10 +446,12 @@ async def api_bundle(request: web.Request) -> web.StreamResponse:
     if refusal is not None:
         return refusal
     name = request.match_info["name"]
-    try:
-        bid = int(request.match_info["id"])
-    except ValueError:
+    raw_id = request.match_info["id"]
+    # ASCII digits only, and within SQLite's INTEGER: int() alone takes "1_0", " 1" and "١", and a
+    # 20-digit id overflowed the query (a 500 instead of this 400).
+    if not (raw_id.isascii() and raw_id.isdigit() and int(raw_id) <= ingest.MAX_SEQ):
         return _error(400, "a bundle id is an integer")
+    bid = int(raw_id)
     b = await offload(agg.store.bundle, bid)
     if b is None or b["node"] != name:
         return _error(404, f"no bundle {bid} of {name}")

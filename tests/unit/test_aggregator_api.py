@@ -206,6 +206,8 @@ async def test_reports_drive_conditions_and_stale_reports_are_ignored(tmp_path: 
         assert fleet["partitions"]["batch"] == {"nodes": 4, "fenced": 1, "limit": 1}
         assert (await call(s, "GET", f"{url}/api/v1/nodes/dgx42"))[0] == 404
         assert (await call(s, "GET", f"{url}/api/v1/nodes/dgx01/history?limit=x"))[0] == 400
+        for before in ("nan", "inf", "-inf", "1e400"):  # NaN answered an empty page as if nothing had happened
+            assert (await call(s, "GET", f"{url}/api/v1/nodes/dgx01/history?before={before}"))[0] == 400, before
         assert (await call(s, "GET", f"{url}/healthz"))[0] == 200
 
 

@@ -192,6 +192,18 @@ async def test_without_an_admin_token_bundles_are_readable_from_this_host_only(t
         assert r.status == 403 and "only from this host" in (await r.json())["error"]
 
 
+async def test_a_bundle_id_is_ascii_digits_within_sqlite_integer(tmp_path: Path) -> None:
+    # A 26-digit id overflowed the SQLite query (500); int() also took "1_0" and Unicode digits.
+    async with running(config(tmp_path, auth=AggAuthConfig(admin_token=ADMIN)), [MemFencer()]) as (agg, url), \
+            aiohttp.ClientSession() as s:
+        for bid in ("9" * 26, str(2**63), "1_0", "%D9%A1", "-1", "+1"):
+            r = await s.get(f"{url}/api/v1/nodes/dgx01/bundles/{bid}", headers=H)
+            assert r.status == 400, bid
+            assert (await r.json())["error"] == "a bundle id is an integer"
+        r = await s.get(f"{url}/api/v1/nodes/dgx01/bundles/{2**63 - 1}", headers=H)
+        assert r.status == 404  # the largest id is read, and there is none
+
+
 async def test_a_dry_run_fetches_no_bundle(tmp_path: Path) -> None:
     agent = BundleAgent("dgx01")
     runner, agent_url = await agent.serve()
