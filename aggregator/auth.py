@@ -5,7 +5,8 @@
 - cluster_token speaks for any node only on /v1/alertmanager (a central sender), and on the agent
   routes only with the unsafe cluster_token_for_agents; the admin token may post alerts too;
 - with no credential configured at all, ingest is open: config validation allows that only on
-  loopback with no fencer that can take a node out of service.
+  loopback with no fencer that can take a node out of service, and a request must name a
+  loopback Host (a DNS-rebound browser page names its own).
 
 A derived token names no node, so it is checked against the node the body names, once the body
 is parsed; a missing or malformed token is refused before the body is read.
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from podhealth.credentials import node_token_matches
-from podhealth.webguard import bearer, same_token
+from podhealth.webguard import bearer, from_this_host, same_token
 
 from podhealth.config_aggregator import AggAuthConfig
 
@@ -74,6 +75,13 @@ class Auth:
     def ingest(self, request: web.Request, central: bool = False) -> Speaker:
         """Who the request speaks as; `central` for /v1/alertmanager. Raises Refused (401)."""
         if self.open:
+            # Config validation binds open ingest to loopback, but a browser on this host reaches a
+            # loopback socket through DNS rebinding (evil.example re-resolved to 127.0.0.1): its
+            # text/plain POST needs no preflight and its Origin matches its Host, so same_site passes.
+            # The Host it names is not loopback (webguard.from_this_host), as on the agent's routes.
+            if not from_this_host(request):
+                raise Refused(403, "forbidden", "ingest is unauthenticated (no credential under auth): only a "
+                                                "caller on this host naming a loopback Host may post")
             return ANYONE
         tok = bearer(request)
         if tok is None:

@@ -74,6 +74,27 @@ async def test_anonymous_report_for_a_made_up_node_is_refused_and_fences_nothing
         assert "ghost01" not in agg.mem.nodes and fencer.fenced == {}
 
 
+async def test_open_ingest_refuses_a_dns_rebound_browser(tmp_path: Path) -> None:
+    # No credential configured (allowed on loopback only). A page on evil.example re-resolved to
+    # 127.0.0.1 reaches the socket from loopback and posts text/plain (no preflight) with an
+    # Origin that matches its Host, so the cross-site check passes: the Host it names gives it away.
+    fencer = MemFencer()
+    async with running(config(tmp_path), [fencer]) as (agg, url), aiohttp.ClientSession() as s:
+        port = url.rsplit(":", 1)[1]
+        browser = {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}",
+                   "Sec-Fetch-Site": "same-origin", "Content-Type": "text/plain"}
+        for path, body in (("/v1/reports", report("ghost01")),
+                           ("/v1/events", {"node": "ghost01", "events": []}),
+                           ("/v1/alertmanager", {"alerts": []})):
+            async with s.post(f"{url}{path}", data=json.dumps(body), headers=browser) as r:
+                assert r.status == 403, path
+                assert "loopback Host" in (await r.json())["error"]
+        assert "ghost01" not in agg.mem.nodes and fencer.fenced == {}
+        # the same report from a caller on this host that names it: taken
+        status, out = await post(s, f"{url}/v1/reports", report("dgx01", "OK"), None)
+        assert (status, out["applied"]) == (200, 1)
+
+
 async def test_a_node_token_speaks_for_its_node_alone(tmp_path: Path) -> None:
     fencer = MemFencer()
     async with running(config(tmp_path, auth=AUTH, learn_nodes=False), [fencer]) as (agg, url), \
