@@ -86,7 +86,7 @@ class GpuReset:
             gpu = body["gpu"]
             if not isinstance(gpu, int) or isinstance(gpu, bool) or not 0 <= gpu <= MAX_GPU_INDEX:
                 raise ValueError
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: JSON nested ~1,000 deep
             return web.json_response({"error": f'expected {{"gpu": 0..{MAX_GPU_INDEX}}}'}, status=400)
         reason = str(body.get("reason", ""))[:200] if isinstance(body, dict) else ""
         if self._lock.locked() or self.health.handover_running():

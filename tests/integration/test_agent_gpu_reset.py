@@ -63,8 +63,8 @@ def reset(svc: Service, body: Any, token: str | None = TOKEN) -> tuple[int, dict
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(f"{svc.url}/v1/gpu-reset", data=json.dumps(body).encode(), method="POST",
-                                 headers=headers)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(f"{svc.url}/v1/gpu-reset", data=data, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())
@@ -83,6 +83,9 @@ def test_refuses_without_the_token_and_bad_bodies(agent: Service) -> None:
     assert reset(agent, {"gpu": 0}, token="wrong")[0] == 401
     for bad in ({}, {"gpu": "0"}, {"gpu": -1}, {"gpu": True}, {"gpu": 99}, [0]):
         assert reset(agent, bad)[0] == 400, bad
+    # Not JSON, and JSON nested deeper than the parser recurses (a 500 before): 400 as well.
+    for raw in (b"\xff", b'{"gpu": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"):
+        assert reset(agent, raw)[0] == 400, raw[:20]
     code, body = reset(agent, {"gpu": 9})  # the H100 node has GPUs 0..7
     assert code == 404 and "no GPU 9" in body["error"]
 
