@@ -24,9 +24,18 @@ _MARK = "_podhealth_same_site_only"
 
 
 def bearer(request: web.Request) -> str | None:
-    """The token of an `Authorization: Bearer ...` header, or None."""
+    """The token of an `Authorization: Bearer ...` header (the scheme in any case, RFC 7235), or
+    None. A header that is not UTF-8 reaches here with surrogates, which no configured token holds
+    and which str.encode() refuses (a 500 on every guarded route): "" then, a token that matches nothing."""
     h = request.headers.get("Authorization", "")
-    return h[7:].strip() if h.startswith("Bearer ") else None
+    if h[:7].lower() != "bearer ":
+        return None
+    tok = h[7:].strip()
+    try:
+        tok.encode()
+    except UnicodeEncodeError:
+        return ""
+    return tok
 
 
 def same_token(expected: str, got: str | None) -> bool:

@@ -95,6 +95,20 @@ async def test_open_ingest_refuses_a_dns_rebound_browser(tmp_path: Path) -> None
         assert (status, out["applied"]) == (200, 1)
 
 
+async def test_a_token_that_is_not_utf8_is_refused_not_a_500(tmp_path: Path) -> None:
+    async with running(config(tmp_path, auth=AUTH), [MemFencer()]) as (agg, url):
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        for path in ("/v1/reports", "/v1/alertmanager", "/api/v1/nodes/dgx01/fence", "/api/v1/breaker/reset"):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                         "Content-Length: 2\r\nConnection: close\r\n".encode()
+                         + b"Authorization: Bearer \xff\xfe\r\n\r\n{}")
+            answer = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            assert answer.startswith(b"HTTP/1.1 401 "), (path, answer[:80])
+        assert "dgx01" not in agg.mem.nodes or agg.mem.nodes["dgx01"].fence.value == "none"
+
+
 async def test_a_node_token_speaks_for_its_node_alone(tmp_path: Path) -> None:
     fencer = MemFencer()
     async with running(config(tmp_path, auth=AUTH, learn_nodes=False), [fencer]) as (agg, url), \

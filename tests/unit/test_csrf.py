@@ -31,6 +31,20 @@ def test_same_site(headers: dict[str, str], ok: bool) -> None:
     assert csrf.same_site(req) is ok
 
 
+@pytest.mark.parametrize(("header", "token"), [
+    ("Bearer abc", "abc"),
+    ("bearer abc", "abc"),  # the scheme is case-insensitive (RFC 7235)
+    ("BEARER  abc ", "abc"),
+    ("Basic YWJj", None),
+    ("Bearerabc", None),
+    ("", None),
+])  # a token that is not UTF-8: test_aggregator_auth.test_a_token_that_is_not_utf8_is_refused_not_a_500
+def test_bearer(header: str, token: str | None) -> None:
+    req = make_mocked_request("POST", "/v1/reports", headers={"Authorization": header} if header else {})
+    assert csrf.bearer(req) == token
+    assert csrf.same_token("abc", csrf.bearer(req)) is (token == "abc")
+
+
 async def test_every_mutating_route_of_the_aggregator_is_guarded(tmp_path: Path) -> None:
     agg = await Aggregator.open(config(tmp_path))
     try:
