@@ -116,17 +116,25 @@ class Evaluator:
         st = snap.collectors.get(source)
         return (None,) if st is None else (st.last_success, st.stale, st.enabled)
 
-    def _remember(self, events: Sequence[Event]) -> None:
-        for e in events:
+    def _remember(self, snap: Snapshot) -> None:
+        for e in snap.events:
             if e.id not in self._events:
                 self._events[e.id] = e
         while len(self._events) > self._keep:
             self._events.popitem(last=False)
+        # A kernel record from before the node's current boot is about state that boot reset: a
+        # fresh /dev/kmsg never shows it again. An agent that outlives the boot (the simulator's
+        # fault=reboot; a followed log file) must forget it too, or an XID 79 the reboot cured
+        # keeps the node failing its verification until checks.rate_window runs out.
+        boot = self.grace.boot_time(snap)
+        if boot is not None:
+            for key in [k for k, e in self._events.items() if e.time < boot]:
+                del self._events[key]
 
     def evaluate(self, snap: Snapshot, now: float, damped: bool = True,
                  only: Sequence[str] | None = None) -> tuple[CheckResult, ...]:
         observe_counters(self.rates, snap.samples(), now, _COUNTERS)
-        self._remember(snap.events)
+        self._remember(snap)
         ctx = Context(snapshot=snap, profile=self.profile, now=now, rates=self.rates,
                       events=tuple(self._events.values()), required_units=self.cfg.required_units,
                       required_mounts=self.required_mounts, window=self.cfg.rate_window,
@@ -175,7 +183,7 @@ class Evaluator:
         next full evaluation shows the same verdict with the same `since`), but leaves counter
         history, grace and pruning alone: those belong to the full evaluation of each snapshot.
         """
-        self._remember(snap.events)
+        self._remember(snap)
         ctx = Context(snapshot=snap, profile=self.profile, now=now, rates=self.rates,
                       events=tuple(self._events.values()), required_units=self.cfg.required_units,
                       required_mounts=self.required_mounts, window=self.cfg.rate_window, ib_links=None)

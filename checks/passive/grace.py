@@ -44,6 +44,11 @@ class GraceClock:
         live = [g for g in graces if now < g.until]
         return max(live, key=lambda g: g.until) if live else None
 
+    def boot_time(self, snap: Snapshot) -> float | None:
+        """The node's boot time as the snapshot shows it (the last one seen when it shows none)."""
+        self._boot(snap)
+        return self.boot
+
     def _boot(self, snap: Snapshot) -> None:
         st = snap.collectors.get("host")
         if st is None or st.stale or st.last_success is None:
