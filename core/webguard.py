@@ -50,7 +50,10 @@ def same_site(request: web.Request) -> bool:
     origin = request.headers.get("Origin")
     if origin is None:
         return True  # not a browser (agents, Alertmanager, the CLI), or a browser's same-origin GET
-    parts = urlsplit(origin)
+    try:
+        parts = urlsplit(origin)
+    except ValueError:  # "http://[::1" (an unclosed IPv6 bracket) was a 500: no browser sends it
+        return False
     return parts.scheme in ("http", "https") and parts.netloc == request.host
 
 
@@ -60,7 +63,10 @@ def from_this_host(request: web.Request) -> bool:
     The Host check is what stops DNS rebinding: a page on evil.example whose name now resolves
     to 127.0.0.1 reaches the socket from loopback, but its requests say `Host: evil.example`.
     """
-    host = urlsplit(f"//{request.host}").hostname or ""
+    try:
+        host = urlsplit(f"//{request.host}").hostname or ""
+    except ValueError:  # Host: [::1 (an unclosed IPv6 bracket) was a 500
+        return False
     return is_loopback_address(request.remote or "") and is_loopback_address(host)
 
 

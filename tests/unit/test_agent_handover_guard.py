@@ -103,6 +103,7 @@ async def test_with_a_token_the_token_is_required(agent_factory: Any) -> None:
     ("127.0.0.1", "evil.example:9410", False),  # DNS rebinding
     ("10.1.2.3", "127.0.0.1:9410", False),  # another host naming loopback
     ("10.1.2.3", "dgx01:9410", False),
+    ("127.0.0.1", "[::1", False),  # an unclosed IPv6 bracket: refused, not a 500
 ])
 def test_from_this_host(peer: str, host: str, ok: bool) -> None:
     transport = mock.Mock()

@@ -22,6 +22,7 @@ from tests.harness.agg import config
     ({"Origin": "http://agg.example:9421"}, False),  # same host, other port: another origin
     ({"Origin": "null"}, False),  # sandboxed frames, file:// pages
     ({"Origin": "ftp://agg.example:9420"}, False),
+    ({"Origin": "http://[::1"}, False),  # urlsplit raises on it (was a 500)
     ({"Sec-Fetch-Site": "cross-site"}, False),
     ({"Sec-Fetch-Site": "cross-site", "Origin": "http://agg.example:9420"}, False),
     ({"Sec-Fetch-Site": "same-origin", "Origin": "http://agg.example:9420"}, True),
