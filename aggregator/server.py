@@ -9,6 +9,7 @@ CSRF-safe without cookies.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import math
@@ -44,11 +45,24 @@ def _error(status: int, message: str) -> web.Response:
 _Reject = Refused
 
 
+# Seconds a body may take to arrive after its request head. The idle timeout (httpguard) stops
+# at the head; without this a caller with a token trickling a byte a second held a connection and
+# its handler for ever (enough of them fill the connection cap). 1 MB in 60 s is 17 KB/s.
+BODY_TIMEOUT = 60.0
+
+
 async def _raw_body(request: web.Request, limit: int) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise _Reject(413, "too_large", f"body of {request.content_length} bytes exceeds {limit}")
     try:
-        return await request.read()
+        if request.content.is_eof():  # all here already (a report is one packet): no timer to set
+            return await request.read()
+        async with asyncio.timeout(BODY_TIMEOUT):
+            return await request.read()
+    except TimeoutError:
+        request.content.feed_eof()
+        request.protocol.close()
+        raise _Reject(408, "aborted", f"the body did not arrive within {BODY_TIMEOUT:g}s") from None
     except web.HTTPRequestEntityTooLarge:
         raise _Reject(413, "too_large", f"body exceeds {limit} bytes") from None
     except RequestPayloadError as e:  # e.g. Content-Encoding: gzip on a body that is not gzip

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from podhealth.aggregator import server
 from podhealth.config_aggregator import AggAuthConfig
 from tests.harness.agg import MemFencer, config, running
 
@@ -95,3 +96,24 @@ async def test_an_aborted_upload_is_one_structured_log_line(tmp_path: Path, capl
         aborted = agg.metrics.ingest_requests.labels("events", "aborted")._value.get()  # type: ignore[attr-defined]
         assert aborted == 1
     assert not [r for r in caplog.records if r.exc_info or r.name.startswith("aiohttp") and r.levelno >= logging.ERROR]
+
+
+async def test_a_body_that_trickles_in_past_the_timeout_is_a_408_and_closed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The idle timeout ends at the request head; a token holder trickling its body held the
+    # connection and the handler for ever. Both ingest and admin bodies have a deadline.
+    monkeypatch.setattr(server, "BODY_TIMEOUT", 0.5)
+    async with running(config(tmp_path, auth=AUTH), [MemFencer()]) as (agg, url):
+        before = agg.store.counts() if agg.store else None
+        host, port = url.split("//")[1].split(":")
+        for path, token in (("/v1/reports", "n1tok"), ("/api/v1/nodes/dgx01/fence", "atok")):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            try:
+                writer.write(head(path, token, "Content-Length: 1000\r\n") + b'{"node": "dgx01", ')
+                await writer.drain()
+                answer = await asyncio.wait_for(reader.read(), 10)  # read() to EOF: the server closed it
+            finally:
+                writer.close()
+            status, out = status_and_body(answer)
+            assert status == 408 and "did not arrive within 0.5s" in str(out), path
+        assert agg.store is not None and agg.store.counts() == before
