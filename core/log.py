@@ -41,6 +41,25 @@ def setup(level: str = "info", fmt: Literal["auto", "json", "console"] = "auto",
 STDLIB_LOGGERS = ("aiohttp.access", "aiohttp.server", "aiohttp.web", "aiohttp.client", "aiohttp.internal", "asyncio")
 
 
+def _client_errors(record: logging.LogRecord) -> bool:
+    """aiohttp logs a request it cannot parse (a bad header byte, a line over 8 KB, no Host, an
+    unknown Content-Encoding) as "Error handling request" at ERROR with a traceback: anyone who can
+    connect wrote error lines at will. It is the client's error, answered 400 already: one info
+    line with the reason, no traceback (and none at all below the configured level)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    if exc is None or record.name != "aiohttp.server":
+        return True
+    from aiohttp.http_exceptions import HttpProcessingError
+
+    if not isinstance(exc, HttpProcessingError):
+        return True
+    record.msg = f"{record.getMessage()}: {' '.join(str(exc).split())[:300]}"
+    record.args = None
+    record.exc_info = record.exc_text = None
+    record.levelno, record.levelname = logging.INFO, "INFO"
+    return logging.getLogger().isEnabledFor(logging.INFO)
+
+
 def route_stdlib(level: int, renderer: structlog.typing.Processor, stream) -> None:  # type: ignore[no-untyped-def]
     """Send every standard-library log record through the same renderer as structlog's own
     lines: one JSON line (or console line) with level, logger and timestamp; a traceback becomes
@@ -59,6 +78,7 @@ def route_stdlib(level: int, renderer: structlog.typing.Processor, stream) -> No
     )
     handler = logging.StreamHandler(stream)
     handler.setFormatter(formatter)
+    handler.addFilter(_client_errors)
     handler.set_name("podhealth")
     root = logging.getLogger()
     for old in [h for h in root.handlers if h.get_name() == "podhealth"]:
