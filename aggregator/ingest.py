@@ -290,9 +290,18 @@ _GOOD_NAMES_MAX = 200_000
 def _read_typed(raw: bytes) -> ParsedReport | Lease | None:
     """The body as _Posted, or None when it is not one that the general path would read the
     same way (then that path decides)."""
+    # msgspec checks the UTF-8 of the strings it decodes, not of the fields it skips, and the
+    # body is stored and served as it came: a byte that is not UTF-8 anywhere is the general
+    # path's 400 (nearly every body is ASCII, which needs no decode to know). Nesting deeper than
+    # its recursion limit raises RecursionError: the general path refuses that too.
+    if not raw.isascii():
+        try:
+            raw.decode()
+        except UnicodeDecodeError:
+            return None
     try:
         p = _decode_posted(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
     node = p.node
     if node not in _GOOD_NAMES:
@@ -339,8 +348,11 @@ def parse_events(obj: Any) -> EventBatch:
         transition = report = None
         if etype == "event":
             ev = _obj(e.get("event"), f"{where}.event")
-            if not isinstance(ev.get("kind"), str) or isinstance(ev.get("code"), bool) or not isinstance(ev.get("code"), int):
-                raise BadRequest(f"{where}.event: expected kind (string) and code (integer)")
+            kind = ev.get("kind")
+            if (not isinstance(kind, str) or not 0 < len(kind) <= MAX_NAME or isinstance(ev.get("code"), bool)
+                    or not isinstance(ev.get("code"), int)):
+                raise BadRequest(f"{where}.event: expected kind (a string of 1 to {MAX_NAME} characters) "
+                                 "and code (integer)")
         elif etype == "transition":
             transition = _verdict(e.get("new"), f"{where}.new")
         elif etype == "report":

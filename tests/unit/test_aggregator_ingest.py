@@ -171,6 +171,22 @@ def test_the_typed_path_reads_every_body_as_the_general_path(doc: dict[str, Any]
     b'{"node": "dgx01", "time": 1, "digest": null}',
     b'{"node": "dgx01", "time": 1, "results": null, "digest": "0123456789abcdef"}',
     b'{"node": "dgx\\ud800", "time": 1, "results": []}',  # a lone surrogate is not UTF-8 text
+    # bytes that are not UTF-8 in a field the typed path skips (it would be stored and served)
+    b'{"node": "dgx01", "time": 1, "profile": "\xff\xfe", "results": []}',
+    b'{"node": "dgx01", "time": 1, "agent_version": "\xc3", "digest": "0123456789abcdef"}',
+    b'{"node": "dgx01", "time": 1, "profile": "caf\xc3\xa9", "results": []}',  # real UTF-8: taken
+    # nesting past msgspec's recursion limit (a RecursionError, not a 500)
+    b'{"node": "dgx01", "time": 1, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b', "results": []}',
 ])
 def test_edge_bodies_read_the_same_both_ways(raw: bytes) -> None:
     assert outcome(ingest.read_posted, raw) == outcome(general, raw)
+
+
+def test_an_event_kind_is_a_short_name() -> None:
+    def batch(kind: str) -> dict[str, Any]:
+        return {"node": "dgx01", "events": [{"id": "e1", "type": "event", "time": 1.0,
+                                             "event": {"kind": kind, "code": 79}}]}
+    for bad in ("x" * 129, ""):
+        with pytest.raises(ingest.BadRequest, match="kind"):
+            ingest.parse_events(batch(bad))
+    assert len(ingest.parse_events(batch("xid")).events) == 1
