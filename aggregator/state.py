@@ -504,7 +504,12 @@ class Memory:
         if old is not None and (old.status, old.action, old.severity) == (status, action, severity):
             self.conditions[key] = replace(old, observed=now, summary=summary or old.summary)
             return []
-        # The agent's first-seen time, unless it is missing or from the future (clock skew).
+        # The agent's first-seen time on our clock: its claim moved by how far the node's clock
+        # is from ours (clock_offset, from its latest report), so a node whose clock lags cannot
+        # skip a rule's min_duration. Our receive time when it is missing or in the future.
+        rec = self.nodes.get(node)
+        if source == "agent" and since > 0 and rec is not None:
+            since -= rec.clock_offset
         start = since if 0 < since <= now else now
         if old is not None and old.status is status:
             start = min(start, old.since)

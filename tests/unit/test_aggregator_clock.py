@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -188,6 +189,29 @@ def test_200_failing_nodes_with_clocks_an_hour_behind_trip_the_breaker() -> None
         assert sum(1 for r in m.nodes.values() if r.fence.ours) <= 10
     assert tripped_at == 20, "trips once more than 10% of 200 turned bad within the window"
     assert sum(1 for r in m.nodes.values() if r.fence.ours) == 10
+
+
+def test_a_node_whose_clock_lags_does_not_skip_min_duration() -> None:
+    """The agent's `since` is a claim on its own clock: an hour behind, a FAIL it saw 5 s ago
+    is 5 s old here, not an hour (so a rule's min_duration still waits), and one it saw 10
+    minutes ago is 10 minutes old."""
+    rules = [dataclasses.replace(r, min_duration=60.0) for r in config(Path("/tmp")).rules]
+    policy = Policy(rules=rules, max_fenced=10, max_percent_per_partition=100.0, fences_per_minute=1000,
+                    breaker_share_percent=100.0, breaker_window=300.0)
+    now = 1_800_000_000.0
+    for node, seen_ago, fenced in (("late", 5.0, False), ("long", 600.0, True)):
+        m = Memory()
+        m.configure_node(node, "", "", "", "batch", now)
+        lag = now - 3600.0  # the agent's clock
+        ingest.apply_report(m, ingest.read_report(json.dumps(report(node, lag, since=lag - seen_ago)).encode()), now)
+        [c] = m.conditions_of(node)
+        assert c.since == pytest.approx(now - seen_ago)
+        d = decide(m.open_conditions(), m.fleet(), now, policy)
+        assert bool(d.of_kind("fence")) is fenced, d
+    # a claim from the future is our receive time, offset or not
+    m = Memory()
+    ingest.apply_report(m, ingest.read_report(json.dumps(report("n", now, since=now + 999)).encode()), now)
+    assert m.conditions_of("n")[0].since == now
 
 
 # ---- intervals on a monotonic clock -------------------------------------------------------------

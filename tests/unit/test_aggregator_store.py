@@ -339,7 +339,7 @@ def test_conditions_keep_their_start_while_they_persist() -> None:
     m.apply_report("dgx01", (Verdict("xid", "GPU0", Status.FAIL, Action.RESET_GPU, since=10.0),
                              Verdict("nfs", "/home", Status.WARN),), 30.0, "", 31.0, order=("b1", 30))
     c = m.conditions[("dgx01", "xid", "GPU0")]
-    assert (c.since, c.observed, c.opened) == (10.0, 31.0, 21.0)
+    assert (c.since, c.observed, c.opened) == (11.0, 31.0, 21.0)  # since 10 on the agent's clock, 1 s behind ours
     # an older report (by the agent's sequence) is stale and changes nothing
     assert m.apply_report("dgx01", (), 25.0, "", 32.0, order=("b1", 25)) == ("stale", [])
     assert ("dgx01", "xid", "GPU0") in m.conditions
