@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -330,6 +331,7 @@ class Fleet:
         ui_note = "" if _answers(f"{agg}/ui") else "   (this build has no UI yet)"
         root_arg = "" if plan.root == _default_root() else f" --root {plan.root}"
         first = plan.nodes[min(2, len(plan.nodes) - 1)]
+        ph = cli_command()
         lines = [
             "",
             f"Simulated pod {plan.cluster!r}: {len(plan.nodes)} x {self.opts.profile}, partition {plan.partition}",
@@ -345,13 +347,13 @@ class Fleet:
         ]
         lines += [f"  {a.node:<8} {a.url}/metrics" for a in plan.agents]
         lines += ["", "Try it:",
-                  f"  podhealth simulate inject {first} xid=79 gpu=3{root_arg}    # GPU fell off the bus",
+                  f"  {ph} simulate inject {first} xid=79 gpu=3{root_arg}    # GPU fell off the bus",
                   f"  curl -s {agg}/api/v1/nodes/{first}"]
         if self.fencer.slurm_conf:
             lines.append(f"  SLURM_CONF={self.fencer.slurm_conf} sinfo -N -o '%N %T %E'")
-        lines += [f"  PODHEALTH_TOKEN={plan.agent_token} podhealth check --node {first} --aggregator {agg}"
+        lines += [f"  PODHEALTH_TOKEN={plan.agent_token} {ph} check --node {first} --aggregator {agg}"
                   "    # the handover report (exit 1 = fail)",
-                  f"  podhealth simulate clear {first}{root_arg}",
+                  f"  {ph} simulate clear {first}{root_arg}",
                   "",
                   f"Prometheus scrape config (also in {plan.home / 'prometheus.yml'}):",
                   ""]
@@ -493,6 +495,20 @@ def _agent_of(plan: FleetPlan, child: Child) -> AgentPlan:
 def _slurm_pids(cluster: object | None) -> list[int]:
     procs = getattr(cluster, "_procs", None) or {}
     return [p.pid for p in procs.values()]
+
+
+def cli_command(argv0: str | None = None) -> str:
+    """How the banner's commands call this podhealth: `podhealth` when that name on PATH is the
+    running script, else the running script's path (the ./.venv that scripts/podhealth runs, where
+    no `podhealth` is on PATH), else `<python> -m podhealth`. A bare `podhealth` could be missing,
+    or another install driving this pod with other code."""
+    script = Path(argv0 if argv0 is not None else sys.argv[0])
+    if script.name == "podhealth":
+        found = shutil.which("podhealth")
+        if found and Path(found).resolve() == script.resolve():
+            return "podhealth"
+        return shlex.quote(str(script.resolve()))
+    return f"{shlex.quote(sys.executable)} -m podhealth"
 
 
 def _default_root() -> Path:

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -162,8 +163,11 @@ def test_scrape_config_is_valid_for_prometheus(pod: Pod, tmp_path: Path) -> None
 
 def test_check_node_works_as_the_banner_prints_it(pod: Pod) -> None:
     # `podhealth check --node` finds the agent through the aggregator, not DNS (dgx03 has none).
-    line = next(x.strip() for x in pod.text().splitlines() if " podhealth check --node" in x)
-    env_kv, _, argv = line.split("#")[0].split()[0], None, line.split("#")[0].split()[2:]
+    line = next(x.strip() for x in pod.text().splitlines() if "podhealth check --node" in x)
+    words = shlex.split(line.split("#")[0])
+    env_kv, argv = words[0], words[words.index("check"):]
+    # The pod runs as `python -m podhealth`: the banner calls that, not a `podhealth` from PATH.
+    assert words[1:words.index("check")] == [sys.executable, "-m", "podhealth"], line
     key, _, token = env_kv.partition("=")
     assert key == "PODHEALTH_TOKEN" and token
     r = subprocess.run([sys.executable, "-m", "podhealth", *argv, "--format", "json"], capture_output=True, text=True,
