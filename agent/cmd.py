@@ -175,7 +175,7 @@ async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None) 
     # young generation's to 10,000 saved ~0.5 ms per cycle but made single collections long
     # enough (with several collector threads waiting on the GIL) to push /metrics past 100 ms.
     gc.freeze()
-    print(f"podhealth agent serving {agent.url}/metrics (node {agent.node})", flush=True)
+    print(f"podhealth agent serving {agent.url}/metrics and {agent.url}/health (node {agent.node})", flush=True)
     try:
         await stop.wait()
     finally:

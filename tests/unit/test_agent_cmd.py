@@ -62,4 +62,5 @@ def test_real_mode_on_this_machine(tmp_path: Path) -> None:
         assert 'podhealth_collector_disabled_info{collector="dcgm",node="ci01",reason="DCGM Python bindings not found' in text
         svc.proc.send_signal(signal.SIGTERM)
         assert svc.proc.wait(10) == 0
-        assert "podhealth agent serving http://127.0.0.1:" in svc.log.read_text()
+        # README's Try it: the line names both URLs an operator curls first.
+        assert f"podhealth agent serving {svc.url}/metrics and {svc.url}/health (node ci01)" in svc.log.read_text()
