@@ -9,7 +9,7 @@
     podhealth simulate job start dgx01 --gpus 0,1 --id 42 --user alice   (job stop / job list)
 
 Every subcommand takes --root (default $PODHEALTH_SIM_DIR or /tmp/podhealth-sim-$UID). Bad input
-exits 2 with a message and changes nothing. Subcommands are listed in SUBCOMMANDS: add one by
+exits 64 (EX_USAGE, as every podhealth command's usage errors) with a message and changes nothing. Subcommands are listed in SUBCOMMANDS: add one by
 writing `_add_<name>(sub, common)` and an entry there.
 """
 
@@ -24,10 +24,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from podhealth.exitcodes import EXIT_USAGE
+
 if TYPE_CHECKING:
     from podhealth.sim.state import Fault
 
-EXIT_BAD_INPUT = 2
+EXIT_BAD_INPUT = EXIT_USAGE  # a value to change (README: exit codes)
 
 
 class _BadInput(Exception):

@@ -36,6 +36,7 @@ from typing import IO, Callable, TextIO
 
 from podhealth.configload import ConfigError
 from podhealth.credentials import write_private
+from podhealth.exitcodes import EXIT_UNKNOWN, EXIT_USAGE
 from podhealth.sim.fleet_config import (
     AgentPlan, FencerChoice, FleetPlan, agent_config, aggregator_config, check_agent_config,
     check_aggregator_config, reboot_program, scrape_config,
@@ -46,7 +47,7 @@ HOME = "_fleet"
 AGENT_START_TIMEOUT = 90.0  # 16 agents on 2 busy cores come up in ~15 s; a loaded CI box is slower
 AGG_START_TIMEOUT = 30.0
 STOP_TIMEOUT = 8.0
-EXIT_BAD_INPUT = 2
+EXIT_BAD_INPUT = EXIT_USAGE  # a value to change (README: exit codes)
 
 
 class FleetError(Exception):
@@ -581,9 +582,12 @@ def run(args: argparse.Namespace) -> int:
         fleet.start()
         fleet.say(fleet.banner())
         rc = fleet.watch()
-    except (ValueError, ConfigError) as e:  # a --base-port clash, a config the loader refused
+    except ValueError as e:  # a --base-port clash: an option to change
         print(f"podhealth simulate fleet: error: {e}", file=sys.stderr)
         rc = EXIT_BAD_INPUT
+    except ConfigError as e:  # a config the loader refused: a bad config file, as everywhere
+        print(f"podhealth simulate fleet: error: {e}", file=sys.stderr)
+        rc = EXIT_UNKNOWN
     except FleetError as e:
         print(f"podhealth simulate fleet: error: {e}", file=sys.stderr)
         rc = 1

@@ -72,7 +72,7 @@ def test_bad_input_exits_2_and_changes_nothing(tmp_path: Path, capsys: pytest.Ca
     assert run(tmp_path, "inject", "dgx01", "fault=dbe", "gpu=1") == 0
     capsys.readouterr()
     before = files(tmp_path)
-    assert run(tmp_path, *args) == 2
+    assert run(tmp_path, *args) == 64
     err = capsys.readouterr().err
     assert message in err and err.startswith(f"podhealth simulate {args[0]}: error:")
     assert files(tmp_path) == before
@@ -81,13 +81,13 @@ def test_bad_input_exits_2_and_changes_nothing(tmp_path: Path, capsys: pytest.Ca
 def test_not_a_capture_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     junk = tmp_path / "junk.txt"
     junk.write_text("hello\n")
-    assert run(tmp_path / "nodes", "node", "dgx01", "--from-nvidia-smi", str(junk)) == 2
+    assert run(tmp_path / "nodes", "node", "dgx01", "--from-nvidia-smi", str(junk)) == 64
     assert "no 'GPU <bus id>' section found" in capsys.readouterr().err
     assert not (tmp_path / "nodes" / "dgx01").exists()
 
 
 def test_no_subcommand_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["simulate"]) == 2
+    assert main(["simulate"]) == 64
     assert "inject" in capsys.readouterr().out
 
 

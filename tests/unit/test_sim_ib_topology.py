@@ -280,7 +280,7 @@ def test_cli_from_sysfs_and_storage(tmp_path: Path, own_fixtures: Path) -> None:
     st = SimNode.open(tmp_path, "dgx01").state
     assert st.hcas[0].pci_addr == "0000:18:00.0"
     r = sim("node", "dgx02", "--from-sysfs", str(tmp_path / "missing"))
-    assert r.returncode == 2 and "--from-sysfs" in r.stderr and "no InfiniBand devices" in r.stderr
+    assert r.returncode == 64 and "--from-sysfs" in r.stderr and "no InfiniBand devices" in r.stderr
     assert not (tmp_path / "dgx02").exists()
     r = sim("node", "dgx03", "--storage", "ethernet")
     assert r.returncode == 0, r.stderr

@@ -50,7 +50,7 @@ def test_a_root_owned_by_someone_else_is_refused(monkeypatch: pytest.MonkeyPatch
     problem = root_problem(mine)
     assert problem is not None and f"belongs to uid {me}" in problem and "--root" in problem
     before = sorted(p.name for p in mine.iterdir())
-    assert main(["simulate", "node", "dgx01"]) == 2
+    assert main(["simulate", "node", "dgx01"]) == 64
     err = capsys.readouterr().err
     assert "belongs to uid" in err and "--root DIR or set $PODHEALTH_SIM_DIR" in err
     assert sorted(p.name for p in mine.iterdir()) == before  # nothing written
@@ -113,7 +113,7 @@ def test_base_port_in_use_names_the_option(tmp_path: Path, held_port: int) -> No
     out = subprocess.run([sys.executable, "-m", "podhealth", "simulate", "fleet", "--nodes", "2", "--no-slurm",
                           "--base-port", str(held_port), "--root", str(tmp_path)],
                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert out.returncode == 2, out
+    assert out.returncode == 64, out
     assert "Traceback" not in out.stderr
     assert f"--base-port {held_port}: port(s) {held_port} already in use" in out.stderr
     assert "choose another --base-port" in out.stderr
