@@ -25,7 +25,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from podhealth import log as plog
 from podhealth.aggregator import bundles, ingest, overrides, versions
 from podhealth.hostnames import node_name_problem
-from podhealth.webguard import from_this_host, require_guarded, same_site_only
+from podhealth.webguard import from_this_host, host_guard, require_guarded, require_host_checked, same_site_only
 
 from podhealth.aggregator.auth import Auth, Refused, Speaker
 from podhealth.aggregator.service import Aggregator, OperatorError
@@ -519,13 +519,15 @@ def make_app(agg: Aggregator, *, manage: bool = True) -> web.Application:
             gc.unfreeze()
             await agg.stop()
         app.cleanup_ctx.append(lifecycle)
+    # Reads answer only a loopback Host while bound to loopback (DNS rebinding): webguard.host_guard.
+    reads = host_guard(agg.cfg.listen.address, agg.cfg.allowed_hosts, "aggregator.allowed_hosts")
     app.router.add_post("/v1/reports", same_site_only(_reports_endpoint(agg, app[AUTH])))
     app.router.add_post("/v1/events", same_site_only(_ingest_endpoint("events", _events)))
     app.router.add_post("/v1/alertmanager",
                         same_site_only(_ingest_endpoint("alertmanager", _alertmanager, central=True)))
-    app.router.add_get("/api/v1/nodes", api_nodes)
-    app.router.add_get("/api/v1/nodes/{name}", api_node)
-    app.router.add_get("/api/v1/nodes/{name}/history", api_history)
+    app.router.add_get("/api/v1/nodes", reads(api_nodes))
+    app.router.add_get("/api/v1/nodes/{name}", reads(api_node))
+    app.router.add_get("/api/v1/nodes/{name}/history", reads(api_history))
     app.router.add_post("/api/v1/nodes/{name}/fence", same_site_only(_admin(_fence)))
     app.router.add_post("/api/v1/nodes/{name}/release", same_site_only(_admin(_release)))
     app.router.add_post("/api/v1/nodes/{name}/handover", same_site_only(_admin(_handover)))
@@ -533,16 +535,17 @@ def make_app(agg: Aggregator, *, manage: bool = True) -> web.Application:
     app.router.add_post("/api/v1/nodes/{name}/silence", same_site_only(_admin(_silence)))
     app.router.add_post("/api/v1/nodes/{name}/unsilence", same_site_only(_admin(_unsilence)))
     app.router.add_post("/api/v1/nodes/{name}/mark-healthy", same_site_only(_admin(_mark_healthy)))
-    app.router.add_get("/api/v1/nodes/{name}/bundles", api_bundles)
-    app.router.add_get("/api/v1/nodes/{name}/bundles/{id}", api_bundle)
+    app.router.add_get("/api/v1/nodes/{name}/bundles", reads(api_bundles))
+    app.router.add_get("/api/v1/nodes/{name}/bundles/{id}", reads(api_bundle))
     app.router.add_post("/api/v1/breaker/reset", same_site_only(_admin(_breaker_reset)))
-    app.router.add_get("/api/v1/fleet", api_fleet)
-    app.router.add_get("/api/v1/repairs", api_repairs)
-    app.router.add_get("/api/v1/fleet/versions", api_fleet_versions)
-    app.router.add_get("/v1/fleet/versions", api_fleet_versions)  # the name issue 13 gives it
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/api/v1/fleet", reads(api_fleet))
+    app.router.add_get("/api/v1/repairs", reads(api_repairs))
+    app.router.add_get("/api/v1/fleet/versions", reads(api_fleet_versions))
+    app.router.add_get("/v1/fleet/versions", reads(api_fleet_versions))  # the name issue 13 gives it
+    app.router.add_get("/metrics", reads(metrics))
+    app.router.add_get("/healthz", reads(healthz))
     from podhealth.aggregator import ui  # the web UI: /, /ui/*
-    ui.setup(app, agg)
+    ui.setup(app, agg, reads)
     require_guarded(app)
+    require_host_checked(app)
     return app

@@ -293,8 +293,9 @@ def with_security_headers(handler: Handler) -> Handler:
     return page
 
 
-def setup(app: web.Application, agg: "Aggregator") -> None:
-    """Add the UI's routes to the aggregator's (not yet started) app."""
+def setup(app: web.Application, agg: "Aggregator", reads: Callable[[Handler], Handler]) -> None:
+    """Add the UI's routes to the aggregator's (not yet started) app; `reads` wraps each of them
+    (webguard.host_guard)."""
     app[FEED] = Feed(agg)
     app[ASSETS] = load_assets()
     app[DASHBOARDS] = grafana.node_dashboards() if agg.cfg.ui.grafana_url else ()
@@ -303,12 +304,12 @@ def setup(app: web.Application, agg: "Aggregator") -> None:
         app[FEED].closing.set()  # open streams end now instead of holding up shutdown
 
     app.on_shutdown.append(close_streams)
-    app.router.add_get("/", with_security_headers(root))
-    app.router.add_get("/ui", with_security_headers(fleet_page))
-    app.router.add_get("/ui/", with_security_headers(root))
-    app.router.add_get("/ui/node/{name}", with_security_headers(node_page))
-    app.router.add_get("/ui/static/{file}", with_security_headers(static))
-    app.router.add_get("/ui/api/fleet", with_security_headers(fleet_view))
-    app.router.add_get("/ui/api/fleet-history", with_security_headers(fleet_history))
-    app.router.add_get("/ui/api/links", with_security_headers(node_links))
-    app.router.add_get("/ui/events", events)
+    app.router.add_get("/", reads(with_security_headers(root)))
+    app.router.add_get("/ui", reads(with_security_headers(fleet_page)))
+    app.router.add_get("/ui/", reads(with_security_headers(root)))
+    app.router.add_get("/ui/node/{name}", reads(with_security_headers(node_page)))
+    app.router.add_get("/ui/static/{file}", reads(with_security_headers(static)))
+    app.router.add_get("/ui/api/fleet", reads(with_security_headers(fleet_view)))
+    app.router.add_get("/ui/api/fleet-history", reads(with_security_headers(fleet_history)))
+    app.router.add_get("/ui/api/links", reads(with_security_headers(node_links)))
+    app.router.add_get("/ui/events", reads(events))

@@ -326,6 +326,11 @@ class AggregatorConfig:
         "HTTP server (ingest, API, /metrics). An address but loopback needs credentials under `auth`\n"
         "(cluster_secret, node_tokens or cluster_token): without them ingest is anonymous.",
         factory=lambda: ListenConfig("127.0.0.1", 9420))
+    allowed_hosts: tuple[str, ...] = doc(
+        "Host names besides loopback ones that a loopback-bound aggregator answers (a reverse proxy\n"
+        "on this host that passes its own name). Bound to loopback, every read (UI, API, /metrics)\n"
+        "naming another Host is refused (421): a DNS-rebound web page could read them otherwise.",
+        factory=tuple)
     db: Annotated[Path, AbsPath()] = doc("SQLite state file (WAL); store.url, when set, wins.",
                                          Path("/var/lib/podhealth/aggregator.db"))
     store: StoreConfig = doc("The state store (SQLite file or PostgreSQL).", factory=StoreConfig)

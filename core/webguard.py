@@ -11,7 +11,7 @@ start an app that registered a mutating route without it.
 from __future__ import annotations
 
 import hmac
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterable
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -63,11 +63,53 @@ def from_this_host(request: web.Request) -> bool:
     The Host check is what stops DNS rebinding: a page on evil.example whose name now resolves
     to 127.0.0.1 reaches the socket from loopback, but its requests say `Host: evil.example`.
     """
+    host = host_name(request)  # None: Host: [::1 (an unclosed IPv6 bracket) was a 500
+    return host is not None and is_loopback_address(request.remote or "") and is_loopback_address(host)
+
+
+def host_name(request: web.Request) -> str | None:
+    """The host the request names (its Host header without the port), lower-cased; None when it
+    cannot be read (`Host: [::1`, an unclosed IPv6 bracket)."""
     try:
-        host = urlsplit(f"//{request.host}").hostname or ""
-    except ValueError:  # Host: [::1 (an unclosed IPv6 bracket) was a 500
-        return False
-    return is_loopback_address(request.remote or "") and is_loopback_address(host)
+        return (urlsplit(f"//{request.host}").hostname or "").lower()
+    except ValueError:
+        return None
+
+
+_READ_MARK = "_podhealth_host_checked"
+
+
+def host_guard(bound_to: str, allowed: Iterable[str] = (), setting: str = "allowed_hosts") -> Callable[[Handler], Handler]:
+    """A wrapper for the read routes of a server bound to `bound_to`.
+
+    Bound to loopback, only a request naming a loopback Host (or one of `allowed`) is answered:
+    a page on evil.example whose name a DNS rebinding re-resolved to 127.0.0.1 reaches the socket
+    as same-origin and could read the answers, but names its own Host (421 Misdirected Request).
+    Bound to other addresses, any Host reaches it (proxies and Services name their own), and the
+    wrapper changes nothing. `require_host_checked` refuses an app with a read route not wrapped.
+    `setting`: the config key that lists `allowed`, named in the refusal.
+    """
+    names = frozenset(h.lower() for h in allowed)
+    loopback = is_loopback_address(bound_to)
+
+    def wrap(handler: Handler) -> Handler:
+        async def checked(request: web.Request) -> web.StreamResponse:
+            host = host_name(request) if loopback else ""
+            if loopback and (host is None or not (is_loopback_address(host) or host in names)):
+                return web.json_response({"error": "this server is bound to loopback and answers only a loopback "
+                                                   f"Host (or one listed in {setting})"}, status=421)
+            return await handler(request)
+        setattr(checked, _READ_MARK, True)
+        return checked
+    return wrap
+
+
+def require_host_checked(app: web.Application) -> None:
+    """Raise if a read route was registered without host_guard."""
+    for route in app.router.routes():
+        if route.method in SAFE_METHODS and route.method != "OPTIONS" and not getattr(route.handler, _READ_MARK, False):
+            raise RuntimeError(f"{route.method} {route.resource.canonical if route.resource else '?'} "
+                               "is not wrapped in webguard.host_guard")
 
 
 def is_json(request: web.Request) -> bool:

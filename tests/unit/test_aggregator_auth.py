@@ -272,3 +272,42 @@ def test_secrets_come_from_files_and_the_environment(tmp_path: Path, monkeypatch
     monkeypatch.setenv("PODHEALTH_NODE_TOKEN", "env-token")
     assert config_mod.Config().publish.resolved().token == "env-token"
 
+
+
+READS = ("/", "/ui", "/ui/node/dgx01", "/ui/static/fleet.js", "/ui/api/fleet", "/ui/api/fleet-history",
+         "/api/v1/nodes", "/api/v1/nodes/dgx01", "/api/v1/nodes/dgx01/history", "/api/v1/fleet",
+         "/api/v1/repairs", "/api/v1/fleet/versions", "/metrics", "/healthz")
+
+
+async def test_a_loopback_aggregator_answers_reads_only_to_a_loopback_host(tmp_path: Path) -> None:
+    """DNS rebinding: a page on evil.example re-resolved to 127.0.0.1 is same-origin with the
+    loopback-bound aggregator and could read the fleet (node names, evidence, /metrics). It names
+    its own Host; a loopback name, or one in allowed_hosts (a local reverse proxy), is answered."""
+    cfg = config(tmp_path, auth=AUTH, allowed_hosts=("Podhealth.Example",))
+    async with running(cfg, [MemFencer()]) as (agg, url), aiohttp.ClientSession() as s:
+        port = url.rsplit(":", 1)[1]
+        for path in READS:
+            async with s.get(f"{url}{path}", headers={"Host": f"evil.example:{port}"}, allow_redirects=False) as r:
+                assert r.status == 421, path
+                assert "aggregator.allowed_hosts" in (await r.json())["error"]
+            for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", f"podhealth.example:{port}"):
+                async with s.get(f"{url}{path}", headers={"Host": host}, allow_redirects=False) as r:
+                    assert r.status < 400, (path, host, r.status)
+        async with s.get(f"{url}/api/v1/fleet", headers={"Host": "[::1"}) as r:
+            assert r.status == 421
+
+
+async def test_an_aggregator_bound_beyond_loopback_answers_any_host() -> None:
+    """Behind a Service or a proxy the Host is theirs: the guard changes nothing there."""
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    from podhealth.webguard import host_guard
+
+    async def ok(request: web.Request) -> web.StreamResponse:
+        return web.Response(text="ok")
+
+    for bound, want in (("0.0.0.0", 200), ("10.0.0.5", 200), ("127.0.0.1", 421), ("::1", 421)):
+        handler = host_guard(bound)(ok)
+        r = await handler(make_mocked_request("GET", "/api/v1/fleet", headers={"Host": "podhealth.example"}))
+        assert r.status == want, bound
