@@ -187,7 +187,14 @@ async def test_without_an_admin_token_bundles_are_readable_from_this_host_only(t
         assert agg.cfg.auth.admin_token == ""
         r = await s.get(f"{url}/api/v1/nodes/dgx01/bundles")
         assert r.status == 200 and (await r.json())["bundles"] == []
-        # a name that is not this host (DNS rebinding, a proxy forwarding from elsewhere): refused
+        # a name that is not this host (DNS rebinding, a proxy forwarding from elsewhere): refused,
+        # here already by the loopback bind's host guard (webguard.host_guard: 421) ...
+        r = await s.get(f"{url}/api/v1/nodes/dgx01/bundles", headers={"Host": "agg.example:9420"})
+        assert r.status == 421 and "loopback" in (await r.json())["error"]
+    # ... and by the bundle reader itself where that name is allowed (a local proxy's): the
+    # evidence wants the admin token or a caller on this host naming it
+    cfg = config(tmp_path / "proxy", allowed_hosts=("agg.example",))
+    async with running(cfg, [MemFencer()]) as (agg, url), aiohttp.ClientSession() as s:
         r = await s.get(f"{url}/api/v1/nodes/dgx01/bundles", headers={"Host": "agg.example:9420"})
         assert r.status == 403 and "only from this host" in (await r.json())["error"]
 
