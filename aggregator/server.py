@@ -525,9 +525,6 @@ def make_app(agg: Aggregator, *, manage: bool = True) -> web.Application:
     app.router.add_post("/v1/events", same_site_only(_ingest_endpoint("events", _events)))
     app.router.add_post("/v1/alertmanager",
                         same_site_only(_ingest_endpoint("alertmanager", _alertmanager, central=True)))
-    app.router.add_get("/api/v1/nodes", reads(api_nodes))
-    app.router.add_get("/api/v1/nodes/{name}", reads(api_node))
-    app.router.add_get("/api/v1/nodes/{name}/history", reads(api_history))
     app.router.add_post("/api/v1/nodes/{name}/fence", same_site_only(_admin(_fence)))
     app.router.add_post("/api/v1/nodes/{name}/release", same_site_only(_admin(_release)))
     app.router.add_post("/api/v1/nodes/{name}/handover", same_site_only(_admin(_handover)))
@@ -535,15 +532,16 @@ def make_app(agg: Aggregator, *, manage: bool = True) -> web.Application:
     app.router.add_post("/api/v1/nodes/{name}/silence", same_site_only(_admin(_silence)))
     app.router.add_post("/api/v1/nodes/{name}/unsilence", same_site_only(_admin(_unsilence)))
     app.router.add_post("/api/v1/nodes/{name}/mark-healthy", same_site_only(_admin(_mark_healthy)))
-    app.router.add_get("/api/v1/nodes/{name}/bundles", reads(api_bundles))
-    app.router.add_get("/api/v1/nodes/{name}/bundles/{id}", reads(api_bundle))
     app.router.add_post("/api/v1/breaker/reset", same_site_only(_admin(_breaker_reset)))
-    app.router.add_get("/api/v1/fleet", reads(api_fleet))
-    app.router.add_get("/api/v1/repairs", reads(api_repairs))
-    app.router.add_get("/api/v1/fleet/versions", reads(api_fleet_versions))
-    app.router.add_get("/v1/fleet/versions", reads(api_fleet_versions))  # the name issue 13 gives it
-    app.router.add_get("/metrics", reads(metrics))
-    app.router.add_get("/healthz", reads(healthz))
+    reads_table: tuple[tuple[str, Handler], ...] = (
+        ("/api/v1/nodes", api_nodes), ("/api/v1/nodes/{name}", api_node),
+        ("/api/v1/nodes/{name}/history", api_history), ("/api/v1/nodes/{name}/bundles", api_bundles),
+        ("/api/v1/nodes/{name}/bundles/{id}", api_bundle), ("/api/v1/fleet", api_fleet),
+        ("/api/v1/repairs", api_repairs), ("/api/v1/fleet/versions", api_fleet_versions),
+        ("/v1/fleet/versions", api_fleet_versions),  # the name issue 13 gives it
+        ("/metrics", metrics), ("/healthz", healthz))
+    for path, read in reads_table:
+        app.router.add_get(path, reads(read))
     from podhealth.aggregator import ui  # the web UI: /, /ui/*
     ui.setup(app, agg, reads)
     require_guarded(app)

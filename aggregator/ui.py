@@ -304,12 +304,10 @@ def setup(app: web.Application, agg: "Aggregator", reads: Callable[[Handler], Ha
         app[FEED].closing.set()  # open streams end now instead of holding up shutdown
 
     app.on_shutdown.append(close_streams)
-    app.router.add_get("/", reads(with_security_headers(root)))
-    app.router.add_get("/ui", reads(with_security_headers(fleet_page)))
-    app.router.add_get("/ui/", reads(with_security_headers(root)))
-    app.router.add_get("/ui/node/{name}", reads(with_security_headers(node_page)))
-    app.router.add_get("/ui/static/{file}", reads(with_security_headers(static)))
-    app.router.add_get("/ui/api/fleet", reads(with_security_headers(fleet_view)))
-    app.router.add_get("/ui/api/fleet-history", reads(with_security_headers(fleet_history)))
-    app.router.add_get("/ui/api/links", reads(with_security_headers(node_links)))
+    pages: tuple[tuple[str, Handler], ...] = (
+        ("/", root), ("/ui", fleet_page), ("/ui/", root), ("/ui/node/{name}", node_page),
+        ("/ui/static/{file}", static), ("/ui/api/fleet", fleet_view), ("/ui/api/fleet-history", fleet_history),
+        ("/ui/api/links", node_links))
+    for path, page in pages:
+        app.router.add_get(path, reads(with_security_headers(page)))
     app.router.add_get("/ui/events", reads(events))
