@@ -53,11 +53,12 @@ class Liveness:
         if rec is None or not rec.agent_url:
             return
         url = rec.agent_url.rstrip("/") + "/health"
-        headers = {"Authorization": f"Bearer {self.cfg.auth.agent_token}"} if self.cfg.auth.agent_token else {}
+        # No token: GET /health is open, and whatever answers at agent_url (a user who bound the
+        # port while the agent was down) would collect the fleet's agent token every pull.
         async with sem:
             try:
                 timeout = aiohttp.ClientTimeout(total=self.cfg.pull_timeout)
-                async with self.session.get(url, headers=headers, timeout=timeout) as resp:
+                async with self.session.get(url, timeout=timeout) as resp:
                     raw = await resp.read()
                     status = resp.status
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:

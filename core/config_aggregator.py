@@ -48,7 +48,8 @@ class AggAuthConfig:
         "Also from admin_token_file or $PODHEALTH_ADMIN_TOKEN.", "")
     admin_token_file: str = doc("File holding admin_token.", "")
     agent_token: str = doc(
-        "Bearer token the aggregator presents to agents (/health, /v1/handover): their auth.token.\n"
+        "Bearer token the aggregator presents to agents (/v1/handover, GPU resets, bundles; never\n"
+        "with a pull of the open /health): their auth.token.\n"
         "Also from agent_token_file or $PODHEALTH_AGENT_TOKEN.", "")
     agent_token_file: str = doc("File holding agent_token.", "")
 

@@ -46,9 +46,11 @@ class FakeAgent:
         self.status = "OK"
         self.handover: tuple[int, dict[str, Any]] = (200, {"status": "OK"})
         self.handovers: list[str] = []
+        self.pulled_with: list[str] = []  # the Authorization of each GET /health
         self.t = 1000.0
 
     async def health(self, request: web.Request) -> web.Response:
+        self.pulled_with.append(request.headers.get("Authorization", ""))
         self.t += 1
         return web.json_response(fail_report(self.node, self.t, self.status),
                                  status=200 if self.status == "OK" else 503)
@@ -157,6 +159,8 @@ async def test_return_to_service_only_on_a_passed_handover(tmp_path: Path, answe
             agent.status = "OK"
             await until(lambda: agent.handovers)
             assert agent.handovers[0] == "Bearer agent-secret"
+            # the agent token goes only where it is needed: never with a pull of the open /health
+            assert agent.pulled_with and set(agent.pulled_with) == {""}
             if released:
                 await until(lambda: "dgx01" not in fencer.fenced and agg.mem.nodes["dgx01"].fence is FenceMode.NONE)
                 assert agg.mem.nodes["dgx01"].status is Status.OK
