@@ -70,9 +70,9 @@ _OR_REPLACE = re.compile(r"^\s*INSERT\s+OR\s+REPLACE\s+INTO\s+(\w+)\s*\(([^)]*)\
 _TRIGGER = re.compile(
     r"^\s*CREATE\s+TRIGGER\s+(\w+)\s+BEFORE\s+(UPDATE|DELETE)\s+ON\s+(\w+)\s+BEGIN\s+SELECT\s+RAISE\s*\(\s*ABORT\s*,"
     r"\s*'([^']*)'\s*\)\s*;\s*END\s*;?\s*$", re.I | re.S)
-_MIN2 = re.compile(r"\bMIN\(\s*([\w.]+)\s*,\s*([\w.]+)\s*\)", re.I)
-# SQLite's two-argument MAX (a scalar, not the aggregate); a side may be a parameter.
-_MAX2 = re.compile(r"\bMAX\(\s*([\w.?]+)\s*,\s*([\w.?]+)\s*\)", re.I)
+# SQLite's two-argument MIN and MAX (scalars, not the aggregates); a side may be a parameter.
+_MINMAX2 = re.compile(r"\b(MIN|MAX)\(\s*([\w.?]+)\s*,\s*([\w.?]+)\s*\)", re.I)
+_LEAST_GREATEST = {"MIN": "LEAST", "MAX": "GREATEST"}
 
 
 @functools.lru_cache(maxsize=1024)
@@ -94,8 +94,7 @@ def translate(sql: str) -> tuple[str, ...]:
         s = re.sub(r"\bINTEGER\b", "BIGINT", s, flags=re.I)
         s = re.sub(r"\bREAL\b", "DOUBLE PRECISION", s, flags=re.I)
         s = re.sub(r"\)\s*WITHOUT\s+ROWID\s*$", ")", s, flags=re.I)
-    s = _MIN2.sub(r"LEAST(\1, \2)", s)
-    s = _MAX2.sub(r"GREATEST(\1, \2)", s)
+    s = _MINMAX2.sub(lambda m: f"{_LEAST_GREATEST[m.group(1).upper()]}({m.group(2)}, {m.group(3)})", s)
     m = _OR_REPLACE.match(s)
     if m:
         table, cols = m.group(1), [c.strip() for c in m.group(2).split(",")]

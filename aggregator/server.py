@@ -175,16 +175,16 @@ def _reports_endpoint(agg: Aggregator, auth: Auth) -> Handler:
             mem = agg.mem
             if not learn and node not in mem.nodes:
                 raise _Reject(403, "forbidden", f"unknown node {node} (learn_nodes is off)")
+            now = agg.clock()
             if type(rep) is ingest.Lease:
-                quiet = mem.lease_quiet(node, rep.digest, rep.time, agg.clock(), rep.order)
+                quiet = mem.lease_quiet(node, rep.digest, rep.time, now, rep.order)
                 if quiet is not None:  # nothing to write, nothing to undo: answered here
                     if bound.vouches:
                         mem.vouch(node)
                     tally.ok(perf_counter() - t0, quiet)
-                    return web.Response(body=_with_digest(_ONE[quiet], rep.digest) if quiet == "unchanged"
-                                        else _ONE[quiet], headers=_JSON)
+                    return web.Response(body=_one(quiet, rep.digest), headers=_JSON)
                 undo = mem.checkpoint(node)
-                leased, ops = ingest.apply_lease(mem, rep, agg.clock())
+                leased, ops = ingest.apply_lease(mem, rep, now)
                 if leased is None:
                     raise _Reject(409, "conflict", f"no full report of {node} with digest {rep.digest} here: "
                                                    "send the full report")
@@ -193,7 +193,7 @@ def _reports_endpoint(agg: Aggregator, auth: Auth) -> Handler:
             else:
                 assert isinstance(rep, ingest.ParsedReport)
                 undo = mem.checkpoint(node)
-                applied, ops = ingest.apply_report(mem, rep, agg.clock())
+                applied, ops = ingest.apply_report(mem, rep, now)
                 rec = mem.nodes.get(node)
                 # What a lease must name to stand for this report (see ingest.Lease).
                 digest = ingest.digest_of(rec.fp) if rec is not None and rec.fp else None
@@ -211,10 +211,15 @@ def _reports_endpoint(agg: Aggregator, auth: Auth) -> Handler:
             latency.observe(perf_counter() - t0)
             raise
         result = "stale" if applied.stale else "unchanged" if applied.unchanged else "applied"
-        body = _ONE[result] if digest is None or applied.stale else _with_digest(_ONE[result], digest)
         tally.ok(perf_counter() - t0, result)
-        return web.Response(body=body, headers=_JSON)
+        return web.Response(body=_one(result, digest), headers=_JSON)
     return handler
+
+
+def _one(result: str, digest: str | None) -> bytes:
+    """The answer to one report or lease: what became of it, and the digest a lease may name
+    next (none after a stale one: it described nothing)."""
+    return _ONE[result] if digest is None or result == "stale" else _with_digest(_ONE[result], digest)
 
 
 def _with_digest(answer: bytes, digest: str) -> bytes:

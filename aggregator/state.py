@@ -351,18 +351,14 @@ class Memory:
         rec = self.nodes.get(node)
         if (rec is None or not rec.fp or rec.status is not Status.OK or rec.ok_since is None
                 or rec.unreachable_since is not None or node in self.by_node
-                or report_time - now > self.max_skew or digest_of(rec.fp) != digest):
+                or self.claim_ahead(report_time, now) or digest_of(rec.fp) != digest
+                or (order is not None and order[0] != rec.boot_id)):
             return None
+        rec.clock_offset = report_time - now  # as _claim, which has nothing to write here
+        if self._stale(rec, order, report=True):
+            return "stale"
         if order is not None:
-            boot, seq = order
-            if boot != rec.boot_id:
-                return None
-            rec.clock_offset = report_time - now
-            if seq <= rec.report_seq or seq < rec.verdict_seq:
-                return "stale"
-            rec.report_seq = seq
-        else:
-            rec.clock_offset = report_time - now
+            rec.report_seq = order[1]  # as _advance within the boot
         rec.report_time = rec.last_seen = now
         rec.seen_dirty = True
         return "unchanged"
@@ -535,10 +531,15 @@ class Memory:
         return [Store.op_condition_close(key),
                 Store.op_verdict(c.node, now, c.check, c.entity, Status.OK.value, Action.NONE.value, c.source)]
 
+    def _worst(self, rec: NodeRec) -> Status:
+        """The node's status from its open conditions (OK with none once it has reported)."""
+        keys = self.by_node.get(rec.name, ())
+        return Status.worst([self.conditions[k].status for k in keys]) if keys else (
+            Status.OK if rec.report_time else Status.UNKNOWN)
+
     def _status(self, rec: NodeRec, now: float) -> list[Op]:
         keys = self.by_node.get(rec.name, ())
-        status = Status.worst([self.conditions[k].status for k in keys]) if keys else (
-            Status.OK if rec.report_time else Status.UNKNOWN)
+        status = self._worst(rec)
         ok_since = rec.ok_since
         if keys:
             ok_since = None
@@ -581,12 +582,11 @@ class Memory:
             elif self._newer_transition(rec, o):
                 # Only the agent's own conditions: the leader's liveness and alerts' stay as they are.
                 self._replace_conditions(o.name, stored, lambda c: c.source == "agent")
-                keys = self.by_node.get(o.name)
-                if keys:
-                    rec.status, rec.ok_since = Status.worst([self.conditions[k].status for k in keys]), None
-                else:
-                    rec.status = Status.OK if rec.report_time else Status.UNKNOWN
-                    rec.ok_since = rec.ok_since if rec.ok_since is not None else o.ok_since
+                rec.status = self._worst(rec)
+                if o.name in self.by_node:
+                    rec.ok_since = None
+                elif rec.ok_since is None:
+                    rec.ok_since = o.ok_since
             else:
                 continue
             if o.boot_id != rec.boot_id:

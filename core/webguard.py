@@ -94,10 +94,11 @@ def host_guard(bound_to: str, allowed: Iterable[str] = (), setting: str = "allow
 
     def wrap(handler: Handler) -> Handler:
         async def checked(request: web.Request) -> web.StreamResponse:
-            host = host_name(request) if loopback else ""
-            if loopback and (host is None or not (is_loopback_address(host) or host in names)):
-                return web.json_response({"error": "this server is bound to loopback and answers only a loopback "
-                                                   f"Host (or one listed in {setting})"}, status=421)
+            if loopback:
+                host = host_name(request)
+                if host is None or not (is_loopback_address(host) or host in names):
+                    return web.json_response({"error": "this server is bound to loopback and answers only a "
+                                                       f"loopback Host (or one listed in {setting})"}, status=421)
             return await handler(request)
         setattr(checked, _READ_MARK, True)
         return checked
