@@ -157,11 +157,18 @@ class Runner:
                 self.on_late(self._mono() - started)
 
     async def close(self, timeout: float) -> bool:
-        """Close the collector on its worker, then let the thread go. False, and nothing closed,
-        while a collect() still runs: the thread exits when that call returns."""
-        try:
-            if self._call is not None:
+        """Close the collector on its worker, then let the thread go. A collect() in flight within
+        its own timeout is given `timeout` to return first (a shutdown that lands mid-collection
+        still closes the collector). False, and nothing closed, when the call is hung (past its
+        timeout) or still running after that: the thread exits when the call returns."""
+        call = self._call
+        if call is not None:
+            if call is self._hung:
                 return False
+            await asyncio.wait((call,), timeout=timeout)  # never cancels the call
+            if not call.done():
+                return False
+        try:
             await asyncio.wait_for(asyncio.shield(self._worker.submit(self.collector.close)), timeout)
         except TimeoutError:
             _log.warning("collector close() timed out", collector=self.name, timeout=timeout)

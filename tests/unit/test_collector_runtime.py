@@ -110,6 +110,20 @@ async def test_a_runner_still_collecting_is_not_closed() -> None:
         gate.release.set()
 
 
+async def test_a_shutdown_mid_collection_still_closes_the_collector() -> None:
+    """A collect() in flight (not hung: within its timeout) when the agent stops is waited for,
+    then the collector is closed (it was left open, and the scheduler test saw it at random)."""
+    gate = Gate()
+    runner = Runner("gate", gate, 10.0)
+    task = runner.collect_once()
+    closing = asyncio.create_task(runner.close(5.0))
+    await asyncio.sleep(0)  # let close() find the call in flight (either order must close)
+    assert not gate.closed
+    gate.release.set()
+    assert await closing and gate.closed
+    assert (await task).collection is not None
+
+
 async def test_a_failing_or_wrong_collect_is_an_error_outcome() -> None:
     class Raises(Gate):
         def collect(self) -> Collection:
