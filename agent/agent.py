@@ -211,14 +211,16 @@ class Agent:
         yield Family(HTTP_SPEC, (Sample.of("http_connections_refused", float(self.http_refused)),))
 
     async def stop(self) -> None:
+        # The watchdog pings end before STOPPING=1: systemd times a stopping unit by
+        # TimeoutStopSec, and a ping sent while the sinks drain came after STOPPING=1 at random.
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            await asyncio.gather(self._watchdog, return_exceptions=True)
         self.notifier.stopping()
         await self.sinks.stop()  # while collectors and HTTP still run: the publisher drains its spool
         if self._hooks_timer is not None:
             self._hooks_timer.cancel()
             self._hooks_timer = None
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            await asyncio.gather(self._watchdog, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
         await self.scheduler.stop()
