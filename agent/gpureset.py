@@ -1,7 +1,8 @@
 """POST /v1/gpu-reset: reset one GPU for the aggregator's remediation ladder, never under a job.
 
-The caller is the aggregator (its agent_token is this agent's auth.token; with none set only a
-caller on this host), as for the handover suite. The agent then:
+The caller is the aggregator (with the token derived for this node, `podhealth token derive
+--agent`, held as this agent's auth.token; with none set only a caller on this host), as for the
+handover suite. The agent then:
 
 1. refuses (409) while NVML lists a compute or graphics process on that GPU: a reset kills
    whatever runs there, and a job must never be killed by accident. A GPU whose processes NVML

@@ -664,8 +664,8 @@ class ActionRunner:
                                              handover="", handover_at=0.0, ladder="", ladder_at=0.0))
         mem.set_evacuated(p.node, "")
 
-    def _agent_headers(self) -> dict[str, str]:
-        token = self.cfg.auth.agent_token
+    def _agent_headers(self, node: str) -> dict[str, str]:
+        token = self.cfg.auth.agent_token_for(node)
         return {"Authorization": f"Bearer {token}"} if token else {}
 
     async def _do_handover(self, p: Pending) -> None:
@@ -675,7 +675,7 @@ class ActionRunner:
         passed, detail = False, ""
         try:
             timeout = aiohttp.ClientTimeout(total=self.cfg.handover_timeout)
-            async with self.session.post(url, headers=self._agent_headers(), json={"reason": p.why},
+            async with self.session.post(url, headers=self._agent_headers(p.node), json={"reason": p.why},
                                          timeout=timeout) as resp:
                 body = await resp.text()
                 detail = f"HTTP {resp.status}: {body[:2000]}"
@@ -738,7 +738,7 @@ class ActionRunner:
             return
         try:
             timeout = aiohttp.ClientTimeout(total=self.cfg.ladder.reset_timeout)
-            async with self.session.post(url, headers=self._agent_headers(), json={"gpu": gpu, "reason": p.why},
+            async with self.session.post(url, headers=self._agent_headers(p.node), json={"gpu": gpu, "reason": p.why},
                                          timeout=timeout) as resp:
                 body, status = (await resp.text())[:2000], resp.status
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:

@@ -46,11 +46,12 @@ def bundle_dir(agg: "Aggregator") -> Path:
     return Path(agg.cfg.db).parent / "bundles"
 
 
-async def _download(agg: "Aggregator", url: str) -> bytes:
+async def _download(agg: "Aggregator", node: str, url: str) -> bytes:
     cfg = agg.cfg.bundles
     headers = {"Content-Type": "application/json"}
-    if agg.cfg.auth.agent_token:
-        headers["Authorization"] = f"Bearer {agg.cfg.auth.agent_token}"
+    token = agg.cfg.auth.agent_token_for(node)
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     timeout = aiohttp.ClientTimeout(total=cfg.timeout)
     try:
         async with agg.session.post(url.rstrip("/") + PATH, data=b"{}", headers=headers, timeout=timeout) as r:
@@ -89,7 +90,7 @@ async def fetch(agg: "Aggregator", node: str, fence_id: int) -> dict[str, Any] |
     try:
         if not url:
             raise BundleError("the node has no agent_url to ask")
-        body = await _download(agg, url)
+        body = await _download(agg, node, url)
         if body[:2] != GZIP_MAGIC:
             raise BundleError(f"not a tar.gz (starts {body[:8]!r})")
         digest = hashlib.sha256(body).hexdigest()

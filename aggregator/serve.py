@@ -73,6 +73,9 @@ async def serve(cfg: AggregatorConfig) -> int:
         log.warning("ingest is unauthenticated (loopback only, nothing fences): set aggregator.auth.cluster_secret")
     if cfg.auth.cluster_token_for_agents:
         log.warning("UNSAFE: cluster_token_for_agents lets any holder of cluster_token report for every node")
+    if cfg.auth.agent_token:
+        log.warning("UNSAFE: agent_token is one token for every agent: root on any node can reset GPUs on every "
+                    "other; unset it so that each agent gets its own, derived from cluster_secret")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

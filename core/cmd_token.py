@@ -1,7 +1,9 @@
-"""`podhealth token new | derive --node NAME`: the cluster secret and each node's own token.
+"""`podhealth token new | derive [--agent] --node NAME`: the cluster secret and each node's own tokens.
 
-The aggregator keeps the secret (auth.cluster_secret_file); each node gets only the token
-derived for it (publish.token_file), so a node can speak for itself and no other.
+The aggregator keeps the secret (auth.cluster_secret_file); each node gets only the tokens
+derived for it: the one it reports with (publish.token_file), so a node can speak for itself and
+no other, and with --agent the one its agent expects from the aggregator (auth.token_file), so
+the GPU-reset and handover API of one node answers nobody who holds only another node's tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     n.set_defaults(func=_new)
     d = tsub.add_parser("derive", help="print the token of one node, derived from the cluster secret")
     d.add_argument("--node", required=True, action="append", help="node name (repeat for several)")
+    d.add_argument("--agent", action="store_true",
+                   help="the token the aggregator presents to the node's agent (its auth.token_file), "
+                        "not the one the node reports with")
     d.add_argument("--secret-file", default="",
                    help=f"file holding the cluster secret (default: ${SECRET_ENV})")
     d.add_argument("--out", default="", help="write the token to this file (0640 root:podhealth, else 0600; one --node only)")
@@ -70,8 +75,9 @@ def _derive(args: argparse.Namespace) -> int:
     if args.out and len(args.node) != 1:
         print("podhealth token: --out takes one --node", file=sys.stderr)
         return EXIT_USAGE
+    derive = credentials.derive_agent_token if args.agent else credentials.derive_node_token
     if len(args.node) == 1:
-        return _emit(credentials.derive_node_token(secret, args.node[0]), args.out)
+        return _emit(derive(secret, args.node[0]), args.out)
     for node in args.node:
-        print(f"{node} {credentials.derive_node_token(secret, node)}")
+        print(f"{node} {derive(secret, node)}")
     return 0

@@ -48,8 +48,10 @@ class AggAuthConfig:
         "Also from admin_token_file or $PODHEALTH_ADMIN_TOKEN.", "")
     admin_token_file: str = doc("File holding admin_token.", "")
     agent_token: str = doc(
-        "Bearer token the aggregator presents to agents (/v1/handover, GPU resets, bundles; never\n"
-        "with a pull of the open /health): their auth.token.\n"
+        "One bearer token the aggregator presents to every agent (/v1/handover, GPU resets, bundles;\n"
+        "never with a pull of the open /health): their auth.token. UNSAFE, for migration: root on any\n"
+        "node reads it and can reset GPUs on every other. Leave it empty and, with cluster_secret set,\n"
+        "each agent gets its own (`podhealth token derive --agent --node NAME`).\n"
         "Also from agent_token_file or $PODHEALTH_AGENT_TOKEN.", "")
     agent_token_file: str = doc("File holding agent_token.", "")
 
@@ -74,6 +76,14 @@ class AggAuthConfig:
         return bool(self.node_tokens) or any(
             getattr(self, what) or getattr(self, f"{what}_file") or os.environ.get(_ENV[what], "")
             for what in ("cluster_secret", "cluster_token"))
+
+    def agent_token_for(self, node: str) -> str:
+        """What the aggregator presents to `node`'s agent: the shared agent_token when one is set,
+        else the token derived for that node from cluster_secret, else nothing (an agent without
+        a token serves only its own host). Call on a resolved() copy."""
+        if self.agent_token:
+            return self.agent_token
+        return credentials.derive_agent_token(self.cluster_secret, node) if self.cluster_secret else ""
 
     def resolved(self) -> "AggAuthConfig":
         """A copy with every secret read from its file or the environment (at start, once).

@@ -6,6 +6,11 @@ secret on the aggregator and give each node only its own token (`podhealth token
 node's token speaks for that node alone and a stolen one fences nothing else; the aggregator
 checks a token by deriving it again, so it needs no list of tokens and learns nothing to store.
 
+The other direction works the same way: the token the aggregator presents to a node's agent
+(handover, GPU reset, bundle) is HMAC-SHA256(cluster_secret, "podhealth-agent:" + node), so root
+on one node, who can read that node's agent token, cannot reset GPUs on any other. The two
+prefixes keep a node's two tokens apart: neither is ever the other.
+
 Light on purpose (config validation imports it): no aiohttp, nothing from podhealth.config.
 """
 
@@ -18,6 +23,7 @@ import os
 from pathlib import Path
 
 NODE_PREFIX = b"podhealth-node:"
+AGENT_PREFIX = b"podhealth-agent:"
 MIN_SECRET_CHARS = 16  # a short secret can be guessed offline from one node's token
 SERVICE_GROUP = "podhealth"  # the systemd units' Group=: it may read files that hold tokens
 
@@ -29,6 +35,11 @@ class CredentialError(Exception):
 def derive_node_token(secret: str, node: str) -> str:
     """The token `node` presents to the aggregator."""
     return hmac.new(secret.encode(), NODE_PREFIX + node.encode(), hashlib.sha256).hexdigest()
+
+
+def derive_agent_token(secret: str, node: str) -> str:
+    """The token the aggregator presents to `node`'s agent (that agent's auth.token)."""
+    return hmac.new(secret.encode(), AGENT_PREFIX + node.encode(), hashlib.sha256).hexdigest()
 
 
 def node_token_matches(secret: str, node: str, token: str) -> bool:

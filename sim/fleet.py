@@ -352,7 +352,7 @@ class Fleet:
                   f"  curl -s {agg}/api/v1/nodes/{first}"]
         if self.fencer.slurm_conf:
             lines.append(f"  SLURM_CONF={self.fencer.slurm_conf} sinfo -N -o '%N %T %E'")
-        lines += [f"  PODHEALTH_TOKEN={plan.agent_token} {ph} check --node {first} --aggregator {agg}"
+        lines += [f"  PODHEALTH_TOKEN={plan.agent_token(first)} {ph} check --node {first} --aggregator {agg}"
                   "    # the handover report (exit 1 = fail)",
                   f"  {ph} simulate clear {first}{root_arg}",
                   "",
@@ -380,8 +380,7 @@ def make_plan(opts: FleetOptions) -> FleetPlan:
                    for n, p in zip(names, ports[1:]))
     return FleetPlan(root=root, home=home, profile=opts.profile, cluster=opts.cluster, partition=opts.partition,
                      agents=agents, aggregator_port=ports[0], aggregator_config=home / "aggregator.yml", db=db,
-                     cluster_secret=secrets.token_hex(32), admin_token=secrets.token_urlsafe(18),
-                     agent_token=secrets.token_urlsafe(18))
+                     cluster_secret=secrets.token_hex(32), admin_token=secrets.token_urlsafe(18))
 
 
 def _reset(plan: FleetPlan) -> None:

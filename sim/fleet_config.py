@@ -47,11 +47,15 @@ class FleetPlan:
     db: Path
     cluster_secret: str  # node tokens derive from it (podhealth.credentials); only the aggregator holds it
     admin_token: str
-    agent_token: str  # the aggregator's bearer token for the agents' /v1/handover
 
     def node_token(self, node: str) -> str:
         from podhealth.credentials import derive_node_token
         return derive_node_token(self.cluster_secret, node)
+
+    def agent_token(self, node: str) -> str:
+        """What the aggregator presents to `node`'s agent (/v1/handover, GPU resets, bundles)."""
+        from podhealth.credentials import derive_agent_token
+        return derive_agent_token(self.cluster_secret, node)
 
     @property
     def aggregator_url(self) -> str:
@@ -73,10 +77,10 @@ class FencerChoice:
 def agent_config(plan: FleetPlan, agent: AgentPlan) -> str:
     doc: dict[str, Any] = {
         "log": {"level": "info", "format": "json"},
-        # Each agent holds only its own node's token, as a site would deploy it.
+        # Each agent holds only its own node's tokens, as a site would deploy them.
         "publish": {"aggregator_url": plan.aggregator_url, "token": plan.node_token(agent.node),
                     "spool_dir": str(agent.spool)},
-        "auth": {"token": plan.agent_token},
+        "auth": {"token": plan.agent_token(agent.node)},
     }
     return _header(f"agent {agent.node}") + yaml.safe_dump(doc, sort_keys=False)
 
@@ -93,8 +97,8 @@ def aggregator_config(plan: FleetPlan, fencer: FencerChoice) -> str:
         "aggregator": {
             "listen": {"address": LOOPBACK, "port": plan.aggregator_port},
             "db": str(plan.db),
-            "auth": {"cluster_secret": plan.cluster_secret, "admin_token": plan.admin_token,
-                     "agent_token": plan.agent_token},
+            # No agent_token: each agent's is derived from cluster_secret for its node.
+            "auth": {"cluster_secret": plan.cluster_secret, "admin_token": plan.admin_token},
             # A demo wants to see things happen: pull often, return a healed node after 30 s.
             "pull_interval": 2.0,
             "pull_timeout": 2.0,

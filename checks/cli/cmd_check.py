@@ -49,7 +49,8 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                    help="aggregator base URL that knows each node's agent URL (default: $PODHEALTH_AGGREGATOR, "
                         "then publish.aggregator_url from config)")
     p.add_argument("--config", help="config file")
-    p.add_argument("--token", help="agent token (default: $PODHEALTH_TOKEN, then auth.token from config)")
+    p.add_argument("--token", help="the node's agent token, `podhealth token derive --agent --node NAME` "
+                   "(default: $PODHEALTH_TOKEN, then auth.token from config)")
     p.add_argument("--format", choices=["table", "json", "junit", "bcm"], default="table",
                    help="bcm: the local agent's verdict as a Base Command Manager health check (PASS/FAIL/UNKNOWN)")
     p.add_argument("-v", "--verbose", action="store_true", help="table: one row per entity, OK ones too")

@@ -193,7 +193,7 @@ def test_simulate_fleets_reboot_program_reboots_the_nodes_slurm_issued_a_reboot_
     root = tmp_path / "sim"
     plan = FleetPlan(root=root, home=root / "_fleet", profile="dgx-h100", cluster="c", partition="gpu", agents=(),
                      aggregator_port=1, aggregator_config=root / "agg.yml", db=root / "agg.db",
-                     cluster_secret="s" * 64, admin_token="a", agent_token="t")
+                     cluster_secret="s" * 64, admin_token="a")
     for n in ("dgx01", "dgx02"):
         sim(tmp_path, "node", n)
         sim(tmp_path, "inject", n, "fault=dbe", "gpu=1")

@@ -15,6 +15,8 @@ import shlex
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -213,20 +215,31 @@ def test_xid79_drains_the_node(pod: Pod) -> None:
 
 
 def test_token_files_are_private_and_each_agent_holds_only_its_own_token(pod: Pod) -> None:
-    from podhealth.credentials import derive_node_token
+    from podhealth.credentials import derive_agent_token, derive_node_token
 
     home = pod.root / "_fleet"
     agg = yaml.safe_load((home / "aggregator.yml").read_text())["aggregator"]
     secret = agg["auth"]["cluster_secret"]
-    assert len(secret) >= 32 and "cluster_token" not in agg["auth"]
+    # No shared agent_token: the aggregator derives each agent's token from the secret.
+    assert len(secret) >= 32 and "cluster_token" not in agg["auth"] and "agent_token" not in agg["auth"]
     files = [home / "aggregator.yml", home / "fleet.json", *sorted((home / "agents").glob("*.yml"))]
     assert len(files) == 2 + NODES
     for f in files:
         assert f.stat().st_mode & 0o777 == 0o600, f"{f} is {oct(f.stat().st_mode & 0o777)}"
     for a in pod.info()["agents"]:
         text = (home / "agents" / f"{a['node']}.yml").read_text()
-        assert yaml.safe_load(text)["publish"]["token"] == derive_node_token(secret, a["node"])
+        doc = yaml.safe_load(text)
+        assert doc["publish"]["token"] == derive_node_token(secret, a["node"])
+        assert doc["auth"]["token"] == derive_agent_token(secret, a["node"]) != doc["publish"]["token"]
         assert secret not in text
+    # Root on one node holds that node's agent token: another node's agent API refuses it.
+    first, second = pod.info()["agents"][:2]
+    mine = derive_agent_token(secret, first["node"])
+    req = urllib.request.Request(second["url"] + "/v1/handover", data=b"{}", method="POST",
+                                 headers={"Authorization": f"Bearer {mine}", "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req, timeout=10)
+    assert refused.value.code == 401, refused.value.read()[:300]
 
 
 def test_sigterm_stops_every_process(pod: Pod) -> None:

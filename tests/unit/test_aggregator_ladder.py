@@ -58,6 +58,7 @@ class Agent:
                                  status=200 if self.status == "OK" else 503)
 
     async def handover(self, request: web.Request) -> web.Response:
+        self.auth.append(request.headers.get("Authorization", ""))
         return web.json_response({"status": self.handover_status})
 
     async def gpu_reset(self, request: web.Request) -> web.Response:
@@ -78,10 +79,10 @@ class Agent:
         return runner, f"http://127.0.0.1:{port}"
 
 
-def ladder_cfg(tmp_path: Path, url: str, retries: RetryConfig = FAST, **ladder: Any) -> Any:
+def ladder_cfg(tmp_path: Path, url: str, retries: RetryConfig = FAST,
+               auth: AggAuthConfig = AggAuthConfig(agent_token="agent-secret"), **ladder: Any) -> Any:
     lc = LadderConfig(**{"enabled": True, "verify_within": 1.0, "per_minute": 100, **ladder})
-    cfg = config(tmp_path, healthy_for=0.2, pull_interval=0.05, retries=retries, ladder=lc,
-                 auth=AggAuthConfig(agent_token="agent-secret"))
+    cfg = config(tmp_path, healthy_for=0.2, pull_interval=0.05, retries=retries, ladder=lc, auth=auth)
     return dataclasses.replace(cfg, nodes=(NodeEntry(name="dgx01", agent_url=url, partition="batch"),))
 
 
@@ -146,6 +147,26 @@ async def test_a_reset_that_fixes_the_gpu_returns_the_node_after_the_handover_su
             assert "dgx01" not in fencer.fenced and fencer.count("reboot") == 0
             assert kinds(agg) == [("reset_gpu", "done", "passed")]
             assert agg.mem.nodes["dgx01"].ladder == ""
+    finally:
+        await runner.cleanup()
+
+
+async def test_without_a_shared_agent_token_each_agent_gets_its_own_derived_one(tmp_path: Path) -> None:
+    """Root on dgx02 holds dgx02's agent token: what the aggregator sends dgx01 is not it."""
+    from podhealth.credentials import derive_agent_token
+    secret = "cluster-secret-" + "x" * 20
+    agent = Agent("dgx01")
+    runner, url = await agent.serve()
+    fencer = MemFencer()
+    try:
+        cfg = ladder_cfg(tmp_path, url, auth=AggAuthConfig(cluster_secret=secret), verify_within=30.0)
+        async with running(cfg, [fencer]) as (agg, _):
+            await until(lambda: agent.resets and agg.mem.nodes["dgx01"].ladder == "verifying")
+            agent.status = "OK"
+            await until(lambda: agg.mem.nodes["dgx01"].fence is FenceMode.NONE and not agg.pending)
+        mine = derive_agent_token(secret, "dgx01")
+        assert mine not in (derive_agent_token(secret, "dgx02"), secret)
+        assert len(agent.auth) >= 2 and set(agent.auth) == {f"Bearer {mine}"}, agent.auth  # the reset, then the handover
     finally:
         await runner.cleanup()
 

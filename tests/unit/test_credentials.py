@@ -67,6 +67,23 @@ def test_token_derive_prints_the_hmac_of_the_node(tmp_path: Path, capsys: Any, m
     assert len(credentials.read_secret("", str(tmp_path / "cluster.secret"), "")) == 64
 
 
+def test_token_derive_agent_prints_the_agents_own_token(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    """The token the aggregator presents to dgx01's agent: its own HMAC, apart from the token
+    dgx01 reports with, and what AggAuthConfig presents to dgx01 when no shared token is set."""
+    from podhealth.config_aggregator import AggAuthConfig
+
+    want = hmac.new(SECRET.encode(), b"podhealth-agent:dgx01", hashlib.sha256).hexdigest()
+    monkeypatch.setenv("PODHEALTH_CLUSTER_SECRET", SECRET)
+    assert main(["token", "derive", "--agent", "--node", "dgx01"]) == 0
+    assert capsys.readouterr().out.strip() == want != credentials.derive_node_token(SECRET, "dgx01")
+    assert main(["token", "derive", "--agent", "--node", "dgx01", "--node", "dgx02"]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"dgx01 {want}",
+                                                    f"dgx02 {credentials.derive_agent_token(SECRET, 'dgx02')}"]
+    assert AggAuthConfig(cluster_secret=SECRET).agent_token_for("dgx01") == want
+    assert AggAuthConfig(cluster_secret=SECRET, agent_token="shared").agent_token_for("dgx01") == "shared"
+    assert AggAuthConfig().agent_token_for("dgx01") == ""  # nothing to present: agents serve their own host only
+
+
 @pytest.mark.parametrize(("argv", "err", "code"), [
     (["--node", "dgx01", "--secret-file", "/nonexistent/secret"], "cannot read /nonexistent/secret", 2),
     (["--node", "dgx01"], "no cluster secret", 2),
