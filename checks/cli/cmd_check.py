@@ -73,11 +73,17 @@ def _load_config(path: str | None) -> Config:
     return config_mod.load(default) if os.path.exists(default) else Config()
 
 
-def _token(args: argparse.Namespace, cfg: Config) -> str:
+def _token(args: argparse.Namespace, cfg: Config, node: str) -> str:
+    """--token, $PODHEALTH_TOKEN, this host's agent token (auth.token: right for its own node),
+    or, on the aggregator's host, what the aggregator would present to `node`'s agent (the token
+    derived for it from cluster_secret, or a shared agent_token)."""
     if args.token or os.environ.get("PODHEALTH_TOKEN", ""):
         return str(args.token or os.environ["PODHEALTH_TOKEN"])
     try:
-        return cfg.auth.resolved().token  # auth.token, auth.token_file or $PODHEALTH_AGENT_TOKEN
+        own = cfg.auth.resolved().token  # auth.token, auth.token_file or $PODHEALTH_AGENT_TOKEN
+        if own or not node:
+            return own
+        return cfg.aggregator.auth.resolved().agent_token_for(node)
     except CredentialError as e:
         raise CheckError(str(e)) from None
 
@@ -121,7 +127,8 @@ def fetch_handover(url: str, token: str, timeout: float, progress: Callable[[dic
     except urllib.error.HTTPError as e:
         body = e.read(500).decode(errors="replace").strip()
         if e.code == 401:
-            raise CheckError(f"{url} rejected the token (HTTP 401): pass --token or set PODHEALTH_TOKEN") from None
+            raise CheckError(f"{url} rejected the token (HTTP 401): pass --token or set PODHEALTH_TOKEN to the node's "
+                             "agent token (`podhealth token derive --agent --node NAME`)") from None
         raise CheckError(f"{url} answered HTTP {e.code}: {body}") from None
     except (urllib.error.URLError, OSError, socket.timeout) as e:
         reason = getattr(e, "reason", e)
@@ -203,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
         url = args.url or (agent_url(cfg, args.node, aggregator) if args.node
                            else _local_agent_listening(cfg))
         if url:
-            rep = fetch_handover(url, _token(args, cfg), args.timeout, on_progress)
+            rep = fetch_handover(url, _token(args, cfg, args.node or ""), args.timeout, on_progress)
         else:
             from podhealth.checks.handover.suite import LocalCollector, run_suite
 

@@ -175,7 +175,22 @@ def test_check_node_works_as_the_banner_prints_it(pod: Pod) -> None:
     r = subprocess.run([sys.executable, "-m", "podhealth", *argv, "--format", "json"], capture_output=True, text=True,
                        timeout=300, env={**os.environ, "PODHEALTH_TOKEN": token})
     assert r.returncode == 0, f"{line}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
-    assert json.loads(r.stdout)["node"] == argv[argv.index("--node") + 1]
+    node = argv[argv.index("--node") + 1]
+    assert json.loads(r.stdout)["node"] == node
+    # On the aggregator's host no token needs passing: check derives the node's agent token from
+    # the aggregator config's cluster_secret, as the aggregator does.
+    env = {k: v for k, v in os.environ.items() if k not in ("PODHEALTH_TOKEN", "PODHEALTH_AGENT_TOKEN")}
+    cfg = str(pod.root / "_fleet" / "aggregator.yml")
+    r = subprocess.run([sys.executable, "-m", "podhealth", *argv, "--config", cfg, "--format", "json"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0 and json.loads(r.stdout)["node"] == node, f"{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+    # Another node's agent token is refused, and the error says where the right one comes from.
+    other = next(a["node"] for a in pod.info()["agents"] if a["node"] != node)
+    from podhealth.credentials import derive_agent_token
+    secret = yaml.safe_load((pod.root / "_fleet" / "aggregator.yml").read_text())["aggregator"]["auth"]["cluster_secret"]
+    r = subprocess.run([sys.executable, "-m", "podhealth", *argv, "--format", "json"], capture_output=True, text=True,
+                       timeout=300, env={**env, "PODHEALTH_TOKEN": derive_agent_token(secret, other)})
+    assert r.returncode == 2 and "401" in r.stderr and "token derive --agent" in r.stderr, r.stderr
     dns = subprocess.run([sys.executable, "-m", "podhealth", "check", "--node", "dgx03"], capture_output=True,
                          text=True, timeout=60)
     assert dns.returncode == 2 and "--url" in dns.stderr and "checks.agents" in dns.stderr, dns.stderr
