@@ -235,7 +235,9 @@ class FileFollower:
             self._offset, self._partial = 0, b""
             f.seek(0)
         used = 0
-        while len(lines) < max_lines and used < budget:
+        raw: list[bytes] = []  # the lines as read: positions are counted in bytes, not characters
+        room = max_lines - len(lines)  # a rotated-away file's lines may be there already
+        while len(raw) < room and used < budget:
             chunk = f.read(min(65536, budget - used))
             if not chunk:
                 break
@@ -247,17 +249,18 @@ class FileFollower:
             if len(self._partial) > MAX_LINE:
                 parts.append(self._partial[:MAX_LINE])
                 self._partial = b""
-            for p in parts:
-                lines.append(p.decode("utf-8", "replace"))
-        if len(lines) > max_lines:
-            # Lines past the limit go back to the file position, not into a buffer.
-            extra = lines[max_lines:]
-            del lines[max_lines:]
-            back = sum(len(x.encode("utf-8", "replace")) + 1 for x in extra) + len(self._partial)
+            raw.extend(parts)
+        if len(raw) > room:
+            # Lines past the limit go back to the file position, not into a buffer. Measured on the
+            # bytes read: a decoded line is longer than its bytes wherever U+FFFD replaced an invalid
+            # byte (1 byte -> 3), and seeking back by that went before the lines (or before 0).
+            back = sum(len(x) + 1 for x in raw[room:]) + len(self._partial)
+            del raw[room:]
             self._offset -= back
             self._partial = b""
             f.seek(self._offset)
             used -= back
+        lines.extend(p.decode("utf-8", "replace") for p in raw)
         return max(used, 0)
 
     def _flush_partial(self, lines: list[str]) -> None:

@@ -57,6 +57,7 @@ _NVLINK5 = re.compile(
     re.IGNORECASE,
 )
 _HEX = re.compile(r"\b0x[0-9a-fA-F]{1,16}\b")  # 64-bit registers; longer is not one
+_WHOLE_REG = re.compile(r"0x[0-9a-fA-F]{8,16}")
 # XID 154: "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)".
 _RECOVERY = re.compile(
     r"recovery action changed from\s+(?P<fv>0x[0-9a-fA-F]{1,16}|[0-9]{1,10})\s*\((?P<fn>[^)]*)\)\s*to\s+"
@@ -81,7 +82,11 @@ _ISO = re.compile(
     r"(?P<date>\d{4}-\d\d-\d\d)[T ](?P<time>\d\d:\d\d:\d\d)(?:[.,](?P<frac>\d+))?"
     r"(?P<tz>Z|[+-]\d\d:?\d\d)?", re.ASCII
 )
-_SYSLOG = re.compile(r"^\s*(?P<mon>[A-Z][a-z]{2})\s+(?P<day>\d{1,2})\s+(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)\s")
+# `journalctl -o short-precise` adds microseconds ("Dec 01 12:34:56.123456 host kernel: ..."): the
+# fraction is allowed (and dropped: the whole second is enough to order an incident).
+_SYSLOG = re.compile(
+    r"^\s*(?P<mon>[A-Z][a-z]{2})\s+(?P<day>\d{1,2})\s+(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:\.[0-9]{1,9})?\s"
+)
 _MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
 
 
@@ -182,14 +187,20 @@ def parse_nvlink5(detail: str) -> Nvlink5Payload | None:
     m = _NVLINK5.match(detail.strip())
     if not m:
         return None
-    regs = tuple(int(h, 16) for h in _HEX.findall(m.group("regs") or ""))
+    regs = _HEX.findall(m.group("regs") or "")
+    if regs and not detail.rstrip().endswith(")") and not _WHOLE_REG.fullmatch(regs[-1]):
+        # The line was cut (the kernel's ~1 KiB record limit, a syslog relay's line limit) inside
+        # the register list: its last number is a register's first digits ("0x0000" of
+        # "0x00000040"), and a wrong Error Status picks the wrong decode row. The driver prints
+        # every register as 0x%08x, so a shorter last one is cut: keep the whole ones only.
+        regs = regs[:-1]
     return Nvlink5Payload(
         unit=m.group("unit").strip(),
         fatal=m.group("sev").lower() == "fatal",
         cross_contain=int(m.group("xc")),
         injected=int(m.group("inj")),
         link=int(m.group("link")),
-        registers=regs,
+        registers=tuple(int(h, 16) for h in regs),
     )
 
 

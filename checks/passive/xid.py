@@ -4,7 +4,8 @@ Meanings live in the data files; this module loads them (validated, cached) and 
 workflows the catalog describes but cannot express as one action per code:
   - XID 13/31: repeated on the same GPU (hardware suspicion) vs spread over GPUs (application);
   - XID 48: alone (RESET_GPU) vs with 63/64 on the same GPU (drain and reset);
-  - XID 154: the recovery action the driver states in the line;
+  - XID 154: the recovery action the driver states in the line, which also decides for the codes
+    the catalog links to XID 154 (`xid154_linked`) that it summarises;
   - XID 144-150: IntrInfo / Error Status decoded with NVIDIA's "Xid 144-150 Decode" table;
   - escalation of hardware codes that recur within the window.
 A verdict only looks at events inside the window, so an XID that stops recurring ages out: that
@@ -153,6 +154,9 @@ class XidCatalog:
     incident_gap_s: float
     hardware_incidents: int
     persist_incidents: int
+    repeat_hardware: Rule
+    repeat_persist: Rule
+    xid154_linked: frozenset[int]
     xid48_companions: frozenset[int]
     recovery_by_name: Mapping[str, Rule]
     recovery_by_value: Mapping[int, Rule]
@@ -341,6 +345,7 @@ def _build(xd: Mapping[str, Any], xsrc: str, sd: Mapping[str, Any], ssrc: str) -
         repeat_codes = frozenset(int(c) for c in rep["codes"])
         gap, hw, persist = float(rep["incident_gap_s"]), int(rep["hardware_incidents"]), int(rep["persist_incidents"])
         companions = frozenset(int(c) for c in xd["xid48_companions"])
+        linked = frozenset(int(c) for c in xd.get("xid154_linked") or ())
     except (KeyError, TypeError, ValueError) as e:
         raise r.fail("repeat", f"bad value: {e}") from None
 
@@ -365,6 +370,8 @@ def _build(xd: Mapping[str, Any], xsrc: str, sd: Mapping[str, Any], ssrc: str) -
         reported_fatal=s.rule(sd.get("reported_fatal"), "reported_fatal"),
         reported_nonfatal=s.rule(sd.get("reported_nonfatal"), "reported_nonfatal"),
         repeat_codes=repeat_codes, incident_gap_s=gap, hardware_incidents=hw, persist_incidents=persist,
+        repeat_hardware=r.rule(rep.get("hardware"), "repeat.hardware"),
+        repeat_persist=r.rule(rep.get("persist"), "repeat.persist"), xid154_linked=linked,
         xid48_companions=companions, recovery_by_name=recovery_by_name, recovery_by_value=recovery_by_value,
         recovery_unstated=r.rule(xd.get("xid154_unstated"), "xid154_unstated"),
         nvlink5_rows=tuple(rows), nvlink5_buckets=buckets,
@@ -468,6 +475,7 @@ def _gpu_findings(evs: list[Event], cat: XidCatalog, spread: Mapping[int, int]) 
         xid_evs = xid_evs + [e for e in evs if e.kind == "kernel"]
         codes.add(79)
     findings: list[Finding] = []
+    stated = _stated_by_xid154(xid_evs, cat) if 154 in codes else None
     for code in sorted(codes):
         mine = [e for e in xid_evs if e.code == code]
         info = cat.lookup(code)
@@ -476,7 +484,11 @@ def _gpu_findings(evs: list[Event], cat: XidCatalog, spread: Mapping[int, int]) 
             findings.append(Finding(code, info.rule, "code not in NVIDIA's XID catalog", unknown=True))
             continue
         wf = info.workflow
-        if code in cat.repeat_codes or wf == "xid13_31":
+        if stated is not None and code in cat.xid154_linked and mine[-1].time <= stated[0] + cat.incident_gap_s:
+            # The driver summarised this fault's recovery in its XID 154: that governs (the 154's
+            # own finding carries the action), not the code's bucket.
+            findings.append(Finding(code, Rule(Action.NONE, "info"), f"recovery stated by XID 154: {stated[1]}"))
+        elif code in cat.repeat_codes or wf == "xid13_31":
             findings.append(_repeat(code, n, spread.get(code, 1), cat))
         elif wf == "xid48":
             with_ = sorted(codes & cat.xid48_companions)
@@ -508,10 +520,10 @@ def _repeat(code: int, n: int, gpus: int, cat: XidCatalog) -> Finding:
         return Finding(code, Rule(Action.RESTART_APP, "warning"),
                        f"seen on {gpus} GPUs: application fault (CHECK_APP/CUDA)")
     if n >= cat.persist_incidents:
-        return Finding(code, Rule(Action.DRAIN, "critical"),
+        return Finding(code, cat.repeat_persist,
                        f"{n} incidents on this GPU only: hardware suspected and persisting (field diag)")
     if n >= cat.hardware_incidents:
-        return Finding(code, Rule(Action.RESET_GPU, "critical"),
+        return Finding(code, cat.repeat_hardware,
                        f"{n} incidents on this GPU only: hardware suspected (RUN_DCGMEUD)")
     return Finding(code, Rule(Action.RESTART_APP, "warning"),
                    f"{n} incident{'s' if n != 1 else ''}: application fault (CHECK_APP/CUDA)")
@@ -531,6 +543,14 @@ def _xid154(e: Event, cat: XidCatalog) -> Finding:
         return Finding(154, cat.recovery_unstated, "recovery action not stated in the line")
     what = f"{rec.from_name} -> {rec.to_name}" if rec else f"action 0x{e.subcode:x}"
     return Finding(154, rule, f"driver recovery action: {what}", detail=what)
+
+
+def _stated_by_xid154(xid_evs: list[Event], cat: XidCatalog) -> tuple[float, str] | None:
+    """(time, what) of the GPU's latest XID 154 when it states a recovery action podhealth reads;
+    None when it does not (then every code keeps its own bucket)."""
+    latest = max((e for e in xid_evs if e.code == 154), key=lambda e: e.time)
+    f = _xid154(latest, cat)
+    return (latest.time, f.detail) if f.detail else None
 
 
 def _nvlink5(code: int, mine: list[Event], has154: bool, cat: XidCatalog) -> Finding:

@@ -35,7 +35,7 @@ def _expected_time(spec: str) -> tuple[float | None, float | None]:
     return time.mktime(time.strptime(val, "%Y-%m-%d %H:%M:%S")), None  # local, as dmesg -T prints
 
 
-@pytest.mark.parametrize("row", _rows("lines.tsv"), ids=lambda r: r["line"][:50])
+@pytest.mark.parametrize("row", _rows("lines.tsv") + _rows("generations.tsv"), ids=lambda r: r["line"][:50])
 def test_own_line_table(row: dict[str, str]) -> None:
     p = parse(row["line"], year=2025)
     kind = row["kind"]

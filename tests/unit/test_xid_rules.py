@@ -44,16 +44,18 @@ def test_no_events_every_gpu_ok_with_uuid() -> None:
     assert dict(res["gpu3"].evidence)["uuid"] == "GPU-00000003"
 
 
-def test_xid13_three_incidents_on_one_gpu_is_hardware_suspicion() -> None:
+def test_xid13_three_incidents_on_one_gpu_is_hardware_suspicion_shown_not_fenced() -> None:
+    # NVIDIA's immediate bucket for 13 is RESTART_APP; the repeat rule is the investigatory
+    # workflow: the suspicion is shown (WARN, with the action to take), never a FAIL.
     r = run(*(xid(13, NOW - 600 + 60 * i, gpu=2) for i in range(3)))["gpu2"]
-    assert (r.status, r.action) == (Status.FAIL, Action.RESET_GPU)
+    assert (r.status, r.action) == (Status.WARN, Action.RESET_GPU)
     assert "hardware" in dict(r.evidence)["reason"]
     assert r.since == NOW - 600
 
 
-def test_xid13_persisting_on_one_gpu_drains() -> None:
+def test_xid13_persisting_on_one_gpu_asks_for_a_drain_without_fencing() -> None:
     r = run(*(xid(13, NOW - 900 + 60 * i, gpu=2) for i in range(6)))["gpu2"]
-    assert (r.status, r.action) == (Status.FAIL, Action.DRAIN)
+    assert (r.status, r.action) == (Status.WARN, Action.DRAIN)
 
 
 def test_xid13_on_three_gpus_is_the_application() -> None:
