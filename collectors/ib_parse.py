@@ -46,6 +46,18 @@ def parse_rate(text: str) -> float:
     return rate
 
 
+# What rate_show() (drivers/infiniband/core/sysfs.c) prints for a speed it has no case for:
+# "default to SDR for invalid rates", 2.5 Gb/s per lane, times the width (1X/2X/4X/8X/12X).
+# So a link faster than the running kernel knows (XDR on a kernel without IB_SPEED_XDR) reads as SDR.
+_SDR_LANE_GBPS = 2.5
+_WIDTHS = (1, 2, 4, 8, 12)
+
+
+def is_kernel_fallback_rate(gbps: float) -> bool:
+    """Whether `gbps` is an SDR rate, which rate_show() also prints for speeds it does not know."""
+    return any(abs(gbps - _SDR_LANE_GBPS * w) < 0.01 for w in _WIDTHS)
+
+
 def parse_counter(text: str) -> int | None:
     """A counter file's value; None when the port says it cannot count it ('N/A (no PMA)')."""
     t = text.strip()

@@ -25,13 +25,22 @@ from podhealth.checks.passive import ib_counters
 from podhealth.checks.passive.context import Context
 from podhealth.checks.passive.ib_links import LinkEvent, LinkTracker
 from podhealth.checks.ib_profile import RoleSpec
-from podhealth.checks.passive.ib_roles import Assignment, PortFacts, PortKey, classify, count_roles
+from podhealth.checks.passive.ib_roles import (Assignment, PortFacts, PortKey, classify, count_roles,
+                                              other_link_layer)
 from podhealth.checks.passive.result import fail, ok, unknown, warn
-from podhealth.collectors.ib_parse import is_bond_device
+from podhealth.collectors.ib_parse import is_bond_device, is_kernel_fallback_rate
 from podhealth.vocab import Action, CheckResult, Sample
 
 IB_ACTIVE = 4
 PHYS_LINKUP = 5
+# ports/N/state (IBA PortState): 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER (active,
+# transmitting while the SM defers). 0 (NOP) or a number outside the spec is not a state at all.
+_UP_STATES = frozenset({IB_ACTIVE, 5})
+_DOWN_STATES = frozenset({1, 2, 3})
+# ports/N/phys_state: 1 Sleep, 2 Polling, 3 Disabled, 4 PortConfigurationTraining, 6
+# LinkErrorRecovery, 7 PhyTest say the link is not up; 5 LinkUp, 0 or an unknown number
+# leave the verdict to state.
+_PHYS_NOT_UP = frozenset({1, 2, 3, 4, 6, 7})
 
 
 def _entity(device: str, port: str) -> str:
@@ -53,9 +62,9 @@ class PortView:
 
     @property
     def active(self) -> bool | None:
-        if self.state is None:
-            return None
-        return self.state.value == IB_ACTIVE and (self.phys is None or self.phys.value == PHYS_LINKUP)
+        if self.state is None or self.state.value not in _UP_STATES | _DOWN_STATES:
+            return None  # unread, or a value no kernel prints for a port: not known, not down
+        return self.state.value in _UP_STATES and (self.phys is None or self.phys.value not in _PHYS_NOT_UP)
 
     def evidence(self) -> dict[str, object]:
         f = self.facts
@@ -64,7 +73,8 @@ class PortView:
             "phys_state": self.phys.label("state") if self.phys else "n/a",
         }
         if self.rate_gbps is not None:
-            ev["rate_gbps"] = round(self.rate_gbps)
+            r = round(self.rate_gbps, 3)  # 2.5 (1X SDR) must not read as 2
+            ev["rate_gbps"] = int(r) if r == int(r) else r
         for k, v in (("link_layer", f.link_layer), ("pci", f.pci), ("numa", f.numa), ("netdev", f.netdev)):
             if v is not None:
                 ev[k] = v
@@ -115,7 +125,9 @@ def _verdict(spec: RoleSpec | None, entity: str, summary: str, **ev: object) -> 
     return warn("ib_port", entity, summary, **ev)
 
 
-def _judge_port(ctx: Context, v: PortView, a: Assignment, spec: RoleSpec | None) -> CheckResult:
+def _judge_port(ctx: Context, v: PortView, a: Assignment, spec: RoleSpec | None, up_links: int = 0) -> CheckResult:
+    """`up_links`: links of the port's role that are up; a down port of a role that has all its
+    links up without it is a spare (an adapter with no cable, a second card), not a fault."""
     f = v.facts
     e = _entity(f.device, f.port)
     ev = {"role": a.role or ("undecided" if a.undecided else "unassigned"), "how": a.how, **v.evidence()}
@@ -124,7 +136,11 @@ def _judge_port(ctx: Context, v: PortView, a: Assignment, spec: RoleSpec | None)
         return ok("ib_port", e, f"no role ({a.how})", **ev)
     assert spec is not None
     if v.active is None:
-        return unknown("ib_port", e, "port state could not be read", **ev)
+        why = "could not be read" if v.state is None else f"{v.state.value:g} is not an IBA port state"
+        return unknown("ib_port", e, f"port state {why}", **ev)
+    if not v.active and spec.count and up_links >= spec.count:
+        return ok("ib_port", e, f"down, not needed: {up_links} of {spec.count} {spec.name} links are up without it",
+                  surplus="true", **ev)
     if not v.active:
         what = f"port {ev['state']} / {ev['phys_state']}"
         links = ctx.ib_links
@@ -145,6 +161,14 @@ def _judge_port(ctx: Context, v: PortView, a: Assignment, spec: RoleSpec | None)
         return _verdict(spec, e, f"not bonded, a {spec.name} port must be", **ev)
     if v.rate_gbps is not None and not spec.rate_ok(v.rate_gbps):
         want = "/".join(str(r) for r in spec.rate_gbps)
+        if v.rate_gbps <= 0:  # rate_show() never prints 0 (width >= 1X): not a rate to judge
+            return unknown("ib_port", e, "port rate 0 Gb/s on an active port is not a rate", expected_gbps=want, **ev)
+        if is_kernel_fallback_rate(v.rate_gbps):
+            # rate_show() prints SDR for any speed the running kernel does not know: a link
+            # faster than the kernel (XDR on an older one) reads as "10 Gb/sec (4X SDR)" on
+            # every node of that build. A real fall back to SDR is rare; neither is a verdict.
+            return unknown("ib_port", e, f"port rate {v.rate_gbps:g} Gb/s (SDR): the kernel prints SDR for a link "
+                           "speed it does not know, and for a link trained down to SDR", expected_gbps=want, **ev)
         return _verdict(spec, e, f"port rate {v.rate_gbps:.0f} Gb/s below {want} Gb/s for a {spec.name} port",
                         expected_gbps=want, **ev)
     return ok("ib_port", e, **ev)
@@ -173,15 +197,29 @@ def ib_port(ctx: Context) -> list[CheckResult]:
             out.append(unknown("ib_port", e, f"{rc.present} of {rc.expected} {rc.role} links told apart; "
                                "the rest could not be classified", undecided=" ".join(undecided) or "none",
                                devices_without_ports=portless, **ev))
+        elif not members and len(strangers := other_link_layer(assigned, net, rc.role)) >= rc.expected:
+            # Not one port of the role's link layer, and enough of another on the same adapters:
+            # this build's fabric is not the one the profile describes (RoCE rails on a profile
+            # for InfiniBand). Every node of the build would fail alike; no node is at fault.
+            layers = sorted({views[k].facts.link_layer or "" for k in strangers})
+            out.append(unknown("ib_port", e, f"no {'/'.join(spec.link_layers)} {rc.role} port, but {len(strangers)} "
+                               f"{'/'.join(layers)} ports on the adapters a {rc.role} rule takes: the fabric is not the "
+                               "profile's; state it in network.roles", other_link_layer=" ".join(
+                                   _entity(*k) for k in strangers), **ev))
         elif spec.missing == "fail":
             # An adapter gone from the PCIe bus (or its driver) comes back with a reboot, if at all.
             out.append(fail("ib_port", e, f"{rc.present} of {rc.expected} {rc.role} links present", Action.REBOOT, **ev))
         else:
             out.append(warn("ib_port", e, f"{rc.present} of {rc.expected} {rc.role} links present", **ev))
+    up_links: dict[str, int] = {}
+    for key, (facts, a) in assigned.items():
+        if a.role is not None and views[key].active:
+            up_links[a.role] = up_links.get(a.role, 0) + (facts.links or 1)
     for key in sorted(views):
         facts, a = assigned[key]
         v = PortView(facts, views[key].state, views[key].phys, views[key].rate_gbps)
-        out.append(_judge_port(ctx, v, a, net.roles.get(a.role) if a.role else None))
+        spec = net.roles.get(a.role) if a.role else None
+        out.append(_judge_port(ctx, v, a, spec, up_links.get(a.role or "", 0)))
     return out
 
 
@@ -200,9 +238,11 @@ def ib_errors(ctx: Context) -> list[CheckResult]:
         key = (c.label("device"), c.label("port"))
         seen.add(key)
         name = c.label("counter")
-        if meanings.saturated(name, c.value):
+        width = meanings.saturated_width(name, c.value)
+        if width is not None:
             where = saturated if name in meanings.errors else stuck_other
-            where.setdefault(key, []).append(f"{name}={int(c.value)} ({meanings.widths[name]}-bit)")
+            # the exact maximum: a float sample cannot hold 2^64 - 1
+            where.setdefault(key, []).append(f"{name}={(1 << width) - 1} ({width}-bit)")
             continue  # stuck: its increase is 0 and says nothing
         if name not in meanings.rising:
             continue
@@ -235,6 +275,9 @@ def ib_errors(ctx: Context) -> list[CheckResult]:
             ev["counters"] = " ".join(rising[key])
         if key in saturated:
             ev["saturated"] = " ".join(saturated[key])
+            # Not a fault by itself: the counter stopped at its maximum (no wrap, no rate), so
+            # what it says is "at least this many since the last clear, and blind from now on".
+            ev["meaning"] = "stuck at its maximum: no rate, no new errors counted until cleared"
             ev["clear_with"] = meanings.how_to_clear(layers.get(key), *key)
             ev["still_moving"] = " ".join(moving.get(key, [])) or "no hw_counters retry rising"
             names = ", ".join(s.split("=")[0] for s in saturated[key])

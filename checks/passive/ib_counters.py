@@ -16,6 +16,10 @@ from podhealth import yamldata
 _SRC = "checks/data/ib_counters.yaml"
 
 
+# Widths a driver may count a PMA error counter in beyond the spec's (see saturated_width).
+_WIDER_BITS = (32, 64)
+
+
 class CountersError(ValueError):
     pass
 
@@ -32,9 +36,23 @@ class CounterMeanings:
         w = self.widths.get(counter)
         return None if w is None else (1 << w) - 1
 
+    def saturated_width(self, counter: str, value: float) -> int | None:
+        """The width at which `counter` is stuck (its value all ones), or None while it counts.
+
+        A counter saturates at 2^w - 1 of the width it is really counted in: the spec width,
+        or 32/64 bits where a driver fills the sysfs file from a wider firmware counter (a
+        16-bit port_rcv_errors seen stuck at 4294967295). A value above the spec maximum that
+        is not all ones is such a wider counter still counting, not a saturated one."""
+        w = self.widths.get(counter)
+        if w is None:
+            return None
+        for width in (w, *(x for x in _WIDER_BITS if x > w)):
+            if value == float((1 << width) - 1):
+                return width
+        return None
+
     def saturated(self, counter: str, value: float) -> bool:
-        m = self.max_value(counter)
-        return m is not None and value >= m
+        return self.saturated_width(counter, value) is not None
 
     def how_to_clear(self, link_layer: str | None, device: str, port: str) -> str:
         text = self.clear.get(link_layer or "InfiniBand") or self.clear.get("InfiniBand", "")

@@ -121,6 +121,22 @@ def classify(facts: Sequence[PortFacts], net: NetworkProfile) -> dict[PortKey, t
     return {f.key: (f, classify_one(f, net)) for f in with_dual_port(facts)}
 
 
+def other_link_layer(assigned: Mapping[PortKey, tuple[PortFacts, Assignment]], net: NetworkProfile,
+                     role: str) -> list[PortKey]:
+    """Unassigned ports that a rule of `role` would take but for their link layer: the ports of
+    a RoCE fabric (Ethernet on the same adapters) judged by a profile that expects InfiniBand."""
+    out = []
+    for key, (f, a) in assigned.items():
+        if a.role is not None or a.undecided or a.how == "pin" or f.link_layer is None:
+            continue
+        for rule in net.rules:
+            if rule.role == role and rule.link_layer is not None and f.link_layer not in rule.link_layer:
+                if _match(dataclasses.replace(rule, link_layer=None), f)[0]:
+                    out.append(key)
+                    break
+    return sorted(out)
+
+
 @dataclass(frozen=True)
 class RoleCount:
     role: str
