@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import pynvml
 from aiohttp import web
 
-from podhealth import log, webguard
+from podhealth import bodycoding, log, webguard
 from podhealth.worker import call_with_timeout
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 _log = log.get("podhealth.agent.gpureset")
 NVML_TIMEOUT_S = 10.0  # listing a GPU's processes; a wedged driver must not hold the request
 MAX_GPU_INDEX = 63
+MAX_BODY = 64 * 1024  # decoded bytes: the body is {"gpu": N, "reason": ...} (reason cut to 200)
 OUTPUT_CHARS = 4000
 
 
@@ -83,7 +84,11 @@ class GpuReset:
         if refusal is not None:
             return refusal
         try:
-            body = json.loads(await request.read() or b"{}")
+            raw = bodycoding.decode(await request.read(), request.headers.get("Content-Encoding"), MAX_BODY)
+        except bodycoding.BodyError as e:  # the coding itself was checked in refusal()
+            return web.json_response({"error": e.message}, status=e.status)
+        try:
+            body = json.loads(raw or b"{}")
             gpu = body["gpu"]
             if not isinstance(gpu, int) or isinstance(gpu, bool) or not 0 <= gpu <= MAX_GPU_INDEX:
                 raise ValueError

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 from aiohttp import web
 
-from podhealth import log, webguard
+from podhealth import bodycoding, log, webguard
 from podhealth.agent.metrics.family import Family
 from podhealth.checks import profiles
 from podhealth.checks.passive.engine import Evaluator
@@ -242,6 +242,9 @@ class Health:
                                                "may run the handover suite"}, status=403)
         if not webguard.is_json(request):  # an HTML form cannot send it
             return web.json_response({"error": "expected Content-Type: application/json"}, status=415)
+        problem = bodycoding.unsupported(request.headers.get("Content-Encoding"))
+        if problem is not None:  # the body arrives as sent; bodycoding.decode reads what is not refused here
+            return web.json_response({"error": problem}, status=415)
         return None
 
     async def post_handover(self, request: web.Request) -> web.StreamResponse:

@@ -104,7 +104,8 @@ class AlertObservation:
     severity: str
     firing: bool
     ref: str
-    time: float
+    time: float  # when it started, on our clock: startsAt, never later than its arrival
+    claim: float  # startsAt as sent (its arrival when it had none): counted when beyond max_clock_skew ahead
 
 
 # ---- parsing (pure) ---------------------------------------------------------------------------
@@ -398,7 +399,12 @@ def parse_alertmanager(obj: Any, now: float, parse_time: Callable[[str], float |
         check = _str(labels, "alertname", f"{where}.labels")
         action = _ACTIONS.get(str(labels.get("action", "NONE")).upper(), Action.NONE)
         severity = _AM_SEVERITY.get(str(labels.get("severity", "warning")).lower(), "warning")
-        starts = parse_time(str(a.get("startsAt", ""))) or now
+        claim = _am_time(a, "startsAt", where, parse_time)
+        _am_time(a, "endsAt", where, parse_time)  # checked, not used: a resolved alert closes on arrival
+        claim = now if claim is None else claim
+        # The receiver's clock is the judge: an alert cannot have started after it arrived, so a
+        # startsAt ahead of ours is its arrival (one beyond max_clock_skew is counted: apply_alerts).
+        starts = min(claim, now)
         annotations = a.get("annotations") if isinstance(a.get("annotations"), dict) else {}
         summary = str((annotations or {}).get("summary", ""))[:512]
         firing = status == "firing"
@@ -407,8 +413,21 @@ def parse_alertmanager(obj: Any, now: float, parse_time: Callable[[str], float |
         ref = str(a.get("fingerprint", ""))[:MAX_ID]
         out.append(AlertObservation(node=node, verdict=Verdict(check=check[:MAX_NAME], entity=entity, status=st,
                                                                action=action, since=starts, summary=summary),
-                                    severity=severity, firing=firing, ref=ref, time=starts))
+                                    severity=severity, firing=firing, ref=ref, time=starts, claim=claim))
     return out
+
+
+def _am_time(a: Mapping[str, Any], key: str, where: str, parse_time: Callable[[str], float | None]) -> float | None:
+    """An alert's startsAt or endsAt: None when it has none (absent, empty, or Go's zero time,
+    0001-01-01T00:00:00Z, which Alertmanager sends for an unset endsAt); BadRequest when it is
+    not a time, rather than a guess that would change what the aggregator records."""
+    v = a.get(key)
+    if v is None or v == "" or (isinstance(v, str) and v.startswith("0001-")):
+        return None
+    t = parse_time(v) if isinstance(v, str) and len(v) <= 64 else None
+    if t is None:
+        raise BadRequest(f"{where}.{key}: expected an RFC 3339 time (e.g. 2026-12-01T10:20:30Z)")
+    return t
 
 
 def parse_rfc3339(text: str) -> float | None:
@@ -497,6 +516,7 @@ def apply_alerts(mem: Memory, alerts: list[AlertObservation], now: float, learn:
     out = Applied()
     ops: list[Op] = []
     for a in alerts:
+        out.clock_ahead += mem.claim_ahead(a.claim, now)  # Prometheus' or Alertmanager's clock, not the node's
         if a.node not in mem.nodes and not learn:
             out.stale += 1
             continue

@@ -44,8 +44,9 @@ class Metrics:
         self.breaker_trips = Counter(P + "breaker_trips", "Times the circuit breaker tripped.", registry=r)
         self.pulls = Counter(P + "pulls", "Agent /health pulls by result (ok, unreachable, bad).", ["result"], registry=r)
         self.decisions = Counter(P + "decisions", "Policy runs.", registry=r)
-        self.clock_ahead = Counter(P + "clock_ahead", "Agent records whose time claim ran more than max_clock_skew ahead\n"
-                                   "of the aggregator's clock (the claim orders and times nothing; the node's clock is wrong).",
+        self.clock_ahead = Counter(P + "clock_ahead", "Agent records (and Alertmanager alerts' startsAt) whose time\n"
+                                   "claim ran more than max_clock_skew ahead of the aggregator's clock (the claim orders\n"
+                                   "and times nothing; the sender's clock is wrong).",
                                    registry=r)
         self.flap_holds = Counter(P + "flap_holds", "Nodes held fenced for an operator because they flapped\n"
                                   "(flap_hold.cycles fence/release cycles within flap_hold.window).", registry=r)

@@ -1,10 +1,10 @@
 """The aggregator's HTTP surface: ingest (/v1/*), the JSON API (/api/v1/*), /metrics, /healthz.
 
-Bad input never changes state: authentication is checked before the body is read (401), the
-size before it is parsed (413), and the whole body is validated before anything is applied
-(400 with the reason). Reads are open (the UI is read-only without a token); mutations need the
-admin token in an Authorization header, which browsers never send on their own, so they are
-CSRF-safe without cookies.
+Bad input never changes state: authentication is checked before the body is read (401), its
+Content-Encoding (415 unless bodycoding.py decodes it) and size before it is parsed (413), and
+the whole body is validated before anything is applied (400 with the reason). Reads are open
+(the UI is read-only without a token); mutations need the admin token in an Authorization
+header, which browsers never send on their own, so they are CSRF-safe without cookies.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from aiohttp.web_protocol import RequestPayloadError
 
+from podhealth import bodycoding
 from podhealth import log as plog
 from podhealth.aggregator import bundles, ingest, overrides, versions
 from podhealth.hostnames import node_name_problem
@@ -52,22 +53,28 @@ BODY_TIMEOUT = 60.0
 
 
 async def _raw_body(request: web.Request, limit: int) -> bytes:
+    coding = request.headers.get("Content-Encoding")
+    if coding is not None:  # the body arrives as sent (bodycoding.py): refuse what is not decoded here unread
+        problem = bodycoding.unsupported(coding)
+        if problem is not None:
+            raise _Reject(415, "unsupported_encoding", problem)
     if request.content_length is not None and request.content_length > limit:
         raise _Reject(413, "too_large", f"body of {request.content_length} bytes exceeds {limit}")
     try:
         if request.content.is_eof():  # all here already (a report is one packet): no timer to set
-            return await request.read()
-        async with asyncio.timeout(BODY_TIMEOUT):
-            return await request.read()
+            raw = await request.read()
+        else:
+            async with asyncio.timeout(BODY_TIMEOUT):
+                raw = await request.read()
     except TimeoutError:
         request.content.feed_eof()
         request.protocol.close()
         raise _Reject(408, "aborted", f"the body did not arrive within {BODY_TIMEOUT:g}s") from None
     except web.HTTPRequestEntityTooLarge:
         raise _Reject(413, "too_large", f"body exceeds {limit} bytes") from None
-    except RequestPayloadError as e:  # e.g. Content-Encoding: gzip on a body that is not gzip
-        # The rest cannot be decoded either: end it here and close the connection after the
-        # answer, rather than let aiohttp drain it afterwards (and log the decoder's traceback).
+    except RequestPayloadError as e:  # e.g. a chunked body whose framing is broken
+        # The rest cannot be read either: end it here and close the connection after the
+        # answer, rather than let aiohttp drain it afterwards (and log the parser's traceback).
         request.content.feed_eof()
         request.protocol.close()
         why = " ".join(str(getattr(e.__cause__, "message", None) or e).split())
@@ -78,6 +85,12 @@ async def _raw_body(request: web.Request, limit: int) -> bytes:
         _log.info("client closed the connection during the upload", path=request.path, peer=request.remote or "",
                   expected=request.content_length)
         raise _Reject(400, "aborted", "connection closed during the upload") from None
+    if coding is None:
+        return raw
+    try:
+        return bodycoding.decode(raw, coding, limit)
+    except bodycoding.BodyError as e:
+        raise _Reject(e.status, "too_large" if e.status == 413 else "bad_request", e.message) from None
 
 
 async def _body(request: web.Request, limit: int) -> tuple[Any, bytes]:

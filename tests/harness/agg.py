@@ -18,6 +18,7 @@ from aiohttp import web
 
 from podhealth.config_aggregator import AggregatorConfig, NodeEntry
 from podhealth.fencing.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Job, NodeNames, render_reason
+from podhealth import bodycoding
 from podhealth.aggregator.server import make_app
 from podhealth.aggregator.service import Aggregator
 from tests.harness.proc import free_port
@@ -130,7 +131,7 @@ async def running(cfg: AggregatorConfig, fencers: list[Any] | None = None,
     agg.housekeeping_interval = housekeeping
     try:
         app = make_app(agg)
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, **bodycoding.RUNNER_KWARGS)  # as the daemon's runner
         await runner.setup()
         try:
             port = free_port()

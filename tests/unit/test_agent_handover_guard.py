@@ -4,6 +4,8 @@ for its token, or for a caller on this host; never for a cross-site browser; JSO
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import json
 from pathlib import Path
 from typing import Any, AsyncIterator
 from unittest import mock
@@ -122,3 +124,35 @@ def test_the_agent_app_refuses_an_unguarded_mutating_route(tmp_path: Path) -> No
     agent = Agent(Config(), node="dgx01", factories={})
     with pytest.raises(RuntimeError, match="POST /v1/reboot is not wrapped"):
         build_app(agent, [web.post("/v1/reboot", handler)])
+
+
+async def test_a_content_encoding_not_decoded_here_is_a_json_415_on_every_post(agent_factory: Any) -> None:
+    """`Content-Encoding: br` was aiohttp's plain-text 400 before any handler ran (zstd the same;
+    xz passed on undecoded): on each POST route it is the JSON 415 naming what is decoded, after
+    the token is checked, and nothing runs."""
+    a = await agent_factory(token="agent-secret")
+    base = a.url.rsplit("/", 2)[0]
+    ok = {"Content-Type": "application/json", "Authorization": "Bearer agent-secret"}
+    for path in ("/v1/handover", "/v1/gpu-reset", "/v1/bundle"):
+        for coding in ("br", "zstd", "xz", "gzip, br"):
+            status, body = await _post(base + path, {**ok, "Content-Encoding": coding}, b'{"gpu": 0}')
+            assert status == 415, (path, coding, body)
+            out = json.loads(body)
+            assert repr(coding) in out["error"] and "gzip, deflate, identity" in out["error"], out
+        status, _ = await _post(base + path, {**ok, "Authorization": "Bearer wrong", "Content-Encoding": "br"})
+        assert status == 401
+    assert a.runs == 0
+
+
+async def test_a_gzip_body_is_decoded_on_the_agent(agent_factory: Any) -> None:
+    a = await agent_factory(token="agent-secret")
+    url = a.url.rsplit("/", 2)[0] + "/v1/gpu-reset"
+    ok = {"Content-Type": "application/json", "Authorization": "Bearer agent-secret",
+          "Content-Encoding": "gzip"}
+    # read and judged: a GPU index out of range (nothing is reset)
+    status, body = await _post(url, ok, gzip.compress(b'{"gpu": 99, "reason": "test"}'))
+    assert status == 400 and "expected" in json.loads(body)["error"], body
+    status, body = await _post(url, ok, b'{"gpu": 0}')  # says gzip, is not
+    assert status == 400 and "content-encoding: gzip" in json.loads(body)["error"], body
+    status, body = await _post(url, ok, gzip.compress(b" " * (1024 * 1024)))
+    assert status == 413 and "once decoded" in json.loads(body)["error"], body

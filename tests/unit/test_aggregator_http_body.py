@@ -5,9 +5,12 @@ structured log line (never aiohttp's plain-text traceback outside the JSON log).
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
+import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -116,4 +119,74 @@ async def test_a_body_that_trickles_in_past_the_timeout_is_a_408_and_closed(
                 writer.close()
             status, out = status_and_body(answer)
             assert status == 408 and "did not arrive within 0.5s" in str(out), path
+        assert agg.store is not None and agg.store.counts() == before
+
+
+ENCODED_AUTH = AggAuthConfig(node_tokens={"dgx01": "n1tok"}, admin_token="atok", cluster_token="ctok")
+REPORT = {"node": "dgx01", "time": 1.0, "results": []}
+
+
+def _ingested(agg: Any, endpoint: str, result: str) -> float:
+    return float(agg.metrics.ingest_requests.labels(endpoint, result)._value.get())
+
+
+async def test_a_content_encoding_not_decoded_here_is_a_415_naming_those_that_are(tmp_path: Path) -> None:
+    """br and zstd were a plain-text 400 from aiohttp's parser (or decoded, where their modules
+    happened to be installed); xz and lists were passed on undecoded. Every one is now the JSON
+    415 of every route that reads a body, before the body is read, and changes nothing."""
+    async with running(config(tmp_path, auth=ENCODED_AUTH), [MemFencer()]) as (agg, url):
+        before = agg.store.counts() if agg.store else None
+        body = json.dumps(REPORT).encode()
+        routes = (("/v1/reports", "n1tok"), ("/v1/events", "n1tok"), ("/v1/alertmanager", "ctok"),
+                  ("/api/v1/nodes/dgx01/fence", "atok"))
+        for coding in ("br", "zstd", "xz", "gzip, br", "compress", "BR"):
+            for path, token in routes:
+                answer = await exchange(url, head(path, token, f"Content-Encoding: {coding}\r\n"
+                                                               f"Content-Length: {len(body)}\r\n") + body)
+                status, out = status_and_body(answer)
+                assert status == 415, (coding, path, answer[:300])
+                assert isinstance(out, dict) and set(out) == {"error"}
+                assert repr(coding) in out["error"] and "gzip, deflate, identity" in out["error"], out
+        assert _ingested(agg, "reports", "unsupported_encoding") == 6
+        assert _ingested(agg, "alertmanager", "unsupported_encoding") == 6
+        assert agg.store is not None and agg.store.counts() == before
+        # the caller is told before being believed: without its token it is a 401, not a 415
+        answer = await exchange(url, head("/v1/reports", "wrong", f"Content-Encoding: br\r\n"
+                                                                  f"Content-Length: {len(body)}\r\n") + body)
+        assert status_and_body(answer)[0] == 401
+
+
+async def test_gzip_and_deflate_bodies_are_decoded_here(tmp_path: Path) -> None:
+    """What aiohttp decoded before (bodies now arrive as sent): gzip (also in members, and as
+    x-gzip), deflate in the zlib format and bare, identity."""
+    async with running(config(tmp_path, auth=AUTH), [MemFencer()]) as (agg, url):
+        body = json.dumps(REPORT).encode()
+        bare = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+        variants = {"gzip": gzip.compress(body), "x-gzip": gzip.compress(body),
+                    "GZip": gzip.compress(body[:9]) + gzip.compress(body[9:]),
+                    "deflate": zlib.compress(body), " deflate ": bare.compress(body) + bare.flush(),
+                    "identity": body}
+        for coding, data in variants.items():
+            answer = await exchange(url, head("/v1/reports", "n1tok", f"Content-Encoding: {coding}\r\n"
+                                                                      f"Content-Length: {len(data)}\r\n") + data)
+            status, out = status_and_body(answer)
+            assert status == 200 and isinstance(out, dict) and "error" not in out, (coding, out)
+        assert agg.mem.nodes["dgx01"].report_time > 0
+
+
+async def test_a_body_that_inflates_past_the_limit_is_a_413(tmp_path: Path) -> None:
+    async with running(config(tmp_path, auth=AUTH, max_body_bytes=64 * 1024), [MemFencer()]) as (agg, url):
+        before = agg.store.counts() if agg.store else None
+        bomb = gzip.compress(b" " * (16 * 1024 * 1024))  # 16 KB that inflate to 16 MB
+        for coding, data in (("gzip", bomb), ("deflate", zlib.compress(b" " * (64 * 1024 + 1)))):
+            answer = await exchange(url, head("/v1/reports", "n1tok", f"Content-Encoding: {coding}\r\n"
+                                                                      f"Content-Length: {len(data)}\r\n") + data)
+            status, out = status_and_body(answer)
+            assert status == 413 and "exceeds 65536 bytes once decoded" in str(out), out
+        truncated = gzip.compress(json.dumps(REPORT).encode())[:-9]
+        answer = await exchange(url, head("/v1/reports", "n1tok", f"Content-Encoding: gzip\r\n"
+                                                                  f"Content-Length: {len(truncated)}\r\n") + truncated)
+        status, out = status_and_body(answer)
+        assert status == 400 and "content-encoding: gzip" in str(out), out
+        assert _ingested(agg, "reports", "too_large") == 2
         assert agg.store is not None and agg.store.counts() == before

@@ -1,0 +1,84 @@
+"""Request bodies with a Content-Encoding: which ones the agent and the aggregator decode, and how.
+
+aiohttp decodes a request body by itself, and one it cannot decode it refuses in its own parser,
+before any handler runs: `Content-Encoding: br` without the Brotli package (zstd without its
+module) was a plain-text 400 from aiohttp, not the JSON error every other refusal is, and whether
+br worked at all depended on what happened to be installed. And a coding it does not know (xz,
+"gzip, br") it passed on undecoded, to fail as bad JSON. So both servers take bodies as sent
+(RUNNER_KWARGS, through httpguard.ConnLimits.runner_kwargs and the test harness) and decode them
+here: the same few codings everywhere, anything else refused with 415 naming them (RFC 9110
+15.5.16), the decoded size bounded by the route's limit (a 1 KB gzip bomb inflates to 1 GB).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+# What web.AppRunner (its web.Server and RequestHandler) takes to leave bodies as sent.
+RUNNER_KWARGS: dict[str, Any] = {"auto_decompress": False}
+
+# The codings decoded here, by the names a client may send (x-gzip: RFC 9110 8.4.1.3).
+_CODINGS = {"identity": "identity", "gzip": "gzip", "x-gzip": "gzip", "deflate": "deflate"}
+SUPPORTED = ("gzip", "deflate", "identity")
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
+
+
+class BodyError(ValueError):
+    """A body that cannot be decoded: the HTTP status to answer and the reason."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def unsupported(header: str | None) -> str | None:
+    """Why a body with this Content-Encoding header is refused (415), or None if it is decoded."""
+    if header is None or _coding(header) is not None:
+        return None
+    shown = header if len(header) <= 40 else header[:40] + "..."
+    return (f"Content-Encoding {shown!r} is not supported: send the body as one of "
+            f"{', '.join(SUPPORTED)} (identity: not encoded)")
+
+
+def decode(raw: bytes, header: str | None, limit: int) -> bytes:
+    """The body as sent with this Content-Encoding header, decoded: at most `limit` bytes.
+    BodyError: 415 for a coding not decoded here, 413 over `limit`, 400 for a body that is not
+    what its coding says."""
+    coding = "identity" if header is None else _coding(header)
+    if coding is None:
+        raise BodyError(415, unsupported(header) or "")
+    if coding == "identity":
+        return raw
+    try:
+        if coding == "gzip":
+            return _inflate(raw, _GZIP_WBITS, limit, members=True)
+        # "deflate" is the zlib format (RFC 9110 8.4.1.2); some clients send a bare deflate
+        # stream instead: a zlib header is a CM of 8 and a multiple of 31 (RFC 1950).
+        zlib_header = len(raw) >= 2 and raw[0] & 0x0F == 8 and (raw[0] << 8 | raw[1]) % 31 == 0
+        return _inflate(raw, zlib.MAX_WBITS if zlib_header else -zlib.MAX_WBITS, limit, members=False)
+    except zlib.error as e:
+        raise BodyError(400, f"body cannot be read: not valid content-encoding: {coding} ({e})") from None
+
+
+def _coding(header: str) -> str | None:
+    return _CODINGS.get(header.strip().lower() or "identity") if header.isascii() else None
+
+
+def _inflate(raw: bytes, wbits: int, limit: int, members: bool) -> bytes:
+    """Decompress `raw`, stopping one byte past `limit`; with `members`, gzip members one after
+    another are one body (RFC 1952 2.2)."""
+    out = bytearray()
+    data = raw
+    while True:
+        d = zlib.decompressobj(wbits)
+        out += d.decompress(data, limit + 1 - len(out))
+        if len(out) > limit:
+            raise BodyError(413, f"body exceeds {limit} bytes once decoded")
+        if not d.eof:
+            raise zlib.error("the stream ends early")
+        data = d.unused_data
+        if not data:
+            return bytes(out)
+        if not members:
+            raise zlib.error(f"{len(data)} bytes after the end of the stream")
