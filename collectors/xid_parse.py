@@ -73,7 +73,8 @@ _SXID_CONTINUATION = re.compile(r"^,?\s*(?:Severity\s+\d|Data\s*\{|SOE HALT data
 # ---- timestamps ---------------------------------------------------------------------------------
 
 _KMSG = re.compile(r"^\s*(?P<pri>[0-9]+),(?P<seq>[0-9]+),(?P<usec>[0-9]{1,20}),[^;]*;")
-_MONO = re.compile(r"\[\s*(?P<sec>[0-9]{1,12}\.[0-9]{1,9})\s*\]")
+# "[ 1234.567890]"; `dmesg -d` adds the delta to the previous record: "[ 1234.567890 <    0.000004>]".
+_MONO = re.compile(r"\[\s*(?P<sec>[0-9]{1,12}\.[0-9]{1,9})(?:\s*<\s*[0-9.]{1,22}>)?\s*\]")
 _CTIME = re.compile(
     r"\[\s*(?:[A-Z][a-z]{2})\s+(?P<mon>[A-Z][a-z]{2})\s+(?P<day>\d{1,2})\s+"
     r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)\s+(?P<year>\d{4})\s*\]"
@@ -85,9 +86,19 @@ _ISO = re.compile(
 # `journalctl -o short-precise` adds microseconds ("Dec 01 12:34:56.123456 host kernel: ..."): the
 # fraction is allowed (and dropped: the whole second is enough to order an incident).
 _SYSLOG = re.compile(
-    r"^\s*(?P<mon>[A-Z][a-z]{2})\s+(?P<day>\d{1,2})\s+(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:\.[0-9]{1,9})?\s"
+    r"^\s*(?:<[0-9]{1,3}>)?(?P<mon>[A-Z][a-z]{2})\s+(?P<day>\d{1,2})\s+(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:\.[0-9]{1,9})?\s"
 )
 _MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
+# A syslog / journal header names the program that logged the line: "Jan 15 03:12:44 host
+# kernel: ..." (also short-precise, ISO, "<4>" relayed). In /var/log/syslog or a plain
+# `journalctl` export the same text also arrives from user space: a health daemon, NHC or a
+# job script that logs the Xid line it saw ("gpud[812]: ... NVRM: Xid (...): 79, ..."), or
+# `logger`. Only the kernel's copy is an XID; counting the echo too fences on a quotation.
+_SYSLOG_SOURCE = re.compile(
+    r"^\s*(?:<[0-9]{1,3}>)?(?:[A-Z][a-z]{2}\s+[0-9]{1,2}\s+[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?"
+    r"|[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?(?:Z|[+-][0-9]{2}:?[0-9]{2})?)"
+    r"\s+\S+\s+(?P<tag>[^\s\[:]+)(?:\[[0-9]{1,10}\])?:\s"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +136,8 @@ class Malformed:
 
 def is_candidate(line: str) -> bool:
     """True when the line carries an Xid/SXid marker, i.e. failing to parse it is a malformed line."""
-    return bool(_XID.search(line) or _SXID.search(line))
+    m = _SXID.search(line) or _XID.search(line)
+    return m is not None and not _from_user_space(line[: m.start()])
 
 
 def parse(line: str, *, year: int | None = None) -> ParsedLine | Malformed | None:
@@ -136,14 +148,20 @@ def parse(line: str, *, year: int | None = None) -> ParsedLine | Malformed | Non
     line = line.rstrip("\r\n")
     m = _SXID.search(line)
     if m:
-        return _sxid(line, m, year)
+        return None if _from_user_space(line[: m.start()]) else _sxid(line, m, year)
     m = _XID.search(line)
     if m:
-        return _xid(line, m, year)
+        return None if _from_user_space(line[: m.start()]) else _xid(line, m, year)
     f = _FALLEN.search(line)
     if f:
-        return _fallen(line, year)
+        return None if _from_user_space(line[: _message_start(line)]) else _fallen(line, year)
     return None
+
+
+def _from_user_space(prefix: str) -> bool:
+    """Does the syslog header before the marker name a program other than the kernel?"""
+    h = _SYSLOG_SOURCE.match(prefix)
+    return h is not None and h.group("tag") != "kernel"
 
 
 def parse_line(line: str, *, year: int | None = None) -> ParsedLine | None:
