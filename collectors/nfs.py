@@ -61,6 +61,11 @@ def default_probe_argv(mountpoint: str) -> list[str]:
 
 def read_text(path: Path) -> str:
     """A whole procfs file, at most _MAX_READ bytes (procfs reports size 0: read to EOF)."""
+    return read_bounded(path)[0]
+
+
+def read_bounded(path: Path) -> tuple[str, bool]:
+    """read_text, and whether the read stopped at _MAX_READ (the file may go on)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         chunks: list[bytes] = []
@@ -73,7 +78,7 @@ def read_text(path: Path) -> str:
             total += len(b)
     finally:
         os.close(fd)
-    return b"".join(chunks).decode("utf-8", "replace")
+    return b"".join(chunks).decode("utf-8", "replace"), total >= _MAX_READ
 
 
 class SampleCache:
@@ -230,9 +235,14 @@ class NfsCollector:
         if self._pool is not None:
             pending = {mp: self._pool.submit(self._probes[mp].run, t) for mp, t in self.mounts}
         stats: Mountstats | None = None
+        cut = False
         try:
-            stats = self._parse_mountstats(read_text(self.procfs_root / "self" / "mountstats"))
+            text, capped = read_bounded(self.procfs_root / "self" / "mountstats")
+            stats = self._parse_mountstats(text)
+            cut = capped or stats.truncated
             problems.extend(stats.problems)
+            if capped:
+                problems.append(f"mountstats: read stopped at {_MAX_READ} bytes")
             if stats.malformed > len(stats.problems):
                 problems.append(f"mountstats: {stats.malformed} malformed lines in all")
         except OSError as e:
@@ -258,7 +268,9 @@ class NfsCollector:
         present = {m.mountpoint for m in stats.mounts} if stats is not None else None
         for mp, _ in self.mounts:
             r = results[mp]
-            if present is not None:
+            # A mount table cut short lists what came before the cut: a mount not in it is not
+            # known to be missing (no nfs_mount_present, so the check says UNKNOWN, never FAIL).
+            if present is not None and (mp in present or not cut):
                 samples.extend(cache.samples(("present", mp), ("nfs_mount_present",),
                                              (1.0 if mp in present else 0.0,), lambda: labels_of(mountpoint=mp)))  # noqa: B023
             samples.extend(cache.samples(("probe", mp), ("nfs_probe_ok", "nfs_probe_seconds"),

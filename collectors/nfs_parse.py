@@ -139,6 +139,9 @@ class Mountstats:
     mounts: tuple[NfsMount, ...]
     malformed: int
     problems: tuple[str, ...]  # first few malformed lines, for the collector's errors
+    # The text ended mid-line (a bounded read, or the file changing under the reader): mounts
+    # after the cut are not in `mounts`, so an absent one is not known to be missing.
+    truncated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,6 +310,7 @@ def parse_mountstats(text: str) -> Mountstats:
     problems: list[str] = []
     cur: _MountBuilder | None = None
     lines, malformed = _complete_lines(text)
+    text_cut = text != "" and not text.endswith("\n")  # even a cut inside the indentation
     if malformed:
         problems.append(f"mountstats:{len(lines) + 1}: cut short (no newline)")
     for lineno, raw in enumerate(lines, 1):
@@ -337,7 +341,7 @@ def parse_mountstats(text: str) -> Mountstats:
                 problems.append(f"mountstats:{lineno}: {cur.mountpoint}: {key}: {e}")
     if cur is not None:
         mounts.append(cur.build())
-    return Mountstats(tuple(mounts), malformed, tuple(problems))
+    return Mountstats(tuple(mounts), malformed, tuple(problems), truncated=text_cut)
 
 
 def parse_rpc_nfs(text: str) -> RpcNfs:
