@@ -23,7 +23,10 @@ from hypothesis import strategies as st
 from podhealth.aggregator import ingest
 from podhealth.fencing.slurm import parse_show_node
 from podhealth.checks.active import dcgm, nccl
+from podhealth.checks.passive.xid import evaluate_xids, load_catalog
+from podhealth.checks.passive import ib_counters
 from podhealth.collectors import ib_parse, nfs_parse, xid_parse
+from podhealth.collectors.kmsg_reader import FileFollower
 from podhealth.config import default_yaml, loads as config_loads
 from podhealth.configload import ConfigError
 from podhealth.sim import nvidia_smi
@@ -37,7 +40,7 @@ pytestmark = pytest.mark.timeout(300)
 
 # ---- /proc/self/mountstats and /proc/net/rpc/nfs -------------------------------------------------
 
-MOUNTSTATS = [read("nfs", "mountstats_dgx.txt")]
+MOUNTSTATS = [read("nfs", "mountstats_dgx.txt"), read("nfs", "mountstats_variants.txt")]
 RPC_NFS = [read("nfs", "rpc_nfs_dgx.txt")]
 
 
@@ -63,6 +66,37 @@ def test_mountstats_never_raises_and_counters_are_never_negative(text: str) -> N
 
 
 @fuzz_settings()
+@given(texts(MOUNTSTATS))
+def test_mountstats_cut_anywhere_says_so(text: str) -> None:
+    """Whatever the text, `truncated` is exactly "it ends mid-line": the collector then leaves
+    unlisted mounts unknown instead of missing."""
+    out = nfs_parse.parse_mountstats(text)
+    assert out.truncated == (text != "" and not text.endswith("\n"))
+
+
+_XPRT_LINES = sorted({ln.split(":", 1)[1] for t in MOUNTSTATS for ln in t.splitlines() if ln.strip().startswith("xprt:")})
+_OP_LINES = sorted({ln.strip() for t in MOUNTSTATS for ln in t.splitlines()
+                    if ln.startswith("\t") and ln.strip()[:1].isupper() and ln.strip().split(":")[0].isupper()})
+
+
+@fuzz_settings()
+@given(texts(_XPRT_LINES), texts(_OP_LINES))
+def test_xprt_and_per_op_lines_raise_only_value_error(xprt: str, op: str) -> None:
+    """The two line parsers the mount parser calls, on their own: ValueError or sane values
+    (tcp/udp/rdma of any length the kernels print; per-op 8 or 9 numbers)."""
+    try:
+        t = nfs_parse.parse_transport(xprt)
+        assert t.protocol in nfs_parse.XPRT_FIELDS and all(v >= 0 for _, v in t.values)
+    except ValueError:
+        pass
+    try:
+        o = nfs_parse.parse_operation(op)
+        assert all(v >= 0 for v in _ints_in(o)) and o.name and " " not in o.name
+    except ValueError:
+        pass
+
+
+@fuzz_settings()
 @given(texts(RPC_NFS))
 def test_rpc_nfs_never_raises(text: str) -> None:
     out = nfs_parse.parse_rpc_nfs(text)
@@ -71,6 +105,49 @@ def test_rpc_nfs_never_raises(text: str) -> None:
 
 
 # ---- /sys/class/infiniband ---------------------------------------------------------------------
+
+_TOPOLOGY_SAMPLES = ["../../../0000:aa:00.1\n", "0000:18:00.0", "1\n", "-1\n", "32.0 GT/s PCIe\n", "16.0 GT/s PCIe",
+                     "Unknown\n", "16\n", "0\n", "bond0\n", "enp170s0f0np0 enp170s0f1np1\n", "\n"]
+
+
+@fuzz_settings()
+@given(texts(_TOPOLOGY_SAMPLES))
+def test_infiniband_topology_parsers_never_raise(text: str) -> None:
+    """Where a device sits (device link, numa_node, PCIe link, netdev, bond slaves): a value or
+    None for anything, never an exception (roles are told without a fact sysfs did not give)."""
+    pci = ib_parse.parse_pci_address(text)
+    assert pci is None or isinstance(pci, str)
+    numa = ib_parse.parse_numa_node(text)
+    assert numa is None or numa >= 0
+    gen = ib_parse.parse_pcie_speed(text)
+    assert gen is None or 1 <= gen <= 6
+    width = ib_parse.parse_pcie_width(text)
+    assert width is None or width > 0
+    netdev = ib_parse.parse_netdev(text)
+    assert netdev is None or netdev == netdev.strip() != ""
+    assert all(s and not any(c.isspace() for c in s) for s in ib_parse.parse_bond_slaves(text))
+
+
+@fuzz_settings()
+@given(st.sampled_from(sorted(ib_counters.load().widths)),
+       st.one_of(st.integers(0, 2**64 + 2).map(float), st.sampled_from([float(2**w - 1) for w in (4, 8, 16, 32, 64)]),
+                 st.floats(allow_nan=True, allow_infinity=True)))
+def test_counter_saturation_is_all_ones_of_a_width_and_nothing_else(counter: str, value: float) -> None:
+    """A counter value from sysfs (any size, even junk a float carries) is saturated only when
+    it is all ones at the spec width or a wider 32/64; the width said is one of those."""
+    m = ib_counters.load()
+    width = m.saturated_width(counter, value)
+    if width is None:
+        assert not m.saturated(counter, value)
+    else:
+        assert width in (m.widths[counter], 32, 64) and width >= m.widths[counter]
+        assert value == float((1 << width) - 1)
+
+
+@fuzz_settings()
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_kernel_fallback_rate_never_raises(gbps: float) -> None:
+    assert ib_parse.is_kernel_fallback_rate(gbps) in (True, False)
 
 _IB = FIXTURES / "infiniband" / "dgx_h100" / "sys" / "class" / "infiniband"
 
@@ -127,7 +204,8 @@ def test_infiniband_file_parsers_raise_only_value_error(text: str) -> None:
 
 
 def _kmsg_samples() -> list[str]:
-    out = [ln.split("\t", 1)[0] for f in ("lines.tsv", "nvlink5_expected.tsv") for ln in read("kmsg", f).splitlines()[1:]]
+    out = [ln.split("\t", 1)[0] for f in ("lines.tsv", "generations.tsv", "nvlink5_expected.tsv")
+           for ln in read("kmsg", f).splitlines()[1:]]
     out += read("kmsg", "kmsg_records.log").splitlines() + read("kmsg", "syslog_kern.log").splitlines()
     return [ln for ln in out if ln.strip()]
 
@@ -155,6 +233,37 @@ def test_kernel_line_assembler_never_raises(lines: list[str]) -> None:
     asm = xid_parse.LineAssembler()
     for ln in lines:
         _check_line(asm.feed(ln, year=2025))
+
+
+@fuzz_settings()
+@given(st.lists(texts(KMSG), max_size=12), st.integers(1, 5))
+def test_xid_verdicts_of_any_kernel_lines_never_raise(lines: list[str], per_read: int) -> None:
+    """What the parser made of hostile lines goes on to the rules (Event.kernel, NVLink5 decode,
+    XID 154 states): they judge it without raising, one result per entity."""
+    asm = xid_parse.LineAssembler()
+    parsed = [p for p in (asm.feed(ln, year=2025) for ln in lines) if isinstance(p, xid_parse.ParsedLine)]
+    events = [xid_parse.event_of(p, at=1000.0 - i * per_read, gpu=i % 2) for i, p in enumerate(parsed)]
+    res = evaluate_xids(events, load_catalog(), 1000.0, 3600.0)
+    assert len({(r.check, r.entity) for r in res}) == len(res)
+
+
+@fuzz_settings()
+@given(st.lists(texts(KMSG), max_size=10), st.integers(1, 4))
+def test_followed_log_file_gives_every_line_once(tmp_path_factory: pytest.TempPathFactory, lines: list[str],
+                                                per_read: int) -> None:
+    """Whatever the bytes (invalid UTF-8 included: surrogateescape keeps the samples' bytes) and
+    however few lines one read may take, the follower hands out each line once, in order."""
+    log = tmp_path_factory.mktemp("follow") / "kern.log"
+    raw = [ln.replace("\n", " ").encode("utf-8", "surrogateescape") for ln in lines]
+    log.write_bytes(b"".join(x + b"\n" for x in raw))
+    follower = FileFollower(log, from_start=True)
+    got: list[str] = []
+    for _ in range(len(raw) + 2):
+        batch = follower.read(per_read, 1 << 20)
+        assert batch.error == ""
+        got += batch.lines
+    follower.close()
+    assert got == [x.decode("utf-8", "replace") for x in raw]
 
 
 # ---- nvidia-smi -q -----------------------------------------------------------------------------

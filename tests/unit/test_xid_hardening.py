@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from podhealth.checks.passive.xid import evaluate_xids, load_catalog
@@ -19,6 +19,7 @@ from podhealth.collectors.kmsg_reader import FileFollower
 from podhealth.collectors.xid_parse import MAX_TEXT, Malformed, ParsedLine, parse, parse_nvlink5
 from podhealth.config import loads
 from podhealth.vocab import Action, CheckResult, Event, Status
+from tests.harness.fuzz import fuzz_settings
 
 OWN = Path(__file__).resolve().parent.parent / "fixtures" / "kmsg"
 NOW = 1_000_000.0
@@ -118,7 +119,7 @@ def test_nvlink5_registers_cut_mid_number_are_not_read() -> None:
     assert at_a_space is not None and at_a_space.error_status == 0x40  # whole registers stay
 
 
-@settings(max_examples=300, deadline=None)
+@fuzz_settings(300)
 @given(st.binary(max_size=300), st.integers(0, 300))
 def test_any_bytes_around_a_marker_never_raise(junk: bytes, cut: int) -> None:
     line = (junk + b"NVRM: Xid (PCI:0000:1b:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 "
@@ -132,7 +133,7 @@ def test_any_bytes_around_a_marker_never_raise(junk: bytes, cut: int) -> None:
 APP_CODES = (13, 31, 43, 45)
 
 
-@settings(max_examples=200, deadline=None)
+@fuzz_settings(200)
 @given(st.lists(st.tuples(st.sampled_from(APP_CODES), st.integers(0, 7), st.floats(0, WINDOW - 1)),
                 min_size=1, max_size=60))
 def test_application_xids_never_fail_a_node(events: list[tuple[int, int, float]]) -> None:
@@ -148,6 +149,7 @@ def test_repeated_xid13_on_one_gpu_is_shown_with_its_action_but_warns() -> None:
     assert "hardware suspected" in dict(r.evidence)["reason"]
 
 
+@fuzz_settings(50)
 @given(st.integers(0, 10**6).filter(lambda c: c not in CAT.xids))
 def test_unknown_xid_gets_the_catalog_default(code: int) -> None:
     r = run(xid(code, NOW - 1))["gpu0"]
