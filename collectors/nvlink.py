@@ -81,6 +81,12 @@ class _DeviceState:
     plan: _Plan | None = None
 
 
+def _links_known(calls: DeviceCalls) -> bool:
+    """Whether the count of active links is known: the GPU answered and no link's state was
+    refused (a state NVML would not give is no link down: the check says UNKNOWN, not FAIL)."""
+    return not calls.down and not any(k.startswith("link") and "_" not in k for k in calls.unreadable)
+
+
 class NvlinkCollector:
     name: ClassVar[str] = "nvlink"
     metrics: ClassVar[Mapping[str, MetricSpec]] = METRICS
@@ -145,7 +151,7 @@ class NvlinkCollector:
                               lambda n=link, c=counter: pynvml.nvmlDeviceGetNvLinkErrorCounter(h, n, c))
                 if v is not None:
                     out.append(Sample.of("nvlink_errors", v, link=link, type=name, **gpu))
-        if not calls.down:
+        if _links_known(calls):
             out.append(Sample.of("nvlink_links_up", up, **gpu))
         if up:
             out += self._throughput(calls, h, gpu)
@@ -213,7 +219,7 @@ class NvlinkCollector:
                                   pynvml.nvmlDeviceGetNvLinkErrorCounter(h, n, c))
                 if v is not None:
                     out.append(Sample.of("nvlink_errors", v, link=n, type=name, **gpu))
-        if not calls.down:
+        if _links_known(calls):
             out.append(Sample.of("nvlink_links_up", up, **gpu))
         if up:
             for metric, _ in THROUGHPUT_FIELDS:

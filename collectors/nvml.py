@@ -50,7 +50,10 @@ RETIREMENT_CAUSES: tuple[tuple[str, int], ...] = (
     ("dbe", pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
 )
 
-_FALLBACK = frozenset({pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_NOT_SUPPORTED})
+# A driver older than the binding lacks the newer call (FUNCTION_NOT_FOUND) or knows only an older
+# version of its struct (ARGUMENT_VERSION_MISMATCH): the older call answers the same reading.
+_FALLBACK = frozenset({pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_NOT_SUPPORTED,
+                       pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH})
 
 
 def _spec(name: str, kind: MetricKind, help: str, unit: str = "") -> MetricSpec:
@@ -59,8 +62,11 @@ def _spec(name: str, kind: MetricKind, help: str, unit: str = "") -> MetricSpec:
 
 METRICS: Mapping[str, MetricSpec] = specs(
     _spec("gpu_devices", "gauge", "Number of GPUs NVML reports on this node."),
-    _spec("gpu_up", "gauge", f"1 when the GPU answered NVML, 0 when lost, timed out or erroring ({GPU_LABELS})."),
+    _spec("gpu_up", "gauge", f"1 when the GPU answered NVML, 0 when lost, timed out or refusing every call ({GPU_LABELS})."),
     _spec("gpu_lost", "gauge", "1 when NVML says the GPU is lost (GPU_IS_LOST, fallen off the bus)."),
+    _spec("gpu_field_unreadable", "gauge",
+          "1 for a reading NVML refused with an error (not NOT_SUPPORTED) this collection; label `field` "
+          "names it (ecc_uncorrected_volatile, remapped_rows, temperature, ...). Checks needing it say UNKNOWN."),
     _spec("gpu_utilization_ratio", "gauge", "Fraction of the last sample period a kernel was running (0..1).", "ratio"),
     _spec("gpu_memory_utilization_ratio", "gauge", "Fraction of the last sample period the memory controller was busy (0..1).", "ratio"),
     _spec("gpu_encoder_utilization_ratio", "gauge", "Fraction of the last sample period the video encoder was busy (0..1).", "ratio"),
@@ -295,6 +301,9 @@ class NvmlCollector:
         put("gpu_info", 1, driver_version=system.driver_version,
             cuda_driver_version=system.cuda_driver_version,
             vbios_version=static.vbios, serial=static.serial)
+        if not calls.down:
+            for key in calls.unreadable:
+                out.append(Sample.of("gpu_field_unreadable", 1, **labels, field=key))
         out.append(Sample.of("gpu_up", int(calls.up), **labels))
         out.append(Sample.of("gpu_lost", int(calls.lost), **labels))
         return out, calls.errors
@@ -340,7 +349,7 @@ class NvmlCollector:
             info = pynvml.c_nvmlGpuFabricInfoV_t()
             pynvml.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(info))
         except pynvml.NVMLError as e:
-            if e.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+            if e.value not in (pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH):
                 raise
             info = pynvml.c_nvmlGpuFabricInfo_t()
             pynvml.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(info))

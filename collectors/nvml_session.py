@@ -11,7 +11,10 @@ is a new `generation`, and per-device caches in the collectors are keyed by it.
 
 `DeviceCalls` is the one place that sorts NVML errors: NOT_SUPPORTED / FUNCTION_NOT_FOUND mean
 "field absent" (never 0), GPU_IS_LOST and TIMEOUT take the GPU down for this collection, anything
-else marks the GPU as erroring. Meanings of values stay out of here (checks/ judge them).
+else (UNKNOWN, NO_PERMISSION, INVALID_ARGUMENT as MIG parents answer some queries, a corrupted
+InfoROM, ...) makes that one reading unreadable: the GPU stays up while it answers anything else,
+and the checks that need the reading say UNKNOWN. Meanings of values stay out of here (checks/
+judge them).
 """
 
 from __future__ import annotations
@@ -307,13 +310,18 @@ class DeviceCalls:
     down: bool = False  # lost or timed out: stop asking this GPU during this collection
     erroring: bool = False
     errors: list[str] = field(default_factory=list)
+    # Keys whose call answered an error that is neither "absent" nor "GPU gone" (see module doc).
+    unreadable: list[str] = field(default_factory=list)
+    answered: int = 0  # calls that returned a value in this collection
 
     def get(self, key: str, fn: Callable[[], T], absent: frozenset[int] = ABSENT_CODES) -> T | None:
         if self.down or key in self.unsupported:
             return None
         t0 = time.monotonic()
         try:
-            return fn()
+            value = fn()
+            self.answered += 1
+            return value
         except pynvml.NVMLError as e:
             self.note(key, e, absent)
             return None
@@ -338,10 +346,17 @@ class DeviceCalls:
             self.lost = self.down = True
         elif code == pynvml.NVML_ERROR_TIMEOUT:
             self.down = True
-        elif code != pynvml.NVML_ERROR_NO_PERMISSION:
-            # NO_PERMISSION is a deployment problem, not the GPU's; everything else is the GPU's.
-            self.erroring = True
+        else:
+            # One reading this GPU / driver / deployment cannot give now (NO_PERMISSION is the
+            # deployment's; UNKNOWN, INVALID_ARGUMENT on a MIG parent, ... the driver's): that
+            # reading is unreadable, its checks say UNKNOWN. Nothing here says the GPU is gone.
+            if code != pynvml.NVML_ERROR_NO_PERMISSION:
+                self.erroring = True
+            if key not in self.unreadable:
+                self.unreadable.append(key)
 
     @property
     def up(self) -> bool:
-        return not (self.down or self.erroring)
+        """The GPU answered this collection: not lost or timed out, and (when some readings erred)
+        at least one call returned a value. A GPU that refuses everything does not answer."""
+        return not self.down and (self.answered > 0 or not self.unreadable)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import re
 import threading
 import time
 import traceback
@@ -55,6 +56,8 @@ VERSION_MISMATCH = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
 UNKNOWN = pynvml.NVML_ERROR_UNKNOWN
 
 _HANDLE_BASE = 0x5D0C_0000  # fake device pointers: base + 16 * (index + 1); never dereferenced
+_MIG_HANDLE_BASE = 0x5D2C_0000  # MIG device handles: base + 16 * (64 * gpu + mig index + 1)
+_MIG_PER_GPU = 64
 _EVENTSET_BASE = 0x5E70_0000
 
 # Clocks-event reason bits (nvml.h nvmlClocksEventReason*).
@@ -227,11 +230,16 @@ class _Backend:
         state = self.require_init()
         index = handle_index(handle)
         if index is None or not any(g.index == index for g in state.gpus):
+            # A MIG device handle is no GPU handle: NVML refuses most whole-GPU queries on one.
             raise _Fail(INVALID_ARGUMENT)
         self.hang(state, index)
         view = self.view(self.node.state, index)
         if view.lost and not allow_lost:
             raise _Fail(GPU_IS_LOST)
+        # What this SKU / driver generation answers for the function being called (GpuSpec.nvml_errors).
+        code = view.spec.nvml_errors.get(getattr(_calling, "name", ""))
+        if code is not None:
+            raise _Fail(code)
         return view
 
 
@@ -257,9 +265,21 @@ def handle_of(index: int) -> int:
 
 
 def handle_index(handle: int | None) -> int | None:
-    if handle is None or handle <= _HANDLE_BASE or (handle - _HANDLE_BASE) % 16:
+    if handle is None or handle <= _HANDLE_BASE or handle >= _MIG_HANDLE_BASE or (handle - _HANDLE_BASE) % 16:
         return None
     return (handle - _HANDLE_BASE) // 16 - 1
+
+
+def mig_handle_of(gpu: int, mig: int) -> int:
+    return _MIG_HANDLE_BASE + 16 * (_MIG_PER_GPU * gpu + mig + 1)
+
+
+def mig_handle_index(handle: int | None) -> tuple[int, int] | None:
+    """(gpu index, MIG device index) of a MIG device handle, else None."""
+    if handle is None or handle <= _MIG_HANDLE_BASE or (handle - _MIG_HANDLE_BASE) % 16:
+        return None
+    gpu, mig = divmod((handle - _MIG_HANDLE_BASE) // 16 - 1, _MIG_PER_GPU)
+    return gpu, mig
 
 
 def _put(ptr: int | None, ctype: Any, value: Any) -> None:
@@ -427,11 +447,19 @@ def _index(h: int, ptr: int) -> None:
 
 @_impl("nvmlDeviceGetName", args=[P, P, c_uint])
 def _name(h: int, buf: int, n: int) -> None:
+    mig = _mig(h)
+    if mig is not None:
+        _put_str(buf, n, f"{mig[0].spec.name} MIG {mig[1]}")  # as nvidia-smi -L names MIG devices
+        return
     _put_str(buf, n, _b().device(h).spec.name)
 
 
 @_impl("nvmlDeviceGetUUID", args=[P, P, c_uint])
 def _uuid(h: int, buf: int, n: int) -> None:
+    mig = _mig(h)
+    if mig is not None:
+        _put_str(buf, n, mig_uuid(mig[0].spec, mig[2]))
+        return
     _put_str(buf, n, _b().device(h).spec.uuid)
 
 
@@ -479,9 +507,16 @@ def _persistence(h: int, ptr: int) -> None:
 # utilisation, memory, thermals, power
 
 
+def _whole_gpu_only(v: GpuView) -> None:
+    # MIG mode: NVML does not report device utilization (nor encoder/decoder) on the parent GPU;
+    # nvidia-smi prints N/A (../shared/fixtures nvidia-smi -q -x of an A100-SXM4 in MIG mode, R510).
+    if v.spec.mig_mode:
+        raise _Fail(NOT_SUPPORTED)
+
+
 @_impl("nvmlDeviceGetUtilizationRates", args=[P, P])
 def _util(h: int, ptr: int) -> None:
-    _b().device(h)
+    _whole_gpu_only(_b().device(h))
     u = _struct(ptr, pynvml.c_nvmlUtilization_t)
     u.gpu, u.memory = IDLE_UTIL_GPU, 0
 
@@ -496,14 +531,14 @@ ENC_DEC_SAMPLING_US = 167_000
 
 @_impl("nvmlDeviceGetEncoderUtilization", args=[P, P, P])
 def _enc_util(h: int, util: int, period: int) -> None:
-    _b().device(h)
+    _whole_gpu_only(_b().device(h))
     _put(util, c_uint, IDLE_UTIL_ENC)
     _put(period, c_uint, ENC_DEC_SAMPLING_US)
 
 
 @_impl("nvmlDeviceGetDecoderUtilization", args=[P, P, P])
 def _dec_util(h: int, util: int, period: int) -> None:
-    _b().device(h)
+    _whole_gpu_only(_b().device(h))
     _put(util, c_uint, IDLE_UTIL_DEC)
     _put(period, c_uint, ENC_DEC_SAMPLING_US)
 
@@ -514,20 +549,22 @@ _USED_MIB = 1
 
 @_impl("nvmlDeviceGetMemoryInfo", args=[P, P])
 def _mem_v1(h: int, ptr: int) -> None:
-    g = _b().device(h).spec
+    mig = _mig(h)
+    g = _b().device(h).spec if mig is None else mig[0].spec
     m = _struct(ptr, pynvml.c_nvmlMemory_t)
-    total = g.memory_total_mib << 20
+    total = (g.memory_total_mib if mig is None else mig_memory_mib(mig[1])) << 20
     used = (_RESERVED_MIB + _USED_MIB) << 20  # v1 counts the reserved memory as used
     m.total, m.used, m.free = total, used, total - used
 
 
 @_impl("nvmlDeviceGetMemoryInfo_v2", args=[P, P])
 def _mem_v2(h: int, ptr: int) -> None:
-    g = _b().device(h).spec
+    mig = _mig(h)
+    g = _b().device(h).spec if mig is None else mig[0].spec
     m = _struct(ptr, pynvml.c_nvmlMemory_v2_t)
     if m.version != pynvml.nvmlMemory_v2:
         raise _Fail(VERSION_MISMATCH)
-    total = g.memory_total_mib << 20
+    total = (g.memory_total_mib if mig is None else mig_memory_mib(mig[1])) << 20
     m.total, m.reserved, m.used = total, _RESERVED_MIB << 20, _USED_MIB << 20
     m.free = total - m.reserved - m.used
 
@@ -611,8 +648,7 @@ def _reasons(h: int, ptr: int) -> None:
 @_impl("nvmlDeviceGetSupportedClocksEventReasons", "nvmlDeviceGetSupportedClocksThrottleReasons",
        args=[P, P])
 def _supported_reasons(h: int, ptr: int) -> None:
-    _b().device(h)
-    _put(ptr, c_ulonglong, 0x1FF)
+    _put(ptr, c_ulonglong, _b().device(h).spec.clocks_event_supported)
 
 
 # PCIe
@@ -651,6 +687,9 @@ def _ecc_counts(v: GpuView, err_type: int, counter: int) -> int:
         raise _Fail(NOT_SUPPORTED)
     if err_type not in (0, 1) or counter not in (0, 1):
         raise _Fail(INVALID_ARGUMENT)
+    if v.spec.mig_mode and counter == pynvml.NVML_VOLATILE_ECC:
+        # The same MIG capture: volatile DRAM/SRAM counts N/A on the parent, aggregate ones read.
+        raise _Fail(NOT_SUPPORTED)
     return (v.ecc_sbe if err_type == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED else v.ecc_dbe)[counter]
 
 
@@ -811,6 +850,9 @@ _LINK_SPEED_MBPS = {"hopper": 26562}
 def field_value(v: GpuView, field_id: int, scope: int) -> tuple[int, int]:
     """(valueType, value) for one field, or raise _Fail(code) for that field's nvmlReturn."""
     ull = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    code = v.spec.nvml_errors.get(f"field:{field_id}")
+    if code is not None:
+        raise _Fail(code)  # a per-field error inside an OK call (GpuSpec.nvml_errors)
     if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
         return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, v.mem_temperature_c
     if field_id == pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT:
@@ -918,6 +960,102 @@ def _fabric_v(h: int, ptr: int) -> None:
         raise _Fail(VERSION_MISMATCH)
     _fabric(v, info)
     info.healthMask = 0
+
+
+# MIG
+
+
+# Max MIG devices per GPU: seven 1g slices on A100, H100, H200 and B200 (NVIDIA MIG user guide).
+MIG_MAX_DEVICES = 7
+_MIG_PROFILE = re.compile(r"^([1-7])g\.(\d+)gb(\+me)?$")
+
+
+def mig_memory_mib(profile: str) -> int:
+    """Framebuffer of a MIG device: its profile's GB less what the driver keeps (an A100-SXM4-40GB
+    3g.20gb instance shows "Total : 19968 MiB" in nvidia-smi -q -x, i.e. 20 GiB - 512 MiB)."""
+    m = _MIG_PROFILE.match(profile)
+    if m is None:
+        raise _Fail(UNKNOWN)
+    return int(m.group(2)) * 1024 - 512
+
+
+def mig_uuid(g: GpuSpec, mig: int) -> str:
+    return "MIG-" + g.uuid.removeprefix("GPU-")[:-4] + f"{mig:04x}"
+
+
+def _mig_capable(v: GpuView) -> bool:
+    return ARCHITECTURES.get(v.spec.architecture, 0) >= ARCHITECTURES["ampere"]
+
+
+def _mig(h: int | None) -> tuple[GpuView, str, int] | None:
+    """(parent GPU view, MIG profile, MIG index) for a MIG device handle; None for anything else."""
+    at = mig_handle_index(h)
+    if at is None:
+        return None
+    v = _b().device(handle_of(at[0]))
+    if not v.spec.mig_mode or at[1] >= len(v.spec.mig_devices):
+        raise _Fail(INVALID_ARGUMENT)  # the instance was destroyed: its handle is stale
+    return v, v.spec.mig_devices[at[1]], at[1]
+
+
+@_impl("nvmlDeviceGetMigMode", args=[P, P, P])
+def _mig_mode(h: int, cur: int, pending: int) -> None:
+    v = _b().device(h)
+    if not _mig_capable(v):
+        raise _Fail(NOT_SUPPORTED)
+    _put(cur, c_uint, int(v.spec.mig_mode))
+    _put(pending, c_uint, int(v.spec.mig_mode))
+
+
+@_impl("nvmlDeviceGetMaxMigDeviceCount", args=[P, P])
+def _mig_max(h: int, ptr: int) -> None:
+    v = _b().device(h)
+    _put(ptr, c_uint, MIG_MAX_DEVICES if _mig_capable(v) else 0)
+
+
+@_impl("nvmlDeviceGetMigDeviceHandleByIndex", args=[P, c_uint, P])
+def _mig_by_index(h: int, index: int, ptr: int) -> None:
+    v = _b().device(h)
+    if not _mig_capable(v):
+        raise _Fail(NOT_SUPPORTED)
+    if not v.spec.mig_mode or index >= len(v.spec.mig_devices):
+        raise _Fail(NOT_FOUND)
+    _put(ptr, c_void_p, mig_handle_of(v.spec.index, index))
+
+
+@_impl("nvmlDeviceIsMigDeviceHandle", args=[P, P])
+def _is_mig(h: int, ptr: int) -> None:
+    if _mig(h) is None:
+        _b().device(h)
+        _put(ptr, c_uint, 0)
+    else:
+        _put(ptr, c_uint, 1)
+
+
+@_impl("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", args=[P, P])
+def _mig_parent(h: int, ptr: int) -> None:
+    mig = _mig(h)
+    if mig is None:
+        raise _Fail(INVALID_ARGUMENT)
+    _put(ptr, c_void_p, handle_of(mig[0].spec.index))
+
+
+@_impl("nvmlDeviceGetGpuInstanceId", args=[P, P])
+def _mig_gi(h: int, ptr: int) -> None:
+    mig = _mig(h)
+    if mig is None:
+        _b().device(h)
+        raise _Fail(NOT_SUPPORTED)
+    _put(ptr, c_uint, mig[2] + 1)  # the capture numbers GPU instances from 1
+
+
+@_impl("nvmlDeviceGetComputeInstanceId", args=[P, P])
+def _mig_ci(h: int, ptr: int) -> None:
+    mig = _mig(h)
+    if mig is None:
+        _b().device(h)
+        raise _Fail(NOT_SUPPORTED)
+    _put(ptr, c_uint, 0)  # one compute instance per GPU instance, id 0 (as captured)
 
 
 # processes
@@ -1048,8 +1186,13 @@ def _error_string(code: int) -> int | None:
     return ctypes.addressof(buf)
 
 
+# The C function being answered on this thread: `device()` looks up GpuSpec.nvml_errors by it.
+_calling = threading.local()
+
+
 def _wrap(name: str, fn: Callable[..., None]) -> Callable[..., int]:
     def call(*args: Any) -> int:
+        _calling.name = name
         try:
             fn(*args)
             return SUCCESS

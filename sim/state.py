@@ -85,6 +85,24 @@ class GpuSpec:
     temp_max_operating_c: int = 87
     mem_temp_max_c: int = 95
     has_fabric: bool = True  # NVSwitch fabric state reported (Hopper+ DGX)
+    # MIG (Ampere and later): mode on, and one MIG device per GPU instance profile listed here
+    # ("1g.10gb" ... "7g.80gb"). NVML still enumerates the physical GPU once (nvmlDeviceGetCount);
+    # MIG devices are only reached through nvmlDeviceGetMigDeviceHandleByIndex.
+    mig_mode: bool = False
+    mig_devices: tuple[str, ...] = ()
+    # Clocks-event reason bits the driver says it can report (nvmlDeviceGetSupportedClocksEventReasons);
+    # R570-era drivers add bits this project has no name for (0x200 board limit, 0x400 reliability).
+    clocks_event_supported: int = 0x1FF
+    # What this SKU or driver generation answers instead of a value: NVML C function name (as the
+    # simulator registers it, e.g. "nvmlDeviceGetUtilizationRates"), or "field:<id>" for one field
+    # of nvmlDeviceGetFieldValues (answered in that field's nvmlReturn inside an OK call), ->
+    # nvmlReturn_t code (NOT_SUPPORTED 3, NO_PERMISSION 4, TIMEOUT 10, GPU_IS_LOST 15, UNKNOWN 999).
+    nvml_errors: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "GpuSpec":
+        return cls(**{**d, "mig_devices": tuple(d.get("mig_devices") or ()),
+                      "nvml_errors": {str(k): int(v) for k, v in (d.get("nvml_errors") or {}).items()}})
 
     @property
     def pci_bus_id_short(self) -> str:
@@ -212,7 +230,7 @@ class NodeState:
             driver_version=str(d["driver_version"]),
             cuda_version=int(d["cuda_version"]),
             nvml_version=str(d["nvml_version"]),
-            gpus=tuple(GpuSpec(**g) for g in d["gpus"]),
+            gpus=tuple(GpuSpec.from_json(g) for g in d["gpus"]),
             hcas=tuple(HcaSpec.from_json(h) for h in d["hcas"]),
             mounts=tuple(str(m) for m in d["mounts"]),
             units=MappingProxyType({str(k): str(v) for k, v in d["units"].items()}),

@@ -21,14 +21,43 @@ def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+# The nvml collector's readings (gpu_field_unreadable `field`) each per-GPU check stands on: when
+# NVML refused one of them (an error, not NOT_SUPPORTED) the check cannot judge that GPU: UNKNOWN.
+NEEDS: dict[str, tuple[str, ...]] = {
+    "ecc": ("ecc_uncorrected_volatile", "ecc_corrected_volatile"),
+    "row_remap": ("remapped_rows",),
+    "retired_pages": ("retired_sbe", "retired_dbe", "retired_pending"),
+    "pcie": ("pcie_gen", "pcie_width"),
+    "temperature": ("temperature", "memory_temperature"),
+    "fabric": ("fabric",),
+    "persistence": ("persistence_mode",),
+    "clocks": ("clocks_event_reasons",),
+}
+
+
+def _unreadable(ctx: Context, check: str) -> dict[str, list[str]]:
+    """GPU -> the readings `check` needs that NVML refused this collection."""
+    need = NEEDS.get(check, ())
+    out: dict[str, list[str]] = {}
+    for s in ctx.samples("gpu_field_unreadable"):
+        if s.value >= 1 and s.label("field") in need:
+            out.setdefault(s.label("gpu"), []).append(s.label("field"))
+    return out
+
+
 def _each_gpu(ctx: Context, check: str) -> tuple[list[CheckResult], list[Sample]]:
-    """GPUs that answer; lost ones get UNKNOWN here (gpu_lost reports them as FAIL)."""
+    """GPUs that answer; lost ones get UNKNOWN here (gpu_lost reports them as FAIL), and so do
+    GPUs where NVML refused a reading this check needs."""
     out, up = [], []
+    refused = _unreadable(ctx, check)
     for s in ctx.samples("gpu_up"):
-        if s.value >= 1:
-            up.append(s)
-        else:
+        if s.value < 1:
             out.append(unknown(check, gpu_entity(s), "GPU does not answer NVML", uuid=s.label("uuid")))
+        elif s.label("gpu") in refused:
+            out.append(unknown(check, gpu_entity(s), "NVML refused a reading this check needs",
+                               unreadable=",".join(refused[s.label("gpu")]), uuid=s.label("uuid")))
+        else:
+            up.append(s)
     return out, up
 
 
@@ -55,8 +84,10 @@ def gpu_lost(ctx: Context) -> list[CheckResult]:
             out.append(fail("gpu_lost", gpu_entity(s), "GPU has fallen off the bus", Action.REBOOT,
                             uuid=s.label("uuid"), pci_bus_id=s.label("pci_bus_id")))
         elif s.value < 1:
-            out.append(fail("gpu_lost", gpu_entity(s), "GPU does not answer NVML", Action.REBOOT,
-                            uuid=s.label("uuid"), pci_bus_id=s.label("pci_bus_id")))
+            # Timed out, wedged for a call, or refusing every call, but NVML did not say lost: the
+            # GPU cannot be judged now (UNKNOWN). A GPU really gone shows as GPU_IS_LOST or XID 79.
+            out.append(unknown("gpu_lost", gpu_entity(s), "GPU does not answer NVML (not reported lost)",
+                               uuid=s.label("uuid"), pci_bus_id=s.label("pci_bus_id")))
         else:
             out.append(ok("gpu_lost", gpu_entity(s)))
     return out
@@ -171,10 +202,12 @@ def clocks(ctx: Context) -> list[CheckResult]:
     for s in ctx.samples("gpu_clocks_event_active"):
         if s.value >= 1:
             active.setdefault(s.label("gpu"), set()).add(s.label("reason"))
-    up = [s.label("gpu") for s in samples if s.value >= 1]
-    silent = [s.label("gpu") for s in samples if s.value < 1]
+    refused = _unreadable(ctx, "clocks")
+    up = [s.label("gpu") for s in samples if s.value >= 1 and s.label("gpu") not in refused]
+    silent = [s.label("gpu") for s in samples if s.value < 1 or s.label("gpu") in refused]
     if not up:
-        return [unknown("clocks", "node", "no GPU answers NVML", gpus_not_answering=_gpu_list(silent))]
+        return [unknown("clocks", "node", "no GPU answers NVML with its clocks-event reasons",
+                        gpus_not_answering=_gpu_list(silent))]
     # reason -> GPUs where it counts (a reason explained by another active one adds nothing)
     by_reason: dict[str, list[str]] = {}
     for g in up:

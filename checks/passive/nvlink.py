@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from podhealth.checks.passive.context import Context, gpu_entity
-from podhealth.checks.passive.result import fail, ok, warn
+from podhealth.checks.passive.result import fail, ok, unknown, warn
 from podhealth.vocab import Action, CheckResult
 
 
@@ -15,6 +15,11 @@ def nvlink(ctx: Context) -> list[CheckResult]:
     limit = ctx.profile.thresholds["nvlink_errors_per_hour"]
     errors = ctx.samples("nvlink_errors")
     expected = ctx.per_gpu("nvlink_links_expected")
+    counted = {s.label("gpu") for s in ctx.samples("nvlink_links_up")}
+    for g in ctx.samples("nvlink_links_expected"):
+        if g.label("gpu") not in counted:
+            # The GPU did not answer, or NVML refused a link's state: no count, so no verdict.
+            out.append(unknown("nvlink", gpu_entity(g), "NVLink link states not readable", uuid=g.label("uuid")))
     for s in ctx.samples("nvlink_links_up"):
         i, e = s.label("gpu"), gpu_entity(s)
         want = int(expected[i].value) if i in expected else expected_default
