@@ -64,7 +64,8 @@ HOOK_MAX_DELAY = 0.5
 HTTP_IDLE_TIMEOUT = 30.0
 HTTP_MAX_CONNECTIONS = 256
 HTTP_SPEC = MetricSpec("http_connections_refused", "counter",
-                       "Connections refused because max connections were open (idle and slow ones time out).")
+                       "Connections refused because max connections were open, or the client's share of them "
+                       "(idle and slow ones time out).")
 
 
 def default_node_name() -> str:

@@ -53,7 +53,7 @@ class Metrics:
         self.repairs = Counter(P + "repairs", "Nodes handed to repair by the remediation ladder (ladder.max_attempts\n"
                                "failed resets/reboots within ladder.window); they wait for an operator.", registry=r)
         self.http_refused = Counter(P + "http_connections_refused", "Connections refused because max connections\n"
-                                    "were open (idle and slow connections time out).", registry=r)
+                                    "were open, or the client's share of them (idle and slow connections time out).", registry=r)
         self.lease_epoch = Gauge(P + "store_lease_epoch", "Epoch of this process's exclusive lease on the state\n"
                                  "store (one more per start: the fencing token).", registry=r)
         self.leader = Gauge(P + "leader", "1 while this aggregator decides and acts (the leader of the replicas on\n"
