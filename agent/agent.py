@@ -203,10 +203,14 @@ class Agent:
                          key=f"collectors.{bad.replace('.', '.families.', 1)}")
         return flt
 
-    def _refused(self, open_now: int) -> None:
+    def _refused(self, open_now: int, client: str | None) -> None:
         self.http_refused += 1
-        self._repeats.emit("warning", "http refused", "HTTP connection refused: too many open",
-                           open=open_now, refused_total=self.http_refused)
+        if client is None:
+            self._repeats.emit("warning", "http refused", "HTTP connection refused: too many open",
+                               open=open_now, refused_total=self.http_refused)
+        else:
+            self._repeats.emit("warning", "http refused client", "HTTP connection refused: the client holds its share",
+                               client=client, open=open_now, refused_total=self.http_refused)
 
     def _http_families(self, snap: Snapshot) -> Iterable[Family]:
         yield Family(HTTP_SPEC, (Sample.of("http_connections_refused", float(self.http_refused)),))

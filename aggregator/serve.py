@@ -36,10 +36,14 @@ async def start_http(agg: Aggregator, limits: ConnLimits) -> web.AppRunner:
     await runner.setup()  # runs cleanup_ctx: recovers the journal, reconciles, starts the loops
     refusals = Repeats(log)
 
-    def refused(open_now: int) -> None:
+    def refused(open_now: int, client: str | None) -> None:
         agg.metrics.http_refused.inc()
-        refusals.emit("warning", "http refused", "HTTP connection refused: too many open", open=open_now,
-                      max_connections=limits.max_connections)
+        if client is None:
+            refusals.emit("warning", "http refused", "HTTP connection refused: too many open", open=open_now,
+                          max_connections=limits.max_connections)
+        else:
+            refusals.emit("warning", "http refused client", "HTTP connection refused: the client holds its share",
+                          client=client, open=open_now, per_client=limits.client_cap(cfg.listen.address))
     site = GuardedSite(runner, cfg.listen.address, cfg.listen.port, limits, refused, reuse_address=True)
     try:
         await site.start()

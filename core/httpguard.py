@@ -150,7 +150,9 @@ class GuardedSite(web.TCPSite):
     """web.TCPSite whose accepted connections pass the caps first (see the module doc)."""
 
     def __init__(self, runner: web.BaseRunner, host: str | None, port: int, limits: ConnLimits,
-                 on_refuse: Callable[[int], None] | None = None, **kw: Any) -> None:
+                 on_refuse: Callable[[int, str | None], None] | None = None, **kw: Any) -> None:
+        """`on_refuse(open, client)` for each refusal: the connections open, and the client's
+        address when it was refused for holding its share (None: the server was full)."""
         super().__init__(runner, host, port, **kw)
         self.limits = limits
         self.client_cap = limits.client_cap(host)
@@ -168,10 +170,11 @@ class GuardedSite(web.TCPSite):
         server = self._runner.server
         assert server is not None
         held = self.by_client.get(client, 0)
-        if self.open >= self.limits.max_connections or held >= self.client_cap:
+        full = self.open >= self.limits.max_connections
+        if full or held >= self.client_cap:
             self.refused += 1
             if self.on_refuse is not None:
-                self.on_refuse(self.open)
+                self.on_refuse(self.open, None if full else client)
             return None
         self.open += 1
         self.by_client[client] = held + 1

@@ -9,19 +9,26 @@ transports call the protocol the same way but are other classes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import http.client
 import socket
 import struct
 import time
+from pathlib import Path
 from typing import Any, Callable, Coroutine
 
 import pytest
 from aiohttp import web
+from structlog.testing import capture_logs
 
-from podhealth.agent.agent import HTTP_IDLE_TIMEOUT, HTTP_MAX_CONNECTIONS
+from podhealth.agent.agent import HTTP_IDLE_TIMEOUT, HTTP_MAX_CONNECTIONS, Agent
 from podhealth.aggregator.serve import HTTP_IDLE_TIMEOUT as AGG_IDLE_TIMEOUT
+from podhealth.aggregator.serve import start_http
+from podhealth.aggregator.service import Aggregator
 from podhealth.httpguard import ConnLimits, GuardedSite
+from tests.harness.agg import config as agg_config
 from tests.harness.proc import free_port
+from tests.unit.test_agent_scheduler import cfg_with
 
 pytestmark = pytest.mark.timeout(60)
 LOOPS = ["asyncio", "uvloop"]
@@ -45,13 +52,16 @@ async def _ok(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-async def _serve(limits: ConnLimits, refusals: list[int]) -> tuple[web.AppRunner, GuardedSite, int]:
+Refusals = list[tuple[int, str | None]]
+
+
+async def _serve(limits: ConnLimits, refusals: Refusals) -> tuple[web.AppRunner, GuardedSite, int]:
     app = web.Application()
     app.router.add_get("/", _ok)
     runner = web.AppRunner(app, access_log=None, **limits.runner_kwargs())
     await runner.setup()
     port = free_port()
-    site = GuardedSite(runner, "127.0.0.1", port, limits, refusals.append)
+    site = GuardedSite(runner, "127.0.0.1", port, limits, lambda n, client: refusals.append((n, client)))
     try:
         await site.start()
     except BaseException:
@@ -111,7 +121,7 @@ def _run(loop: str, main: Callable[[], Coroutine[Any, Any, None]]) -> None:
 @pytest.mark.parametrize("loop", LOOPS)
 def test_a_client_over_its_share_is_refused_while_others_still_connect(loop: str) -> None:
     async def main() -> None:
-        refusals: list[int] = []
+        refusals: Refusals = []
         runner, site, port = await _serve(ConnLimits(20, 30.0, per_client=4), refusals)
         socks: list[socket.socket] = []
         try:
@@ -121,7 +131,7 @@ def test_a_client_over_its_share_is_refused_while_others_still_connect(loop: str
             extra = await _connect(port, "127.0.0.2")
             socks.append(extra)
             assert (await _answer(extra, 3.0)).startswith(b"HTTP/1.1 503 Service Unavailable")
-            assert site.refused == 1 and refusals == [4]  # the on_refuse path, with the open count
+            assert site.refused == 1 and refusals == [(4, "127.0.0.2")]  # the on_refuse path: open, who
             # the four it holds stay open, and another client is answered
             assert [await _answer(s, 0.2) for s in socks[:4]] == [b"open"] * 4
             assert await asyncio.to_thread(_get, port, "127.0.0.3") == "200 ok"
@@ -140,7 +150,7 @@ def test_a_client_over_its_share_is_refused_while_others_still_connect(loop: str
 @pytest.mark.parametrize("loop", LOOPS)
 def test_the_total_cap_still_holds_across_clients(loop: str) -> None:
     async def main() -> None:
-        refusals: list[int] = []
+        refusals: Refusals = []
         runner, site, port = await _serve(ConnLimits(6, 30.0, per_client=4), refusals)
         socks: list[socket.socket] = []
         try:
@@ -151,7 +161,7 @@ def test_the_total_cap_still_holds_across_clients(loop: str) -> None:
             late = await _connect(port, "127.0.0.5")  # a client with none open, over the total
             socks.append(late)
             assert (await _answer(late, 3.0)).startswith(b"HTTP/1.1 503")
-            assert refusals == [6] and "127.0.0.5" not in site.by_client
+            assert refusals == [(6, None)] and "127.0.0.5" not in site.by_client  # None: the server was full
         finally:
             for s in socks:
                 s.close()
@@ -170,7 +180,7 @@ def test_the_counts_return_to_zero_however_connections_end(loop: str) -> None:
     """Closed by the client, reset by it, closed by the server's idle timeout, refused, after a
     request or before one: after all of them nothing is counted, and no address is remembered."""
     async def main() -> None:
-        refusals: list[int] = []
+        refusals: Refusals = []
         idle = 3.0  # long enough that none is closed before the counts below are read
         runner, site, port = await _serve(ConnLimits(40, idle, per_client=6), refusals)
         sources = [f"127.0.0.{i}" for i in range(2, 8)]
@@ -216,3 +226,61 @@ def test_the_counts_return_to_zero_when_the_server_shuts_down(loop: str) -> None
                 s.close()
         await _until(lambda: site.open == 0 and site.by_client == {})
     _run(loop, main)
+
+
+async def _flood_one_client(port: int, n: int) -> list[socket.socket]:
+    """`n` connections from 127.0.0.2, once each is answered or left open."""
+    socks = [await _connect(port, "127.0.0.2") for _ in range(n)]
+    await asyncio.gather(*(_answer(s, 0.3) for s in socks))
+    return socks
+
+
+async def test_the_agent_counts_and_logs_a_client_over_its_share() -> None:
+    agent = Agent(cfg_with(), node="n1", factories={})
+    agent.http_limits = ConnLimits(20, 30.0, per_client=3)
+    await agent.start()
+    socks: list[socket.socket] = []
+    try:
+        with capture_logs() as logs:
+            socks = await _flood_one_client(agent.port, 5)
+        assert agent.http_refused == 2
+        [line] = [e for e in logs if e["event"].startswith("HTTP connection refused")]  # once, not per refusal
+        assert line["event"] == "HTTP connection refused: the client holds its share" and line["client"] == "127.0.0.2"
+        assert await asyncio.to_thread(_get_path, agent.port, "127.0.0.3", "/healthz") == 200  # another client
+    finally:
+        for s in socks:
+            s.close()
+        await agent.stop()
+
+
+async def test_the_aggregator_counts_and_logs_a_client_over_its_share(tmp_path: Path) -> None:
+    port = free_port()
+    cfg = agg_config(tmp_path)
+    cfg = dataclasses.replace(cfg, listen=dataclasses.replace(cfg.listen, address="127.0.0.1", port=port))
+    agg = await Aggregator.open(cfg)
+    try:
+        runner = await start_http(agg, ConnLimits(20, 30.0, per_client=3))
+    except BaseException:
+        await agg.stop()
+        raise
+    socks: list[socket.socket] = []
+    try:
+        with capture_logs() as logs:
+            socks = await _flood_one_client(port, 5)
+        [line] = [e for e in logs if e["event"].startswith("HTTP connection refused")]
+        assert (line["client"], line["per_client"]) == ("127.0.0.2", 3)
+        assert await asyncio.to_thread(_get_path, port, "127.0.0.3", "/healthz") == 200
+        assert agg.metrics.http_refused._value.get() == 2
+    finally:
+        for s in socks:
+            s.close()
+        await runner.cleanup()
+
+
+def _get_path(port: int, source: str, path: str) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5, source_address=(source, 0))
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status
+    finally:
+        conn.close()
