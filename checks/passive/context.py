@@ -67,6 +67,11 @@ class Context:
     def increase(self, s: Sample) -> float | None:
         return self.rates.increase(_key(s), self.now)
 
+    def reset_within_window(self, s: Sample) -> bool:
+        """Whether the counter went back (was reset) within the rate window."""
+        t = self.rates.reset_at(_key(s))
+        return t is not None and self.now - t <= self.window
+
 
 def _key(s: Sample) -> tuple[str, Labels]:
     return (s.name, s.labels)

@@ -234,10 +234,13 @@ def ib_errors(ctx: Context) -> list[CheckResult]:
     saturated: dict[PortKey, list[str]] = {}
     stuck_other: dict[PortKey, list[str]] = {}  # saturated, but not error counters (congestion)
     seen: set[PortKey] = set()
+    reset: dict[PortKey, list[str]] = {}
     for c in ctx.samples("infiniband_port_stat"):
         key = (c.label("device"), c.label("port"))
         seen.add(key)
         name = c.label("counter")
+        if name in meanings.widths and ctx.reset_within_window(c):
+            reset.setdefault(key, []).append(name)
         width = meanings.saturated_width(name, c.value)
         if width is not None:
             where = saturated if name in meanings.errors else stuck_other
@@ -271,6 +274,10 @@ def ib_errors(ctx: Context) -> list[CheckResult]:
         ev: dict[str, object] = {}
         if key in stuck_other:
             ev["saturated_not_errors"] = " ".join(stuck_other[key])
+        if key in reset:
+            # A counter that went back was cleared, not a negative rate: only what it counted
+            # since is judged (a saturated one can count again).
+            ev["reset"] = " ".join(reset[key]) + ": went back (perfquery -R, a driver reload or an HCA reset)"
         if key in rising:
             ev["counters"] = " ".join(rising[key])
         if key in saturated:

@@ -19,6 +19,7 @@ class RateTracker:
         # series; 256 points each cost the agent ~30 MiB).
         self._spacing = window / max(1, max_points - 2)
         self._h: dict[Hashable, deque[tuple[float, float]]] = {}
+        self._resets: dict[Hashable, float] = {}  # when each counter last went back
 
     def observe(self, key: Hashable, t: float, value: float) -> None:
         h = self._h.get(key)
@@ -26,6 +27,7 @@ class RateTracker:
             h = self._h[key] = deque(maxlen=self.max_points)
         if h and value < h[-1][1]:
             h.clear()  # reset: judge only what happened since
+            self._resets[key] = t
         if h and (h[-1][0] == t or (len(h) >= 2 and t - h[-2][0] < self._spacing)):
             h[-1] = (t, value)
         else:
@@ -48,6 +50,10 @@ class RateTracker:
         if dt <= 0:
             return None
         return (h[-1][1] - h[0][1]) / dt * per
+
+    def reset_at(self, key: Hashable) -> float | None:
+        """When the counter last went back (a reset: its history restarted then); None if never."""
+        return self._resets.get(key)
 
     def points(self) -> dict[Hashable, tuple[tuple[float, float], ...]]:
         """A copy of every history, (time, value) oldest first (the evidence bundle's IB part)."""

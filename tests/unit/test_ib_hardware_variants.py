@@ -50,7 +50,8 @@ def _run(tmp: Path, steps: list[Step], profile: Profile = H100, history: bool = 
         errors = c.errors
         observe_counters(rates, c.samples, t, _COUNTERS)
         st = CollectorState("infiniband", samples=c.samples, stale=False, last_success=t, last_attempt=t)
-        ctx = Context(snapshot=Snapshot(t, {"infiniband": st}), profile=profile, now=t, rates=rates, ib_links=links)
+        ctx = Context(snapshot=Snapshot(t, {"infiniband": st}), profile=profile, now=t, rates=rates, ib_links=links,
+                      window=3600.0)
         if links is not None:
             ib.observe_links(links, ctx)
         res = ib.ib_port(ctx) + ib.ib_errors(ctx) + ib.ib_flap(ctx)
@@ -227,7 +228,9 @@ def test_counter_that_goes_back_is_a_reset_not_a_negative_rate(tmp_path: Path) -
              (T0 + 600, _counters(symbol_error=3, port_rcv_data=10, link_downed=0)),
              (T0 + 1200, _counters(symbol_error=4, port_rcv_data=20, link_downed=0))]
     res, _ = _run(tmp_path, steps)
-    assert res[("ib_errors", "mlx5_1/1")].status is Status.OK
+    r = res[("ib_errors", "mlx5_1/1")]
+    assert r.status is Status.OK
+    assert dict(r.evidence)["reset"].startswith("link_downed symbol_error: went back")  # said, not judged
     assert res[("ib_flap", "mlx5_1/1")].status is Status.OK  # link_downed back to 0 is no down
     assert [k for k, r in res.items() if r.status is not Status.OK] == []
 
