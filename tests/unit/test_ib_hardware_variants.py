@@ -351,3 +351,39 @@ def test_active_rail_rate_verdicts(tmp_path: Path, rate: str, status: Status) ->
 def test_sdr_rates_are_the_kernel_fallback_and_nothing_else() -> None:
     assert all(is_kernel_fallback_rate(2.5 * w) for w in (1, 2, 4, 8, 12))
     assert not any(is_kernel_fallback_rate(g) for g in (14, 25, 50, 56, 100, 200, 400, 800))
+
+
+# --- the real saturated capture -----------------------------------------------------------------
+
+# ibqueryerrors' PortCounters names -> the sysfs counters/ files (drivers/infiniband/core/sysfs.c)
+_IBQ_TO_SYSFS = {"SymbolErrorCounter": "symbol_error", "LinkErrorRecoveryCounter": "link_error_recovery",
+                 "LinkDownedCounter": "link_downed", "PortRcvErrors": "port_rcv_errors",
+                 "PortRcvSwitchRelayErrors": "port_rcv_switch_relay_errors", "PortXmitDiscards": "port_xmit_discards",
+                 "VL15Dropped": "VL15_dropped", "PortXmitWait": "port_xmit_wait"}
+
+
+def test_real_saturated_ports_warn_only_for_stuck_error_counters(shared_fixtures: Path, tmp_path: Path) -> None:
+    """The linux-rdma 2021 ibqueryerrors capture (mlx4 + SX6036): every port's counters as sysfs
+    would hold them, read twice. SymbolErrorCounter == 65535 is a stuck error counter (WARN);
+    PortXmitWait == 4294967295 is congestion (evidence only); LinkErrorRecoveryCounter == 15
+    is below its 8-bit maximum. No port FAILs, none gets a rate from a stuck counter."""
+    import re
+
+    text = (shared_fixtures / "infiniband" /
+            "ibqueryerrors_saturated_symbolerror65535_xmitwait_sx6036_linux-rdma_2021.txt").read_text()
+    hcas: list[Hca] = []
+    for n, line in enumerate(ln for ln in text.splitlines() if re.match(r"\s+GUID \S+ port \d+:", ln)):
+        counters = {_IBQ_TO_SYSFS[k]: int(v) for k, v in re.findall(r"\[(\w+) == (\d+)\]", line)}
+        hcas.append(Hca(f"mlx4_{n}", hca_type="MT4099", ports={1: Port(rate="56 Gb/sec (4X FDR)", counters=counters)}))
+    assert len(hcas) == 14
+    generic = profiles.load("generic")
+    res, errors = _run(tmp_path, [(T0, hcas), (T0 + 600, hcas)], generic)
+    assert errors == () and _fails(res) == []
+    warned = {e for (c, e), r in res.items() if c == "ib_errors" and r.status is Status.WARN}
+    stuck = {f"mlx4_{n}/1" for n, h in enumerate(hcas) if h.ports[1].counters.get("symbol_error") == 65535}
+    assert warned == stuck and len(stuck) == 2
+    for e in stuck:
+        assert dict(res[("ib_errors", e)].evidence)["saturated"] == "symbol_error=65535 (16-bit)"
+    congested = [r for (c, _), r in res.items() if c == "ib_errors" and "saturated_not_errors" in dict(r.evidence)]
+    assert len(congested) == 7
+    assert all(dict(r.evidence)["saturated_not_errors"] == "port_xmit_wait=4294967295 (32-bit)" for r in congested)
