@@ -163,10 +163,11 @@ def _judge_port(ctx: Context, v: PortView, a: Assignment, spec: RoleSpec | None,
         want = "/".join(str(r) for r in spec.rate_gbps)
         if v.rate_gbps <= 0:  # rate_show() never prints 0 (width >= 1X): not a rate to judge
             return unknown("ib_port", e, "port rate 0 Gb/s on an active port is not a rate", expected_gbps=want, **ev)
-        if is_kernel_fallback_rate(v.rate_gbps):
+        if f.link_layer != "Ethernet" and is_kernel_fallback_rate(v.rate_gbps):
             # rate_show() prints SDR for any speed the running kernel does not know: a link
             # faster than the kernel (XDR on an older one) reads as "10 Gb/sec (4X SDR)" on
             # every node of that build. A real fall back to SDR is rare; neither is a verdict.
+            # (RoCE ports map Ethernet speeds: 10GbE is "10 Gb/sec (1X QDR)", a real rate.)
             return unknown("ib_port", e, f"port rate {v.rate_gbps:g} Gb/s (SDR): the kernel prints SDR for a link "
                            "speed it does not know, and for a link trained down to SDR", expected_gbps=want, **ev)
         return _verdict(spec, e, f"port rate {v.rate_gbps:.0f} Gb/s below {want} Gb/s for a {spec.name} port",

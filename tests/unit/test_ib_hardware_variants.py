@@ -348,6 +348,16 @@ def test_active_rail_rate_verdicts(tmp_path: Path, rate: str, status: Status) ->
         assert "does not know" in r.summary and float(dict(r.evidence)["rate_gbps"]) == parse_rate(rate) * 8 / 1e9
 
 
+def test_a_slow_ethernet_storage_port_is_still_judged(tmp_path: Path) -> None:
+    """RoCE ports report their Ethernet speed (10GbE: "10 Gb/sec (1X QDR)"): no SDR fallback
+    there, so a storage bond trained at 10 Gb/s is its role's WARN, as before."""
+    def slow(hcas: list[Hca]) -> None:
+        hcas[-1].ports[1].rate = "10 Gb/sec (1X QDR)"
+
+    res, _ = _run(tmp_path, [(T0, _node(slow))], history=False)
+    assert res[("ib_port", "mlx5_bond_0/1")].status is Status.WARN
+
+
 def test_sdr_rates_are_the_kernel_fallback_and_nothing_else() -> None:
     assert all(is_kernel_fallback_rate(2.5 * w) for w in (1, 2, 4, 8, 12))
     assert not any(is_kernel_fallback_rate(g) for g in (14, 25, 50, 56, 100, 200, 400, 800))
