@@ -27,7 +27,9 @@ from podhealth.collectors.base import Collection, specs
 from podhealth.collectors import ras_parse
 from podhealth.collectors.kmsg_reader import LineReader, open_reader
 from podhealth.collectors.nvml_events import NvmlUnusable, XidEventSource, open_nvml_xid_events
-from podhealth.collectors.xid_parse import LineAssembler, Malformed, ParsedLine, event_of, line_timestamps
+from podhealth.collectors.xid_parse import (
+    LineAssembler, Malformed, ParsedLine, event_of, line_timestamps, line_year_assumed,
+)
 from podhealth.config import Config
 from podhealth.vocab import Event, KernelFields, MetricSpec, Sample
 
@@ -189,20 +191,29 @@ class KmsgCollector:
     def _ras_event(self, r: ras_parse.RasLine, line: str, now: float, boot: float, year: int) -> Event:
         wall, mono = line_timestamps(line[:r.start], year)
         sub = None if r.uncorrected is None else int(r.uncorrected)
-        return Event(kind=r.kind, code=r.count, time=self._when(wall, mono, now, boot, year), text=r.message,
+        t = self._when(wall, mono, now, boot, line_year_assumed(line[:r.start]))
+        return Event(kind=r.kind, code=r.count, time=t, text=r.message,
                      device=r.source, subcode=sub, source="kmsg")
 
     def _event(self, p: ParsedLine, now: float, boot: float, year: int) -> Event:
-        t = self._when(p.wall_time, p.mono_time, now, boot, year)
+        t = self._when(p.wall_time, p.mono_time, now, boot, p.year_assumed)
         return event_of(p, at=t, gpu=self._gpu_of(p.pci_bus_id) if p.kind != "sxid" else None)
 
     @staticmethod
-    def _when(wall: float | None, mono: float | None, now: float, boot: float, year: int) -> float:
+    def _when(wall: float | None, mono: float | None, now: float, boot: float, year_assumed: bool) -> float:
         t = wall
-        if t is not None and t > now + 86400:
-            # Only a syslog stamp (no year, so this year was assumed) lands a day or more in the
-            # future: it was written last year, read across New Year.
-            t -= (366 if _leap(year - 1) else 365) * 86400
+        if t is not None and year_assumed and t > now + 86400:
+            # A syslog stamp (no year, so this year was assumed) a day or more in the future was
+            # written last year, read across New Year. (A stamp that prints its year is not moved.)
+            # The same calendar time a year earlier: not a count of days, which is off by one
+            # whenever 29 February is not between the two (Dec 2024 -> Dec 2025 is 365 days).
+            lt = time.localtime(t)
+            t = time.mktime((lt.tm_year - 1, lt.tm_mon, lt.tm_mday, lt.tm_hour, lt.tm_min, lt.tm_sec, 0, 0, -1))
+        if t is not None and t > now:
+            # Still ahead: the logger's clock was (a node that booted with its RTC ahead, then
+            # NTP stepped it back). An event is never later than its reading, else it would
+            # stay in the verdict window for the skew on top of the window.
+            t = now
         if t is None and mono is not None:
             t = min(boot + mono, now)
         return now if t is None else t
@@ -289,10 +300,6 @@ class KmsgCollector:
 
 
 _RAS_SEVERITY = {None: "unknown", 0: "corrected", 1: "uncorrected"}
-
-
-def _leap(y: int) -> bool:
-    return y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)
 
 
 def create(cfg: Config, **seams: Any) -> KmsgCollector:

@@ -113,6 +113,7 @@ class ParsedLine:
     device: str = ""  # "nvswitch3" for SXid
     subcode: int | None = None  # NVLink5 IntrInfo, or XID 154's new recovery action value
     wall_time: float | None = None  # epoch seconds when the prefix carries a calendar time
+    year_assumed: bool = False  # wall_time is a syslog stamp's, which prints no year: `year` was used
     mono_time: float | None = None  # seconds since boot when it carries a kernel timestamp
     fatal: bool | None = None  # SXid / NVLink5 "Fatal" vs "Non-fatal", None when the line says neither
     continuation: bool = False  # SXid "Severity ..." / "Data {...}" line belonging to a header
@@ -255,6 +256,7 @@ def _xid(line: str, m: re.Match[str], year: int | None) -> ParsedLine | Malforme
     return ParsedLine(
         kind="xid", code=code, pci_bus_id=pci, pid=pid, process=process, message=message,
         detail=detail[:MAX_TEXT], subcode=subcode, wall_time=wall, mono_time=mono,
+        year_assumed=wall is not None and _year_assumed(line[: m.start()]),
         fatal=nv5.fatal if nv5 else None, link=nv5.link if nv5 else None, nvlink5=nv5, recovery=rec,
     )
 
@@ -276,6 +278,7 @@ def _sxid(line: str, m: re.Match[str], year: int | None) -> ParsedLine | Malform
     return ParsedLine(
         kind="sxid", code=int(c.group("code")), message=message, detail=rest.lstrip(", ").strip()[:MAX_TEXT],
         device=device, wall_time=wall, mono_time=mono, fatal=fatal,
+        year_assumed=wall is not None and _year_assumed(line[: m.start()]),
         continuation=bool(_SXID_CONTINUATION.match(rest)), link=int(link.group("link")) if link else None,
         pci_bus_id=pci,
     )
@@ -288,7 +291,8 @@ def _fallen(line: str, year: int | None) -> ParsedLine:
     pci = normalise_pci(g.group(1)) if g else None
     wall, mono = _timestamps(line[:start], year)
     return ParsedLine(kind="fallen_off_bus", code=79, pci_bus_id=pci or "", message=message,
-                      detail=message, wall_time=wall, mono_time=mono)
+                      detail=message, wall_time=wall, mono_time=mono,
+                      year_assumed=wall is not None and _year_assumed(line[:start]))
 
 
 def _message_start(line: str) -> int:
@@ -316,6 +320,17 @@ def line_timestamps(prefix: str, year: int | None) -> tuple[float | None, float 
     """(wall, mono) from a kernel-log line's prefix (the part before the message): the one
     timestamp reader for every kind of kernel line the kmsg collector turns into events."""
     return _timestamps(prefix, year)
+
+
+def line_year_assumed(prefix: str) -> bool:
+    """Is the wall time `line_timestamps` reads from this prefix a syslog stamp's (year assumed)?"""
+    return _year_assumed(prefix)
+
+
+def _year_assumed(prefix: str) -> bool:
+    """Is the prefix's calendar time a syslog stamp (no year printed)? `_timestamps` prefers a
+    `dmesg -T` or ISO stamp, which carry theirs, when the prefix has one."""
+    return not _CTIME.search(prefix) and not _ISO.search(prefix) and bool(_SYSLOG.match(prefix))
 
 
 def _timestamps(prefix: str, year: int | None) -> tuple[float | None, float | None]:
@@ -396,7 +411,7 @@ class LineAssembler:
 
     def __init__(self) -> None:
         self._n = 0
-        self._gpu_at: tuple[int, str, float | None, float | None] | None = None
+        self._gpu_at: tuple[int, str, float | None, float | None, bool] | None = None
         self._headers: dict[tuple[str, int], int] = {}
         self._xid79: dict[str, tuple[int, float | None, float | None]] = {}  # pci -> (line, wall, mono)
 
@@ -407,15 +422,16 @@ class LineAssembler:
             g = gpu_mention(line)
             if g:
                 start = line.find("NVRM:")
-                self._gpu_at = (self._n, g, *_timestamps(line[: max(start, 0)], year))
+                prefix = line[: max(start, 0)]
+                self._gpu_at = (self._n, g, *_timestamps(prefix, year), _year_assumed(prefix))
             return None
         if isinstance(p, Malformed):
             return p
         if p.kind == "fallen_off_bus" and not p.pci_bus_id and self._gpu_at and self._n - self._gpu_at[0] <= 3:
             # Continuation lines carry no timestamp of their own: they share the first line's.
-            _, pci, wall, mono = self._gpu_at
+            _, pci, wall, mono, assumed = self._gpu_at
             if p.wall_time is None and p.mono_time is None:
-                p = replace(p, pci_bus_id=pci, wall_time=wall, mono_time=mono)
+                p = replace(p, pci_bus_id=pci, wall_time=wall, mono_time=mono, year_assumed=wall is not None and assumed)
             else:
                 p = replace(p, pci_bus_id=pci)
         if p.kind == "fallen_off_bus":

@@ -215,3 +215,28 @@ def test_xid154_linkage_is_nvidias_column(shared_fixtures: Path) -> None:
     code_i, link_i = head.index("Code"), head.index("Xid 154 linkage")
     linked = {int(r[code_i]) for r in rows[1:] if r[code_i].strip().isdigit() and r[link_i].strip()}
     assert CAT.xid154_linked == linked
+
+
+def test_a_line_stamped_ahead_of_the_clock_is_an_event_of_now(tmp_path: Path) -> None:
+    # rsyslog wrote it while the node's clock was two days ahead; NTP has stepped it back since.
+    log = tmp_path / "kern.log"
+    log.write_text("2025-01-17T03:00:00+00:00 dgx01 kernel: NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', "
+                   "name=<unknown>, GPU has fallen off the bus.\n")
+    now = 1_736_910_000.0  # 2025-01-15T03:00:00Z
+    c = create(loads(f"paths: {{kmsg: {log}}}\ncollectors: {{kmsg: {{from_start: true}}}}\n"),
+               nvml=None, boot_time=lambda: now - 1000, clock=lambda: now)
+    [ev] = c.collect().events
+    assert ev.time == now
+
+
+def test_a_syslog_line_read_across_new_year_belongs_to_last_year(tmp_path: Path) -> None:
+    # Syslog prints no year: "Dec 31" read on Jan 1 is last year's, not this December's.
+    import time as _time
+    log = tmp_path / "kern.log"
+    log.write_text("Dec 31 23:59:00 dgx01 kernel: NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', "
+                   "name=<unknown>, GPU has fallen off the bus.\n")
+    now = _time.mktime((2025, 1, 1, 0, 10, 0, 0, 0, -1))
+    c = create(loads(f"paths: {{kmsg: {log}}}\ncollectors: {{kmsg: {{from_start: true}}}}\n"),
+               nvml=None, boot_time=lambda: now - 1000, clock=lambda: now)
+    [ev] = c.collect().events
+    assert ev.time == _time.mktime((2024, 12, 31, 23, 59, 0, 0, 0, -1))
