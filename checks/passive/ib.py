@@ -301,16 +301,23 @@ def ib_errors(ctx: Context) -> list[CheckResult]:
 # --- link flaps ------------------------------------------------------------------------------
 
 
+def _downed_blind(value: float) -> bool:
+    """link_downed at or past its 8-bit maximum: stuck, or counted by a driver in a wider width
+    whose jumps (a glitch, a firmware counter) must not become dozens of downs at once. Downs
+    are then counted from state transitions only, so no FLAPPING (DRAIN) rests on its delta."""
+    top = ib_counters.load().max_value("link_downed")
+    return top is not None and value >= top
+
+
 def observe_links(tracker: LinkTracker, ctx: Context) -> None:
     """Feed this evaluation's port states and link_downed counters to the tracker."""
-    meanings = ib_counters.load()
     downed = {(s.label("device"), s.label("port")): s for s in ctx.samples("infiniband_port_stat")
               if s.label("counter") == "link_downed"}
     views, _ = port_views(ctx)
     for key, v in views.items():
         d = downed.get(key)
         tracker.observe(key, ctx.now, v.active, d.value if d is not None else None,
-                        d is not None and meanings.saturated("link_downed", d.value))
+                        d is not None and _downed_blind(d.value))
 
 
 def _when(t: float) -> str:
@@ -331,7 +338,7 @@ def ib_flap(ctx: Context) -> list[CheckResult]:
     views, _ = port_views(ctx)
     assigned = classify([v.facts for v in views.values()], net)
     saturated_downed = {(s.label("device"), s.label("port")) for s in ctx.samples("infiniband_port_stat")
-                        if s.label("counter") == "link_downed" and ib_counters.load().saturated("link_downed", s.value)}
+                        if s.label("counter") == "link_downed" and _downed_blind(s.value)}
     out: list[CheckResult] = []
     hours = net.flap_window_s / 3600
     for key in sorted(views):
@@ -342,7 +349,7 @@ def ib_flap(ctx: Context) -> list[CheckResult]:
         if events:
             ev["transitions"] = _events(events)
         if key in saturated_downed:
-            ev["link_downed"] = "saturated (255): downs counted from state transitions only"
+            ev["link_downed"] = "saturated (255 or more): downs counted from state transitions only"
         spec = net.roles.get(a.role) if a.role else None
         if n >= net.flap_count:
             summary = f"FLAPPING: down {n} times in {hours:g}h (limit {net.flap_count})"

@@ -242,6 +242,16 @@ def test_saturated_link_downed_does_not_count_flaps(tmp_path: Path) -> None:
     assert r.status is Status.OK and "saturated" in dict(r.evidence)["link_downed"]
 
 
+def test_link_downed_jumping_past_its_width_is_no_flapping(tmp_path: Path) -> None:
+    """link_downed is 8-bit: 3 then 70000 (a glitch, or a driver counting wider) must not be
+    69997 downs and a FLAPPING DRAIN; state transitions still count."""
+    steps = [(T0, _counters(link_downed=3)), (T0 + 10, _counters(link_downed=70000)),
+             (T0 + 20, _counters(link_downed=70001))]
+    res, _ = _run(tmp_path, steps)
+    r = res[("ib_flap", "mlx5_1/1")]
+    assert r.status is Status.OK and "state transitions only" in dict(r.evidence)["link_downed"]
+
+
 # --- what sysfs may not give -------------------------------------------------------------------
 
 
