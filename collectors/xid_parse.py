@@ -97,7 +97,8 @@ _MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
 _SYSLOG_SOURCE = re.compile(
     r"^\s*(?:<[0-9]{1,3}>)?(?:[A-Z][a-z]{2}\s+[0-9]{1,2}\s+[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?"
     r"|[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?(?:Z|[+-][0-9]{2}:?[0-9]{2})?)"
-    r"\s+\S+\s+(?P<tag>[^\s\[:]+)(?:\[[0-9]{1,10}\])?:\s"
+    # `journalctl --no-hostname` drops the host: the tag may follow the time directly.
+    r"\s+(?:(?P<bare>[^\s\[:]+)(?:\[[0-9]{1,10}\])?:\s|\S+\s+(?P<tag>[^\s\[:]+)(?:\[[0-9]{1,10}\])?:\s)"
 )
 
 
@@ -162,7 +163,7 @@ def parse(line: str, *, year: int | None = None) -> ParsedLine | Malformed | Non
 def _from_user_space(prefix: str) -> bool:
     """Does the syslog header before the marker name a program other than the kernel?"""
     h = _SYSLOG_SOURCE.match(prefix)
-    return h is not None and h.group("tag") != "kernel"
+    return h is not None and (h.group("bare") or h.group("tag")) != "kernel"
 
 
 def parse_line(line: str, *, year: int | None = None) -> ParsedLine | None:
