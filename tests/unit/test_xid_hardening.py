@@ -240,3 +240,22 @@ def test_a_syslog_line_read_across_new_year_belongs_to_last_year(tmp_path: Path)
                nvml=None, boot_time=lambda: now - 1000, clock=lambda: now)
     [ev] = c.collect().events
     assert ev.time == _time.mktime((2024, 12, 31, 23, 59, 0, 0, 0, -1))
+
+
+def test_journal_multi_line_fallen_off_bus_takes_the_first_lines_address_and_time(tmp_path: Path) -> None:
+    # R570+ open modules print it without an Xid; `journalctl -k -o short` indents the record's
+    # continuation lines under the message instead of repeating the header.
+    import time as _time
+    log = tmp_path / "kern.log"
+    log.write_text("Jan 15 03:12:44 dgx01 kernel: NVRM: The NVIDIA GPU 0000:4e:00.0\n"
+                   "                              NVRM: (PCI ID: 10de:2330) installed in this system has\n"
+                   "                              NVRM: fallen off the bus and is not responding to commands.\n"
+                   "Jan 15 03:12:44 dgx01 kernel: NVRM: The NVIDIA probe routine failed for 1 device(s).\n")
+    now = _time.mktime((2025, 1, 15, 3, 20, 0, 0, 0, -1))
+    c = create(loads(f"paths: {{kmsg: {log}}}\ncollectors: {{kmsg: {{from_start: true}}}}\n"),
+               nvml=None, boot_time=lambda: now - 1000, clock=lambda: now, gpu_index_of={"0000:4e:00.0": 2}.get)
+    [ev] = c.collect().events
+    assert (ev.kind, ev.code, ev.pci_bus_id, ev.gpu) == ("kernel", 79, "0000:4e:00.0", 2)
+    assert ev.time == _time.mktime((2025, 1, 15, 3, 12, 44, 0, 0, -1))
+    r = {x.entity: x for x in evaluate_xids([ev], CAT, now, WINDOW, {"0000:4e:00.0": (2, "")})}["gpu2"]
+    assert (r.status, r.action) == (Status.FAIL, Action.REBOOT)
