@@ -96,6 +96,7 @@ METRICS: Mapping[str, MetricSpec] = specs(
     _spec("gpu_remapped_rows_pending", "gauge", "1 when a row remap waits for a GPU reset."),
     _spec("gpu_remapped_rows_failure", "gauge", "1 when row remapping failed (bank out of spare rows)."),
     _spec("gpu_persistence_mode", "gauge", "1 when persistence mode is enabled."),
+    _spec("gpu_mig_mode", "gauge", "1 when MIG mode is enabled (current mode), 0 when disabled; absent where MIG is not supported."),
     _spec("gpu_fabric_state", "gauge", "NVSwitch fabric state: 0 not supported, 1 not started, 2 in progress, 3 completed."),
     _spec("gpu_fabric_healthy", "gauge", "1 when fabric registration completed with status NVML_SUCCESS."),
     _spec("gpu_info", "info", "GPU and driver identity: driver_version, cuda_driver_version, vbios_version, serial."),
@@ -289,6 +290,11 @@ class NvmlCollector:
 
         pm = calls.get("persistence_mode", lambda: pynvml.nvmlDeviceGetPersistenceMode(h))
         put("gpu_persistence_mode", None if pm is None else int(pm == pynvml.NVML_FEATURE_ENABLED))
+
+        # MIG can be switched on while the driver stays loaded (Hopper needs no GPU reset for it).
+        mig = calls.get("mig_mode", lambda: pynvml.nvmlDeviceGetMigMode(h))
+        if isinstance(mig, (list, tuple)) and mig:
+            put("gpu_mig_mode", int(mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE))
 
         fabric = calls.get("fabric", lambda: self._fabric(h))
         if fabric is not None:

@@ -270,6 +270,10 @@ def fabric(ctx: Context) -> list[CheckResult]:
         s, h = state.get(i), healthy.get(i)
         if s is None:
             out.append(unknown("fabric", e, "GPU fabric state not reported"))
+        elif s.value == 0:
+            # NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: this GPU / driver takes no part in a fabric it
+            # can report on. No reading of a fabric fault: the profile and the node disagree.
+            out.append(unknown("fabric", e, "GPU reports no NVSwitch fabric (state not supported)"))
         elif s.value != 3 or (h is not None and h.value < 1):
             out.append(fail("fabric", e, f"GPU fabric {names.get(int(s.value), int(s.value))}: check nvidia-fabricmanager",
                             Action.REBOOT, state=names.get(int(s.value), str(int(s.value)))))

@@ -15,6 +15,7 @@ def nvlink(ctx: Context) -> list[CheckResult]:
     limit = ctx.profile.thresholds["nvlink_errors_per_hour"]
     errors = ctx.samples("nvlink_errors")
     expected = ctx.per_gpu("nvlink_links_expected")
+    mig = ctx.per_gpu("gpu_mig_mode")
     counted = {s.label("gpu") for s in ctx.samples("nvlink_links_up")}
     for g in ctx.samples("nvlink_links_expected"):
         if g.label("gpu") not in counted:
@@ -24,6 +25,12 @@ def nvlink(ctx: Context) -> list[CheckResult]:
         i, e = s.label("gpu"), gpu_entity(s)
         want = int(expected[i].value) if i in expected else expected_default
         down = sorted(int(l.label("link")) for l in ctx.samples("nvlink_up") if l.label("gpu") == i and l.value < 1)
+        if s.value < want and i in mig and mig[i].value >= 1:
+            # MIG instances do not use NVLink (no GPU-to-GPU P2P in MIG mode, NVIDIA MIG user
+            # guide): links not up there take no job down and are no fence reason; not judged.
+            out.append(unknown("nvlink", e, "MIG mode: NVLink links not judged", links_up=int(s.value),
+                               expected=want, down=",".join(map(str, down)) or "?"))
+            continue
         if s.value < want:
             # NVIDIA: a link that trained down does not come back without a GPU reset; on
             # NVSwitch systems the whole fabric partition is rebuilt, so reboot the node.

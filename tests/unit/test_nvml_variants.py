@@ -12,6 +12,7 @@ bits newer than the project knows.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +28,7 @@ from podhealth.collectors.nvlink import NvlinkCollector
 from podhealth.collectors.nvml import NvmlCollector
 from podhealth.collectors.nvml_session import NvmlSession
 from podhealth.config import ChecksConfig, DampingConfig
-from podhealth.sim import faults, nvml_lib
+from podhealth.sim import faults, nvidia_smi, nvml_lib
 from podhealth.sim.node import SimNode
 from podhealth.sim.state import GpuSpec, NodeState, default_state
 from podhealth.snapshot import CollectorState, Snapshot
@@ -97,7 +98,7 @@ def build(tmp_path: Path) -> Iterator[Callable[..., Run]]:
             base = replace(base, gpus=tuple(per[g.index](g) if g.index in per else g for g in base.gpus))
         node = SimNode.create(tmp_path / f"n{len(runs)}", "var01", seed=base)
         nvml_lib.install(node)
-        run = Run(node, profiles.load(profile, overrides))
+        run = Run(node, profiles.load(state.profile if state else profile, overrides))
         runs.append(run)
         return run
 
@@ -151,6 +152,8 @@ def test_mig_keeps_eight_gpus_and_fails_nothing(build: Callable[..., Run], layou
         for check in ("ecc", "pcie", "row_remap", "temperature", "gpu_lost", "nvlink"):
             assert status(res, check, f"gpu{i}") is Status.OK, (check, res[(check, f"gpu{i}")])
     assert run.cols["nvml"].errors == () and run.cols["nvlink"].errors == ()
+    mig_on = set(range(8)) if which == "all" else {0, 5}
+    assert {i for i in range(8) if run.value("gpu_mig_mode", i) == 1} == mig_on
     # The MIG devices exist behind the parents and are not counted as GPUs of their own.
     pynvml.nvmlInit()
     try:
@@ -289,6 +292,35 @@ def test_pcie_gpus_without_nvlink(build: Callable[..., Run]) -> None:
     assert run.cols["nvlink"].errors == ()
 
 
+def down_links(run: Run, gpus: range | list[int], links: range) -> None:
+    for g in gpus:
+        for n in links:
+            run.node.inject(faults.parse(["fault=nvlink-down", f"gpu={g}", f"link={n}"], time.time()))
+
+
+def test_pcie_gpus_whose_links_exist_but_have_no_bridge(build: Callable[..., Run]) -> None:
+    # An A100/H100 PCIe card without its bridge reports its 12 links, all inactive (NVSentinel PR
+    # #1481, A100 80GB PCIe, driver 570.133.20): with a profile that expects no NVLink, no verdict.
+    run = build("dgx-h100", edit=lambda g: replace(g, name="NVIDIA H100 PCIe", nvlink_count=12, has_fabric=False),
+                overrides={"nvlink_links": 0, "has_nvswitch_fabric": False, "gpu_model": "NVIDIA H100 PCIe"})
+    down_links(run, range(8), range(12))
+    res = run.judge()
+    assert fails(res) == []
+    assert all(run.value("nvlink_links_up", i) == 0 for i in range(8))
+    assert not any(c == "nvlink" for c, _ in res)
+
+
+def test_links_of_a_mig_gpu_are_not_judged_others_are(build: Callable[..., Run]) -> None:
+    # MIG instances use no NVLink (no GPU-to-GPU P2P in MIG mode): should a driver show the links of
+    # a MIG GPU inactive, that is no fence reason (UNKNOWN); the same on a non-MIG GPU fails.
+    run = build("dgx-h100", edit={3: lambda g: replace(g, mig_mode=True, mig_devices=("7g.80gb",))})
+    down_links(run, [3, 4], range(18))
+    res = run.judge()
+    assert status(res, "nvlink", "gpu3") is Status.UNKNOWN
+    assert res[("nvlink", "gpu4")].status is Status.FAIL and res[("nvlink", "gpu4")].action is Action.REBOOT
+    assert status(res, "nvlink", "gpu2") is Status.OK
+
+
 def test_nvlink_bridged_pairs_with_fewer_links(build: Callable[..., Run]) -> None:
     # H100 NVL pairs bridged over fewer links than an SXM part: links past the GPU's count answer
     # INVALID_ARGUMENT and do not exist; with the profile saying so, every link is up.
@@ -395,3 +427,44 @@ def test_known_bad_reason_among_unknown_bits_still_counts(build: Callable[..., R
     res = run.judge()
     r = res[("clocks", "node")]
     assert r.status is Status.FAIL and "5" in dict(r.evidence)["gpus"]
+
+
+# --- real captures ------------------------------------------------------------------------------------
+
+
+def test_every_real_capture_fails_only_what_it_shows(shared_fixtures: Path, build: Callable[..., Run]) -> None:
+    """Nodes seeded from the real nvidia-smi -q corpus (H100 535/565, H200 VM, GH200 C2C, A100 with a
+    pending remap, a truncated capture), judged with their model's profile sized to the capture:
+    the only FAIL is the remap a capture shows pending."""
+    captures = sorted(p for p in (shared_fixtures / "nvidia_smi").glob("nvidia-smi-q_*.txt")
+                      if not p.name.endswith(".source.txt"))
+    assert len(captures) >= 6
+    for path in captures:
+        text = path.read_text(errors="replace")
+        cap = nvidia_smi.parse(text)
+        state = nvidia_smi.to_state(cap, "var01")
+        run = build(state=state, overrides={"gpu_count": len(cap.gpus)})
+        res = run.judge()
+        # Independent of the parser: GPU sections whose "Remapped Rows" block says Pending: Yes.
+        sections = re.split(r"^GPU [0-9A-F]{8}:", text, flags=re.M)[1:]
+        pending = {f"gpu{i}" for i, sec in enumerate(sections)
+                   if re.search(r"Remapped Rows(?:(?!\n    \S).)*?Pending\s+: Yes", sec, re.S)}
+        assert {f"{c}/{e}" for (c, e), r in res.items() if r.status is Status.FAIL} == {
+            f"row_remap/{g}" for g in pending}, path.name
+        assert not [r for r in res.values() if r.status is Status.UNKNOWN], path.name
+        run.close()
+
+
+def test_fabric_state_not_supported_is_unknown_not_a_fabric_fault() -> None:
+    prof = profiles.load("dgx-h100")
+    now = time.time()
+    samples = [Sample.of("gpu_devices", 2)]
+    for i, state in ((0, 0), (1, 1)):  # NOT_SUPPORTED, NOT_STARTED
+        lab = {"gpu": i, "uuid": f"GPU-{i}"}
+        samples += [Sample.of("gpu_up", 1, **lab), Sample.of("gpu_lost", 0, **lab), Sample.of("gpu_fabric_state", state, **lab)]
+    snap = Snapshot(now, {"nvml": CollectorState("nvml", samples=tuple(samples), stale=False, last_success=now,
+                                                 last_attempt=now)}, ())
+    res = {(r.check, r.entity): r for r in Evaluator(prof, ChecksConfig(grace=0), enabled=["nvml"]).evaluate(
+        snap, now, damped=False)}
+    assert status(res, "fabric", "gpu0") is Status.UNKNOWN
+    assert status(res, "fabric", "gpu1") is Status.FAIL  # fabric manager never registered it: a real fault
