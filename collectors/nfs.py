@@ -28,6 +28,8 @@ _CHUNK = 256 * 1024
 
 METRICS: Mapping[str, MetricSpec] = specs(
     MetricSpec("nfs_mount_present", "gauge", "1 when a configured NFS mount is listed in mountstats."),
+    MetricSpec("nfs_mount_automount", "gauge",
+               "1 when a configured mount point is an autofs trigger with no NFS mount on it (mounted on demand)."),
     MetricSpec("nfs_probe_ok", "gauge", "1 when a statfs of the mount point answered in time."),
     MetricSpec("nfs_probe_seconds", "gauge", "Latency of the last probe (its timeout when it hung).", "seconds"),
     MetricSpec("nfs_read_bytes", "counter", "Bytes read through read(2) (mountstats bytes: normal read).", "bytes"),
@@ -266,11 +268,17 @@ class NfsCollector:
         samples: list[Sample] = []
         cache = self._cache
         present = {m.mountpoint for m in stats.mounts} if stats is not None else None
+        autofs = set(stats.autofs) if stats is not None else set()
         for mp, _ in self.mounts:
             r = results[mp]
+            if present is not None and mp not in present and mp in autofs:
+                # Mounted on demand: not missing (the probe's statfs walks into it and so
+                # triggers the mount; a dead server then shows as a hung probe).
+                samples.extend(cache.samples(("automount", mp), ("nfs_mount_automount",), (1.0,),
+                                             lambda: labels_of(mountpoint=mp)))  # noqa: B023
             # A mount table cut short lists what came before the cut: a mount not in it is not
             # known to be missing (no nfs_mount_present, so the check says UNKNOWN, never FAIL).
-            if present is not None and (mp in present or not cut):
+            elif present is not None and (mp in present or not cut):
                 samples.extend(cache.samples(("present", mp), ("nfs_mount_present",),
                                              (1.0 if mp in present else 0.0,), lambda: labels_of(mountpoint=mp)))  # noqa: B023
             samples.extend(cache.samples(("probe", mp), ("nfs_probe_ok", "nfs_probe_seconds"),

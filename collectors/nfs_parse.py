@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 NFS_FSTYPES = frozenset({"nfs", "nfs4"})
+AUTOFS = "autofs"
 
 # bytes: line (include/linux/nfs_iostat.h, enum nfs_stat_bytecounters)
 BYTES_FIELDS = ("normal_read", "normal_write", "direct_read", "direct_write",
@@ -142,6 +143,10 @@ class Mountstats:
     # The text ended mid-line (a bounded read, or the file changing under the reader): mounts
     # after the cut are not in `mounts`, so an absent one is not known to be missing.
     truncated: bool = False
+    # Mount points of autofs triggers: an automounted NFS mount (`/home` from auto.master) is
+    # an autofs line until something walks into it, and an indirect map never mounts NFS at
+    # the trigger itself (its mounts sit below, /home/alice).
+    autofs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,6 +312,7 @@ def _complete_lines(text: str) -> tuple[list[str], int]:
 
 def parse_mountstats(text: str) -> Mountstats:
     mounts: list[NfsMount] = []
+    autofs: list[str] = []
     problems: list[str] = []
     cur: _MountBuilder | None = None
     lines, malformed = _complete_lines(text)
@@ -329,6 +335,8 @@ def parse_mountstats(text: str) -> Mountstats:
                 continue
             if m.group(3) in NFS_FSTYPES:
                 cur = _MountBuilder(unescape(m.group(1)), unescape(m.group(2)), m.group(3), m.group(4))
+            elif m.group(3) == AUTOFS:
+                autofs.append(unescape(m.group(2)))
             continue
         if cur is None:
             continue  # detail lines of a non-NFS mount (none today) or of a skipped device line
@@ -341,7 +349,7 @@ def parse_mountstats(text: str) -> Mountstats:
                 problems.append(f"mountstats:{lineno}: {cur.mountpoint}: {key}: {e}")
     if cur is not None:
         mounts.append(cur.build())
-    return Mountstats(tuple(mounts), malformed, tuple(problems), truncated=text_cut)
+    return Mountstats(tuple(mounts), malformed, tuple(problems), truncated=text_cut, autofs=tuple(autofs))
 
 
 def parse_rpc_nfs(text: str) -> RpcNfs:

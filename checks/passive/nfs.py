@@ -14,9 +14,19 @@ def nfs_mount(ctx: Context) -> list[CheckResult]:
     present = {s.label("mountpoint"): s.value for s in ctx.samples("nfs_mount_present")}
     probe = {s.label("mountpoint"): s for s in ctx.samples("nfs_probe_ok")}
     secs = {s.label("mountpoint"): s.value for s in ctx.samples("nfs_probe_seconds")}
-    wanted = sorted(set(present) | set(ctx.required_mounts))
+    auto = {s.label("mountpoint") for s in ctx.samples("nfs_mount_automount") if s.value >= 1}
+    wanted = sorted(set(present) | set(ctx.required_mounts) | auto)
     for m in wanted:
-        if m not in present:
+        if m not in present and m in auto:
+            # An autofs trigger (auto.master): NFS is mounted when something walks into it, and
+            # the probe's statfs does; its answer is the verdict.
+            if m in probe and probe[m].value < 1:
+                out.append(fail("nfs_mount", m, f"statfs did not answer within {secs.get(m, 0):.1f}s (automount)",
+                                Action.DRAIN, probe_seconds=secs.get(m, 0), automount="true"))
+            else:
+                out.append(ok("nfs_mount", m, "autofs: mounted on demand", automount="true",
+                              probe_seconds=round(secs.get(m, 0.0), 4)))
+        elif m not in present:
             # "Missing" needs a mount table that was read and lacks the mount; without one
             # (mountstats unreadable, or the mount not among collectors.nfs.mounts) nobody looked.
             out.append(unknown("nfs_mount", m, "presence not known: the mount table was not read for this mount"))

@@ -160,3 +160,53 @@ def test_a_complete_table_without_the_mount_still_fails_it(variants: str, tmp_pa
     assert errors == ()
     res = _judge([(T0, samples)])
     assert res[("nfs_mount", "/scratch")].status is Status.FAIL
+
+
+# --- autofs: mounted on demand ------------------------------------------------------------------
+
+FAIL_PROBE = ["/bin/sh", "-c", "echo ready; while read _; do echo 'fail No such device: /misc'; done"]
+_INDIRECT = ("device auto.home mounted on /home with fstype autofs\n"
+             "device 10.10.0.5:/export/home/alice mounted on /home/alice with fstype nfs4 statvers=1.1\n"
+             "\topts:\trw,vers=4.2,proto=tcp\n\tage:\t10\n")
+
+
+def _automount(proc: Path, mounts: tuple[str, ...], argv: list[str]) -> tuple[tuple[Sample, ...], dict[str, CheckResult]]:
+    col = NfsCollector(proc, [(m, 5.0) for m in mounts], probe_argv=lambda mp: argv)
+    try:
+        samples = col.collect().samples
+    finally:
+        col.close()
+    st = CollectorState("nfs", samples=samples, stale=False, last_success=T0, last_attempt=T0)
+    ctx = Context(snapshot=Snapshot(T0, {"nfs": st}), profile=profiles.load("dgx-h100"), now=T0,
+                  rates=RateTracker(300), required_mounts=mounts)
+    return samples, {r.entity: r for r in nfs.nfs_mount(ctx)}
+
+
+def test_an_autofs_trigger_is_mounted_on_demand_not_missing(variants: str, tmp_path: Path) -> None:
+    """/misc is an autofs line and no NFS mount (a direct map nobody walked into yet): before,
+    nfs_mount_present 0 -> FAIL 'NFS mount missing' (DRAIN) on every node of that build."""
+    samples, res = _automount(_proc(tmp_path, variants), ("/misc", "/home"), OK)
+    assert {(s.name, s.label("mountpoint")): s.value for s in samples if s.name.startswith("nfs_mount_")} == {
+        ("nfs_mount_automount", "/misc"): 1.0, ("nfs_mount_present", "/home"): 1.0}
+    assert res["/misc"].status is Status.OK and dict(res["/misc"].evidence)["automount"] == "true"
+
+
+def test_an_indirect_map_root_is_mounted_on_demand(tmp_path: Path) -> None:
+    """/home from auto.home (indirect): NFS mounts sit below it (/home/alice), never on it."""
+    samples, res = _automount(_proc(tmp_path, _INDIRECT), ("/home",), OK)
+    assert [(s.name, s.value) for s in samples if s.name.startswith("nfs_mount_")] == [("nfs_mount_automount", 1.0)]
+    assert res["/home"].status is Status.OK
+
+
+def test_an_automount_that_does_not_answer_fails_like_a_hung_mount(variants: str, tmp_path: Path) -> None:
+    _, res = _automount(_proc(tmp_path, variants), ("/misc",), FAIL_PROBE)
+    assert res["/misc"].status is Status.FAIL and "automount" in res["/misc"].summary
+
+
+def test_an_nfs_mount_stacked_on_its_autofs_trigger_is_present(variants: str, tmp_path: Path) -> None:
+    """A direct map once mounted: the autofs line and the NFS line share the mount point."""
+    stacked = variants + ("device nas03:/misc mounted on /misc with fstype nfs4 statvers=1.1\n"
+                          "\topts:\trw,vers=4.1,proto=tcp\n\tage:\t1\n")
+    samples, res = _automount(_proc(tmp_path, stacked), ("/misc",), OK)
+    assert [(s.name, s.value) for s in samples if s.name.startswith("nfs_mount_")] == [("nfs_mount_present", 1.0)]
+    assert res["/misc"].status is Status.OK and "automount" not in dict(res["/misc"].evidence)
