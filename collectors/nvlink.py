@@ -8,7 +8,10 @@ Each GPU is read with ONE nvmlDeviceGetFieldValues call (collectors/nvlink_field
 link's state and counters plus the throughput totals, instead of 5 calls per link. A field that
 answers NOT_SUPPORTED gives no reading (and is not asked again until the re-probe), never a
 failed GPU. Readings with no field id (CRC data errors on links 12-17) and drivers without
-field values (FUNCTION_NOT_FOUND) use the per-link calls, which give the same samples. Link
+field values (FUNCTION_NOT_FOUND) or without the link-state field (every state answered
+NOT_SUPPORTED / INVALID_ARGUMENT) use the per-link calls, which give the same samples. A link
+state NVML refuses otherwise (UNKNOWN, NO_PERMISSION) leaves the count of links up unknown: no
+nvlink_links_up, and the check says UNKNOWN rather than counting the link down. Link
 state stays in every batch: it is the health signal (a down link), and inside the one call
 it costs no extra round trip; what is slow-moving (which links exist, which fields the driver
 supports) is learned once and re-probed every REPROBE_EVERY collections.
@@ -61,6 +64,8 @@ METRICS: Mapping[str, MetricSpec] = specs(
 THROUGHPUT_FIELDS = (("nvlink_transmitted_bytes", "NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX"),
                      ("nvlink_received_bytes", "NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX"))
 ALL_LINKS = 0xFFFFFFFF
+# DeviceCalls key: this GPU's driver answers no NVML_FI_DEV_NVLINK_GET_STATE (see _batched).
+STATE_FIELD = "state_field"
 
 
 @dataclass
@@ -159,6 +164,8 @@ class NvlinkCollector:
 
     @staticmethod
     def _plan(unsupported: set[str]) -> _Plan | None:
+        if STATE_FIELD in unsupported:
+            return None  # this driver has no link-state field: read per link
         links = [n for n in range(pynvml.NVML_NVLINK_MAX_LINKS) if f"link{n}" not in unsupported]
         states = nvlink_fields.state_asks(tuple(links))
         if not states:
@@ -190,7 +197,16 @@ class NvlinkCollector:
             # (an old driver): "field_values" is now unsupported, read per link.
             return [] if calls.down or "field_values" not in calls.unsupported else None
         got: dict[str, float] = {}
-        for a, v in zip(plan.asks, nvlink_fields.plain(values)):
+        answers = nvlink_fields.plain(values)
+        if not calls.down and plan.links and all(
+                int(v.nvmlReturn) in NO_SUCH_LINK for a, v in zip(plan.asks, answers) if a.kind == "state"):
+            # The call answered, but not one link state: a driver that does not know the state
+            # field (it answers per field NOT_SUPPORTED / INVALID_ARGUMENT) says nothing of the
+            # links, and taking them for absent would count 0 up. nvmlDeviceGetNvLinkState tells
+            # which links exist (a GPU without NVLink says so there, once per re-probe).
+            calls.unsupported.add(STATE_FIELD)
+            return None
+        for a, v in zip(plan.asks, answers):
             if int(v.nvmlReturn) == pynvml.NVML_SUCCESS:
                 got[a.key] = int(field_value(v)) if a.kind != "total" else field_value(v)
             elif a.kind == "state" or f"link{a.link}" in got or a.kind == "total":

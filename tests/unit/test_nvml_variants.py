@@ -321,6 +321,21 @@ def test_links_of_a_mig_gpu_are_not_judged_others_are(build: Callable[..., Run])
     assert status(res, "nvlink", "gpu2") is Status.OK
 
 
+@pytest.mark.parametrize("code", [NOT_SUPPORTED, INVALID_ARGUMENT])
+def test_a_driver_without_the_link_state_field_reads_links_per_call(build: Callable[..., Run], code: int) -> None:
+    # Field values work, but this driver answers the link-state field per field with an error it
+    # also uses for "no such link": that says nothing of the links, which the per-link call knows.
+    run = build("dgx-h100", edit=errors(code, f"field:{pynvml.NVML_FI_DEV_NVLINK_GET_STATE}"))
+    for _ in range(2):
+        res = run.judge()
+        assert fails(res) == []
+        assert all(run.value("nvlink_links_up", i) == 18 for i in range(8))
+        assert status(res, "nvlink", "gpu0") is Status.OK
+    down_links(run, [6], range(2))
+    res = run.judge()
+    assert res[("nvlink", "gpu6")].status is Status.FAIL and run.value("nvlink_links_up", 6) == 16
+
+
 def test_nvlink_bridged_pairs_with_fewer_links(build: Callable[..., Run]) -> None:
     # H100 NVL pairs bridged over fewer links than an SXM part: links past the GPU's count answer
     # INVALID_ARGUMENT and do not exist; with the profile saying so, every link is up.
