@@ -24,12 +24,12 @@ from typing import Iterable
 from podhealth.checks.passive import ib_counters
 from podhealth.checks.passive.context import Context
 from podhealth.checks.passive.ib_links import LinkEvent, LinkTracker
-from podhealth.checks.ib_profile import RoleSpec
+from podhealth.checks.ib_profile import NetworkProfile, RoleSpec
 from podhealth.checks.passive.ib_roles import (Assignment, PortFacts, PortKey, classify, count_roles,
                                               other_link_layer)
 from podhealth.checks.passive.result import fail, ok, unknown, warn
 from podhealth.collectors.ib_parse import is_bond_device, is_kernel_fallback_rate
-from podhealth.vocab import Action, CheckResult, Sample
+from podhealth.vocab import Action, CheckResult, Sample, Status
 
 IB_ACTIVE = 4
 PHYS_LINKUP = 5
@@ -216,11 +216,33 @@ def ib_port(ctx: Context) -> list[CheckResult]:
     for key, (facts, a) in assigned.items():
         if a.role is not None and views[key].active:
             up_links[a.role] = up_links.get(a.role, 0) + (facts.links or 1)
+    judged: list[tuple[PortFacts, Assignment, CheckResult]] = []
     for key in sorted(views):
         facts, a = assigned[key]
         v = PortView(facts, views[key].state, views[key].phys, views[key].rate_gbps)
         spec = net.roles.get(a.role) if a.role else None
-        out.append(_judge_port(ctx, v, a, spec, up_links.get(a.role or "", 0)))
+        r = _judge_port(ctx, v, a, spec, up_links.get(a.role or "", 0))
+        judged.append((facts, a, r))
+    return out + _spares_do_not_fail(judged, net)
+
+
+def _spares_do_not_fail(judged: list[tuple[PortFacts, Assignment, CheckResult]], net: NetworkProfile) -> list[CheckResult]:
+    """A failing port of a role whose healthy ports already give all `count` links is one more
+    than the role needs (a card in a spare slot, an adapter for another purpose that a rule
+    also takes): a WARN to pin or fix it, never a FAIL that fences a node with every rail good.
+    A pinned port is the operator's word that it belongs to the role: judged as it is."""
+    healthy: dict[str, int] = {}
+    for f, a, r in judged:
+        if a.role is not None and r.status is Status.OK and "surplus" not in dict(r.evidence):
+            healthy[a.role] = healthy.get(a.role, 0) + (f.links or 1)
+    out = []
+    for f, a, r in judged:
+        spec = net.roles.get(a.role) if a.role else None
+        if (r.status is Status.FAIL and a.how != "pin" and spec is not None and spec.count
+                and healthy.get(spec.name, 0) >= spec.count):
+            r = warn(r.check, r.entity, f"{r.summary} (not needed: {healthy[spec.name]} of {spec.count} "
+                     f"{spec.name} links are good without it)", surplus="true", **dict(r.evidence))
+        out.append(r)
     return out
 
 

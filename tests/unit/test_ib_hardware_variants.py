@@ -171,6 +171,35 @@ def test_spare_does_not_excuse_a_down_rail_when_the_role_is_short_of_up_links(tm
     assert _fails(res) == [("ib_port", "mlx5_10/1"), ("ib_port", "mlx5_5/1")]
 
 
+@pytest.mark.parametrize("rate, layer", [("200 Gb/sec (4X HDR)", "InfiniBand"), ("400 Gb/sec (4X NDR)", "Ethernet")])
+def test_a_ninth_adapter_that_is_up_but_not_rail_shaped_warns(tmp_path: Path, rate: str, layer: str) -> None:
+    """An extra single-port card the compute rule also takes (an HDR card for a management
+    fabric; a port flipped to Ethernet) while all 8 rails are good: a WARN naming it, no FAIL."""
+    def extra(hcas: list[Hca]) -> None:
+        hcas.append(Hca("mlx5_10", hca_type="MT4123", pci="0000:bb:00.0", numa=1, netdev="ibpbbs0",
+                        ports={1: Port(rate=rate, link_layer=layer)}))
+
+    res, _ = _run(tmp_path, [(T0, _node(extra))], history=False)
+    if layer == "Ethernet":  # no rule takes it: unassigned, shown, never judged
+        assert res[("ib_port", "mlx5_10/1")].status is Status.OK
+    else:
+        r = res[("ib_port", "mlx5_10/1")]
+        assert r.status is Status.WARN and dict(r.evidence)["surplus"] == "true" and "not needed" in r.summary
+    assert _fails(res) == []
+
+
+def test_a_slow_rail_still_fails_when_the_spare_is_what_is_down(tmp_path: Path) -> None:
+    """Nine ports: one rail at 200 and the spare down. Only 7 rails are good: the slow rail
+    FAILs (the down spare is still not needed: 8 are up)."""
+    def slow_and_spare(hcas: list[Hca]) -> None:
+        _spare(True)(hcas)
+        hcas[2].ports[1].rate = "200 Gb/sec (4X HDR)"
+
+    res, _ = _run(tmp_path, [(T0, _node(slow_and_spare))], history=False)
+    assert _fails(res) == [("ib_port", "mlx5_4/1")]
+    assert res[("ib_port", "mlx5_10/1")].status is Status.OK
+
+
 @pytest.mark.parametrize("state", ["0: NOP", "9: ???", "17: FUTURE"])
 def test_a_port_state_outside_the_spec_is_unknown_not_down(tmp_path: Path, state: str) -> None:
     def odd(hcas: list[Hca]) -> None:
