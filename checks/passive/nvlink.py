@@ -24,7 +24,15 @@ def nvlink(ctx: Context) -> list[CheckResult]:
     for s in ctx.samples("nvlink_links_up"):
         i, e = s.label("gpu"), gpu_entity(s)
         want = int(expected[i].value) if i in expected else expected_default
-        down = sorted(int(l.label("link")) for l in ctx.samples("nvlink_up") if l.label("gpu") == i and l.value < 1)
+        links = [l for l in ctx.samples("nvlink_up") if l.label("gpu") == i]
+        if s.value < want and not links:
+            # NVML says this GPU has no NVLink at all (every link NOT_SUPPORTED): a link that
+            # failed still exists and reads inactive (nvidia-smi "<inactive>"). No link is seen
+            # down: the node and its profile disagree (a PCIe build, a VM), not a fault to fence.
+            out.append(unknown("nvlink", e, f"GPU reports no NVLink links; the profile expects {want}",
+                               links_up=0, expected=want))
+            continue
+        down = sorted(int(l.label("link")) for l in links if l.value < 1)
         if s.value < want and i in mig and mig[i].value >= 1:
             # MIG instances do not use NVLink (no GPU-to-GPU P2P in MIG mode, NVIDIA MIG user
             # guide): links not up there take no job down and are no fence reason; not judged.

@@ -298,6 +298,16 @@ def down_links(run: Run, gpus: range | list[int], links: range) -> None:
             run.node.inject(faults.parse(["fault=nvlink-down", f"gpu={g}", f"link={n}"], time.time()))
 
 
+def test_gpus_reporting_no_nvlink_under_an_nvlink_profile_are_unknown(build: Callable[..., Run]) -> None:
+    # A PCIe build or a VM run with an SXM profile: NVML answers NOT_SUPPORTED for every link. No link
+    # is seen down (a failed link still exists and reads inactive): UNKNOWN, never "0 of 18 up".
+    run = build("dgx-h100", edit={2: lambda g: replace(g, nvlink_count=0)})
+    res = run.judge()
+    assert fails(res) == []
+    assert status(res, "nvlink", "gpu2") is Status.UNKNOWN and run.value("nvlink_links_up", 2) == 0
+    assert status(res, "nvlink", "gpu1") is Status.OK
+
+
 def test_pcie_gpus_whose_links_exist_but_have_no_bridge(build: Callable[..., Run]) -> None:
     # An A100/H100 PCIe card without its bridge reports its 12 links, all inactive (NVSentinel PR
     # #1481, A100 80GB PCIe, driver 570.133.20): with a profile that expects no NVLink, no verdict.
