@@ -272,6 +272,44 @@ def test_fabric_on_a_driver_without_the_versioned_call_or_struct(build: Callable
     assert run.cols["nvml"].errors == ()
 
 
+# What older driver generations lack next to the binding (nvidia-ml-py 13): the call's symbol
+# (FUNCTION_NOT_FOUND) or the struct version the binding asks for (ARGUMENT_VERSION_MISMATCH).
+DRIVER_GENERATIONS: dict[str, dict[str, int]] = {
+    "R525": {"nvmlDeviceGetCurrentClocksEventReasons": FUNCTION_NOT_FOUND,
+             "nvmlDeviceGetSupportedClocksEventReasons": FUNCTION_NOT_FOUND,
+             "nvmlDeviceGetGpuFabricInfoV": FUNCTION_NOT_FOUND},
+    "R535": {"nvmlDeviceGetGpuFabricInfoV": FUNCTION_NOT_FOUND},
+    "R550": {"nvmlDeviceGetGpuFabricInfoV": VERSION_MISMATCH},
+    "R570": {},
+}
+
+
+@pytest.mark.parametrize("generation", sorted(DRIVER_GENERATIONS))
+def test_driver_generations_read_the_same_verdicts(build: Callable[..., Run], generation: str) -> None:
+    missing = DRIVER_GENERATIONS[generation]
+    run = build("dgx-h100", edit=lambda g: replace(g, nvml_errors=dict(missing)))
+    res = run.judge()
+    assert fails(res) == [] and run.cols["nvml"].errors == ()
+    for i in range(8):
+        assert status(res, "fabric", f"gpu{i}") is Status.OK
+        assert run.value("gpu_clocks_event_active", i, reason="gpu_idle") == 1
+    assert status(res, "clocks", "node") is Status.OK
+
+
+@pytest.mark.parametrize("code, verdict", [(UNKNOWN, Status.UNKNOWN), (NO_PERMISSION, Status.UNKNOWN),
+                                           (GPU_IS_LOST, Status.FAIL)])
+def test_a_refused_handle(build: Callable[..., Run], code: int, verdict: Status) -> None:
+    # nvmlDeviceGetHandleByIndex refused: NO_PERMISSION where a container's device cgroup hides the
+    # GPU, UNKNOWN from a confused driver: the GPU cannot be judged. GPU_IS_LOST: it is gone.
+    run = build("dgx-h100", edit={7: errors(code, "nvmlDeviceGetHandleByIndex_v2")})
+    res = run.judge()
+    assert run.samples("gpu_devices")[0].value == 8
+    assert run.value("gpu_up", 7) == 0
+    assert status(res, "gpu_lost", "gpu7") is verdict
+    assert status(res, "ecc", "gpu7") is Status.UNKNOWN and status(res, "nvlink", "gpu7") is Status.UNKNOWN
+    assert [k for k, r in res.items() if r.status is Status.FAIL and k != ("gpu_lost", "gpu7")] == []
+
+
 def test_memory_info_v2_version_mismatch_falls_back_to_v1(build: Callable[..., Run]) -> None:
     run = build("dgx-h100", edit={0: errors(VERSION_MISMATCH, "nvmlDeviceGetMemoryInfo_v2")})
     run.judge()
