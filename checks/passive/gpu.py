@@ -22,7 +22,8 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 
 
 # The nvml collector's readings (gpu_field_unreadable `field`) each per-GPU check stands on: when
-# NVML refused one of them (an error, not NOT_SUPPORTED) the check cannot judge that GPU: UNKNOWN.
+# NVML refused one of them (an error, not NOT_SUPPORTED) the check cannot clear that GPU: a FAIL
+# or WARN from what it did read stands, an OK (or no verdict at all) becomes UNKNOWN.
 NEEDS: dict[str, tuple[str, ...]] = {
     "ecc": ("ecc_uncorrected_volatile", "ecc_corrected_volatile"),
     "row_remap": ("remapped_rows",),
@@ -46,19 +47,32 @@ def _unreadable(ctx: Context, check: str) -> dict[str, list[str]]:
 
 
 def _each_gpu(ctx: Context, check: str) -> tuple[list[CheckResult], list[Sample]]:
-    """GPUs that answer; lost ones get UNKNOWN here (gpu_lost reports them as FAIL), and so do
-    GPUs where NVML refused a reading this check needs."""
+    """GPUs that answer; lost ones get UNKNOWN here (gpu_lost reports them as FAIL)."""
     out, up = [], []
-    refused = _unreadable(ctx, check)
     for s in ctx.samples("gpu_up"):
-        if s.value < 1:
-            out.append(unknown(check, gpu_entity(s), "GPU does not answer NVML", uuid=s.label("uuid")))
-        elif s.label("gpu") in refused:
-            out.append(unknown(check, gpu_entity(s), "NVML refused a reading this check needs",
-                               unreadable=",".join(refused[s.label("gpu")]), uuid=s.label("uuid")))
-        else:
+        if s.value >= 1:
             up.append(s)
+        else:
+            out.append(unknown(check, gpu_entity(s), "GPU does not answer NVML", uuid=s.label("uuid")))
     return out, up
+
+
+def _settle(ctx: Context, check: str, results: list[CheckResult]) -> list[CheckResult]:
+    """`results` with every answering GPU where NVML refused a reading `check` needs (NEEDS) not
+    cleared: its OK, or its missing verdict, is UNKNOWN; its FAIL / WARN stands."""
+    refused = _unreadable(ctx, check)
+    if not refused:
+        return results
+    up = {gpu_entity(s): s for s in ctx.samples("gpu_up") if s.value >= 1 and s.label("gpu") in refused}
+
+    def cannot(e: str) -> CheckResult:
+        g = up[e]
+        return unknown(check, e, "NVML refused a reading this check needs",
+                       unreadable=",".join(refused[g.label("gpu")]), uuid=g.label("uuid"))
+
+    out = [cannot(r.entity) if r.entity in up and r.status is Status.OK else r for r in results]
+    judged = {r.entity for r in results}
+    return out + [cannot(e) for e in up if e not in judged]
 
 
 def gpu_count(ctx: Context) -> list[CheckResult]:
@@ -112,7 +126,7 @@ def ecc(ctx: Context) -> list[CheckResult]:
                             limit=t["ecc_corrected_per_hour"], uuid=g.label("uuid")))
             continue
         out.append(ok("ecc", e, uncorrected_volatile=int(u.value) if u else "n/a"))
-    return out
+    return _settle(ctx, "ecc", out)
 
 
 def row_remap(ctx: Context) -> list[CheckResult]:
@@ -136,7 +150,7 @@ def row_remap(ctx: Context) -> list[CheckResult]:
             out.append(warn("row_remap", e, f"{int(u.value)} uncorrectable row remaps", limit=limit, **ev))
         else:
             out.append(ok("row_remap", e, **ev))
-    return out
+    return _settle(ctx, "row_remap", out)
 
 
 def retired_pages(ctx: Context) -> list[CheckResult]:
@@ -156,7 +170,7 @@ def retired_pages(ctx: Context) -> list[CheckResult]:
             out.append(fail("retired_pages", e, "page retirement pending: reset the GPU", Action.RESET_GPU, sbe=ns, dbe=nd))
         else:
             out.append(ok("retired_pages", e, sbe=ns, dbe=nd))
-    return out
+    return _settle(ctx, "retired_pages", out)
 
 
 def pcie(ctx: Context) -> list[CheckResult]:
@@ -184,7 +198,7 @@ def pcie(ctx: Context) -> list[CheckResult]:
             out.append(warn("pcie", e, f"PCIe replays at {rate:.0f}/h", replay_per_hour=round(rate, 1), **ev))
             continue
         out.append(ok("pcie", e, **ev))
-    return out
+    return _settle(ctx, "pcie", out)
 
 
 def clocks(ctx: Context) -> list[CheckResult]:
@@ -256,7 +270,7 @@ def temperature(ctx: Context) -> list[CheckResult]:
             out.append(warn("temperature", e, "GPU running hot", **ev))
         else:
             out.append(ok("temperature", e, **ev))
-    return out
+    return _settle(ctx, "temperature", out)
 
 
 def fabric(ctx: Context) -> list[CheckResult]:
@@ -279,7 +293,7 @@ def fabric(ctx: Context) -> list[CheckResult]:
                             Action.REBOOT, state=names.get(int(s.value), str(int(s.value)))))
         else:
             out.append(ok("fabric", e, state="completed"))
-    return out
+    return _settle(ctx, "fabric", out)
 
 
 def persistence(ctx: Context) -> list[CheckResult]:
@@ -291,7 +305,7 @@ def persistence(ctx: Context) -> list[CheckResult]:
             out.append(warn("persistence", e, "persistence mode off (slow CUDA init, lost state between jobs)"))
         elif i in pm:
             out.append(ok("persistence", e))
-    return out
+    return _settle(ctx, "persistence", out)
 
 
 def driver(ctx: Context) -> list[CheckResult]:

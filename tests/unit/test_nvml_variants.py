@@ -215,6 +215,19 @@ def test_an_unreadable_reading_is_unknown_for_its_check_never_fail(build: Callab
             assert status(res, other, "gpu3") is Status.OK, (other, res[(other, "gpu3")])
 
 
+@pytest.mark.parametrize("fault, call, check, action", [
+    (("fault=thermal", "gpu=3"), f"field:{pynvml.NVML_FI_DEV_MEMORY_TEMP}", "temperature", Action.DRAIN),
+    (("fault=pcie-degraded", "gpu=3", "width=8"), "nvmlDeviceGetCurrPcieLinkGeneration", "pcie", Action.DRAIN),
+])
+def test_a_fault_read_stands_when_another_reading_is_refused(build: Callable[..., Run], fault: tuple[str, ...],
+                                                             call: str, check: str, action: Action) -> None:
+    # What was read decides a FAIL; a refused sibling reading only stops the check clearing the GPU.
+    run = build("dgx-h100", edit={3: errors(UNKNOWN, call)})
+    run.node.inject(faults.parse(list(fault), time.time()))
+    res = run.judge()
+    assert res[(check, "gpu3")].status is Status.FAIL and res[(check, "gpu3")].action is action
+
+
 @pytest.mark.parametrize("call, check", READINGS)
 def test_not_supported_is_absent_and_not_unreadable(build: Callable[..., Run], call: str, check: str) -> None:
     run = build("dgx-h100", edit={3: errors(NOT_SUPPORTED, call)})
