@@ -544,3 +544,14 @@ def test_fabric_state_not_supported_is_unknown_not_a_fabric_fault() -> None:
         snap, now, damped=False)}
     assert status(res, "fabric", "gpu0") is Status.UNKNOWN
     assert status(res, "fabric", "gpu1") is Status.FAIL  # fabric manager never registered it: a real fault
+
+
+def test_variant_state_survives_the_state_file() -> None:
+    # The simulator's CLI and agent processes share the node through its JSON state file.
+    base = default_state("var01", "dgx-h100")
+    g0 = replace(base.gpus[0], mig_mode=True, mig_devices=("3g.40gb", "4g.40gb"), clocks_event_supported=0x7FF,
+                 nvml_errors={"nvmlDeviceGetUtilizationRates": INVALID_ARGUMENT, f"field:{pynvml.NVML_FI_DEV_MEMORY_TEMP}": UNKNOWN})
+    state = replace(base, gpus=(g0,) + base.gpus[1:])
+    back = NodeState.loads(state.dumps())
+    assert back.gpus[0] == g0 and back.gpus[1] == base.gpus[1]
+    assert isinstance(back.gpus[0].mig_devices, tuple)
