@@ -55,11 +55,19 @@ _KEY = re.compile(r"(?:(?<=\s)|^)([A-Z][A-Za-z0-9_]*)=")
 # the end of the line: in the one-line form fields like ReservationName= may follow the reason.
 # Without that suffix (it is printed whenever Slurm knows the reason's time) the reason runs to the
 # end of the line, since free text may itself contain "Key=".
+# The time is ISO 8601 (`2024-01-02T03:04:05`) because every scontrol runs with
+# SLURM_TIME_FORMAT=standard (SlurmFencer._env); the pattern still takes any other rendering
+# (`[root@01/12 23:51]` under a site's `SLURM_TIME_FORMAT="%d/%m %H:%M"`, `[root@1796169118]`
+# under `%s`: tests/fixtures/slurm/scontrol_show_node_o_loopback_time_formats.txt) so that a reason
+# read by another caller never swallows its own suffix.
 _REASON_ONE_LINE = re.compile(
-    r"(?:(?<=\s)|^)Reason=(?P<text>.*?) \[(?P<user>[^\]\s@]*)@(?P<time>[0-9T:-]+|Unknown)\]"
+    r"(?:(?<=\s)|^)Reason=(?P<text>.*?) \[(?P<user>[^\]\s@]*)@(?P<time>[^\[\]]+)\]"
     r"(?=\s+[A-Z][A-Za-z0-9_]*=|\s*$)")
 _REASON_TO_EOL = re.compile(r"(?:(?<=\s)|^)Reason=(?P<text>.*)$")
-_REASON_SUFFIX = re.compile(r"^(?P<text>.*?) \[(?P<user>[^\]\s@]*)@(?P<time>[0-9T:-]+|Unknown)\]\s*$")
+_REASON_SUFFIX = re.compile(r"^(?P<text>.*?) \[(?P<user>[^\]\s@]*)@(?P<time>[^\[\]]+)\]\s*$")
+# Base states that already mean "drained" (sinfo's %T and %t forms: `drained`, `draining`, `drain`,
+# `drng`, and FAIL's `fail`, `failing`, `failg`); scontrol prints the DRAIN/FAIL flag instead.
+_DRAINED_BASES = frozenset({"DRAINED", "DRAINING", "DRAIN", "DRNG", "FAIL", "FAILING", "FAILG"})
 
 
 @dataclass(frozen=True)
@@ -85,8 +93,7 @@ class SlurmNode:
     @property
     def drained(self) -> bool:
         """DRAIN set (IDLE+DRAIN = drained, MIXED+DRAIN = draining) or FAIL (drain + failing)."""
-        return bool({"DRAIN", "FAIL"} & set(self.flags)) or self.base_state in ("DRAINED", "DRAINING", "FAIL",
-                                                                                 "FAILING")
+        return bool({"DRAIN", "FAIL"} & set(self.flags)) or self.base_state in _DRAINED_BASES
 
     @property
     def down(self) -> bool:
@@ -109,10 +116,15 @@ class SlurmNode:
 def parse_state(state: str) -> tuple[str, tuple[str, ...]]:
     """`MIXED+DRAIN` -> ("MIXED", ("DRAIN",)); `DOWN*+NOT_RESPONDING` -> ("DOWN", ("NOT_RESPONDING",)).
 
-    Also takes sinfo's lower-case compact forms (`down*`, `drained`). Flags are deduplicated in
-    first-seen order.
+    Also takes sinfo's lower-case forms, long (%T: `drained*`, `draining`, `mixed-`) and compact
+    (%t: `drain`, `drng`, `boot^`, `alloc+`), whose base may itself mean drained (see
+    SlurmNode.drained). A trailing bare `+` (`alloc+`, `ALLOCATED+`) is sinfo's "jobs completing",
+    not a separator. Flags are deduplicated in first-seen order. sinfo's long and compact forms hide
+    DRAIN behind a pending reboot (`reboot`, `boot^`), MAINT and INVAL: only scontrol's form
+    (what the fencer reads) always shows it.
     """
-    parts = [p for p in state.strip().upper().split("+") if p]
+    text = state.strip().upper()
+    parts = [p for p in text.split("+") if p]
     if not parts:
         return "", ()
     flags: list[str] = []
@@ -122,6 +134,8 @@ def parse_state(state: str) -> tuple[str, tuple[str, ...]]:
         base = base[:-1]
     for p in parts[1:]:
         flags.append(p.rstrip("".join(_SUFFIX_FLAGS)))
+    if len(parts) == 1 and text.endswith("+"):
+        flags.append("COMPLETING")
     return base, tuple(dict.fromkeys(f for f in flags if f))
 
 
@@ -258,6 +272,9 @@ class SlurmFencer:
         self.timeout = timeout
         self.budget = budget if budget is not None else timeout * 1.5
         base = dict(env if env is not None else os.environ)
+        # A site's SLURM_TIME_FORMAT (profile.d often sets one, e.g. "%d/%m %H:%M" or "relative")
+        # changes how scontrol prints a reason's [user@time]; pin the ISO form the parser reads.
+        base["SLURM_TIME_FORMAT"] = "standard"
         if slurm_conf:
             base["SLURM_CONF"] = str(slurm_conf)
         self._env = base
