@@ -2,9 +2,14 @@
 
 Three output shapes are understood, all into the same `DiagReport`:
 - DCGM 4 JSON (`"DCGM Diagnostic"`, results per entity with error_id/category/severity),
-- the legacy JSON (`"DCGM GPU Diagnostic"`, version 1.7: `gpu_ids: "0,1,2,3"` per result),
-- the text table `dcgmi diag -r N` prints without -j (DCGM 3 "Pass - All" rows with
-  "GPU n ..." warnings, and DCGM 4 rows with per-GPU "GPUn: Pass" lines).
+- the legacy JSON (`"DCGM GPU Diagnostic"`, version 1.7: `gpu_ids: "0,1,2,3"` per result; DCGM
+  2/3's dcgmi: `gpu_id: "0"` per result, metadata at the top level, deployment warnings whose
+  message sits under "warnings"), and `--iterations N` runs (`"iterations": [run, ...]`),
+- the text table `dcgmi diag -r N` prints without -j (DCGM 3 "Pass - All" / "Pass - GPUs: 0, 1"
+  rows with "GPU n ..." warnings and "Error" rows, and DCGM 4 rows with per-GPU "GPUn: Pass" lines).
+Log lines before the JSON (dcgm logging to stdout, a wrapper's banner) and text after it are
+skipped. A run in which every hardware test skipped a GPU (MIG mode, a SKU without parameters)
+tested nothing there: that GPU is UNKNOWN, not OK.
 What a failure code asks for lives in checks/data/dcgm_errors.yaml, not here. Parsers are pure;
 `run_diag` is the only I/O and never reports OK without output it could parse.
 """
@@ -87,7 +92,9 @@ def _warnings(items: object) -> tuple[DiagWarning, ...]:
     out: list[DiagWarning] = []
     for w in items if isinstance(items, list) else []:
         if isinstance(w, Mapping):
-            out.append(DiagWarning(str(w.get("warning", w.get("error", ""))), _int(w.get("error_id")),
+            # DCGM 3's deployment results put the message under "warnings" (sic) in each warning.
+            text = next((w[k] for k in ("warning", "warnings", "error") if isinstance(w.get(k), str)), "")
+            out.append(DiagWarning(text, _int(w.get("error_id")),
                                    _int(w.get("error_category")), _int(w.get("error_severity"))))
         elif isinstance(w, str):
             out.append(DiagWarning(w))
@@ -101,15 +108,37 @@ def _info(v: object) -> tuple[str, ...]:
 
 
 def parse_json(text: str) -> DiagReport:
-    """DCGM 4 or legacy `dcgmi diag -j` JSON. Raises DiagParseError when it is neither."""
+    """DCGM 4 or legacy `dcgmi diag -j` JSON (text after the object is ignored). Raises
+    DiagParseError when it is neither."""
     try:
-        doc = json.loads(text)
+        doc, _ = json.JSONDecoder().raw_decode(text.lstrip())
     except ValueError as e:  # JSONDecodeError, or an integer literal of more than 4,300 digits
         raise DiagParseError(f"not JSON: {e}") from None
     except RecursionError:
         raise DiagParseError("not JSON: nested too deeply") from None
     if not isinstance(doc, dict):
         raise DiagParseError("JSON top level is not an object")
+    if isinstance(doc.get("iterations"), list) and "DCGM Diagnostic" not in doc and "DCGM GPU Diagnostic" not in doc:
+        runs = [_json_report(it) for it in doc["iterations"] if isinstance(it, dict)]
+        if not runs:
+            raise DiagParseError("'iterations' holds no diagnostic run")
+        return _merge(runs)
+    return _json_report(doc)
+
+
+def _merge(runs: Sequence[DiagReport]) -> DiagReport:
+    """`dcgmi diag --iterations N`: one result per (test, GPU), the worst any iteration gave."""
+    worst: dict[tuple[str, str, int | None], DiagEntry] = {}
+    for r in runs:
+        for e in r.entries:
+            key = (e.category, e.test, e.gpu)
+            if key not in worst or _RANK.get(e.status, 0) > _RANK.get(worst[key].status, 0):
+                worst[key] = e
+    errors = "; ".join(dict.fromkeys(r.runtime_error for r in runs if r.runtime_error))
+    return DiagReport(tuple(worst.values()), runs[0].format, runs[0].version, runs[0].driver, errors)
+
+
+def _json_report(doc: Mapping[str, Any]) -> DiagReport:
     if isinstance(doc.get("DCGM Diagnostic"), dict):
         body, fmt = doc["DCGM Diagnostic"], "dcgm4-json"
     elif isinstance(doc.get("DCGM GPU Diagnostic"), dict):
@@ -117,8 +146,10 @@ def parse_json(text: str) -> DiagReport:
     else:
         raise DiagParseError("no 'DCGM Diagnostic' or 'DCGM GPU Diagnostic' object")
     meta: dict[str, Any] = doc["metadata"] if isinstance(doc.get("metadata"), dict) else {}
-    version = str(meta.get("version") or body.get("version") or "")
-    driver = str(meta.get("Driver Version Detected") or body.get("Driver Version Detected") or "")
+    # DCGM 4 keeps these under "metadata", DCGM 2/3 beside the diagnostic object, 1.7 inside it.
+    version = str(meta.get("version") or body.get("version") or doc.get("version") or "")
+    driver = str(meta.get("Driver Version Detected") or body.get("Driver Version Detected")
+                 or doc.get("Driver Version Detected") or "")
     entries: list[DiagEntry] = []
     for cat in _list(body.get("test_categories")):
         if not isinstance(cat, dict):
@@ -141,6 +172,8 @@ def _json_test(test: Mapping[str, Any], cname: str) -> list[DiagEntry]:
         if "gpu_ids" in r:   # legacy: one result may cover several GPUs
             ids = [_int(x) for x in str(r["gpu_ids"]).split(",") if x.strip()]
             gpus: list[int | None] = [i for i in ids if i is not None] or [None]
+        elif "gpu_id" in r:  # DCGM 2/3 dcgmi: "gpu_id": "0" (a number on deployment results)
+            gpus = [_int(r["gpu_id"])]
         elif str(r.get("entity_group", "GPU")).upper() == "GPU":
             gpus = [_int(r.get("entity_id"))]
         else:                # CPU / switch entities: kept, named by the test, at node level
@@ -223,10 +256,12 @@ def parse_text(text: str) -> DiagReport:
             elif target is not None:
                 target.append(right)
             continue
-        if cur is not None and left.lower() == "warning":
+        # DCGM 3 prints a deployment test's messages as "Error" rows, the plugins' as "Warning":
+        # both say why the test failed (and carry the text the codes are read from).
+        if cur is not None and left.lower() in ("warning", "error"):
             cur.warnings.append([right])
             target = cur.warnings[-1]
-        elif cur is not None and left.lower() in ("info", "error"):
+        elif cur is not None and left.lower() == "info":
             cur.info.append([right])
             target = cur.info[-1]
         else:
@@ -235,7 +270,9 @@ def parse_text(text: str) -> DiagReport:
             target = cur.result
     if not seen_table:
         raise DiagParseError("no dcgmi diag table found")
-    ids = [x for x in re.split(r"[,\s]+", meta.get("GPU Device IDs Detected", "")) if x]
+    # "GPU Device IDs Detected"; later builds say "GPU PCI Device IDs Detected".
+    detected = next((v for k, v in meta.items() if "device ids" in k.lower()), "")
+    ids = [x for x in re.split(r"[,\s]+", detected) if x]
     entries: list[DiagEntry] = []
     for t in tests:
         entries.extend(_text_entries(t, len(ids), width))
@@ -274,18 +311,22 @@ def _text_entries(t: _TextTest, ngpus: int, width: int) -> list[DiagEntry]:
     return out
 
 
+MAX_JSON_STARTS = 64    # lines opening with "{" tried as the start of the JSON, bounded
+
+
 def parse(text: str) -> DiagReport:
     """JSON when it looks like JSON, else the text table."""
     body = text.strip()
     if body.startswith("{"):
         return parse_json(body)
-    start = body.find("{")
-    if start > 0 and body[:start].count("\n") <= 3 and "+---" not in body[:start]:
-        # Some wrappers print a line before the JSON ("Executing in Pod ..."); tolerate a few.
+    # Log lines before the JSON (dcgm logging on stdout, "Executing in Pod ..." from a kubectl
+    # wrapper): the object starts at a line that opens with "{". The first that parses wins.
+    starts = [m.start() for m in re.finditer(r"^[ \t]*\{", body, re.M)][:MAX_JSON_STARTS]
+    for start in starts:
         try:
             return parse_json(body[start:])
         except DiagParseError:
-            pass
+            continue
     return parse_text(text)
 
 
@@ -383,9 +424,28 @@ def results(report: DiagReport, emap: ErrorMap | None = None) -> list[CheckResul
             out.append(ok(check, entity, f"{e.test} {word}" + (f": {first}" if first and e.status != "pass" else ""), **ev))
         else:
             out.append(unknown(check, entity, f"{e.test}: unrecognised status {e.status!r}", **ev))
+    out.extend(_untested(report))
     if not out:
         out.append(unknown(CHECK, "node", "dcgmi diag output held no test results", format=report.format))
     return _node_scoped(out, emap)
+
+
+def _untested(report: DiagReport) -> list[CheckResult]:
+    """UNKNOWN for every GPU (or the node) whose hardware tests (all but Deployment) all skipped:
+    a MIG-mode GPU, a SKU the diagnostic has no parameters for. Skips are OK one by one, but a
+    GPU that no test exercised has not been judged, and an all-skip run must not read as a pass."""
+    by_entity: dict[int | None, list[DiagEntry]] = {}
+    for e in report.entries:
+        if e.category.strip().lower() != "deployment":
+            by_entity.setdefault(e.gpu, []).append(e)
+    out: list[CheckResult] = []
+    for gpu, es in sorted(by_entity.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
+        if es and all(e.status in ("skip", "not run") for e in es):
+            first = next((w.text for e in es for w in e.warnings if w.text), "")
+            out.append(unknown(CHECK, "node" if gpu is None else f"gpu{gpu}",
+                               f"no hardware test ran ({len(es)} skipped)" + (f": {first}" if first else ""),
+                               skipped=",".join(e.test for e in es)[:200]))
+    return out
 
 
 def _node_scoped(results_: list[CheckResult], emap: ErrorMap) -> list[CheckResult]:

@@ -8,11 +8,22 @@ from their last eight numbers; collectives without redop/root still parse. The p
 Judging uses the bus bandwidth at the largest sizes, not "Avg bus bandwidth": the average runs
 over every size in the sweep and small messages dominate it (the 2.18 H200 capture averages 178
 GB/s while it sustains 485 GB/s at 16 GiB).
+
+Variants the parser takes as they come, because a misread one fences healthy nodes:
+- nccl-tests before 2.10 print `error` (the largest relative error, "1e-06" on a healthy float
+  sum) where later ones print `#wrong` (a count); only "Out of bounds values" judges those runs;
+- their device lines have no "Group N" (`#   Rank  0 Pid 123 on host device 0 [0x07] ...`);
+- launcher prefixes: `mpirun --tag-output` ("[1,0]<stdout>:") and `srun --label` ("0: ");
+- NCCL_DEBUG=INFO lines are chatter, never failures; "NCCL WARN" lines are kept as warnings: a
+  run that completes with correct data is judged on its numbers, one that dies shows them;
+- a run without its closing summary ("Avg bus bandwidth", 2.18+ "Collective test concluded")
+  was killed or hung: UNKNOWN unless what it did print already shows wrong values or a failure.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import statistics
 from dataclasses import dataclass
@@ -69,6 +80,12 @@ class NcclRun:
     concluded: bool = False               # 2.18+: "# Collective test concluded"
     devices: tuple[NcclDevice, ...] = ()
     errors: tuple[str, ...] = ()          # failure lines, bounded
+    warnings: tuple[str, ...] = ()        # "NCCL WARN" lines, bounded: not failures by themselves
+
+    @property
+    def complete(self) -> bool:
+        """The run printed its closing summary: it was not killed or hung mid-sweep."""
+        return self.avg_busbw is not None or self.concluded
 
     @property
     def hosts(self) -> tuple[str, ...]:
@@ -87,17 +104,31 @@ class NcclRun:
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 # Numbers converted with int() are ASCII digits of bounded length: regex \d takes any script's
 # digits and int() refuses more than 4,300 of them.
-_DEVICE = re.compile(r"^#\s+Rank\s+([0-9]{1,9})\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+([0-9]{1,9})"
+# "Group N" came with nccl-tests 2.x's multi-group runs; older builds print "Rank 0 Pid ...".
+_DEVICE = re.compile(r"^#\s+Rank\s+([0-9]{1,9})\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+([0-9]{1,9})"
                      r"\s+\[([^\]]*)\]\s*(.*)$")
 _AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(" + _NUM + r")")
 _OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*([0-9]{1,18})\b\s*(\w+)?")
 _ERROR = re.compile(r"(Test (?:CUDA|NCCL) failure|Test failure|NCCL WARN|\bNCCL error\b|\bError\b|\bERROR\b"
                     r"|not enough slots|failure:|Segmentation fault|Aborted|timed out|Timeout)", re.I)
+# What launchers put before each line: mpirun --tag-output "[1,0]<stdout>:", srun --label "0: ".
+_PREFIX = re.compile(r"^\s*(?:\[[0-9]{1,6},[0-9]{1,6}\]<std(?:out|err)>:|[0-9]{1,6}:(?=\s))")
+_NCCL_INFO = re.compile(r"\bNCCL INFO\b")
+_NCCL_WARN = re.compile(r"\bNCCL WARN\b")
 _HCA = re.compile(r"\b(mlx5_\d+(?::\d+)?|ibp\d+s\d+|bnxt_re\d+)\b")
 
 
 def _wrong(tok: str) -> int | None:
-    return None if tok.upper() == "N/A" else int(tok)
+    """#wrong is a count; "N/A" when validation is off. Before 2.10 the column was `error`, the
+    largest relative error ("1e-06", "0e+00"): no count, so None (Out of bounds judges it)."""
+    if tok.upper() == "N/A":
+        return None
+    if tok.isdigit() and len(tok) <= 18:
+        return int(tok)
+    value = float(tok)          # ValueError: not a number, the row is no data row
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(tok)
+    return None
 
 
 def _row(line: str) -> NcclRow | None:
@@ -122,12 +153,19 @@ def parse(text: str) -> NcclRun:
     rows: list[NcclRow] = []
     devices: list[NcclDevice] = []
     errors: list[str] = []
+    warnings: list[str] = []
     avg = oob = None
     nccl_version = tests_version = ""
     started = concluded = False
     for raw in text.splitlines():
-        line = raw.strip()
+        line = _PREFIX.sub("", raw, count=1).strip()
         if not line:
+            continue
+        if _NCCL_INFO.search(line):
+            continue        # NCCL_DEBUG=INFO chatter ("NCCL_IB_TIMEOUT set by environment ...")
+        if _NCCL_WARN.search(line):
+            if len(warnings) < MAX_ERROR_LINES:
+                warnings.append(line[:240])
             continue
         if line.startswith("#"):
             if line.startswith("# nThread"):
@@ -148,6 +186,8 @@ def parse(text: str) -> NcclRun:
                 avg = float(m.group(1))
             elif m := _OOB.match(line):
                 oob = int(m.group(1))
+            elif "busbw" in line or "(B)" in line:
+                pass        # the column header: its "error" column (before 2.10) is no failure
             elif _ERROR.search(line) and len(errors) < MAX_ERROR_LINES:
                 errors.append(line[:240])
             continue
@@ -160,7 +200,7 @@ def parse(text: str) -> NcclRun:
         elif _ERROR.search(line) and len(errors) < MAX_ERROR_LINES:
             errors.append(line[:240])
     return NcclRun(tuple(rows), avg, oob, nccl_version, tests_version, started, concluded,
-                   tuple(devices), tuple(errors))
+                   tuple(devices), tuple(errors), tuple(warnings))
 
 
 def hcas_in(text: str) -> tuple[str, ...]:
@@ -186,11 +226,13 @@ def multinode_gates(thresholds: Mapping[str, float], override_gbps: float = 0.0,
 
 
 def no_gate_reason(run: NcclRun, gates: Gates) -> str:
-    """Why `gates` cannot pass this run ("" when it can): no gate, or a sweep that stops short."""
-    if not gates.required:
-        return ""
-    if gates.busbw_gbps <= 0:
+    """Why `gates` cannot judge this run ("" when it can): no gate where one is required, or a
+    sweep that stops short of the sizes the gate is stated for (in-node too: smaller messages
+    never reach the NVLink plateau, and a gate read there fails healthy nodes)."""
+    if gates.required and gates.busbw_gbps <= 0:
         return "no multi-node busbw gate for this SKU (profile thresholds.nccl_multinode_busbw_gbps)"
+    if gates.busbw_gbps <= 0:
+        return ""
     biggest = max((r.size_bytes for r in run.rows), default=0)
     if biggest < gates.min_bytes:
         return (f"largest size {biggest} B is below the {gates.min_bytes} B the gate is stated for "
@@ -216,6 +258,8 @@ def judge(run: NcclRun, gates: Gates, entity: str = "node", check: str = CHECK) 
         ev["nccl_version"] = run.nccl_version
     if run.errors:
         ev["error"] = run.errors[0]
+    if run.warnings:
+        ev["nccl_warn"] = run.warnings[0]
     wrong = sum(r.wrong for r in run.rows)
     if wrong or (run.out_of_bounds or 0) > 0:
         return fail(check, entity, f"all-reduce produced wrong values ({wrong} wrong, "
@@ -223,11 +267,19 @@ def judge(run: NcclRun, gates: Gates, entity: str = "node", check: str = CHECK) 
     if not run.rows:
         if not run.started:
             return unknown(check, entity, "all-reduce did not start: " + (run.errors[0] if run.errors else "no output"), **ev)
-        return fail(check, entity, "all-reduce failed: " + (run.errors[0] if run.errors else "no results"),
-                    Action.DRAIN, **ev)
+        if not run.errors and not run.warnings:
+            # Started, then nothing: no failure line, no result. Killed or hung (a timeout, the
+            # OOM killer, a cancelled job) says nothing about the node.
+            return unknown(check, entity, "all-reduce printed its header and stopped without a result or an "
+                                          "error (killed or hung?)", **ev)
+        why = run.errors[0] if run.errors else run.warnings[0]
+        return fail(check, entity, "all-reduce failed: " + why, Action.DRAIN, **ev)
     assert large is not None
     if run.errors:
         return fail(check, entity, f"all-reduce reported errors: {run.errors[0]}", Action.DRAIN, **ev)
+    if not run.complete:
+        return unknown(check, entity, f"all-reduce output ends at {max(r.size_bytes for r in run.rows)} B without its "
+                                      "summary (killed or hung?): the sizes it reached are not judged", **ev)
     missing = no_gate_reason(run, gates)
     if not missing and gates.busbw_gbps > 0 and large < gates.busbw_gbps:
         return fail(check, entity, f"bus bandwidth {large:.1f} GB/s below the gate {gates.busbw_gbps:g} GB/s",

@@ -120,7 +120,8 @@ def _judged(text: str, args: argparse.Namespace, cfg, prof, median: float, slow_
     if len(run.hosts) > 1:
         override = args.pair_gate if args.pair_gate is not None else cfg.active.nccl.pair_busbw_gbps
         return nccl.judge_hosts(run, nccl.multinode_gates(prof.thresholds, override, slow_pct))
-    return [nccl.judge(run, nccl.Gates(prof.threshold("nccl_allreduce_busbw_gbps"), median, slow_pct))]
+    return [nccl.judge(run, nccl.Gates(prof.threshold("nccl_allreduce_busbw_gbps"), median, slow_pct,
+                                       int(prof.thresholds.get("nccl_allreduce_min_bytes", 0))))]
 
 
 def _judge_file(args: argparse.Namespace, cfg, prof, slow_pct: float, started: float) -> int:  # type: ignore[no-untyped-def]
