@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from podhealth.aggregator import ingest
 from podhealth.fencing.slurm import parse_show_node
-from podhealth.checks.active import dcgm, nccl
+from podhealth.checks import profiles
+from podhealth.checks.active import dcgm, localize, nccl, nccl_slurm
 from podhealth.checks.passive.xid import evaluate_xids, load_catalog
 from podhealth.checks.passive import ib_counters
 from podhealth.collectors import ib_parse, nfs_parse, xid_parse
@@ -30,7 +31,7 @@ from podhealth.collectors.kmsg_reader import FileFollower
 from podhealth.config import default_yaml, loads as config_loads
 from podhealth.configload import ConfigError
 from podhealth.sim import nvidia_smi
-from podhealth.vocab import Event, NodeReport
+from podhealth.vocab import Event, NodeReport, Status
 from tests.harness import ib_device
 from tests.harness.fuzz import (
     FIXTURES, HOSTILE_NUMBERS, dumps_loose, fuzz_settings, json_bodies, mutated, mutated_doc, read, texts,
@@ -305,12 +306,67 @@ def test_nccl_output_never_raises_and_is_judged(text: str, gate: float) -> None:
     assert len(run.errors) <= nccl.MAX_ERROR_LINES
     verdict = nccl.judge(run, nccl.Gates(busbw_gbps=gate, fleet_median_gbps=gate))
     assert verdict.check == nccl.CHECK
+    assert len(run.warnings) <= nccl.MAX_ERROR_LINES
+    # A run that printed no summary line was cut short: it is never OK (judged nothing) and never
+    # FAIL unless what it printed already shows wrong values or a failure.
+    if run.rows and not run.complete and verdict.status is not Status.UNKNOWN:
+        assert verdict.status is Status.FAIL and (run.errors or sum(r.wrong for r in run.rows)
+                                                  or (run.out_of_bounds or 0) > 0)
+
+
+_H100 = profiles.load("dgx-h100").thresholds
+
+
+@fuzz_settings()
+@given(texts(NCCL), st.integers(0, 3), st.sampled_from([0, 1, None, 137]))
+def test_nccl_multinode_and_pair_judging_never_raises(text: str, prefix: int, rc: int | None) -> None:
+    """The other entry points over the same output: per-host verdicts (--judge of a multi-node
+    run), a pair's classification for the localiser, the HCA names, behind launcher prefixes."""
+    tag = ["", "[1,0]<stdout>:", "0: ", "  "][prefix]
+    text = "".join(tag + line for line in text.splitlines(keepends=True))
+    run = nccl.parse(text)
+    res = nccl.judge_hosts(run, nccl.multinode_gates(_H100))
+    assert res and {r.entity for r in res} <= set(run.hosts) | {"node"}
+    pr = nccl_slurm.classify(nccl_slurm.PairRun("dgx01", "dgx02", rc, text, run), nccl.multinode_gates(_H100), 300.0, 10.0)
+    assert pr.outcome in ("pass", "fail", "unknown")
+    assert pr.outcome != "pass" or (run.rows and not run.errors and sum(r.wrong for r in run.rows) == 0)
+    assert all(h and " " not in h for h in nccl.hcas_in(text))
+
+
+_NODES = [f"dgx{i:02d}" for i in range(1, 9)]
+
+
+@fuzz_settings()
+@given(st.sets(st.sampled_from(_NODES), max_size=8), st.lists(st.booleans(), min_size=64, max_size=64),
+       st.integers(2, 8))
+def test_localisation_ends_and_never_blames_a_good_node(bad: set[str], unknown_draws: list[bool], n: int) -> None:
+    """localize.plan driven to the end against an oracle (a pair fails when one of its nodes is
+    bad; some tests do not run): it terminates, never repeats a pair, and a node it calls BAD is
+    bad (it failed against a partner that passed a pair)."""
+    nodes, results, draws = _NODES[:n], [], iter(unknown_draws)
+    for _ in range(4 * n):
+        p = localize.plan(nodes, results)
+        if p.done:
+            break
+        tried = {r.key for r in results}
+        for a, b in p.next_pairs:
+            assert frozenset((a, b)) not in tried
+            outcome = "unknown" if next(draws, False) and next(draws, False) else ("fail" if {a, b} & bad else "pass")
+            results.append(localize.PairResult(a, b, outcome))  # type: ignore[arg-type]
+    else:
+        raise AssertionError("localisation did not end")
+    for v in p.verdicts:
+        assert v.state is not localize.NodeState.BAD or v.node in bad
+        assert v.state is not localize.NodeState.GOOD or v.node not in bad
 
 
 # ---- dcgmi diag ---------------------------------------------------------------------------------
 
-DCGM_TEXT = [read("dcgm", "dcgmi_diag_r2_dcgm4_gpu1_fail.txt")]
+DCGM_TEXT = [read("dcgm", "dcgmi_diag_r2_dcgm4_gpu1_fail.txt")] + [
+    p.read_text() for p in sorted((FIXTURES / "dcgm").glob("*.txt")) if p.name != "dcgmi_diag_r2_dcgm4_gpu1_fail.txt"]
 DCGM_JSON = [json.loads(p.read_text()) for p in sorted((FIXTURES / "dcgm").glob("*.json"))]
+# `dcgmi diag --iterations 2 -j`: the runs under "iterations" (the mutations reach inside them).
+DCGM_JSON.append({"iterations": DCGM_JSON[:2], "Overall Result": "Fail", "Warning": "The diagnostic failed"})
 
 
 def _judge_dcgm(text: str) -> None:
@@ -318,8 +374,13 @@ def _judge_dcgm(text: str) -> None:
         report = dcgm.parse(text)
     except dcgm.DiagParseError:
         return
-    for r in dcgm.results(report):
+    results = dcgm.results(report)
+    for r in results:
         assert r.check
+    # A run whose every hardware test skipped is never an all-OK answer.
+    hw = [e for e in report.entries if e.category.strip().lower() != "deployment"]
+    if hw and all(e.status in ("skip", "not run") for e in hw):
+        assert any(r.status is Status.UNKNOWN for r in results)
 
 
 @fuzz_settings()
@@ -493,7 +554,7 @@ def test_the_samples_themselves_parse() -> None:
     assert sum(isinstance(xid_parse.parse(ln), xid_parse.ParsedLine) for ln in KMSG) >= len(KMSG) // 2
     assert nvidia_smi.parse(SMI[0]).gpus
     assert all(nccl.parse(t).started for t in NCCL)
-    assert dcgm.parse(DCGM_TEXT[0]).entries and all(dcgm.parse(json.dumps(d)) for d in DCGM_JSON)
+    assert all(dcgm.parse(t).entries for t in DCGM_TEXT) and all(dcgm.results(dcgm.parse(json.dumps(d))) for d in DCGM_JSON)
     assert isinstance(ingest.read_posted(dumps_loose(REPORTS[0])), ingest.ParsedReport)
     assert isinstance(ingest.read_posted(dumps_loose(REPORTS[1])), ingest.Lease)
     assert len(ingest.parse_events(EVENTS[0]).events) == 4
