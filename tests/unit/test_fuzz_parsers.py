@@ -343,7 +343,8 @@ def test_localisation_ends_and_never_blames_a_good_node(bad: set[str], unknown_d
     """localize.plan driven to the end against an oracle (a pair fails when one of its nodes is
     bad; some tests do not run): it terminates, never repeats a pair, and a node it calls BAD is
     bad (it failed against a partner that passed a pair)."""
-    nodes, results, draws = _NODES[:n], [], iter(unknown_draws)
+    nodes, draws = _NODES[:n], iter(unknown_draws)
+    results: list[localize.PairResult] = []
     for _ in range(4 * n):
         p = localize.plan(nodes, results)
         if p.done:
