@@ -17,7 +17,10 @@ Variants the parser takes as they come, because a misread one fences healthy nod
 - NCCL_DEBUG=INFO lines are chatter, never failures; "NCCL WARN" lines are kept as warnings: a
   run that completes with correct data is judged on its numbers, one that dies shows them;
 - a run without its closing summary ("Avg bus bandwidth", 2.18+ "Collective test concluded")
-  was killed or hung: UNKNOWN unless what it did print already shows wrong values or a failure.
+  was killed or hung: UNKNOWN unless what it did print already shows wrong values or a failure;
+  so is one Slurm cancelled (time limit, scancel, preemption): the "srun: error: task 0: Killed"
+  lines that follow a cancellation are the kill, not a fault;
+- a single rank has no bus bandwidth (nccl-tests prints 0): not judged against a gate.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class NcclRun:
     devices: tuple[NcclDevice, ...] = ()
     errors: tuple[str, ...] = ()          # failure lines, bounded
     warnings: tuple[str, ...] = ()        # "NCCL WARN" lines, bounded: not failures by themselves
+    cancelled: str = ""                   # Slurm's "*** STEP ... CANCELLED AT ... ***" line, if any
 
     @property
     def complete(self) -> bool:
@@ -114,6 +118,8 @@ _ERROR = re.compile(r"(Test (?:CUDA|NCCL) failure|Test failure|NCCL WARN|\bNCCL 
 # What launchers put before each line: mpirun --tag-output "[1,0]<stdout>:", srun --label "0: ".
 _PREFIX = re.compile(r"^\s*(?:\[[0-9]{1,6},[0-9]{1,6}\]<std(?:out|err)>:|[0-9]{1,6}:(?=\s))")
 _NCCL_INFO = re.compile(r"\bNCCL INFO\b")
+_LAUNCHER = ("srun:", "slurmstepd:", "slurmstepd-")
+_CANCELLED = re.compile(r"\bCANCELLED AT\b|\bDUE TO (?:TIME LIMIT|PREEMPTION)\b|Job step aborted|forcing job termination")
 _NCCL_WARN = re.compile(r"\bNCCL WARN\b")
 _HCA = re.compile(r"\b(mlx5_\d+(?::\d+)?|ibp\d+s\d+|bnxt_re\d+)\b")
 
@@ -137,7 +143,7 @@ def _row(line: str) -> NcclRow | None:
         return None  # > 20 digits: no byte count (and int * float would overflow judging it)
     try:
         tail = toks[-8:]
-        return NcclRow(
+        row = NcclRow(
             size_bytes=int(toks[0]), count=int(toks[1]),
             dtype=toks[2] if len(toks) > 10 else "", redop=toks[3] if len(toks) > 12 else "",
             oop_time_us=float(tail[0]), oop_algbw=float(tail[1]), oop_busbw=float(tail[2]), oop_wrong=_wrong(tail[3]),
@@ -145,6 +151,11 @@ def _row(line: str) -> NcclRow | None:
         )
     except ValueError:
         return None
+    # "inf"/"nan" (a zero time) is no measurement: a NaN compares below no gate and would pass.
+    if not all(math.isfinite(v) for v in (row.oop_time_us, row.oop_algbw, row.oop_busbw,
+                                           row.ip_time_us, row.ip_algbw, row.ip_busbw)):
+        return None
+    return row
 
 
 def parse(text: str) -> NcclRun:
@@ -154,6 +165,8 @@ def parse(text: str) -> NcclRun:
     devices: list[NcclDevice] = []
     errors: list[str] = []
     warnings: list[str] = []
+    launcher: list[str] = []
+    cancelled = ""
     avg = oob = None
     nccl_version = tests_version = ""
     started = concluded = False
@@ -166,6 +179,12 @@ def parse(text: str) -> NcclRun:
         if _NCCL_WARN.search(line):
             if len(warnings) < MAX_ERROR_LINES:
                 warnings.append(line[:240])
+            continue
+        if line.startswith(_LAUNCHER):
+            if _CANCELLED.search(line):
+                cancelled = cancelled or line[:240]
+            elif _ERROR.search(line) and len(launcher) < MAX_ERROR_LINES:
+                launcher.append(line[:240])
             continue
         if line.startswith("#"):
             if line.startswith("# nThread"):
@@ -199,8 +218,10 @@ def parse(text: str) -> NcclRun:
             rows.append(row)
         elif _ERROR.search(line) and len(errors) < MAX_ERROR_LINES:
             errors.append(line[:240])
+    if not cancelled:   # after a cancellation, "srun: error: task 0: Killed" is the kill itself
+        errors = (errors + launcher)[:MAX_ERROR_LINES]
     return NcclRun(tuple(rows), avg, oob, nccl_version, tests_version, started, concluded,
-                   tuple(devices), tuple(errors), tuple(warnings))
+                   tuple(devices), tuple(errors), tuple(warnings), cancelled)
 
 
 def hcas_in(text: str) -> tuple[str, ...]:
@@ -264,6 +285,8 @@ def judge(run: NcclRun, gates: Gates, entity: str = "node", check: str = CHECK) 
     if wrong or (run.out_of_bounds or 0) > 0:
         return fail(check, entity, f"all-reduce produced wrong values ({wrong} wrong, "
                     f"{run.out_of_bounds or 0} out of bounds)", Action.DRAIN, wrong=wrong, **ev)
+    if run.cancelled and not run.errors:
+        return unknown(check, entity, f"the scheduler cancelled the run: {run.cancelled}", **ev)
     if not run.rows:
         if not run.started:
             return unknown(check, entity, "all-reduce did not start: " + (run.errors[0] if run.errors else "no output"), **ev)
@@ -280,6 +303,9 @@ def judge(run: NcclRun, gates: Gates, entity: str = "node", check: str = CHECK) 
     if not run.complete:
         return unknown(check, entity, f"all-reduce output ends at {max(r.size_bytes for r in run.rows)} B without its "
                                       "summary (killed or hung?): the sizes it reached are not judged", **ev)
+    if len(run.devices) == 1 and all(r.busbw == 0 for r in run.rows):
+        return unknown(check, entity, "a single rank has no bus bandwidth (nccl-tests prints 0): run one rank per GPU",
+                       **ev)
     missing = no_gate_reason(run, gates)
     if not missing and gates.busbw_gbps > 0 and large < gates.busbw_gbps:
         return fail(check, entity, f"bus bandwidth {large:.1f} GB/s below the gate {gates.busbw_gbps:g} GB/s",

@@ -112,6 +112,41 @@ def test_a_run_killed_mid_sweep_is_unknown_unless_it_already_showed_a_fault(own_
     assert r.status is Status.UNKNOWN and "killed or hung" in r.summary
 
 
+def test_a_run_slurm_cancelled_is_unknown_not_its_kill_lines(own_fixtures: Path) -> None:
+    """A time limit or scancel: slurmstepd's CANCELLED line, then "srun: error: ... Killed".
+    Before: those lines were failure lines -> FAIL+DRAIN. A real failure before it still FAILs."""
+    text = (own_fixtures / "nccl" / "all_reduce_perf_8gpu_killed_midrun.txt").read_text()
+    cancelled = text + ("slurmstepd: error: *** STEP 88231.0 ON dgx-h1-09 CANCELLED AT 2026-03-02T04:10:55 "
+                        "DUE TO TIME LIMIT ***\nsrun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
+                        "srun: error: dgx-h1-09: task 0: Killed\n")
+    run = nccl.parse(cancelled)
+    assert "TIME LIMIT" in run.cancelled and run.errors == ()
+    r = nccl.judge(run, _in_node_gates("dgx-h100"))
+    assert r.status is Status.UNKNOWN and "cancelled" in r.summary
+    failed = cancelled.replace("slurmstepd:", "dgx-h1-09: Test NCCL failure all_reduce.cu:44 'unhandled cuda error'\nslurmstepd:")
+    assert nccl.judge(nccl.parse(failed), _in_node_gates("dgx-h100")).status is Status.FAIL
+    # Without a cancellation, srun's task error is the run's failure, as before.
+    died = text + "srun: error: dgx-h1-09: task 0: Exited with exit code 1\n"
+    assert nccl.judge(nccl.parse(died), _in_node_gates("dgx-h100")).status is Status.FAIL
+
+
+def test_non_finite_numbers_and_a_single_rank_are_not_measurements() -> None:
+    """A row of "inf"/"nan" (zero time) was read as a measurement: a NaN busbw is below no gate,
+    so the run passed. One rank's busbw is 0 by definition: it failed every gate."""
+    head = ("# nThread 1 nGpus 1 minBytes 1073741824 maxBytes 2147483648 step: 2(factor) warmup iters: 5 iters: 20\n"
+            "#  Rank  0 Group  0 Pid  4242 on dgx01 device  0 [0x18] NVIDIA H100 80GB HBM3\n")
+    tail = "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 0\n"
+    nan = head + "  1073741824  268435456  float  sum  -1  0.00  inf  nan  0  0.00  inf  nan  0\n" + tail
+    run = nccl.parse(nan)
+    assert run.rows == () and nccl.judge(run, nccl.Gates(300)).status is Status.UNKNOWN
+    one = head + ("  1073741824  268435456  float  sum  -1  2641.2  406.53  0.00  0  2638.0  407.02  0.00  0\n"
+                  "  2147483648  536870912  float  sum  -1  5270.9  407.43  0.00  0  5268.1  407.65  0.00  0\n") + tail
+    r = nccl.judge(nccl.parse(one), nccl.Gates(300))
+    assert r.status is Status.UNKNOWN and "single rank" in r.summary
+    corrupt = one.replace("0.00  0\n  2147483648", "0.00  3\n  2147483648")
+    assert nccl.judge(nccl.parse(corrupt), nccl.Gates(300)).status is Status.FAIL
+
+
 def test_a_complete_sweep_too_short_for_the_in_node_gate_is_not_judged(own_fixtures: Path) -> None:
     """A finished run whose largest size is 256 MiB: NVLink has not reached its plateau there.
     Before: FAIL+DRAIN below the gate. Now UNKNOWN naming the size the gate needs."""
