@@ -24,11 +24,18 @@ untouched; like the Event it is best effort and never fails or undoes the fence.
 
 The client is blocking, so every call runs in a worker thread with the client's own
 `_request_timeout` plus an asyncio deadline; no call can hold the event loop.
+
+Nodes are read and patched as the API server's own JSON (`_preload_content=False`), never through
+the client's models: a model round trip drops fields the client does not know and rewrites the
+ones it does (a taint's `timeAdded: "...Z"` came back as `"...+00:00"`), and since a merge patch
+replaces spec.taints whole, that would rewrite other controllers' taints; a field the client
+validates strictly would make a real Node unreadable, so unfenceable.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -221,6 +228,10 @@ class _Conflict(Exception):
     pass
 
 
+class _Gone(Exception):
+    """404 on a write: the Node was deleted after podhealth read it."""
+
+
 class KubeFencer:
     """Cordons, taints and annotates Nodes; undoes only its own marks."""
 
@@ -309,6 +320,8 @@ class KubeFencer:
                     after = await self._patch(node, fence_patch(view, record, taint_value(reason.check)), deadline)
                 except _Conflict:
                     continue
+                except _Gone:
+                    return _gone(node, command, "fencing")
                 done = NodeView.of(after)
                 if not done.complete:
                     return FenceOutcome(ok=False, changed=True, command=command, output=done.state().raw,
@@ -348,6 +361,8 @@ class KubeFencer:
                     after = await self._patch(node, release_patch(view), deadline)
                 except _Conflict:
                     continue
+                except _Gone:
+                    return _gone(node, command, "releasing")
                 done = NodeView.of(after)
                 if done.ours:
                     return FenceOutcome(ok=False, changed=True, command=command, output=done.state().raw,
@@ -472,6 +487,8 @@ class KubeFencer:
                     after = await self._patch(node, body, deadline)
                 except _Conflict:
                     continue
+                except _Gone:
+                    return _gone(node, command, "annotating")
                 note = await self._event(NodeView.of(after), event, "Warning", verb.capitalize(), why, deadline)
                 return FenceOutcome(ok=True, changed=True, command=command, output=f"{key}: {text}{note}")
             return FenceOutcome(ok=False, changed=False, command=command,
@@ -512,13 +529,15 @@ class KubeFencer:
         out: dict[str, FenceState] = {}
         token: str | None = None
         while True:
-            page = await self._call(lambda t=token: self.core.list_node(  # type: ignore[misc]
-                limit=500, _continue=t, _request_timeout=self._rt(deadline)), deadline)
-            for item in page.items or ():
-                view = NodeView.of(self.api.sanitize_for_serialization(item))
+            page = await self._call(lambda t=token: _json_body(self.core.list_node(  # type: ignore[misc]
+                limit=500, _continue=t, _preload_content=False, _request_timeout=self._rt(deadline))), deadline)
+            for item in page.get("items") or ():
+                if not isinstance(item, dict):
+                    continue
+                view = NodeView.of(item)
                 if view.ours:
                     out[view.name] = view.state()
-            token = page.metadata._continue if page.metadata is not None else None
+            token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return out
 
@@ -531,26 +550,27 @@ class KubeFencer:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            obj = await self._call(lambda: self.core.read_node(node, _request_timeout=self._rt(deadline)), deadline)
+            obj = await self._call(lambda: _json_body(self.core.read_node(
+                node, _preload_content=False, _request_timeout=self._rt(deadline))), deadline)
         except ApiException as e:  # only 404/409 get here: _call turns the rest into KubeUnavailable
             if e.status == 404:
                 return None
             raise KubeUnavailable(f"GET node {node}: HTTP {e.status} {_api_message(e)}") from None
-        return NodeView.of(self.api.sanitize_for_serialization(obj))
+        return NodeView.of(obj)
 
     async def _patch(self, node: str, body: Json, deadline: float) -> Json:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            obj = await self._call(lambda: self.core.patch_node(
-                node, body, _content_type="application/merge-patch+json", _request_timeout=self._rt(deadline)),
-                deadline)
+            return await self._call(lambda: _json_body(self.core.patch_node(
+                node, body, _content_type="application/merge-patch+json", _preload_content=False,
+                _request_timeout=self._rt(deadline))), deadline)
         except ApiException as e:
             if e.status == 409:
                 raise _Conflict() from None
+            if e.status == 404:
+                raise _Gone() from None
             raise KubeUnavailable(f"PATCH node {node}: HTTP {e.status} {_api_message(e)}") from None
-        result: Json = self.api.sanitize_for_serialization(obj)
-        return result
 
     async def _event(self, view: NodeView, reason: str, kind: str, action: str, message: str,
                      deadline: float) -> str:
@@ -577,9 +597,9 @@ class KubeFencer:
         """Best effort, like the Event: a condition that cannot be written never fails the fence."""
         body = condition_patch(fenced, reason, message, _iso(self.clock()))
         try:
-            await self._call(lambda: self.core.patch_node_status(
-                node, body, _content_type="application/strategic-merge-patch+json",
-                _request_timeout=self._rt(deadline)), deadline)
+            await self._call(lambda: _json_body(self.core.patch_node_status(
+                node, body, _content_type="application/strategic-merge-patch+json", _preload_content=False,
+                _request_timeout=self._rt(deadline))), deadline)
         except Exception as e:  # noqa: BLE001 - see the docstring
             return f"; condition {CONDITION_TYPE} not recorded: {e}"
         return ""
@@ -629,6 +649,27 @@ def gpu_pod(pod: Json) -> Job | None:
     meta = pod.get("metadata") or {}
     ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
     return Job(id=f"{ns}/{name}", owner=ns, name=name, state=str((pod.get("status") or {}).get("phase", "")))
+
+
+def _json_body(resp: Any) -> Json:
+    """The JSON object of a raw (`_preload_content=False`) response; the connection goes back to
+    the pool either way. Runs in the worker thread: reading the body blocks."""
+    try:
+        data = resp.data
+    finally:
+        with contextlib.suppress(Exception):
+            resp.release_conn()
+    doc = json.loads(data)
+    if not isinstance(doc, dict):
+        raise ValueError(f"the API server answered {type(doc).__name__}, not an object")
+    return doc
+
+
+def _gone(node: str, command: tuple[str, ...], doing: str) -> FenceOutcome:
+    """The Node was deleted between podhealth's read and its write (404): nothing was changed, and
+    nothing is worth retrying until the node registers again (a read then says exists=False)."""
+    return FenceOutcome(ok=False, changed=False, command=command,
+                        error=f"node {node} not found: deleted while podhealth was {doing} it")
 
 
 def _request_id(text: str) -> str:

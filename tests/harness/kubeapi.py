@@ -14,7 +14,15 @@ use it without pytest.
 
 Concurrency is real optimistic locking: every write bumps the node's resourceVersion, a PUT or a
 patch that carries a stale metadata.resourceVersion gets 409, and `inject_concurrent_update()`
-makes "another client" write a node just before the next request's write is applied.
+makes "another client" write a node just before the next request's write is applied
+(`inject_delete` deletes it there instead, `inject_replace` deletes and re-creates it with a new
+uid, as a re-provisioned machine re-registers under its old name).
+
+`add_node_object()` serves a whole Node as a real cluster holds it (managedFields, other
+controllers' labels, taints, annotations and conditions; tests/fixtures/kubernetes/), and
+`unschedulable_taint=True` plays the node lifecycle controller: right after a write that cordons
+or uncordons a node it adds or removes `node.kubernetes.io/unschedulable:NoSchedule` (its own
+write, with its own resourceVersion, which the writer's response does not show yet).
 
 Strategic merge patch is implemented for what Node patches use: maps merge recursively, null
 deletes, lists with a merge key (status.conditions/addresses by `type`, metadata.ownerReferences
@@ -71,6 +79,7 @@ _MERGE_KEYS: dict[tuple[str, ...], str] = {
     ("status", "addresses"): "type",
     ("metadata", "ownerReferences"): "uid",
 }
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"  # the node lifecycle controller's, for a cordon
 # Lists of scalars with patchStrategy=merge (set union).
 _PRIMITIVE_MERGE: frozenset[tuple[str, ...]] = frozenset({("metadata", "finalizers"), ("spec", "podCIDRs")})
 
@@ -358,8 +367,10 @@ class KubeAPI:
 
     def __init__(self, nodes: Iterable[str] = ("node-a",), token: str = "podhealth-test-token",
                  workdir: Path | str | None = None, require_token: bool = False, tls: bool = False,
-                 rbac: Rbac | None = None, users: Mapping[str, str] | None = None) -> None:
+                 rbac: Rbac | None = None, users: Mapping[str, str] | None = None,
+                 unschedulable_taint: bool = False) -> None:
         self.token = token
+        self.unschedulable_taint = unschedulable_taint
         self.require_token = require_token
         self._lock = threading.RLock()
         self.tls = tls
@@ -379,6 +390,7 @@ class KubeAPI:
         self._pods: dict[tuple[str, str], Json] = {}
         self._budgets: list[tuple[str, dict[str, str], list[int]]] = []
         self._injections: dict[str, list[Callable[[Json], None]]] = {}
+        self._before_write: dict[str, list[Callable[[], None]]] = {}
         self.requests: list[Request] = []
         self.conflicts_sent = 0
         self._server: ThreadingHTTPServer | None = None
@@ -484,6 +496,41 @@ class KubeAPI:
             node["metadata"]["resourceVersion"] = self._next_rv()
             self._nodes[name] = node
 
+    def add_node_object(self, obj: Json) -> str:
+        """Serve `obj` (a Node as `kubectl get node -o json` shows it) as is, with a fresh
+        resourceVersion (and a uid when it has none); returns its name."""
+        with self._lock:
+            node = copy.deepcopy(obj)
+            meta = node.setdefault("metadata", {})
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta["resourceVersion"] = self._next_rv()
+            node["kind"], node["apiVersion"] = "Node", "v1"
+            self._nodes[meta["name"]] = node
+            return str(meta["name"])
+
+    def delete_node(self, name: str) -> None:
+        """Delete a node as another client would (`kubectl delete node`)."""
+        with self._lock:
+            if self._nodes.pop(name, None) is not None:
+                self._next_rv()
+
+    def inject_delete(self, name: str) -> None:
+        """The node is deleted just before the next write to it is applied (that write gets 404)."""
+        with self._lock:
+            self._before_write.setdefault(name, []).append(lambda: self.delete_node(name))
+
+    def inject_replace(self, name: str, obj: Json | None = None) -> None:
+        """Just before the next write, the node is deleted and registered again under the same name
+        (a new uid and resourceVersion): `obj`, or a fresh Node."""
+        def replace() -> None:
+            self.delete_node(name)
+            if obj is None:
+                self.add_node(name)
+            else:
+                self.add_node_object({**obj, "metadata": {**obj["metadata"], "name": name, "uid": str(uuid.uuid4())}})
+        with self._lock:
+            self._before_write.setdefault(name, []).append(replace)
+
     def node(self, name: str) -> Json:
         with self._lock:
             return copy.deepcopy(self._nodes[name])
@@ -566,6 +613,8 @@ class KubeAPI:
         parts = [p for p in path.split("/") if p]
         if method == "GET":
             return self._get(parts, query, accept)
+        if method == "DELETE" and len(parts) == 4 and parts[:3] == ["api", "v1", "nodes"]:
+            return 200, self._delete_node(parts[3])
         if method in ("PATCH", "PUT") and len(parts) in (4, 5) and parts[:3] == ["api", "v1", "nodes"]:
             if len(parts) == 5 and parts[4] != "status":
                 raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
@@ -642,6 +691,12 @@ class KubeAPI:
             raise ApiError(400, "BadRequest", f"body is not JSON: {e}") from None
         ctype = ctype.split(";")[0].strip().lower()
         with self._lock:
+            actions = self._before_write.get(name)
+            if actions:
+                action = actions.pop(0)
+                if not actions:
+                    del self._before_write[name]
+                action()
             queue = self._injections.get(name)
             if queue:
                 mutate = queue.pop(0)
@@ -696,7 +751,36 @@ class KubeAPI:
                 del new["spec"]["unschedulable"]
             new["metadata"]["resourceVersion"] = self._next_rv()
             self._nodes[name] = new
-            return copy.deepcopy(new)
+            answer = copy.deepcopy(new)
+            if self.unschedulable_taint and not status:
+                self._sync_unschedulable_taint(new)
+            return answer
+
+    def _sync_unschedulable_taint(self, node: Json) -> None:
+        """The node lifecycle controller's write after a cordon/uncordon (TaintNodesByCondition)."""
+        spec = node.setdefault("spec", {})
+        current = list(spec.get("taints") or ())
+        present = any(t.get("key") == UNSCHEDULABLE_TAINT for t in current)
+        cordoned = spec.get("unschedulable") is True
+        if cordoned == present:
+            return  # in step: the controller leaves the list (and its order) alone
+        if cordoned:
+            taints = current + [{"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule", "timeAdded": _now()}]
+        else:
+            taints = [t for t in current if t.get("key") != UNSCHEDULABLE_TAINT]
+        if taints:
+            spec["taints"] = taints
+        else:
+            spec.pop("taints", None)
+        node["metadata"]["resourceVersion"] = self._next_rv()
+
+    def _delete_node(self, name: str) -> Json:
+        with self._lock:
+            node = self._nodes.get(name)
+            if node is None:
+                raise ApiError(404, "NotFound", f'nodes "{name}" not found', {"name": name, "kind": "nodes"})
+            self.delete_node(name)
+            return copy.deepcopy(node)
 
     def _create_event(self, parts: list[str], body: bytes) -> Json:
         try:
