@@ -198,7 +198,7 @@ _RESULT = re.compile(r"\b(Pass|Fail|Skip|Warn)\b(?:\s*-\s*(All|GPUs?:\s*[\d,\s]+
 # GPU indices: ASCII digits, a few of them (regex \d takes any script's digits, int() refuses
 # more than 4,300 of them; no node has 10,000 GPUs).
 _GPU_ROW = re.compile(r"^GPU\s?([0-9]{1,4}):\s*(Pass|Fail|Skip|Warn)\b", re.I)
-_GPU_IN_TEXT = re.compile(r"\bGPU\s?([0-9]{1,4})\b")
+_GPU_IN_TEXT = re.compile(r"\bGPU\s?:?\s?([0-9]{1,4})\b")   # "GPU 2", "GPU2", DCGM 4.5's "the GPU: 2"
 
 
 @dataclass
@@ -342,6 +342,11 @@ class ErrorMap:
     skip_warn_severity: int
     inconclusive: frozenset[str] = frozenset()  # codes with `outcome: unknown`
     node_scope: frozenset[str] = frozenset()  # codes with `scope: node`
+    inconclusive_text: tuple[re.Pattern[str], ...] = ()  # messages of unmet preconditions
+
+    def inconclusive_warning(self, code: str, w: DiagWarning) -> bool:
+        """The warning says the test could not judge the GPU (its harness, its preconditions)."""
+        return code in self.inconclusive or any(rx.search(w.text) for rx in self.inconclusive_text)
 
     def classify(self, w: DiagWarning) -> tuple[str, Action]:
         """(code name or '', action) for one warning."""
@@ -381,7 +386,8 @@ def load_error_map(d: Mapping[str, Any]) -> ErrorMap:
             raise ValueError(f"dcgm_errors.yaml: codes.{name}: outcome is fail|unknown, scope is gpu|node")
     return ErrorMap(by_id, actions, cats, pats, Action(d["default_action"]), int(d["skip_warn_severity"]),
                     frozenset(n for n, sp in specs.items() if sp.get("outcome") == "unknown"),
-                    frozenset(n for n, sp in specs.items() if sp.get("scope") == "node"))
+                    frozenset(n for n, sp in specs.items() if sp.get("scope") == "node"),
+                    tuple(re.compile(str(p), re.I) for p in d.get("inconclusive_text") or ()))
 
 
 def _slug(test: str) -> str:
@@ -410,7 +416,8 @@ def results(report: DiagReport, emap: ErrorMap | None = None) -> list[CheckResul
         if e.info:
             ev["info"] = e.info[0]
         first = e.warnings[0].text if e.warnings else ""
-        if e.status == "fail" and e.warnings and all(c in emap.inconclusive for c, _ in classified):
+        if e.status == "fail" and e.warnings and all(emap.inconclusive_warning(c, w)
+                                                     for (c, _), w in zip(classified, e.warnings)):
             out.append(unknown(check, entity, f"{e.test} could not judge the GPU (the diagnostic itself failed; "
                                               f"restart DCGM and rerun): {first}", **ev))
         elif e.status == "fail":

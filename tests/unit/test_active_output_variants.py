@@ -257,6 +257,25 @@ def test_dcgm3_text_mixed_rows_and_error_rows(own_fixtures: Path) -> None:
     assert renamed.entries == rep.entries
 
 
+def test_dcgm45_nvbandwidth_busy_copy_engines_is_unknown_not_a_fault(own_fixtures: Path) -> None:
+    """DCGM 4.5.0 -r 3 fails nvbandwidth on idle healthy H100s ("memory copy utilization ... is
+    greater than 10%", NVIDIA/DCGM#272). Before: FAIL+DRAIN on the GPU and again on the node (the
+    message says "the GPU: 2", which was not read as GPU 2)."""
+    rep = dcgm.parse((own_fixtures / "dcgm" / "dcgmi_diag_r3_dcgm4.5_8gpu_nvbandwidth_mcutil.txt").read_text())
+    res = _by_key(dcgm.results(rep))
+    assert [k for k, r in res.items() if r.status is not Status.OK] == [("dcgm_diag.nvbandwidth", "gpu2")]
+    assert res[("dcgm_diag.nvbandwidth", "gpu2")].status is Status.UNKNOWN
+    # The same in DCGM 4 JSON, whatever code it carries; with a real fault next to it, FAIL stays.
+    busy = {"error_category": 1, "error_id": 34, "error_severity": 2,
+            "warning": "The memory copy utilization for the GPU: 2 is greater than 10%. This may affect the results."}
+    doc = {"DCGM Diagnostic": {"test_categories": [{"category": "Integration", "tests": [{"name": "nvbandwidth", "results": [
+        {"entity_group": "GPU", "entity_id": 2, "status": "Fail", "warnings": [busy]}]}]}]}}
+    assert [r.status for r in dcgm.results(dcgm.parse(json.dumps(doc)))] == [Status.UNKNOWN]
+    doc["DCGM Diagnostic"]["test_categories"][0]["tests"][0]["results"][0]["warnings"].append(  # type: ignore[index]
+        {"error_category": 11, "error_id": 14, "error_severity": 2, "warning": "NVLink 3 on GPU 2 is down."})
+    assert [r.status for r in dcgm.results(dcgm.parse(json.dumps(doc)))] == [Status.FAIL]
+
+
 def test_iterations_keep_the_worst_result_of_any_run(own_fixtures: Path) -> None:
     """`dcgmi diag --iterations 2 -j`. Before: DiagParseError -> UNKNOWN."""
     failing = json.loads((own_fixtures / "dcgm" / "dcgm4_diag_4gpu_memory_fail.json").read_text())
@@ -286,6 +305,8 @@ def _fake_dcgmi(tmp: Path, stdout: str, code: int) -> dict[str, str]:
     ('{"DCGM GPU Diagnostic": {"runtime_error": "Error: Unable to complete diagnostic for group 0. '
      'Return: (-13) Timeout.\\nError: Could not stop the launched diagnostic.", "version": "3.3.6"}}\n', 241),
     ("Error: Diagnostic could not be run while DCGM is paused.\n", 255),
+    # MIG mode on a GPU of the group (NVIDIA/DCGM#70, #94): dcgmi refuses the whole run.
+    ("GPU 0's MIG configuration is incompatible with the diagnostic because it prevents access to the entire GPU.\n", 255),
 ])
 def test_aborted_runs_are_unknown_never_fail(tmp_path: Path, stdout: str, code: int) -> None:
     run = dcgm.run_diag(1, env=_fake_dcgmi(tmp_path, stdout, code))
