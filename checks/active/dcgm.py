@@ -447,6 +447,8 @@ def _untested(report: DiagReport) -> list[CheckResult]:
             by_entity.setdefault(e.gpu, []).append(e)
     out: list[CheckResult] = []
     for gpu, es in sorted(by_entity.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
+        if gpu is None and report.runtime_error:
+            continue        # the node already has its UNKNOWN: the run did not complete
         if es and all(e.status in ("skip", "not run") for e in es):
             first = next((w.text for e in es for w in e.warnings if w.text), "")
             out.append(unknown(CHECK, "node" if gpu is None else f"gpu{gpu}",

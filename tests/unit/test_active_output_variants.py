@@ -237,6 +237,13 @@ def test_a_run_where_every_hardware_test_skipped_is_not_a_pass(own_fixtures: Pat
     res = dcgm.results(dcgm.parse((own_fixtures / "dcgm" / "dcgm4_diag_j_2gpu_everything_skipped.json").read_text()))
     assert dcgm.worst(res) is Status.UNKNOWN
     assert {(r.check, r.entity) for r in res if r.status is Status.UNKNOWN} == {("dcgm_diag", "gpu0"), ("dcgm_diag", "gpu1")}
+    # Node-level skips next to a runtime error: one node UNKNOWN (the run's), not two.
+    doc = {"DCGM Diagnostic": {"runtime_error": "Error: Unable to complete diagnostic for group 0. Return: (-13) Timeout.",
+                               "test_categories": [{"category": "Stress", "tests": [{"name": "cpu_eud", "results": [
+                                   {"entity_group": "CPU", "entity_id": 0, "status": "Skip"}]}]}]}}
+    res = dcgm.results(dcgm.parse(json.dumps(doc)))
+    assert [(r.check, r.status) for r in _by_key(res).values() if r.entity == "node"] == [
+        ("dcgm_diag", Status.UNKNOWN), ("dcgm_diag.cpu_eud", Status.OK)]
 
 
 def test_dcgm3_text_mixed_rows_and_error_rows(own_fixtures: Path) -> None:
