@@ -67,6 +67,10 @@ CONDITION_TYPE = "PodhealthFenced"
 # "Remediation ladder"); the node stays cordoned and tainted by podhealth across the reboot.
 REBOOT_ANNOTATION = "podhealth.io/reboot-requested"
 MAX_WHY_CHARS = 512
+# Every write names its field manager, so the Node's managedFields (`kubectl get node
+# --show-managed-fields`) say "podhealth" owns the cordon, taint and annotation it set, not the
+# client library's user agent.
+FIELD_MANAGER = "podhealth"
 BATCH_CONCURRENCY = 8  # API calls in flight for one batch (each runs in a worker thread)
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*")
@@ -563,7 +567,8 @@ class KubeFencer:
 
         try:
             return await self._call(lambda: _json_body(self.core.patch_node(
-                node, body, _content_type="application/merge-patch+json", _preload_content=False,
+                node, body, field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json",
+                _preload_content=False,
                 _request_timeout=self._rt(deadline))), deadline)
         except ApiException as e:
             if e.status == 409:
@@ -588,7 +593,7 @@ class KubeFencer:
         assert body is not None  # from_dict only returns None for a None input
         try:
             await self._call(lambda: self.core.create_namespaced_event(
-                self.event_namespace, body, _request_timeout=self._rt(deadline)), deadline)
+                self.event_namespace, body, field_manager=FIELD_MANAGER, _request_timeout=self._rt(deadline)), deadline)
         except Exception as e:  # noqa: BLE001 - see the docstring
             return f"; event not recorded: {e}"
         return ""
@@ -598,7 +603,8 @@ class KubeFencer:
         body = condition_patch(fenced, reason, message, _iso(self.clock()))
         try:
             await self._call(lambda: _json_body(self.core.patch_node_status(
-                node, body, _content_type="application/strategic-merge-patch+json", _preload_content=False,
+                node, body, field_manager=FIELD_MANAGER, _content_type="application/strategic-merge-patch+json",
+                _preload_content=False,
                 _request_timeout=self._rt(deadline))), deadline)
         except Exception as e:  # noqa: BLE001 - see the docstring
             return f"; condition {CONDITION_TYPE} not recorded: {e}"

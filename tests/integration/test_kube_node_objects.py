@@ -217,3 +217,14 @@ async def test_kubectl_delete_node_then_reconcile(api: KubeAPI, kubectl: Any, fe
     assert name not in await fencer.list_fenced()
     r = await fencer.release(name)
     assert not r.ok and not r.changed and r.error == f"node {name} not found"
+
+
+async def test_every_write_names_podhealth_as_field_manager(api: KubeAPI, fencer: KubeFencer) -> None:
+    """So a real API server's managedFields attribute the cordon, taint and annotation to podhealth."""
+    name = api.add_node_object(named(NPD, "dgx-h100-22"))
+    assert (await fencer.fence(name, XID)).ok and (await fencer.release(name)).ok
+    writes = [r for r in api.requests if r.method in ("PATCH", "POST") and name in r.path + r.body.decode()]
+    assert {r.path for r in writes} >= {f"/api/v1/nodes/{name}", f"/api/v1/nodes/{name}/status",
+                                        "/api/v1/namespaces/default/events"}
+    assert all("fieldManager=podhealth" in r.query.split("&") for r in writes), [(r.path, r.query) for r in writes]
+

@@ -19,7 +19,7 @@ from tests.harness.slurm import SlurmCluster, slurm_fixture
 
 pytestmark = pytest.mark.integration
 
-slurm = slurm_fixture(nodes=10)  # dgx07..dgx10: the batch test's own
+slurm = slurm_fixture(nodes=12)  # dgx07..dgx10: the batch test's own; dgx11, dgx12: the site-format test's
 
 XID = FenceReason(check="xid", entity="GPU3", action="DRAIN", id="ev-0001")
 
@@ -134,6 +134,33 @@ async def test_hand_downed_node_is_left_alone(slurm: SlurmCluster) -> None:
     assert sinfo(slurm, "dgx06") == ("down", "bad DIMM slot=3 [ticket 42]")
     assert not (await f.release("dgx06")).ok
     assert sinfo(slurm, "dgx06")[0] == "down"
+
+
+async def test_site_time_format_and_an_operators_fail(slurm: SlurmCluster) -> None:
+    """A site's SLURM_TIME_FORMAT ("%d/%m %H:%M": a space inside [user@time]) in the aggregator's
+    environment: the fencer pins its own and reads every reason exactly. A node an operator set to
+    FAIL (22.05 shows IDLE+FAIL, no DRAIN flag) is someone else's fence: never drained over or resumed."""
+    env = dict(slurm.env, SLURM_TIME_FORMAT="%d/%m %H:%M")
+    f = SlurmFencer(slurm_conf=slurm.conf, env=env, timeout=5.0)
+    o = await f.fence("dgx11", XID)
+    assert o.ok and o.changed, o
+    st = await f.read("dgx11")
+    assert st.ours and st.reason == "podhealth: xid GPU3 DRAIN [ev-0001]"
+    import re
+    import subprocess
+
+    seen = subprocess.run(["scontrol", "show", "node", "-o", "dgx11"], env=env, capture_output=True, text=True,
+                          timeout=10).stdout  # what an operator with that profile sees
+    assert re.search(r"\[ev-0001\] \[root@\d\d/\d\d \d\d:\d\d\]", seen), seen
+    slurm.run("scontrol", "update", "NodeName=dgx12", "State=FAIL", "Reason=ops: PSU fan [INC-9]")
+    st = await f.read("dgx12")
+    assert st.fenced and not st.ours and st.opted_out and st.reason == "ops: PSU fan [INC-9]"
+    assert scontrol_field(slurm, "dgx12", "State") == "IDLE+FAIL"
+    again = await f.fence("dgx12", XID)
+    assert again.ok and not again.changed and "someone else" in again.output
+    assert not (await f.release("dgx12")).ok
+    assert sinfo(slurm, "dgx12") == ("fail", "ops: PSU fan [INC-9]")
+    assert (await f.release("dgx11")).changed
 
 
 async def test_bad_names_never_reach_scontrol(slurm: SlurmCluster) -> None:
