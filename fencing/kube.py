@@ -389,12 +389,12 @@ class KubeFencer:
         `gpus` stays empty here. Raises KubeUnavailable when the API cannot answer."""
         validate_kube_node_name(node)
         deadline = time.monotonic() + self.budget
-        page = await self._call(lambda: self.core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={node}", limit=500, _request_timeout=self._rt(deadline)), deadline)
+        page = await self._call(lambda: _json_body(self.core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}", limit=500, _preload_content=False,
+            _request_timeout=self._rt(deadline))), deadline)
         out: list[Job] = []
-        for item in page.items or ():
-            pod = self.api.sanitize_for_serialization(item)
-            job = gpu_pod(pod)
+        for pod in page.get("items") or ():
+            job = gpu_pod(pod) if isinstance(pod, dict) else None
             if job is not None:
                 out.append(job)
         return out

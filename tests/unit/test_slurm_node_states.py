@@ -55,6 +55,7 @@ EXPECTED = {
     "dgx-h100-018": (True, True, False),     # ours, then POWER_DOWN queued by power saving
     "dgx-h100-019": (False, False, False),   # IDLE+NOT_RESPONDING: not down yet, not fenced
     "dgx-h100-020": (True, False, False),    # DOWN "Node unexpectedly rebooted": Slurm's own
+    "dgx-h100-021": (True, False, True),     # someone's reboot issued (DOWN with a reason): theirs
 }
 
 
