@@ -92,6 +92,19 @@ class NcclRun:
         return self.avg_busbw is not None or self.concluded
 
     @property
+    def fatal_errors(self) -> tuple[str, ...]:
+        """The failure lines that say the test itself failed (nccl-tests' "Test NCCL failure", a
+        crash, podhealth's runner failing), as opposed to error-looking noise around a run:
+        Open MPI's openib BTL warnings, HCOLL's "ml_discover_hierarchy exited with error"."""
+        return tuple(e for e in self.errors if _FATAL.search(e))
+
+    @property
+    def failure_lines(self) -> tuple[str, ...]:
+        """What fails a run that printed results: its fatal lines once it completed (noise around
+        a run that finished with correct data is no failure), every error line otherwise."""
+        return self.fatal_errors if self.complete else self.errors
+
+    @property
     def hosts(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(d.host for d in self.devices))
 
@@ -115,6 +128,9 @@ _AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(" + _NUM + r")")
 _OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*([0-9]{1,18})\b\s*(\w+)?")
 _ERROR = re.compile(r"(Test (?:CUDA|NCCL) failure|Test failure|NCCL WARN|\bNCCL error\b|\bError\b|\bERROR\b"
                     r"|not enough slots|failure:|Segmentation fault|Aborted|timed out|Timeout)", re.I)
+# The test failed, crashed or our runner did (its "ranks did not finish" is a hang, not a failure).
+_FATAL = re.compile(r"Test (?:CUDA|NCCL) failure|Test failure|\bNCCL error\b|Cuda failure|Segmentation fault"
+                    r"|\bBus error\b|\bAborted\b|core dumped|^# podhealth nccl_runner failure:(?!.*did not finish)")
 # What launchers put before each line: mpirun --tag-output "[1,0]<stdout>:", srun --label "0: ".
 _PREFIX = re.compile(r"^\s*(?:\[[0-9]{1,6},[0-9]{1,6}\]<std(?:out|err)>:|[0-9]{1,6}:(?=\s))")
 _NCCL_INFO = re.compile(r"\bNCCL INFO\b")
@@ -285,21 +301,21 @@ def judge(run: NcclRun, gates: Gates, entity: str = "node", check: str = CHECK) 
     if wrong or (run.out_of_bounds or 0) > 0:
         return fail(check, entity, f"all-reduce produced wrong values ({wrong} wrong, "
                     f"{run.out_of_bounds or 0} out of bounds)", Action.DRAIN, wrong=wrong, **ev)
-    if run.cancelled and not run.errors:
+    fatal = run.fatal_errors
+    if run.cancelled and not fatal:
         return unknown(check, entity, f"the scheduler cancelled the run: {run.cancelled}", **ev)
     if not run.rows:
         if not run.started:
             return unknown(check, entity, "all-reduce did not start: " + (run.errors[0] if run.errors else "no output"), **ev)
-        if not run.errors and not run.warnings:
-            # Started, then nothing: no failure line, no result. Killed or hung (a timeout, the
-            # OOM killer, a cancelled job) says nothing about the node.
-            return unknown(check, entity, "all-reduce printed its header and stopped without a result or an "
-                                          "error (killed or hung?)", **ev)
-        why = run.errors[0] if run.errors else run.warnings[0]
-        return fail(check, entity, "all-reduce failed: " + why, Action.DRAIN, **ev)
+        if fatal or run.warnings:   # NCCL said why (a WARN), or the test did
+            return fail(check, entity, "all-reduce failed: " + (fatal or run.warnings)[0], Action.DRAIN, **ev)
+        # Started, then nothing but noise: no failure of the test, no result. Killed or hung (a
+        # timeout, the OOM killer, a cancelled job) says nothing about the node.
+        return unknown(check, entity, "all-reduce printed its header and stopped without a result or a test "
+                                      "failure (killed or hung?)", **ev)
     assert large is not None
-    if run.errors:
-        return fail(check, entity, f"all-reduce reported errors: {run.errors[0]}", Action.DRAIN, **ev)
+    if fatal:
+        return fail(check, entity, f"all-reduce reported errors: {fatal[0]}", Action.DRAIN, **ev)
     if not run.complete:
         return unknown(check, entity, f"all-reduce output ends at {max(r.size_bytes for r in run.rows)} B without its "
                                       "summary (killed or hung?): the sizes it reached are not judged", **ev)

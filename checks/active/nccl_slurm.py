@@ -137,8 +137,9 @@ def classify(run: PairRun, gate: float | nccl.Gates, median_gbps: float, slow_pc
     wrong = sum(x.wrong for x in r.rows)
     if wrong or (r.out_of_bounds or 0) > 0:
         return localize.PairResult(run.a, run.b, "fail", large, f"{wrong} wrong values", hcas)
-    if r.errors or (run.returncode not in (0, None)):
-        return localize.PairResult(run.a, run.b, "fail", large, r.errors[0] if r.errors else f"exit {run.returncode}", hcas)
+    failed = r.failure_lines     # a completed pair's MPI/HCOLL noise is no failure (nccl.NcclRun)
+    if failed or (run.returncode not in (0, None)):
+        return localize.PairResult(run.a, run.b, "fail", large, failed[0] if failed else f"exit {run.returncode}", hcas)
     missing = nccl.no_gate_reason(r, gates)
     if not missing and gate_gbps > 0 and large < gate_gbps:
         return localize.PairResult(run.a, run.b, "fail", large, f"busbw {large:.3g} GB/s below the gate {gate_gbps:g}",

@@ -125,9 +125,35 @@ def test_a_run_slurm_cancelled_is_unknown_not_its_kill_lines(own_fixtures: Path)
     assert r.status is Status.UNKNOWN and "cancelled" in r.summary
     failed = cancelled.replace("slurmstepd:", "dgx-h1-09: Test NCCL failure all_reduce.cu:44 'unhandled cuda error'\nslurmstepd:")
     assert nccl.judge(nccl.parse(failed), _in_node_gates("dgx-h100")).status is Status.FAIL
-    # Without a cancellation, srun's task error is the run's failure, as before.
+    # Without a cancellation srun's task error is evidence; the test's own failure line decides.
     died = text + "srun: error: dgx-h1-09: task 0: Exited with exit code 1\n"
+    r = nccl.judge(nccl.parse(died), _in_node_gates("dgx-h100"))
+    assert r.status is Status.UNKNOWN and "Exited with exit code 1" in dict(r.evidence)["error"]
+    died = text + " dgx-h1-09 pid 77102: Test failure common.cu:1106\n" + "srun: error: dgx-h1-09: task 0: Exited with exit code 1\n"
     assert nccl.judge(nccl.parse(died), _in_node_gates("dgx-h100")).status is Status.FAIL
+
+
+def test_mpi_and_hcoll_noise_around_a_completed_run_is_no_failure(own_fixtures: Path) -> None:
+    """Open MPI's openib BTL warning and HCOLL's "ml_discover_hierarchy exited with error" print
+    on healthy runs. Before: "error" matched -> FAIL+DRAIN of a run that finished with correct
+    data; a pair test with them failed and its nodes were suspected. Around a run that stopped
+    early they are no failure either (UNKNOWN); the test's own failure line is."""
+    text = (own_fixtures / "nccl" / "all_reduce_perf_2node_h100_healthy.txt").read_text()
+    noise = ("[dgx01][[31817,1],0][btl_openib_component.c:1704:init_one_device] error obtaining device attributes "
+             "for mlx5_0 errno says No space left on device\n"
+             "WARNING: There was an error initializing an OpenFabrics device.\n"
+             "[LOG_CAT_ML] ml_discover_hierarchy exited with error\n")
+    noisy = noise + text
+    run = nccl.parse(noisy)
+    assert run.errors and not run.fatal_errors
+    gates = nccl.multinode_gates(profiles.load("dgx-h100").thresholds)
+    assert {r.status for r in nccl.judge_hosts(run, gates)} == {Status.OK}
+    pr = nccl_slurm.classify(nccl_slurm.PairRun("dgx01", "dgx02", 0, noisy, run), gates, 0.0, 10.0)
+    assert pr.outcome == "pass", pr.reason
+    cut = noisy[: noisy.index("# Out of bounds")]
+    assert nccl.judge(nccl.parse(cut), gates).status is Status.UNKNOWN
+    crashed = cut + "[dgx02:40120] *** Process received signal ***\nSegmentation fault (core dumped)\n"
+    assert nccl.judge(nccl.parse(crashed), gates).status is Status.FAIL
 
 
 def test_non_finite_numbers_and_a_single_rank_are_not_measurements() -> None:

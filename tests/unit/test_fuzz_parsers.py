@@ -310,7 +310,7 @@ def test_nccl_output_never_raises_and_is_judged(text: str, gate: float) -> None:
     # A run that printed no summary line was cut short: it is never OK (judged nothing) and never
     # FAIL unless what it printed already shows wrong values or a failure.
     if run.rows and not run.complete and verdict.status is not Status.UNKNOWN:
-        assert verdict.status is Status.FAIL and (run.errors or sum(r.wrong for r in run.rows)
+        assert verdict.status is Status.FAIL and (run.fatal_errors or sum(r.wrong for r in run.rows)
                                                   or (run.out_of_bounds or 0) > 0)
 
 
@@ -329,7 +329,7 @@ def test_nccl_multinode_and_pair_judging_never_raises(text: str, prefix: int, rc
     assert res and {r.entity for r in res} <= set(run.hosts) | {"node"}
     pr = nccl_slurm.classify(nccl_slurm.PairRun("dgx01", "dgx02", rc, text, run), nccl.multinode_gates(_H100), 300.0, 10.0)
     assert pr.outcome in ("pass", "fail", "unknown")
-    assert pr.outcome != "pass" or (run.rows and not run.errors and sum(r.wrong for r in run.rows) == 0)
+    assert pr.outcome != "pass" or (run.rows and not run.failure_lines and sum(r.wrong for r in run.rows) == 0)
     assert all(h and " " not in h for h in nccl.hcas_in(text))
 
 
