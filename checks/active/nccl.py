@@ -16,6 +16,9 @@ Variants the parser takes as they come, because a misread one fences healthy nod
 - launcher prefixes: `mpirun --tag-output` ("[1,0]<stdout>:") and `srun --label` ("0: ");
 - NCCL_DEBUG=INFO lines are chatter, never failures; "NCCL WARN" lines are kept as warnings: a
   run that completes with correct data is judged on its numbers, one that dies shows them;
+- only the test's own failure lines fail a run ("Test NCCL failure", a crash, podhealth's runner
+  failing); other error-looking lines (Open MPI's openib BTL, HCOLL's "exited with error") are
+  evidence;
 - a run without its closing summary ("Avg bus bandwidth", 2.18+ "Collective test concluded")
   was killed or hung: UNKNOWN unless what it did print already shows wrong values or a failure;
   so is one Slurm cancelled (time limit, scancel, preemption): the "srun: error: task 0: Killed"
