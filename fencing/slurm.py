@@ -308,7 +308,7 @@ class SlurmFencer:
                                 output=f"already drained by {who}: {before.reason}")
         return await self._update_and_confirm(
             node, argv, deadline, "drain", lambda a: a.fenced and a.ours,
-            lambda a: f"after the drain {node} shows state {a.raw[:200]!r}", lambda a: f"drained: {a.reason}")
+            lambda a: f"after the drain {node} shows {_shown(a)}", lambda a: f"drained: {a.reason}")
 
     async def release(self, node: str) -> FenceOutcome:
         try:
@@ -424,7 +424,7 @@ class SlurmFencer:
         after = await self._read(node, deadline)
         if not (_rebooting(after) or after.raw != before.raw):
             return FenceOutcome(ok=False, changed=True, command=argv, output=after.raw,
-                                error=f"after scontrol reboot {node} shows no reboot pending: {after.raw[:200]!r}")
+                                error=f"after scontrol reboot {node} shows no reboot pending: {_shown(after)}")
         return FenceOutcome(ok=True, changed=True, command=argv, output=run.text or f"reboot requested: {after.raw}")
 
     async def remark(self, node: str, reason: FenceReason) -> FenceOutcome:
@@ -535,7 +535,7 @@ class SlurmFencer:
             else:
                 err = run.err.strip()[:MAX_OUTPUT_CHARS]
                 out[n] = FenceOutcome(ok=False, changed=False, command=argv[n], output=st.raw,
-                                      error=f"after the drain {n} shows state {st.raw[:200]!r}"
+                                      error=f"after the drain {n} shows {_shown(st)}"
                                             + (f"; scontrol said: {err}" if err else ""))
         return out
 
@@ -658,6 +658,15 @@ def _rebooting(st: FenceState) -> bool:
     (`IDLE+DRAIN+REBOOT_REQUESTED`, `DOWN+REBOOT_ISSUED`; 22.05 prints REBOOT for the first)."""
     nodes = parse_show_node(st.raw)
     return bool(nodes) and bool(_REBOOT_FLAGS & set(nodes[0].flags))
+
+
+def _shown(st: FenceState) -> str:
+    """What an error shows of a node: its State and Reason (scontrol's line starts with a dozen
+    other fields, so its first 200 characters never reached the state)."""
+    nodes = parse_show_node(st.raw)
+    if not nodes:
+        return repr(st.raw[:200])
+    return f"State={nodes[0].state}" + (f" Reason={nodes[0].reason!r}" if nodes[0].reason else "")
 
 
 def _state_of(n: SlurmNode, raw: str) -> FenceState:

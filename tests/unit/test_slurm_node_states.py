@@ -59,6 +59,9 @@ EXPECTED = {
 }
 
 
+EXPECTED_STATES = {n.name: n.state for n in parse_show_node(VERSIONS.read_text())}
+
+
 def test_every_version_and_compound_state() -> None:
     nodes = _nodes(VERSIONS)
     assert list(nodes) == list(EXPECTED)
@@ -252,6 +255,22 @@ def test_our_fences_are_released_and_reboots_not_asked_twice(standin: tuple[Slur
                             for n in ("dgx-h100-001", "dgx-h100-004", "dgx-h100-010", "dgx-h100-018")]
 
 
+def test_reboot_slurm_ignores_is_a_clear_refusal(standin: tuple[SlurmFencer, Path]) -> None:
+    """scontrol(1): a reboot request is ignored for POWER_DOWN/POWERED_DOWN nodes (rc 0, nothing
+    changes): read back, that is an error naming the state, not a reboot the ladder waits for."""
+    fencer, log = standin
+
+    async def go() -> None:
+        o = await fencer.reboot("dgx-h100-018", XID)
+        assert not o.ok and o.changed
+        assert o.error == ("after scontrol reboot dgx-h100-018 shows no reboot pending: State=IDLE+DRAIN+POWER_DOWN "
+                           "Reason='podhealth: ib_port mlx5_0/1 DRAIN [ev-0018]'")
+
+    asyncio.run(go())
+    assert _writes(log) == [["reboot", "ASAP", "nextstate=DOWN", "reason=podhealth: xid GPU3 DRAIN [ev-9]",
+                             "dgx-h100-018"]]
+
+
 def test_free_states_are_drained(standin: tuple[SlurmFencer, Path]) -> None:
     """A powered-down cloud node, a planned one, one in a maintenance reservation, one with a reboot
     pending by someone else, one not responding yet: none is fenced, so fence asks for the drain."""
@@ -261,7 +280,8 @@ def test_free_states_are_drained(standin: tuple[SlurmFencer, Path]) -> None:
     async def go() -> None:
         for name in free:
             o = await fencer.fence(name, XID)
-            assert not o.ok and "after the drain" in o.error  # the stand-in did not drain it
+            state = EXPECTED_STATES[name]
+            assert not o.ok and o.error.startswith(f"after the drain {name} shows State={state}")  # not drained
 
     asyncio.run(go())
     assert [w[:4] for w in _writes(log)] == [["update", f"NodeName={n}", "State=DRAIN",
