@@ -269,7 +269,10 @@ def parse_text(text: str) -> DiagReport:
             tests.append(cur)
             target = cur.result
     if not seen_table:
-        raise DiagParseError("no dcgmi diag table found")
+        # dcgmi's refusals are one line ("Error: Unable to complete diagnostic ... Host engine is
+        # not loaded", "GPU 0's MIG configuration is incompatible ..."): say it.
+        first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+        raise DiagParseError("no dcgmi diag table found" + (f": {first[:200]}" if first else ""))
     # "GPU Device IDs Detected"; later builds say "GPU PCI Device IDs Detected".
     detected = next((v for k, v in meta.items() if "device ids" in k.lower()), "")
     ids = [x for x in re.split(r"[,\s]+", detected) if x]

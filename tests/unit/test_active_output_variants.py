@@ -321,6 +321,25 @@ def test_iterations_keep_the_worst_result_of_any_run(own_fixtures: Path) -> None
         dcgm.parse('{"iterations": [], "Overall Result": "Pass"}')
 
 
+def test_persistence_mode_off_on_every_gpu_is_one_node_result() -> None:
+    """DCGM 4's software test fails each GPU for persistence mode (error_id 29, severity CONFIG;
+    DCGM 3 passed it with an Info row). Before: eight GPU-level FAILs, as if eight GPUs were bad;
+    now one node-level FAIL naming them (nvidia-persistenced is the node's)."""
+    w = {"error_category": 8, "error_id": 29, "error_severity": 5,
+         "warning": "Persistence mode for GPU {} is disabled. Enable persistence mode by running nvidia-smi -pm 1 as root."}
+    doc = {"DCGM Diagnostic": {"test_categories": [{"category": "Deployment", "tests": [{"name": "software", "results": [
+        {"entity_group": "GPU", "entity_id": g, "status": "Fail", "warnings": [dict(w, warning=str(w["warning"]).format(g))]}
+        for g in range(8)]}]}]}}
+    res = dcgm.results(dcgm.parse(json.dumps(doc)))
+    assert [(r.check, r.entity, r.status) for r in res] == [("dcgm_diag.software", "node", Status.FAIL)]
+    assert dict(res[0].evidence)["gpus"] == "0,1,2,3,4,5,6,7"
+
+
+def test_a_refusal_without_a_table_says_what_dcgmi_said() -> None:
+    with pytest.raises(dcgm.DiagParseError, match="Host engine is not loaded"):
+        dcgm.parse("Error: Unable to complete diagnostic for group 2147483647. Return: (-38) Host engine is not loaded.\n")
+
+
 def _fake_dcgmi(tmp: Path, stdout: str, code: int) -> dict[str, str]:
     d = tmp / "bin"
     d.mkdir(exist_ok=True)
