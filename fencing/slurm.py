@@ -58,7 +58,7 @@ _KEY = re.compile(r"(?:(?<=\s)|^)([A-Z][A-Za-z0-9_]*)=")
 # The time is ISO 8601 (`2024-01-02T03:04:05`) because every scontrol runs with
 # SLURM_TIME_FORMAT=standard (SlurmFencer._env); the pattern still takes any other rendering
 # (`[root@01/12 23:51]` under a site's `SLURM_TIME_FORMAT="%d/%m %H:%M"`, `[root@1796169118]`
-# under `%s`: tests/fixtures/slurm/scontrol_show_node_o_loopback_time_formats.txt) so that a reason
+# under `%s`: tests/fixtures/slurm/scontrol_show_node_o_loopback_time_*.txt) so that a reason
 # read by another caller never swallows its own suffix.
 _REASON_ONE_LINE = re.compile(
     r"(?:(?<=\s)|^)Reason=(?P<text>.*?) \[(?P<user>[^\]\s@]*)@(?P<time>[^\[\]]+)\]"
