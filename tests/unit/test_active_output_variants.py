@@ -218,7 +218,44 @@ def test_real_healthy_captures_clear_their_gates_with_margin(shared_fixtures: Pa
         assert large >= 1.1 * profiles.load(profile).threshold(key), (name, large)
 
 
+@pytest.mark.parametrize("wrap", ["tag-output", "srun-label", "nccl-info"])
+def test_real_captures_read_the_same_through_launchers_and_debug_output(shared_fixtures: Path, wrap: str) -> None:
+    """Every real nccl-tests capture gives the same rows, hosts and verdict when it comes through
+    `mpirun --tag-output`, `srun --label`, or with NCCL_DEBUG=INFO lines between its lines."""
+    for path in sorted((shared_fixtures / "nccl_tests").glob("*.txt")):
+        if path.name.endswith(".source.txt"):
+            continue
+        text = path.read_text()
+        lines = text.splitlines(keepends=True)
+        if wrap == "tag-output":
+            other = "".join(f"[1,{i % 2}]<stdout>:{ln}" for i, ln in enumerate(lines))
+        elif wrap == "srun-label":
+            other = "".join(f"{i % 16}: {ln}" for i, ln in enumerate(lines))
+        else:
+            other = "".join(f"{ln}gpu01:4242:4250 [0] NCCL INFO NCCL_IB_TIMEOUT set by environment to 22.\n"
+                            for ln in lines)
+        a, b = nccl.parse(text), nccl.parse(other)
+        assert (a.rows, a.hosts, a.complete, a.fatal_errors) == (b.rows, b.hosts, b.complete, b.fatal_errors), path.name
+        gates = nccl.multinode_gates(profiles.load("dgx-h200").thresholds)
+        assert [r.status for r in nccl.judge_hosts(a, gates)] == [r.status for r in nccl.judge_hosts(b, gates)], path.name
+
+
 # ---- dcgmi diag ---------------------------------------------------------------------------------
+
+
+def test_real_dcgm_captures_read_the_same_between_log_lines(shared_fixtures: Path) -> None:
+    """A wrapper's banner and log lines before a capture (one holding braces), and a shell's lines
+    after it, change nothing (JSON and text)."""
+    before = ("Executing in Pod nvidia-dcgm-x7k2p on Host 10.0.7.21\n"
+              "2026-03-04 10:12:01.114 INFO  [5122:5122] Config {\"globals\": {\"logfile\": \"nvvs.log\"}} applied\n"
+              "{not json} either\n" * 5)
+    after = "\nrc=226\n$ exit\n"
+    for path in sorted((shared_fixtures / "dcgm").glob("dcgmi_diag*")):
+        if path.name.endswith(".source.txt"):
+            continue
+        text = path.read_text()
+        a, b = dcgm.parse(text), dcgm.parse(before + text + after)
+        assert (a.entries, a.format, a.version) == (b.entries, b.format, b.version), path.name
 
 
 def test_dcgm3_json_gpu_id_results_are_per_gpu(own_fixtures: Path) -> None:
