@@ -319,6 +319,7 @@ MAX_JSON_STARTS = 64    # lines opening with "{" tried as the start of the JSON,
 
 def parse(text: str) -> DiagReport:
     """JSON when it looks like JSON, else the text table."""
+    text = text.lstrip("\ufeff")     # a byte-order mark from a file saved on Windows
     body = text.strip()
     if body.startswith("{"):
         return parse_json(body)

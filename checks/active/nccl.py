@@ -189,7 +189,7 @@ def parse(text: str) -> NcclRun:
     avg = oob = None
     nccl_version = tests_version = ""
     started = concluded = False
-    for raw in text.splitlines():
+    for raw in text.lstrip("\ufeff").splitlines():     # a byte-order mark from a saved file
         line = _PREFIX.sub("", raw, count=1).strip()
         if not line:
             continue

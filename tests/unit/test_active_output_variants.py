@@ -234,7 +234,7 @@ def test_real_captures_read_the_same_through_launchers_and_debug_output(shared_f
         else:
             other = "".join(f"{ln}gpu01:4242:4250 [0] NCCL INFO NCCL_IB_TIMEOUT set by environment to 22.\n"
                             for ln in lines)
-        a, b = nccl.parse(text), nccl.parse(other)
+        a, b = nccl.parse(text), nccl.parse("\ufeff" + other.replace("\n", "\r\n"))
         assert (a.rows, a.hosts, a.complete, a.fatal_errors) == (b.rows, b.hosts, b.complete, b.fatal_errors), path.name
         gates = nccl.multinode_gates(profiles.load("dgx-h200").thresholds)
         assert [r.status for r in nccl.judge_hosts(a, gates)] == [r.status for r in nccl.judge_hosts(b, gates)], path.name
@@ -256,6 +256,7 @@ def test_real_dcgm_captures_read_the_same_between_log_lines(shared_fixtures: Pat
         text = path.read_text()
         a, b = dcgm.parse(text), dcgm.parse(before + text + after)
         assert (a.entries, a.format, a.version) == (b.entries, b.format, b.version), path.name
+        assert dcgm.parse("\ufeff" + text.replace("\n", "\r\n")).entries == a.entries, path.name
 
 
 def test_dcgm3_json_gpu_id_results_are_per_gpu(own_fixtures: Path) -> None:
