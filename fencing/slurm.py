@@ -62,7 +62,14 @@ _KEY = re.compile(r"(?:(?<=\s)|^)([A-Z][A-Za-z0-9_]*)=")
 # read by another caller never swallows its own suffix.
 _REASON_ONE_LINE = re.compile(
     r"(?:(?<=\s)|^)Reason=(?P<text>.*?) \[(?P<user>[^\]\s@]*)@(?P<time>[^\[\]]+)\]"
-    r"(?=\s+[A-Z][A-Za-z0-9_]*=|\s*$)")
+    r"(?=\s+[A-Z][A-Za-z0-9_]*=|\s*$| {8}\S)")
+# A reason of several lines (`Reason="$(cmd)"`): scontrol prints [user@time] after the first line
+# and each further line after a line end plus 7 spaces: 8 spaces in all with -o, a line starting
+# with 10 spaces in the multi-line form (tests/fixtures/slurm/*two_line_reason*). With -o the last
+# line runs up to the fields printed after the reason.
+_MORE_REASON = " " * 8
+_REASON_MORE_ONE_LINE = re.compile(
+    r"^ {8}(?P<more>.*?)(?=\s+(?:Comment|Extra|InstanceId|InstanceType|ReservationName)=|\s*$)")
 _REASON_TO_EOL = re.compile(r"(?:(?<=\s)|^)Reason=(?P<text>.*)$")
 _REASON_SUFFIX = re.compile(r"^(?P<text>.*?) \[(?P<user>[^\]\s@]*)@(?P<time>[^\[\]]+)\]\s*$")
 # Base states that already mean "drained" (sinfo's %T and %t forms: `drained`, `draining`, `drain`,
@@ -160,12 +167,18 @@ def _parse_record(lines: list[str]) -> SlurmNode | None:
     rest: list[str] = []
     body = [ln for ln in lines if ln.strip()]
     if len(body) > 1:
-        # Multi-line form: Reason= owns its whole line, whatever it contains.
+        # Multi-line form: Reason= owns its whole line, whatever it contains, and the deeper
+        # indented lines right after it.
+        in_reason = False
         for ln in body:
             s = ln.strip()
             if s.startswith("Reason="):
                 reason, user, when = _split_reason(s[len("Reason="):])
+                in_reason = True
+            elif in_reason and ln.startswith("   " + _MORE_REASON[1:]):
+                reason += "\n" + s
             else:
+                in_reason = False
                 rest.append(s)
         text = " ".join(rest)
     else:
@@ -173,7 +186,12 @@ def _parse_record(lines: list[str]) -> SlurmNode | None:
         m = _REASON_ONE_LINE.search(text)
         if m is not None:
             reason, user, when = m.group("text").strip(), m.group("user"), m.group("time")
-            text = (text[:m.start()] + " " + text[m.end():]).strip()
+            tail = text[m.end():]
+            more = _REASON_MORE_ONE_LINE.match(tail)
+            if more is not None:
+                reason += "".join("\n" + ln.strip() for ln in more.group("more").split(_MORE_REASON) if ln.strip())
+                tail = tail[more.end():]
+            text = (text[:m.start()] + " " + tail).strip()
         elif (m2 := _REASON_TO_EOL.search(text)) is not None:
             reason = m2.group("text").strip()
             text = text[:m2.start()].strip()

@@ -146,6 +146,21 @@ def test_site_time_format_does_not_change_the_reason(fmt: str) -> None:
         assert n.reason_time and n.reason_time != base[name].reason_time
 
 
+def test_a_reason_of_two_lines_and_a_comment_after_it() -> None:
+    """Real 22.05: `Reason="...mounted\nsee INC-77 Tag=x"` prints its second line 8 spaces on with -o
+    (10 in the multi-line form), after the [user@time]; `Comment=` follows the reason. Both forms
+    give the same node, and the second line is reason text, not a field."""
+    one = _nodes(OWN / "scontrol_show_node_o_loopback_two_line_reason_comment.txt")
+    multi = _nodes(OWN / "scontrol_show_node_loopback_two_line_reason_comment.txt")
+    assert one == multi
+    d1 = one["dgx01"]
+    assert d1.reason == "NHC: check_fs_mount: /scratch not mounted\nsee INC-77 Tag=x"
+    assert d1.reason_user == "root" and d1.reason_time.startswith("2026-12-02T")
+    assert d1.field("Tag") == "" and d1.fenced and not d1.ours
+    d2 = one["dgx02"]
+    assert d2.reason == "podhealth: xid GPU3 DRAIN [ev-1]" and d2.ours and d2.field("Comment") == "swap booked"
+
+
 def test_missing_nodes_in_a_listing() -> None:
     """`scontrol show node -o dgx06,nosuch,nosuch2` (22.05): rc 1, the known node, a line per unknown one."""
     found, missing = _parse_listing((OWN / "scontrol_show_node_o_loopback_not_found.txt").read_text())
