@@ -135,6 +135,25 @@ def test_loopback_fail_drain_down_and_sinfo_agree() -> None:
         assert nodes[name].reason == ("" if reason == "none" else reason)
 
 
+def test_real_sinfo_compact_and_long_states_agree(shared_fixtures: Path) -> None:
+    """gcm's real `sinfo -o` sample (Slurm 20.11) prints each node's state twice, %t and %T
+    (`drain*` / `drained*`, `alloc` / `allocated`): both must mean the same to podhealth."""
+    rows = [line.split("|") for line in (shared_fixtures / "slurm" / "sinfo_o_all_fields_pipe_gcm.txt")
+            .read_text().splitlines()]
+    head = [h.strip() for h in rows[0]]
+    compact, long = (i for i, h in enumerate(head) if h == "STATE")
+    seen = set()
+    for row in rows[1:]:
+        pair = []
+        for form in (row[compact].strip(), row[long].strip()):
+            base, flags = parse_state(form)
+            n = SlurmNode(name="n", state=form, base_state=base, flags=flags)
+            pair.append((n.drained, n.not_responding))
+        assert pair[0] == pair[1], (row[compact], row[long])
+        seen.add(pair[0])
+    assert seen == {(True, True), (False, False)}  # drain* (not responding) and alloc both occur
+
+
 @pytest.mark.parametrize("fmt", ["relative", "epoch", "dmy"])
 def test_site_time_format_does_not_change_the_reason(fmt: str) -> None:
     """Captured with SLURM_TIME_FORMAT=relative, %s and "%d/%m %H:%M" (a space inside the brackets)."""
