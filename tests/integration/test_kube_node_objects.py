@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from podhealth.fencing.fence import FenceReason
 from podhealth.fencing.kube import ANNOTATION, CONDITION_TYPE, REBOOT_ANNOTATION, TAINT_KEY, KubeFencer, NodeView
@@ -227,4 +228,25 @@ async def test_every_write_names_podhealth_as_field_manager(api: KubeAPI, fencer
     assert {r.path for r in writes} >= {f"/api/v1/nodes/{name}", f"/api/v1/nodes/{name}/status",
                                         "/api/v1/namespaces/default/events"}
     assert all("fieldManager=podhealth" in r.query.split("&") for r in writes), [(r.path, r.query) for r in writes]
+
+
+async def test_real_gpu_operator_labels_and_taint(shared_fixtures: Path, api: KubeAPI, kubectl: Any,
+                                                  fencer: KubeFencer) -> None:
+    """The real label set of a GPU Operator + GFD + NFD node and the real `nvidia.com/gpu=present`
+    taint fragment (../shared/fixtures/kubernetes) on a Node: no podhealth mark, no opt-out, and a
+    fence and release give them back unchanged."""
+    k8s = shared_fixtures / "kubernetes"
+    labels = json.loads((k8s / "node_metadata_labels_jq_a30_gpu_operator_gfd_nfd.json").read_text())
+    taints = yaml.safe_load((k8s / "node_spec_taints_fragment_nvidia_gpu_present_noschedule.yaml").read_text())["taints"]
+    assert labels and taints
+    obj = named(NPD, "dgx-a30-01")
+    obj["metadata"]["labels"] = dict(labels, **{"kubernetes.io/hostname": "dgx-a30-01"})
+    obj["spec"]["taints"] = taints
+    view = NodeView.of(obj)
+    assert not view.ours and not view.opted_out and not view.state().fenced
+    name = api.add_node_object(obj)
+    before = others(kget(kubectl, name))
+    assert (await fencer.fence(name, XID)).changed
+    assert (await fencer.release(name)).changed
+    assert others(kget(kubectl, name)) == before
 
