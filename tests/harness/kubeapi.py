@@ -958,3 +958,33 @@ def make_tls_files(workdir: Path, timeout: float = 30.0) -> tuple[Path, Path, Pa
     for p in (csr, ext, workdir / "ca.srl"):
         p.unlink(missing_ok=True)
     return ca, cert, key
+
+
+class Kubectl:
+    """The real kubectl against a KubeAPI: its kubeconfig, a cache directory of its own (never
+    ~/.kube/cache), no stdin, a timeout. `kubectl(*args)` is the stdout of a run that must
+    succeed; `kubectl.run(*args, ok=False)` the whole result of one that may not."""
+
+    def __init__(self, binary: str, kubeconfig: Path, cache: Path) -> None:
+        self.argv = [binary, "--kubeconfig", str(kubeconfig), "--cache-dir", str(cache)]
+
+    def run(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run([*self.argv, *args], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        if ok:
+            assert r.returncode == 0, f"kubectl {' '.join(args)} -> {r.returncode}: {r.stderr[-2000:]}"
+        return r
+
+    def __call__(self, *args: str) -> str:
+        return self.run(*args).stdout
+
+
+def kubectl_for(api: KubeAPI, cache: Path) -> Kubectl:
+    """kubectl for `api`; skips the test when kubectl is not installed."""
+    import shutil
+
+    import pytest
+
+    binary = shutil.which("kubectl")
+    if binary is None:
+        pytest.skip("kubectl is not installed (bash scripts/setup.sh --test installs it)")
+    return Kubectl(binary, api.kubeconfig, cache)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -15,7 +13,7 @@ import pytest
 
 from podhealth.fencing.fence import BatchFencer, FenceReason, Fencer
 from podhealth.fencing.kube import ANNOTATION, TAINT_KEY, FenceRecord, KubeFencer, KubeUnavailable
-from tests.harness.kubeapi import KubeAPI
+from tests.harness.kubeapi import KubeAPI, Kubectl, kubectl_for
 
 pytestmark = pytest.mark.integration
 
@@ -31,19 +29,8 @@ def api() -> Iterator[KubeAPI]:
 
 
 @pytest.fixture(scope="module")
-def kubectl(api: KubeAPI, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    binary = shutil.which("kubectl")
-    if binary is None:
-        pytest.skip("kubectl is not installed (bash scripts/setup.sh --test installs it)")
-    cache = tmp_path_factory.mktemp("kubectl-cache")  # never ~/.kube/cache
-
-    def run(*args: str) -> str:
-        r = subprocess.run([binary, "--kubeconfig", str(api.kubeconfig), "--cache-dir", str(cache), *args],
-                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-        assert r.returncode == 0, f"kubectl {' '.join(args)} -> {r.returncode}: {r.stderr[-2000:]}"
-        return r.stdout
-
-    return run
+def kubectl(api: KubeAPI, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
+    return kubectl_for(api, tmp_path_factory.mktemp("kubectl-cache"))
 
 
 @pytest.fixture

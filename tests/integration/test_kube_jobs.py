@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ import pytest
 from podhealth.config_aggregator import CapsConfig, JobsConfig, RetryConfig
 from podhealth.fencing.kube import KubeFencer
 from tests.harness.agg import config, running
-from tests.harness.kubeapi import KubeAPI
+from tests.harness.kubeapi import KubeAPI, Kubectl, kubectl_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -30,18 +28,8 @@ def api() -> Iterator[KubeAPI]:
 
 
 @pytest.fixture(scope="module")
-def kubectl(api: KubeAPI, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    binary = shutil.which("kubectl")
-    if binary is None:
-        pytest.skip("kubectl is not installed (bash scripts/setup.sh --test installs it)")
-    cache = tmp_path_factory.mktemp("kubectl-cache")
-
-    def run(*args: str) -> str:
-        r = subprocess.run([binary, "--kubeconfig", str(api.kubeconfig), "--cache-dir", str(cache), *args],
-                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-        assert r.returncode == 0, f"kubectl {' '.join(args)} -> {r.returncode}: {r.stderr[-2000:]}"
-        return r.stdout
-    return run
+def kubectl(api: KubeAPI, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
+    return kubectl_for(api, tmp_path_factory.mktemp("kubectl-cache"))
 
 
 def pods_on(kubectl: Any, node: str) -> list[str]:

@@ -4,8 +4,6 @@ stand-in API server, checked with the real kubectl."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +11,7 @@ import pytest
 
 from podhealth.fencing.fence import FenceReason, Remediator, repair_reason
 from podhealth.fencing.kube import ANNOTATION, REBOOT_ANNOTATION, FenceRecord, KubeFencer
-from tests.harness.kubeapi import KubeAPI
+from tests.harness.kubeapi import KubeAPI, Kubectl, kubectl_for
 
 pytestmark = pytest.mark.integration
 R = FenceReason(check="xid", entity="gpu3", action="REBOOT", id="ev-0009")
@@ -26,18 +24,8 @@ def api() -> Iterator[KubeAPI]:
 
 
 @pytest.fixture(scope="module")
-def kubectl(api: KubeAPI, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    binary = shutil.which("kubectl")
-    if binary is None:
-        pytest.skip("kubectl is not installed (bash scripts/setup.sh --test installs it)")
-    cache = tmp_path_factory.mktemp("kubectl-cache")
-
-    def run(*args: str) -> str:
-        r = subprocess.run([binary, "--kubeconfig", str(api.kubeconfig), "--cache-dir", str(cache), *args],
-                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-        assert r.returncode == 0, f"kubectl {' '.join(args)} -> {r.returncode}: {r.stderr[-2000:]}"
-        return r.stdout
-    return run
+def kubectl(api: KubeAPI, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
+    return kubectl_for(api, tmp_path_factory.mktemp("kubectl-cache"))
 
 
 def node_annotations(kubectl: Any, node: str) -> dict[str, str]:

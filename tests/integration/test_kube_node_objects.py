@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ import yaml
 
 from podhealth.fencing.fence import FenceReason
 from podhealth.fencing.kube import ANNOTATION, CONDITION_TYPE, REBOOT_ANNOTATION, TAINT_KEY, KubeFencer, NodeView
-from tests.harness.kubeapi import UNSCHEDULABLE_TAINT, KubeAPI
+from tests.harness.kubeapi import UNSCHEDULABLE_TAINT, KubeAPI, Kubectl, kubectl_for
 
 pytestmark = pytest.mark.integration
 
@@ -47,20 +45,8 @@ def api() -> Iterator[KubeAPI]:
 
 
 @pytest.fixture(scope="module")
-def kubectl(api: KubeAPI, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    binary = shutil.which("kubectl")
-    if binary is None:
-        pytest.skip("kubectl is not installed (bash scripts/setup.sh --test installs it)")
-    cache = tmp_path_factory.mktemp("kubectl-cache")
-
-    def run(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run([binary, "--kubeconfig", str(api.kubeconfig), "--cache-dir", str(cache), *args],
-                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-        if ok:
-            assert r.returncode == 0, f"kubectl {' '.join(args)} -> {r.returncode}: {r.stderr[-2000:]}"
-        return r
-
-    return run
+def kubectl(api: KubeAPI, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
+    return kubectl_for(api, tmp_path_factory.mktemp("kubectl-cache"))
 
 
 @pytest.fixture
@@ -69,7 +55,7 @@ def fencer(api: KubeAPI) -> KubeFencer:
 
 
 def kget(kubectl: Any, node: str) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(kubectl("get", "node", node, "-o", "json").stdout)
+    doc: dict[str, Any] = json.loads(kubectl("get", "node", node, "-o", "json"))
     return doc
 
 
@@ -113,7 +99,7 @@ async def test_admin_cordon_stays_and_every_other_mark_survives(api: KubeAPI, ku
     assert others(node) == before
     assert ANNOTATION not in node["metadata"]["annotations"] and node["spec"]["unschedulable"] is True
     assert {c["type"]: c["status"] for c in node["status"]["conditions"]}[CONDITION_TYPE] == "False"
-    table = kubectl("get", "node", name).stdout
+    table = kubectl("get", "node", name)
     assert "SchedulingDisabled" in table  # kubectl still shows the admin's cordon
 
 
@@ -177,7 +163,7 @@ async def test_node_deleted_while_fencing(api: KubeAPI, kubectl: Any, fencer: Ku
     api.inject_delete(name)
     o = await fencer.fence(name, XID)
     assert not o.ok and not o.changed and o.error == f"node {name} not found: deleted while podhealth was fencing it"
-    assert kubectl("get", "node", name, ok=False).returncode != 0
+    assert kubectl.run("get", "node", name, ok=False).returncode != 0
     st = await fencer.read(name)
     assert not st.exists and not st.fenced
     again = await fencer.fence(name, XID)
