@@ -52,11 +52,40 @@ def _by(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> di
 def test_renders_every_part(objects: list[dict[str, Any]]) -> None:
     kinds = sorted(o["kind"] for o in objects)
     for k in ("DaemonSet", "Deployment", "Service", "PersistentVolumeClaim", "ServiceAccount", "ClusterRole",
-              "ClusterRoleBinding", "Secret", "PodMonitor", "ServiceMonitor", "PrometheusRule", "Namespace"):
+              "ClusterRoleBinding", "PodMonitor", "ServiceMonitor", "PrometheusRule", "Namespace"):
         assert k in kinds, k
     assert all(o["metadata"].get("namespace") == "podhealth" for o in objects
                if o["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"))
     assert render(BUNDLE / "base") and render(BUNDLE / "npd")
+
+
+def _secrets_used(objects: list[dict[str, Any]]) -> set[str]:
+    """The Secrets the pods mount or read keys from."""
+    names: set[str] = set()
+    for o in objects:
+        pod = o.get("spec", {}).get("template", {}).get("spec", {})
+        names |= {v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
+        for c in pod.get("containers", []):
+            names |= {e["valueFrom"]["secretKeyRef"]["name"] for e in c.get("env", [])
+                      if "secretKeyRef" in e.get("valueFrom", {})}
+    return names
+
+
+@pytest.mark.parametrize("variant", [".", "base", "replicas", "examples/with-jobs"])
+def test_the_bundle_ships_no_secret_that_would_clear_the_operators(variant: str) -> None:
+    """The operator fills the Secrets with `kubectl ... -o yaml | kubectl apply -f -` (README):
+    an empty Secret of the same name in the bundle, applied after it, makes kubectl clear every
+    key it applied before (a field in the last-applied configuration and not in the new one is
+    deleted), so the aggregator would start without its cluster secret. The bundle names the
+    Secrets its pods use and the install steps create each one."""
+    objs = render(BUNDLE / variant)
+    assert not [o["metadata"]["name"] for o in objs if o["kind"] == "Secret"]
+    used = _secrets_used(objs)
+    assert "podhealth-aggregator" in used
+    steps = (BUNDLE / "README.md").read_text()
+    for name in used:
+        assert f"create secret generic {name}" in steps or f"create secret generic {name}" in \
+            (BUNDLE / variant / "kustomization.yaml").read_text(), name
 
 
 def test_core_objects_validate_against_the_kubernetes_schemas(objects: list[dict[str, Any]]) -> None:
