@@ -24,7 +24,10 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p = sub.add_parser("token", help="make the cluster secret and derive each node's token")
     tsub = p.add_subparsers(dest="token_cmd", metavar="ACTION", required=True)
     n = tsub.add_parser("new", help="print a new random cluster secret (or any token)")
-    n.add_argument("--out", default="", help="write it to this file (0640 root:podhealth, else 0600) instead of printing it")
+    n.add_argument("--out", default="", help="write it to this file (0640 root:podhealth, else 0600) instead of printing it; "
+                   "an existing file is kept unless --force")
+    n.add_argument("--force", action="store_true",
+                   help="with --out: replace an existing file (a new cluster secret changes every node's tokens)")
     n.set_defaults(func=_new)
     d = tsub.add_parser("derive", help="print the token of one node, derived from the cluster secret")
     d.add_argument("--node", required=True, action="append", help="node name (repeat for several)")
@@ -55,6 +58,12 @@ def _emit(text: str, out: str) -> int:
 
 
 def _new(args: argparse.Namespace) -> int:
+    # Re-running the install step on a head node must not rotate the cluster secret by accident:
+    # every node's derived tokens would stop working at once.
+    if args.out and not args.force and Path(args.out).exists():
+        print(f"podhealth token: {args.out} exists (kept): a new cluster secret there would change every node's "
+              "tokens; pass --force to replace it", file=sys.stderr)
+        return 2
     return _emit(secrets.token_hex(32), args.out)
 
 

@@ -67,6 +67,18 @@ def test_token_derive_prints_the_hmac_of_the_node(tmp_path: Path, capsys: Any, m
     assert len(credentials.read_secret("", str(tmp_path / "cluster.secret"), "")) == 64
 
 
+def test_token_new_keeps_an_existing_file_unless_forced(tmp_path: Path, capsys: Any) -> None:
+    """Running `token new --out` again (a re-run install step) must not rotate the cluster secret:
+    every node's derived tokens would stop working."""
+    out = tmp_path / "cluster.secret"
+    assert main(["token", "new", "--out", str(out)]) == 0
+    first = out.read_text()
+    assert main(["token", "new", "--out", str(out)]) == 2
+    assert out.read_text() == first and "exists (kept)" in capsys.readouterr().err
+    assert main(["token", "new", "--out", str(out), "--force"]) == 0
+    assert out.read_text() != first and len(out.read_text().strip()) == 64 and _private(out)
+
+
 def test_token_derive_agent_prints_the_agents_own_token(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
     """The token the aggregator presents to dgx01's agent: its own HMAC, apart from the token
     dgx01 reports with, and what AggAuthConfig presents to dgx01 when no shared token is set."""
