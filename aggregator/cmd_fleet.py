@@ -20,7 +20,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from podhealth import config
+from podhealth import config, credentials
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
@@ -109,7 +109,8 @@ def _target(args: argparse.Namespace) -> tuple[str, str]:
             listen = cfg.aggregator.listen
             host = "127.0.0.1" if listen.address in ("0.0.0.0", "::", "") else listen.address
             url = url or f"http://{host}:{listen.port}"
-            token = token or cfg.aggregator.auth.admin_token
+            auth = cfg.aggregator.auth  # admin_token_file too: the shipped configs keep the token in a file
+            token = token or credentials.read_secret(auth.admin_token, auth.admin_token_file, "PODHEALTH_ADMIN_TOKEN")
     return (url or "http://127.0.0.1:9420").rstrip("/"), token or ""
 
 
@@ -123,7 +124,8 @@ def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any]
         headers["Content-Type"] = "application/json"
     if admin:
         if not token:
-            raise ApiError("an admin token is needed (--token, $PODHEALTH_ADMIN_TOKEN, or aggregator.auth.admin_token)")
+            raise ApiError("an admin token is needed (--token, $PODHEALTH_ADMIN_TOKEN, or --config naming the aggregator's "
+                           "config, whose aggregator.auth.admin_token or admin_token_file is used)")
         headers["Authorization"] = f"Bearer {token}"
     req = urllib.request.Request(url + path, data=data, method=method, headers=headers)
     try:
@@ -143,7 +145,7 @@ def _run(fn: Any) -> Any:
     def wrapped(args: argparse.Namespace) -> int:
         try:
             return int(fn(args))
-        except (ApiError, config.ConfigError) as e:
+        except (ApiError, config.ConfigError, credentials.CredentialError) as e:
             print(f"podhealth fleet: {e}", file=sys.stderr)
             return 1
     return wrapped

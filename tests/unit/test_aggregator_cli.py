@@ -59,6 +59,23 @@ async def test_fleet_commands_against_a_running_aggregator(tmp_path: Path) -> No
         assert rc == 1 and "HTTP 404" in err
 
 
+async def test_fleet_takes_the_admin_token_from_the_configs_token_file(tmp_path: Path) -> None:
+    """The shipped configs (Kubernetes bundle, a head node's) keep the admin token in
+    aggregator.auth.admin_token_file: `fleet --config` must read it, not ask for --token."""
+    cfg = config(tmp_path, auth=AggAuthConfig(admin_token="atok-from-file"))
+    (tmp_path / "admin-token").write_text("atok-from-file\n")
+    (tmp_path / "aggregator.yaml").write_text(
+        f"aggregator:\n  auth:\n    admin_token_file: {tmp_path / 'admin-token'}\n")
+    async with running(cfg, [MemFencer()]) as (agg, url):
+        rc, out, err = await fleet(url, "--config", str(tmp_path / "aggregator.yaml"), "fence", "dgx01",
+                                   "--reason", "RMA 7", token=None)
+        assert rc == 0 and "fence done: fenced" in out, err
+        (tmp_path / "admin-token").unlink()
+        rc, out, err = await fleet(url, "--config", str(tmp_path / "aggregator.yaml"), "release", "dgx01",
+                                   "--reason", "back", token=None)
+        assert rc == 1 and "admin-token" in err and out == "", err
+
+
 async def test_fleet_format_json_and_the_deprecated_json_alias(tmp_path: Path) -> None:
     import json
 
