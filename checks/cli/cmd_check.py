@@ -73,18 +73,27 @@ def _load_config(path: str | None) -> Config:
     return config_mod.load(default) if os.path.exists(default) else Config()
 
 
+# Where install-units and the aggregator's unit keep its config: on the aggregator's host the
+# cluster secret is there, not in the agent's podhealth.yaml that `check` reads by default.
+AGGREGATOR_CONFIG = "/etc/podhealth/aggregator.yaml"
+
+
 def _token(args: argparse.Namespace, cfg: Config, node: str) -> str:
     """--token, $PODHEALTH_TOKEN, this host's agent token (auth.token: right for its own node),
     or, on the aggregator's host, what the aggregator would present to `node`'s agent (the token
-    derived for it from cluster_secret, or a shared agent_token)."""
+    derived for it from cluster_secret, or a shared agent_token): from --config, else from the
+    aggregator's own config (AGGREGATOR_CONFIG) when this user can read it."""
     if args.token or os.environ.get("PODHEALTH_TOKEN", ""):
         return str(args.token or os.environ["PODHEALTH_TOKEN"])
     try:
         own = cfg.auth.resolved().token  # auth.token, auth.token_file or $PODHEALTH_AGENT_TOKEN
         if own or not node:
             return own
-        return cfg.aggregator.auth.resolved().agent_token_for(node)
-    except CredentialError as e:
+        derived = cfg.aggregator.auth.resolved().agent_token_for(node)
+        if derived or args.config or not os.access(AGGREGATOR_CONFIG, os.R_OK):
+            return derived
+        return config_mod.load(AGGREGATOR_CONFIG).aggregator.auth.resolved().agent_token_for(node)
+    except (CredentialError, config_mod.ConfigError) as e:
         raise CheckError(str(e)) from None
 
 
@@ -128,7 +137,8 @@ def fetch_handover(url: str, token: str, timeout: float, progress: Callable[[dic
         body = e.read(500).decode(errors="replace").strip()
         if e.code == 401:
             raise CheckError(f"{url} rejected the token (HTTP 401): pass --token or set PODHEALTH_TOKEN to the node's "
-                             "agent token (`podhealth token derive --agent --node NAME`)") from None
+                             "agent token (`podhealth token derive --agent --node NAME`), or run it where the "
+                             f"aggregator's config can be read ({AGGREGATOR_CONFIG}, or --config FILE)") from None
         raise CheckError(f"{url} answered HTTP {e.code}: {body}") from None
     except (urllib.error.URLError, OSError, socket.timeout) as e:
         reason = getattr(e, "reason", e)
