@@ -210,10 +210,11 @@ def _add_inject(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     from podhealth.sim.faults import kinds_help
 
     p = sub.add_parser("inject", parents=[common], help="inject a fault into a (running) node",
-                       description="Fault kinds: " + kinds_help())
+                       description="Fault kinds: " + kinds_help() + ". Every kind but reboot also takes persist=1: "
+                                   "the fault survives fault=reboot, which clears every other fault.")
     p.add_argument("node")
     p.add_argument("tokens", nargs="+", metavar="KEY=VALUE",
-                   help="e.g. xid=79 gpu=3, or fault=nvlink-crc gpu=0 link=5 rate=50")
+                   help="e.g. xid=79 gpu=3, fault=nvlink-crc gpu=0 link=5 rate=50, or fault=fallen-off-bus gpu=3 persist=1")
     p.set_defaults(sim_func=_cmd_inject)
 
 

@@ -330,7 +330,7 @@ class Fleet:
         assert plan is not None and self.fencer is not None
         agg = plan.aggregator_url
         ui_note = "" if _answers(f"{agg}/ui") else "   (this build has no UI yet)"
-        root_arg = "" if plan.root == _default_root() else f" --root {plan.root}"
+        root_arg = root_option(plan.root)
         first = plan.nodes[min(2, len(plan.nodes) - 1)]
         ph = cli_command()
         lines = [
@@ -509,6 +509,13 @@ def cli_command(argv0: str | None = None) -> str:
             return "podhealth"
         return shlex.quote(str(script.resolve()))
     return f"{shlex.quote(sys.executable)} -m podhealth"
+
+
+def root_option(root: Path) -> str:
+    """` --root DIR` for the commands the banner prints, unless DIR is the per-user default: they
+    are pasted into other shells, which may not have the $PODHEALTH_SIM_DIR that chose DIR."""
+    from podhealth.sim.node import user_root
+    return "" if root.resolve() == user_root().resolve() else f" --root {shlex.quote(str(root))}"
 
 
 def _default_root() -> Path:

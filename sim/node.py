@@ -63,7 +63,12 @@ _STREAM_REPLAY_BYTES = 65536
 def default_root() -> Path:
     """$PODHEALTH_SIM_DIR, else /tmp/podhealth-sim-<uid>: one per user, so two people simulating on
     one machine never share nodes, faults or a fleet's database (nor fail on each other's files)."""
-    return Path(os.environ.get(ENV_ROOT) or f"/tmp/podhealth-sim-{os.getuid()}")
+    return Path(os.environ.get(ENV_ROOT) or user_root())
+
+
+def user_root() -> Path:
+    """The per-user default root, whatever $PODHEALTH_SIM_DIR says in this shell."""
+    return Path(f"/tmp/podhealth-sim-{os.getuid()}")
 
 
 def root_problem(root: Path) -> str | None:

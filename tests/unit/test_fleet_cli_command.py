@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from podhealth.sim.fleet import cli_command
+from podhealth.sim.fleet import cli_command, root_option
 
 
 def _script(d: Path) -> Path:
@@ -43,3 +43,12 @@ def test_the_script_on_path_is_called_podhealth(tmp_path: Path, monkeypatch: pyt
 def test_python_dash_m_is_called_with_this_interpreter() -> None:
     assert cli_command("/x/podhealth/__main__.py") == f"{shlex.quote(sys.executable)} -m podhealth"
     assert shlex.split(cli_command("/x/podhealth/__main__.py"))[1:] == ["-m", "podhealth"]
+
+
+def test_the_printed_commands_name_a_root_chosen_by_the_environment(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod under $PODHEALTH_SIM_DIR: the inject/clear commands it prints carry --root, so they
+    reach its nodes from a shell without that variable; the per-user default needs none."""
+    monkeypatch.setenv("PODHEALTH_SIM_DIR", str(tmp_path / "my sims"))
+    assert shlex.split(root_option(tmp_path / "my sims")) == ["--root", str(tmp_path / "my sims")]
+    assert root_option(Path(f"/tmp/podhealth-sim-{os.getuid()}")) == ""

@@ -86,6 +86,19 @@ def test_not_a_capture_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert not (tmp_path / "nodes" / "dgx01").exists()
 
 
+def test_inject_help_names_persist_and_it_survives_a_reboot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """README's REPAIR walkthrough injects `persist=1`: the help that lists the kinds says so."""
+    with pytest.raises(SystemExit):
+        main(["simulate", "inject", "--help"])
+    assert "persist=1" in " ".join(capsys.readouterr().out.split())
+    assert run(tmp_path, "node", "dgx01") == 0
+    assert run(tmp_path, "inject", "dgx01", "fault=fallen-off-bus", "gpu=3", "persist=1") == 0
+    assert run(tmp_path, "inject", "dgx01", "fault=nvlink-down", "gpu=0", "link=5") == 0
+    assert run(tmp_path, "inject", "dgx01", "fault=reboot") == 0
+    kinds = [f.kind for f in SimNode.open(tmp_path, "dgx01").state.faults]
+    assert kinds == ["fallen-off-bus", "reboot"]
+
+
 def test_no_subcommand_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate"]) == 64
     assert "inject" in capsys.readouterr().out
