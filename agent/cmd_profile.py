@@ -129,7 +129,9 @@ def _capture(args: argparse.Namespace, cfg: Config) -> int:
     sys.stdout.write(profile_render.capture_yaml(obs, extends, why, origin))
     unreadable = [k for k, v in obs.values.items() if v is None]
     if unreadable:
-        print(f"podhealth profile capture: not captured (no fresh data): {', '.join(unreadable)}", file=sys.stderr)
+        # the YAML says "not readable on this node, not stated" for each: say the same here
+        print(f"podhealth profile capture: not stated (not readable on this node; inherited from {extends}): "
+              f"{', '.join(unreadable)}", file=sys.stderr)
     return 0
 
 

@@ -28,6 +28,9 @@ def cli(*argv: str, sim_root: Path) -> subprocess.CompletedProcess[str]:
 def capture(tmp_path: Path) -> Path:
     got = cli("capture", "--simulate", "dgx-h100", sim_root=tmp_path / "sim")
     assert got.returncode == 0, got.stderr
+    # what the YAML leaves out is said on stderr as the YAML says it (no kernel, no OFED in the simulator)
+    assert "not stated (not readable on this node; inherited from dgx-h100): versions.ofed, versions.kernel" \
+        in got.stderr, got.stderr
     path = tmp_path / "site.yaml"
     path.write_text(got.stdout)
     return path
