@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
 import os
 import signal
@@ -165,8 +166,13 @@ async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None) 
     try:
         await agent.start()
     except OSError as e:
+        # A port in use is the usual cause (a second agent, e.g. `agent --simulate` run twice):
+        # say how to pick another one. Exit 1, not 2: under systemd a restart may find it free.
+        in_use = e.errno == errno.EADDRINUSE
         _log.error("cannot start the HTTP server", error=str(e),
-                   listen=f"{cfg.listen.address}:{cfg.listen.port}")
+                   listen=f"{cfg.listen.address}:{cfg.listen.port}",
+                   **({"hint": "another process listens there: stop it, or choose another port with "
+                               "--listen ADDR:PORT (listen.port in the config)"} if in_use else {}))
         await agent.stop()
         return 1
     # Everything built so far (modules, config, collectors) lives as long as the process: keep
