@@ -25,9 +25,15 @@ from podhealth import config, credentials
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
     p = sub.add_parser("fleet", help="operate the fleet through the aggregator (status, history, fence, release)")
-    p.add_argument("--url", default=os.environ.get("PODHEALTH_AGGREGATOR_URL"), help="aggregator base URL")
-    p.add_argument("--token", default=os.environ.get("PODHEALTH_ADMIN_TOKEN"), help="admin token")
-    p.add_argument("--config", default=os.environ.get("PODHEALTH_CONFIG"), help="config file for URL and token")
+    p.add_argument("--url", default=os.environ.get("PODHEALTH_AGGREGATOR_URL"),
+                   help="aggregator base URL (default: $PODHEALTH_AGGREGATOR_URL, else the --config file's "
+                        "aggregator.listen, else http://127.0.0.1:9420)")
+    p.add_argument("--token", default=os.environ.get("PODHEALTH_ADMIN_TOKEN"),
+                   help="admin token, for the actions that change something (default: $PODHEALTH_ADMIN_TOKEN, "
+                        "else the --config file's admin_token or admin_token_file)")
+    p.add_argument("--config", default=os.environ.get("PODHEALTH_CONFIG"),
+                   help="the aggregator's config file, for URL and token (default: $PODHEALTH_CONFIG), "
+                        "e.g. /etc/podhealth/aggregator.yaml")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the aggregator")
     p.add_argument("--format", choices=FORMATS, default="table", help="table for people, json: the raw JSON answer")
     p.add_argument("--json", action="store_true", help="deprecated: same as --format json")
