@@ -21,6 +21,7 @@ import urllib.request
 from typing import Any
 
 from podhealth import config, credentials
+from podhealth.exitcodes import EXIT_FAIL, EXIT_UNKNOWN
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
@@ -104,7 +105,12 @@ def _as_json(args: argparse.Namespace) -> bool:
 
 
 class ApiError(Exception):
-    pass
+    """The aggregator answered no (an HTTP error): exit 1."""
+
+
+class Undecided(ApiError):
+    """Nothing could be asked (the aggregator unreachable, no config or token to ask with): exit 2,
+    README's "could not decide", as for `check` with an unreachable agent."""
 
 
 def _target(args: argparse.Namespace) -> tuple[str, str]:
@@ -130,7 +136,7 @@ def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any]
         headers["Content-Type"] = "application/json"
     if admin:
         if not token:
-            raise ApiError("an admin token is needed (--token, $PODHEALTH_ADMIN_TOKEN, or --config naming the aggregator's "
+            raise Undecided("an admin token is needed (--token, $PODHEALTH_ADMIN_TOKEN, or --config naming the aggregator's "
                            "config, whose aggregator.auth.admin_token or admin_token_file is used)")
         headers["Authorization"] = f"Bearer {token}"
     req = urllib.request.Request(url + path, data=data, method=method, headers=headers)
@@ -144,16 +150,19 @@ def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any]
             msg = ""
         raise ApiError(f"{method} {path}: HTTP {e.code} {msg}".rstrip()) from None
     except (urllib.error.URLError, OSError) as e:
-        raise ApiError(f"cannot reach the aggregator at {url}: {getattr(e, 'reason', e)}") from None
+        raise Undecided(f"cannot reach the aggregator at {url}: {getattr(e, 'reason', e)}") from None
 
 
 def _run(fn: Any) -> Any:
     def wrapped(args: argparse.Namespace) -> int:
         try:
             return int(fn(args))
-        except (ApiError, config.ConfigError, credentials.CredentialError) as e:
+        except (Undecided, config.ConfigError, credentials.CredentialError) as e:
             print(f"podhealth fleet: {e}", file=sys.stderr)
-            return 1
+            return EXIT_UNKNOWN
+        except ApiError as e:
+            print(f"podhealth fleet: {e}", file=sys.stderr)
+            return EXIT_FAIL
     return wrapped
 
 
@@ -329,7 +338,7 @@ def _fetch(args: argparse.Namespace, path: str) -> tuple[bytes, dict[str, str]]:
             msg = ""
         raise ApiError(f"GET {path}: HTTP {e.code} {msg}".rstrip()) from None
     except (urllib.error.URLError, OSError) as e:
-        raise ApiError(f"cannot reach the aggregator at {url}: {getattr(e, 'reason', e)}") from None
+        raise Undecided(f"cannot reach the aggregator at {url}: {getattr(e, 'reason', e)}") from None
 
 
 @_run

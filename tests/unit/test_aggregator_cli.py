@@ -46,7 +46,7 @@ async def test_fleet_commands_against_a_running_aggregator(tmp_path: Path) -> No
         rc, out, err = await fleet(url, "release", "dgx01", "--reason", "repaired", token="wrong")
         assert rc == 1 and "HTTP 401" in err and "dgx01" in fencer.fenced
         rc, out, err = await fleet(url, "release", "dgx01", "--reason", "repaired", token=None)
-        assert rc == 1 and "admin token is needed" in err
+        assert rc == 2 and "admin token is needed" in err  # nothing to ask with: could not decide
         rc, out, _ = await fleet(url, "release", "dgx01", "--reason", "repaired")
         assert rc == 0 and "release done" in out and "dgx01" not in fencer.fenced
         rc, out, _ = await fleet(url, "history", "dgx01")
@@ -73,7 +73,7 @@ async def test_fleet_takes_the_admin_token_from_the_configs_token_file(tmp_path:
         (tmp_path / "admin-token").unlink()
         rc, out, err = await fleet(url, "--config", str(tmp_path / "aggregator.yaml"), "release", "dgx01",
                                    "--reason", "back", token=None)
-        assert rc == 1 and "admin-token" in err and out == "", err
+        assert rc == 2 and "admin-token" in err and out == "", err
 
 
 async def test_fleet_format_json_and_the_deprecated_json_alias(tmp_path: Path) -> None:
@@ -94,7 +94,7 @@ async def test_fleet_format_json_and_the_deprecated_json_alias(tmp_path: Path) -
 
 async def test_fleet_says_when_the_aggregator_is_not_there() -> None:
     rc, _, err = await fleet("http://127.0.0.1:9", "status")
-    assert rc == 1 and "cannot reach the aggregator" in err
+    assert rc == 2 and "cannot reach the aggregator" in err  # could not decide, as README says
 
 
 def test_aggregator_refuses_a_bad_config_with_file_line_key(tmp_path: Path) -> None:
