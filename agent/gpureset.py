@@ -83,8 +83,9 @@ class GpuReset:
         refusal = self.health.refusal(request)
         if refusal is not None:
             return refusal
+        coding = bodycoding.header_of(request.headers.getall("Content-Encoding", []))
         try:
-            raw = bodycoding.decode(await request.read(), request.headers.get("Content-Encoding"), MAX_BODY)
+            raw = bodycoding.decode(await request.read(), coding, MAX_BODY)
         except bodycoding.BodyError as e:  # the coding itself was checked in refusal()
             return web.json_response({"error": e.message}, status=e.status)
         try:

@@ -242,7 +242,7 @@ class Health:
                                                "may run the handover suite"}, status=403)
         if not webguard.is_json(request):  # an HTML form cannot send it
             return web.json_response({"error": "expected Content-Type: application/json"}, status=415)
-        problem = bodycoding.unsupported(request.headers.get("Content-Encoding"))
+        problem = bodycoding.unsupported(bodycoding.header_of(request.headers.getall("Content-Encoding", [])))
         if problem is not None:  # the body arrives as sent; bodycoding.decode reads what is not refused here
             return web.json_response({"error": problem}, status=415)
         return None

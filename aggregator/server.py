@@ -53,7 +53,7 @@ BODY_TIMEOUT = 60.0
 
 
 async def _raw_body(request: web.Request, limit: int) -> bytes:
-    coding = request.headers.get("Content-Encoding")
+    coding = bodycoding.header_of(request.headers.getall("Content-Encoding", []))
     if coding is not None:  # the body arrives as sent (bodycoding.py): refuse what is not decoded here unread
         problem = bodycoding.unsupported(coding)
         if problem is not None:
