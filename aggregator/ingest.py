@@ -430,19 +430,27 @@ def _am_time(a: Mapping[str, Any], key: str, where: str, parse_time: Callable[[s
     return t
 
 
+# RFC 3339 5.6 date-time (a space for the T, as its note allows), any number of fraction digits
+# (Alertmanager sends nanoseconds). ASCII digits only: regex \d takes other scripts' digits.
+_RFC3339 = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ]([0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.([0-9]+))?"
+                      r"([Zz]|[+-][0-9]{2}:[0-9]{2})")
+
+
 def parse_rfc3339(text: str) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time, or None. The offset counts: the fraction's
+    digits were once taken together with the offset's ("...30.123456789+02:00" read as UTC), and
+    an alert stamped -05:00 then started five hours early, before any rule's min_duration."""
     from datetime import datetime
     if not text or text.startswith("0001-"):
         return None
-    t = text.rstrip("Z")
-    if "." in t:  # Alertmanager sends nanoseconds; datetime takes micro
-        head, frac = t.split(".", 1)
-        digits = "".join(ch for ch in frac if ch.isdigit())
-        rest = frac[len(digits):]
-        t = f"{head}.{digits[:6]}{rest}"
+    m = _RFC3339.fullmatch(text)
+    if m is None:
+        return None
+    date, clock, frac, zone = m.groups()
+    micros = f".{frac[:6]:0<6}" if frac else ""  # datetime takes microseconds
     try:
-        dt = datetime.fromisoformat(t if ("+" in t[10:] or "-" in t[10:]) else t + "+00:00")
-    except ValueError:
+        dt = datetime.fromisoformat(f"{date}T{clock}{micros}{'+00:00' if zone in 'Zz' else zone}")
+    except ValueError:  # a month 13, a minute 61, an offset of 99:99
         return None
     return dt.timestamp()
 

@@ -103,3 +103,21 @@ async def test_a_webhook_with_a_bad_time_is_a_400_and_changes_nothing(tmp_path: 
         assert agg.mem.conditions_of("dgx01") == [] and agg.mem.conditions_of("dgx02") == []
         assert agg.store is not None and agg.store.counts() == before
         assert agg.metrics.ingest_requests.labels("alertmanager", "bad_request")._value.get() == 1
+
+
+@pytest.mark.parametrize(("text", "utc"), [
+    ("2026-12-01T10:20:30.123456789+02:00", "2026-12-01T08:20:30.123456+00:00"),
+    ("2026-12-01T10:20:30.5-05:00", "2026-12-01T15:20:30.5+00:00"),
+    ("2026-12-01T10:20:30-05:00", "2026-12-01T15:20:30+00:00"),
+    ("2026-12-01T10:20:30.123Z", "2026-12-01T10:20:30.123+00:00"),
+    ("2026-12-01 10:20:30z", "2026-12-01T10:20:30+00:00")])
+def test_a_start_with_a_fraction_keeps_its_offset(text: str, utc: str) -> None:
+    """The fraction's digits were read together with the offset's: "...30.5-05:00" was 10:20:30.505
+    UTC, five hours before it was sent, so the alert had already outlasted any rule's min_duration."""
+    assert ingest.parse_rfc3339(text) == pytest.approx(datetime.fromisoformat(utc).timestamp())
+
+
+@pytest.mark.parametrize("text", ["2026-12-01", "2026-W48-2", "2026-12-01T10:20:30", "2026-12-01T10:20:30.5ZZZ",
+                                  "2026-12-01T10:20:30.Z", "\uff12\uff10\uff12\uff16-12-01T10:20:30Z"])
+def test_what_rfc_3339_does_not_write_is_not_a_time(text: str) -> None:
+    assert ingest.parse_rfc3339(text) is None
