@@ -32,9 +32,11 @@ MAX_TEXT = 512  # an Xid 119 line with its RPC payload is ~200 chars; a runaway 
 
 # ---- markers ------------------------------------------------------------------------------------
 
-# "(?<![A-Za-z])" keeps "SXid (" from matching the Xid pattern.
-_XID = re.compile(r"(?:NVRM:\s*)?(?<![A-Za-z])Xid\s*\((?P<pci>[^)]*)\)\s*:?\s*(?P<rest>.*)$")
-_SXID = re.compile(r"(?:(?P<dev>nvidia-nvswitch\d*)\s*:\s*)?SXid\s*\((?P<pci>[^)]*)\)\s*:?\s*(?P<rest>.*)$")
+# "(?<![A-Za-z])" keeps "SXid (" from matching the Xid pattern. What is in the parentheses is a
+# PCI address ("PCI:0000:3b:00.0", 20 characters): bounded, so that a line of "Xid (" repeated
+# without a ")" is not read to its end again from every "Xid (" (64 KiB of them took seconds).
+_XID = re.compile(r"(?:NVRM:\s*)?(?<![A-Za-z])Xid\s*\((?P<pci>[^)]{0,64})\)\s*:?\s*(?P<rest>.*)$")
+_SXID = re.compile(r"(?:(?P<dev>nvidia-nvswitch\d*)\s*:\s*)?SXid\s*\((?P<pci>[^)]{0,64})\)\s*:?\s*(?P<rest>.*)$")
 _FALLEN = re.compile(r"fallen\s+off\s+the\s+bus", re.IGNORECASE)
 # Numbers are matched as ASCII digits of a bounded length: regex \d also takes other scripts'
 # digits and int() refuses more than 4,300 digits; what no driver prints is "not a number".
@@ -50,8 +52,10 @@ _GPU_MENTION = re.compile(r"\bGPU\s+(?:at\s+PCI:)?((?:[0-9a-fA-F]{4,8}:)?[0-9a-f
 _NVIDIA_GPU_LINE = re.compile(r"The NVIDIA GPU\s+((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])")
 
 # XID 144-150 (NVLink5): "<unit> <Fatal|Nonfatal> XC<n> i<n> Link <n> (<intrInfo> <errorStatus> ...)".
+# The unit ends at a non-space: a lazy unit before "\s+" tried the spaces after every character
+# again (a detail of 64 K spaces took seconds).
 _NVLINK5 = re.compile(
-    r"^(?P<unit>.+?)\s+(?P<sev>Fatal|Nonfatal|Non-fatal)\s+XC(?P<xc>[0-9]{1,10})\s+i(?P<inj>[0-9]{1,10})\s+Link\s+"
+    r"^(?P<unit>.*?\S)\s+(?P<sev>Fatal|Nonfatal|Non-fatal)\s+XC(?P<xc>[0-9]{1,10})\s+i(?P<inj>[0-9]{1,10})\s+Link\s+"
     r"(?P<link>-?[0-9]{1,10})"
     r"\s*(?:\((?P<regs>[^)]*))?",
     re.IGNORECASE,
@@ -59,9 +63,10 @@ _NVLINK5 = re.compile(
 _HEX = re.compile(r"\b0x[0-9a-fA-F]{1,16}\b")  # 64-bit registers; longer is not one
 _WHOLE_REG = re.compile(r"0x[0-9a-fA-F]{8,16}")
 # XID 154: "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)".
+# The names are bounded for the reason the PCI address is (_XID): "Node Reboot Required" is 20.
 _RECOVERY = re.compile(
-    r"recovery action changed from\s+(?P<fv>0x[0-9a-fA-F]{1,16}|[0-9]{1,10})\s*\((?P<fn>[^)]*)\)\s*to\s+"
-    r"(?P<tv>0x[0-9a-fA-F]{1,16}|[0-9]{1,10})\s*\((?P<tn>[^)]*)\)",
+    r"recovery action changed from\s+(?P<fv>0x[0-9a-fA-F]{1,16}|[0-9]{1,10})\s*\((?P<fn>[^)]{0,128})\)\s*to\s+"
+    r"(?P<tv>0x[0-9a-fA-F]{1,16}|[0-9]{1,10})\s*\((?P<tn>[^)]{0,128})\)",
     re.IGNORECASE,
 )
 _SXID_SEV = re.compile(r"^,?\s*(?P<sev>Fatal|Non-fatal|Nonfatal)\b", re.IGNORECASE)

@@ -193,7 +193,10 @@ _RANK = {"pass": 0, "skip": 0, "not run": 0, "warn": 1, "fail": 2}
 
 # --- text table --------------------------------------------------------------------------------
 
-_SECTION = re.compile(r"^[|+]-+\s+(\S.*?)\s+-+[|+]")
+# A section's border, "|-----  Metadata  ----------+---...|": what runs to the first | or + is
+# read once, the title split from its dashes in _section (a lazy title before "\s+-+" retried
+# the spaces after every character: a line of 64 K spaces took seconds).
+_SECTION = re.compile(r"[|+]-+\s+(\S[^|+]*)[|+]")
 _RESULT = re.compile(r"\b(Pass|Fail|Skip|Warn)\b(?:\s*-\s*(All|GPUs?:\s*[\d,\s]+))?", re.I)
 # GPU indices: ASCII digits, a few of them (regex \d takes any script's digits, int() refuses
 # more than 4,300 of them; no node has 10,000 GPUs).
@@ -222,6 +225,19 @@ def _join(chunks: Sequence[str], width: int) -> str:
     return " ".join(out.split())
 
 
+def _section(line: str) -> str | None:
+    """The title of a section border line, or None: the text before the dashes that end at the
+    border (at least one space between them)."""
+    m = _SECTION.match(line)
+    if m is None:
+        return None
+    head = m.group(1)
+    title = head.rstrip("-")
+    if len(title) == len(head) or title == title.rstrip():
+        return None
+    return title.strip()
+
+
 def parse_text(text: str) -> DiagReport:
     """The `dcgmi diag -r N` table (DCGM 3 and 4 layouts). Raises DiagParseError without a table."""
     section = ""
@@ -233,8 +249,8 @@ def parse_text(text: str) -> DiagReport:
     seen_table = False
     for raw in text.splitlines():
         line = raw.rstrip()
-        if m := _SECTION.match(line):
-            section, cur, target = m.group(1).strip(), None, None
+        if (title := _section(line)) is not None:
+            section, cur, target = title, None, None
             continue
         if not line.startswith("|") or not line.endswith("|") or line.count("|") < 3:
             continue
@@ -336,6 +352,12 @@ def parse(text: str) -> DiagReport:
 
 # --- judging -----------------------------------------------------------------------------------
 
+# How much of a warning the data file's patterns read. DCGM's messages are a few hundred
+# characters; a pattern such as "ECC .*disabled" reads the rest of the text again from every
+# "ECC ", so a 64 KiB warning of them took seconds.
+MATCH_CHARS = 2048
+
+
 @dataclass(frozen=True)
 class ErrorMap:
     by_id: Mapping[int, str]
@@ -350,13 +372,15 @@ class ErrorMap:
 
     def inconclusive_warning(self, code: str, w: DiagWarning) -> bool:
         """The warning says the test could not judge the GPU (its harness, its preconditions)."""
-        return code in self.inconclusive or any(rx.search(w.text) for rx in self.inconclusive_text)
+        text = w.text[:MATCH_CHARS]
+        return code in self.inconclusive or any(rx.search(text) for rx in self.inconclusive_text)
 
     def classify(self, w: DiagWarning) -> tuple[str, Action]:
         """(code name or '', action) for one warning."""
         name = self.by_id.get(w.error_id, "") if w.error_id is not None else ""
         if not name and w.error_id is None:
-            name = next((code for rx, code in self.patterns if rx.search(w.text)), "")
+            text = w.text[:MATCH_CHARS]
+            name = next((code for rx, code in self.patterns if rx.search(text)), "")
         if name and name in self.actions:
             return name, self.actions[name]
         if w.category is not None and w.category in self.categories:
