@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 _log = log.get("podhealth.agent.gpureset")
 NVML_TIMEOUT_S = 10.0  # listing a GPU's processes; a wedged driver must not hold the request
 MAX_GPU_INDEX = 63
+# Seconds the body may take after its head (the idle timeout stops at the head): a caller with
+# the token trickling a byte a second held the handler for as long as it liked.
+BODY_TIMEOUT_S = 30.0
 MAX_BODY = 64 * 1024  # decoded bytes: the body is {"gpu": N, "reason": ...} (reason cut to 200)
 OUTPUT_CHARS = 4000
 
@@ -85,9 +88,19 @@ class GpuReset:
             return refusal
         coding = bodycoding.header_of(request.headers.getall("Content-Encoding", []))
         try:
-            raw = bodycoding.decode(await request.read(), coding, MAX_BODY)
+            async with asyncio.timeout(BODY_TIMEOUT_S):
+                sent = await request.read()
+            raw = bodycoding.decode(sent, coding, MAX_BODY)
         except bodycoding.BodyError as e:  # the coding itself was checked in refusal()
             return web.json_response({"error": e.message}, status=e.status)
+        except TimeoutError:
+            request.protocol.close()  # the rest may never come: not drained after the answer
+            return web.json_response({"error": f"the body did not arrive within {BODY_TIMEOUT_S:g}s"}, status=408)
+        except web.HTTPRequestEntityTooLarge as e:  # over the app's client_max_size as sent
+            return web.json_response({"error": e.text or "body too large"}, status=413)
+        except ConnectionResetError:  # the caller left mid-upload: nobody to answer, no traceback
+            _log.info("client closed the connection during the upload", path=request.path)
+            return web.json_response({"error": "connection closed during the upload"}, status=400)
         try:
             body = json.loads(raw or b"{}")
             gpu = body["gpu"]

@@ -156,3 +156,26 @@ async def test_a_gzip_body_is_decoded_on_the_agent(agent_factory: Any) -> None:
     assert status == 400 and "content-encoding: gzip" in json.loads(body)["error"], body
     status, body = await _post(url, ok, gzip.compress(b" " * (1024 * 1024)))
     assert status == 413 and "once decoded" in json.loads(body)["error"], body
+
+
+async def test_a_gpu_reset_body_too_large_or_too_slow_is_a_json_error(agent_factory: Any,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past client_max_size as sent it was aiohttp's plain-text 413; a body that never finished
+    held the handler with no end (a client leaving mid-upload: a traceback in the log)."""
+    import asyncio
+    from podhealth.agent import gpureset
+    monkeypatch.setattr(gpureset, "BODY_TIMEOUT_S", 0.5)
+    a = await agent_factory(token="agent-secret")
+    url = a.url.rsplit("/", 2)[0] + "/v1/gpu-reset"
+    ok = {"Content-Type": "application/json", "Authorization": "Bearer agent-secret"}
+    status, body = await _post(url, ok, b" " * (2 * 1024 * 1024))
+    assert status == 413 and "exceeded" in json.loads(body)["error"], body
+    reader, writer = await asyncio.open_connection("127.0.0.1", a.agent.port)
+    try:
+        writer.write(b"POST /v1/gpu-reset HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer agent-secret\r\nContent-Length: 100\r\n\r\n{")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(65536), 10)
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.5s" in answer, answer
