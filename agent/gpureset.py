@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import pynvml
 from aiohttp import web
 
-from podhealth import bodycoding, log, webguard
+from podhealth import bodycoding, bodyread, log, webguard
 from podhealth.worker import call_with_timeout
 
 if TYPE_CHECKING:
@@ -86,21 +86,10 @@ class GpuReset:
         refusal = self.health.refusal(request)
         if refusal is not None:
             return refusal
-        coding = bodycoding.header_of(request.headers.getall("Content-Encoding", []))
         try:
-            async with asyncio.timeout(BODY_TIMEOUT_S):
-                sent = await request.read()
-            raw = bodycoding.decode(sent, coding, MAX_BODY)
-        except bodycoding.BodyError as e:  # the coding itself was checked in refusal()
+            raw = await bodyread.read_body(request, MAX_BODY, BODY_TIMEOUT_S)
+        except bodycoding.BodyError as e:
             return web.json_response({"error": e.message}, status=e.status)
-        except TimeoutError:
-            request.protocol.close()  # the rest may never come: not drained after the answer
-            return web.json_response({"error": f"the body did not arrive within {BODY_TIMEOUT_S:g}s"}, status=408)
-        except web.HTTPRequestEntityTooLarge as e:  # over the app's client_max_size as sent
-            return web.json_response({"error": e.text or "body too large"}, status=413)
-        except ConnectionResetError:  # the caller left mid-upload: nobody to answer, no traceback
-            _log.info("client closed the connection during the upload", path=request.path)
-            return web.json_response({"error": "connection closed during the upload"}, status=400)
         try:
             body = json.loads(raw or b"{}")
             gpu = body["gpu"]

@@ -9,7 +9,6 @@ header, which browsers never send on their own, so they are CSRF-safe without co
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import json
 import math
@@ -20,10 +19,8 @@ from typing import Any, Awaitable, Callable, Sequence
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from aiohttp.web_protocol import RequestPayloadError
 
-from podhealth import bodycoding
-from podhealth import log as plog
+from podhealth import bodycoding, bodyread
 from podhealth.aggregator import bundles, ingest, overrides, versions
 from podhealth.hostnames import node_name_problem
 from podhealth.webguard import from_this_host, host_guard, require_guarded, require_host_checked, same_site_only
@@ -34,7 +31,6 @@ from podhealth.aggregator.state import Checkpoint
 from podhealth.worker import offload
 
 AGG = web.AppKey("aggregator", Aggregator)
-_log = plog.get("podhealth.aggregator.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_REASON = 500
 
@@ -53,44 +49,10 @@ BODY_TIMEOUT = 60.0
 
 
 async def _raw_body(request: web.Request, limit: int) -> bytes:
-    coding = bodycoding.header_of(request.headers.getall("Content-Encoding", []))
-    if coding is not None:  # the body arrives as sent (bodycoding.py): refuse what is not decoded here unread
-        problem = bodycoding.unsupported(coding)
-        if problem is not None:
-            raise _Reject(415, "unsupported_encoding", problem)
-    if request.content_length is not None and request.content_length > limit:
-        raise _Reject(413, "too_large", f"body of {request.content_length} bytes exceeds {limit}")
     try:
-        if request.content.is_eof():  # all here already (a report is one packet): no timer to set
-            raw = await request.read()
-        else:
-            async with asyncio.timeout(BODY_TIMEOUT):
-                raw = await request.read()
-    except TimeoutError:
-        request.content.feed_eof()
-        request.protocol.close()
-        raise _Reject(408, "aborted", f"the body did not arrive within {BODY_TIMEOUT:g}s") from None
-    except web.HTTPRequestEntityTooLarge:
-        raise _Reject(413, "too_large", f"body exceeds {limit} bytes") from None
-    except RequestPayloadError as e:  # e.g. a chunked body whose framing is broken
-        # The rest cannot be read either: end it here and close the connection after the
-        # answer, rather than let aiohttp drain it afterwards (and log the parser's traceback).
-        request.content.feed_eof()
-        request.protocol.close()
-        why = " ".join(str(getattr(e.__cause__, "message", None) or e).split())
-        raise _Reject(400, "bad_request", f"body cannot be read: {why}") from None
-    except ConnectionResetError:
-        # The client went away mid-upload (a killed agent, a timeout): one structured line, not
-        # aiohttp's traceback; there is no one left to answer.
-        _log.info("client closed the connection during the upload", path=request.path, peer=request.remote or "",
-                  expected=request.content_length)
-        raise _Reject(400, "aborted", "connection closed during the upload") from None
-    if coding is None:
-        return raw
-    try:
-        return bodycoding.decode(raw, coding, limit)
+        return await bodyread.read_body(request, limit, BODY_TIMEOUT)
     except bodycoding.BodyError as e:
-        raise _Reject(e.status, "too_large" if e.status == 413 else "bad_request", e.message) from None
+        raise _Reject(e.status, e.kind, e.message) from None
 
 
 async def _body(request: web.Request, limit: int) -> tuple[Any, bytes]:

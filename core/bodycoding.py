@@ -24,12 +24,18 @@ SUPPORTED = ("gzip", "deflate", "identity")
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
 
 
-class BodyError(ValueError):
-    """A body that cannot be decoded: the HTTP status to answer and the reason."""
+# The short name of each refusal (the aggregator's JSON `code` and its metrics' `result`).
+_KINDS = {400: "bad_request", 408: "aborted", 413: "too_large", 415: "unsupported_encoding"}
 
-    def __init__(self, status: int, message: str) -> None:
+
+class BodyError(ValueError):
+    """A body that cannot be read or decoded: the HTTP status to answer, the reason, and a short
+    name for it (by status unless given: a client that left mid-upload is a 400 "aborted")."""
+
+    def __init__(self, status: int, message: str, kind: str = "") -> None:
         super().__init__(message)
         self.status, self.message = status, message
+        self.kind = kind or _KINDS.get(status, "bad_request")
 
 
 def header_of(fields: Sequence[str]) -> str | None:

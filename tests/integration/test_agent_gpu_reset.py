@@ -84,7 +84,7 @@ def test_refuses_without_the_token_and_bad_bodies(agent: Service) -> None:
     for bad in ({}, {"gpu": "0"}, {"gpu": -1}, {"gpu": True}, {"gpu": 99}, [0]):
         assert reset(agent, bad)[0] == 400, bad
     # Not JSON, and JSON nested deeper than the parser recurses (a 500 before): 400 as well.
-    for raw in (b"\xff", b'{"gpu": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"):
+    for raw in (b"\xff", b'{"gpu": ' + b"[" * 30_000 + b"]" * 30_000 + b"}"):
         assert reset(agent, raw)[0] == 400, raw[:20]
     code, body = reset(agent, {"gpu": 9})  # the H100 node has GPUs 0..7
     assert code == 404 and "no GPU 9" in body["error"]
