@@ -160,6 +160,12 @@ async def test_agent_ready_after_listening_then_watchdog(receiver: Receiver, tmp
             await asyncio.sleep(0.05)
     finally:
         await agent.stop()
+    # The receiver reads on its own thread: wait until it has STOPPING=1 (datagrams keep their
+    # order, so everything sent before it is in too), then check nothing came after it.
+    for _ in range(200):
+        if "STOPPING=1" in receiver.lines():
+            break
+        await asyncio.sleep(0.01)
     lines = receiver.lines()
     assert ready_seen_port_open == [True]
     assert lines[0] == "READY=1" and lines[1].startswith("STATUS=")
