@@ -64,6 +64,15 @@ KINDS: Mapping[str, KindSpec] = {
     "pcie-aer-fatal": KindSpec(("gpu",), {}, "fatal PCIe AER error (Surprise Down, Completion Timeout) on the GPU's link"),
     "edac-ue": KindSpec((), {}, "one uncorrectable host memory error on mc0's second DIMM (EDAC + kernel line)"),
     "nvme-critical": KindSpec((), {}, "nvme0 SMART critical warning 0x04 (reliability degraded) and media errors"),
+    # Fail-slow (sim/perfmodel.py): a part that passes every threshold and is still slower than its peers.
+    "slow-gpu": KindSpec(("gpu",), {"pct": 10.0}, "GEMM of the GPU pct % slower (fail-slow probes)"),
+    "slow-hbm": KindSpec(("gpu",), {"pct": 10.0}, "device-memory bandwidth of the GPU pct % lower"),
+    "slow-nvlink": KindSpec(("gpu",), {"link": None, "pct": 20.0},
+                            "NVLink P2P of the GPU (a degraded link) pct % lower to every peer"),
+    "slow-hca": KindSpec(("device",), {"pct": 20.0}, "RDMA bandwidth of the HCA pct % lower"),
+    "thermal-throttle-intermittent": KindSpec((), {"gpu": None, "pct": 15.0, "period": 600.0},
+                                              "the GPU (every GPU when gpu= is unset) thermally throttled, "
+                                              "SM clock pct % down, for the first half of every period s"),
 }
 
 _INT_PARAMS = ("gpu", "link", "width", "gen", "code", "port", "count", "persist")
@@ -77,7 +86,7 @@ RESETTABLE_KINDS = frozenset({"xid", "dbe", "row-remap-pending", "nvlink-down", 
 # The reset fails while one of these is on the GPU: it cannot be reset, is lost from the bus, or a
 # process still uses it (nvidia-smi refuses then; the agent checks first and answers 409).
 UNRESETTABLE_KINDS = frozenset({"gpu-reset-fails", "fallen-off-bus", "gpu-busy"})
-_FLOAT_PARAMS = ("rate", "seconds", "period")
+_FLOAT_PARAMS = ("rate", "seconds", "period", "pct")
 _STR_PARAMS = ("device", "mount", "unit", "counter")
 def counter_widths() -> Mapping[str, int]:
     """PMA counter widths (checks/data/ib_counters.yaml, the checks' own table): these counters
@@ -167,6 +176,8 @@ def _convert(key: str, raw: str) -> object:
             raise ValueError(f"bad token {tok!r}: {key} must be a number") from None
         if not f > 0 or f != f or f == float("inf"):
             raise ValueError(f"bad token {tok!r}: {key} must be a finite number > 0")
+        if key == "pct" and f >= 100:
+            raise ValueError(f"bad token {tok!r}: pct is a slowdown in percent, below 100")
         return f
     if key == "mount":
         if not raw.startswith("/"):

@@ -167,6 +167,7 @@ class Fault:
     period: float | None = None  # ib-flap: seconds per cycle
     counter: str | None = None  # ib-counter-saturated: counters/ file name
     persist: int | None = None  # 1: survives a reboot (fault=reboot clears every fault without it)
+    pct: float | None = None  # fail-slow kinds: how much slower, in percent (sim/perfmodel.py)
 
     def describe(self) -> str:
         parts = [f"fault={self.kind}" if self.kind != "xid" else f"xid={self.code}"]

@@ -52,6 +52,9 @@ NOW = 1_700_000_000.0
     ("fault=persistence-off gpu=1", dict(kind="persistence-off", gpu=1)),
     ("fault=reboot", dict(kind="reboot", gpu=None)),
     ("gpu=3 xid=79", dict(kind="xid", code=79, gpu=3)),  # order does not matter
+    ("fault=slow-gpu gpu=3 pct=7", dict(kind="slow-gpu", gpu=3, pct=7.0)),
+    ("fault=slow-nvlink gpu=1 link=4", dict(kind="slow-nvlink", gpu=1, link=4, pct=20.0)),
+    ("fault=thermal-throttle-intermittent", dict(gpu=None, pct=15.0, period=600.0)),
 ])
 def test_parse_every_kind(tokens: str, expect: dict[str, object]) -> None:
     f = faults.parse(tokens.split(), NOW)
@@ -70,7 +73,9 @@ def test_every_kind_has_a_parse_case() -> None:
         "fault=nfs-missing mount=/x", "fault=nfs-hung mount=/x", "fault=unit-down unit=a.service", "fault=reboot",
         "fault=ib-flap device=mlx5_0", "fault=ib-counter-saturated device=mlx5_0 counter=symbol_error",
         "fault=pcie-aer-fatal gpu=0", "fault=edac-ue", "fault=nvme-critical", "fault=gpu-reset-fails gpu=0",
-        "fault=gpu-busy gpu=0", "fault=nvml-events-unsupported gpu=0"]}
+        "fault=gpu-busy gpu=0", "fault=nvml-events-unsupported gpu=0", "fault=slow-gpu gpu=0",
+        "fault=slow-hbm gpu=0", "fault=slow-nvlink gpu=0", "fault=slow-hca device=mlx5_0",
+        "fault=thermal-throttle-intermittent"]}
     assert covered == set(faults.KINDS)
 
 
