@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from podhealth import config
+from podhealth import cliconfig, config
 from podhealth.credentials import CredentialError
 from podhealth.exitcodes import EXIT_USAGE
 from podhealth.hostnames import node_name_problem
@@ -33,7 +33,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p = sub.add_parser("agent", help="run the node agent (/metrics, /healthz, collectors)",
                        description="Run the node agent: collectors on their intervals, Prometheus "
                                    "exposition on /metrics, liveness on /healthz, sd_notify under systemd.")
-    p.add_argument("--config", type=Path, help="YAML config file (default: all defaults)")
+    cliconfig.add_option(p)
     from podhealth.sim.state import simulated_profiles
 
     sims = simulated_profiles()
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     from podhealth import log
 
     try:
-        cfg = config.load(args.config) if args.config else config.Config()
+        cfg = cliconfig.load(args.config)
         # Tokens from token_file / the environment are read once, here.
         cfg = replace(cfg, publish=cfg.publish.resolved(), auth=cfg.auth.resolved())
     except config.ConfigError as e:

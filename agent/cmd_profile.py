@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from podhealth import cliconfig
 from podhealth import config as config_mod
 from podhealth.config import Config
 
@@ -56,7 +57,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
         sp.add_argument("--sim-root", type=Path, help="directory of simulated nodes (default $PODHEALTH_SIM_DIR "
                                                       "or /tmp/podhealth-sim-$UID)")
         sp.add_argument("--sim-node", default="dgx01", help="simulated node's name (default dgx01)")
-        sp.add_argument("--config", help="config file (default /etc/podhealth/podhealth.yaml if present)")
+        cliconfig.add_option(sp)
         sp.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the node (default 30)")
         sp.set_defaults(func=run)
     def usage(args: argparse.Namespace) -> int:
@@ -69,12 +70,6 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
 
 class _Stop(Exception):
     """A message for stderr and exit 2."""
-
-
-def _load_config(path: str | None) -> Config:
-    from podhealth.checks.cli.cmd_check import _load_config as load
-
-    return load(path)
 
 
 def _read_node(args: argparse.Namespace, cfg: Config) -> "tuple[Snapshot, str, str]":
@@ -153,12 +148,9 @@ def _diff(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from podhealth import log
-
-    # stdout is the profile (or the diff): logs go to stderr, and only what needs a look
-    log.setup(getattr(args, "log_level", None) or "warning", "auto")
+    # stdout is the profile (or the diff): main()'s prologue sent logs to stderr
     try:
-        cfg = _load_config(args.config)
+        cfg = cliconfig.load(args.config)
         if args.profile_command == "diff" and args.file and not Path(args.file).is_file():
             raise _Stop(f"{args.file}: no such file")
         return _capture(args, cfg) if args.profile_command == "capture" else _diff(args, cfg)

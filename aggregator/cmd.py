@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from podhealth import config
+from podhealth import cliconfig, config
 from podhealth.credentials import CredentialError
 from podhealth.exitcodes import EXIT_USAGE, UsageError
 from podhealth.netaddr import parse_listen
@@ -17,8 +17,7 @@ from podhealth.netaddr import parse_listen
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
     p = sub.add_parser("aggregator", help="run the central aggregator (ingest, policy, fencing, API)")
-    p.add_argument("--config", default=os.environ.get("PODHEALTH_CONFIG"),
-                   help="config file (default: $PODHEALTH_CONFIG, else built-in defaults)")
+    cliconfig.add_option(p, cliconfig.AGGREGATOR_CONFIG)
     p.add_argument("--listen", help="HOST:PORT to bind (overrides aggregator.listen)")
     p.add_argument("--db", help="SQLite state file (overrides aggregator.db)")
     p.add_argument("--dry-run", action="store_true", help="decide and log, touch nothing")
@@ -27,7 +26,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
 
 
 def effective_config(args: argparse.Namespace) -> Any:
-    cfg = config.load(args.config) if args.config else config.Config()
+    cfg = cliconfig.load(args.config)
     agg = cfg.aggregator
     if args.listen:
         try:

@@ -20,7 +20,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from podhealth import config, credentials
+from podhealth import cliconfig, config, credentials
 from podhealth.exitcodes import EXIT_FAIL, EXIT_UNKNOWN
 
 
@@ -32,9 +32,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--token", default=os.environ.get("PODHEALTH_ADMIN_TOKEN"),
                    help="admin token, for the actions that change something (default: $PODHEALTH_ADMIN_TOKEN, "
                         "else the --config file's admin_token or admin_token_file)")
-    p.add_argument("--config", default=os.environ.get("PODHEALTH_CONFIG"),
-                   help="the aggregator's config file, for URL and token (default: $PODHEALTH_CONFIG), "
-                        "e.g. /etc/podhealth/aggregator.yaml")
+    cliconfig.add_option(p, cliconfig.AGGREGATOR_CONFIG, "the aggregator's config file, for URL and token")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the aggregator")
     p.add_argument("--format", choices=FORMATS, default="table", help="table for people, json: the raw JSON answer")
     p.add_argument("--json", action="store_true", help="deprecated: same as --format json")

@@ -12,8 +12,10 @@ import importlib
 import sys
 from typing import NoReturn, Sequence
 
-from podhealth import __version__
+from podhealth import __version__, cliconfig, log
 from podhealth.exitcodes import EXIT_USAGE
+
+LOG_LEVELS = ["debug", "info", "warning", "error"]
 
 # name -> module; order is the order in --help.
 COMMANDS: dict[str, str] = {
@@ -49,12 +51,31 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fleet health for NVIDIA DGX clusters: node agent, checks, aggregator.",
     )
     parser.add_argument("--version", action="version", version=f"podhealth {__version__}")
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None,
-                        help="override the config's log level")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=None,
+                        help="log level (logs go to stderr; default: warning, the config's log.level for "
+                             "the agent and the aggregator)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
         importlib.import_module(module).add_parser(sub)
+    for leaf in _leaves(parser):
+        # also after the command (`podhealth check --log-level debug`); SUPPRESS keeps the top one
+        leaf.add_argument("--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
+
+
+def _leaves(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        return [parser]
+    return [leaf for s in subs for p in dict.fromkeys(s.choices.values()) for leaf in _leaves(p)]
+
+
+def prologue(args: argparse.Namespace) -> None:
+    """What every command gets before it runs: logs on stderr (stdout is the command's output,
+    and `--format json|junit` must parse), and its config file found by the one lookup. The
+    agent and the aggregator set up logging again from their config (level, json/console)."""
+    log.setup(args.log_level or "warning", "auto", sys.stderr)
+    cliconfig.resolve(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -63,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    prologue(args)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

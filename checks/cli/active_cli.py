@@ -4,12 +4,12 @@ report rendering and exit codes (0 pass, 1 fail, 2 could not decide — checks/h
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import sys
 import time
 from typing import Sequence
 
+from podhealth import cliconfig
 from podhealth import config as config_mod
 from podhealth.checks import profiles
 from podhealth.checks.handover.report import SuiteReport, render
@@ -17,11 +17,8 @@ from podhealth.config import Config
 from podhealth.exitcodes import EXIT_USAGE
 from podhealth.vocab import CheckResult
 
-DEFAULT_CONFIG = "/etc/podhealth/podhealth.yaml"
-
-
 def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help=f"config file (default {DEFAULT_CONFIG} when it exists)")
+    cliconfig.add_option(p)
     p.add_argument("--profile", choices=profiles.names(), help="hardware profile (default: node.profile from config)")
     p.add_argument("--format", choices=["table", "json", "junit"], default="table")
 
@@ -41,16 +38,10 @@ def _positive_seconds(text: str) -> float:
     return v
 
 
-def load_config(path: str | None) -> Config:
-    if path:
-        return config_mod.load(path)
-    return config_mod.load(DEFAULT_CONFIG) if os.path.exists(DEFAULT_CONFIG) else Config()
-
-
 def setup(args: argparse.Namespace) -> tuple[Config, profiles.Profile] | int:
     """(config, profile), or exit code 2 after printing a clear error."""
     try:
-        cfg = load_config(args.config)
+        cfg = cliconfig.load(args.config)
         prof = profiles.load(args.profile, cfg.checks.overrides) if args.profile else profiles.of_config(cfg)
     except (config_mod.ConfigError, profiles.ProfileError, OSError) as e:
         print(f"podhealth: {e}", file=sys.stderr)

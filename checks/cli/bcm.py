@@ -172,16 +172,16 @@ def add_options(p: "argparse._ActionsContainer") -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from podhealth.checks.cli.slurm_hooks import load_config
+    from podhealth import cliconfig, log
 
     p = argparse.ArgumentParser(prog="podhealth-bcm-healthcheck",
                                 description="The local podhealth agent's verdict as a BCM health check (PASS/FAIL/UNKNOWN).")
-    p.add_argument("--config", help="config file (default $PODHEALTH_CONFIG, then /etc/podhealth/podhealth.yaml)")
+    cliconfig.add_option(p)
     add_options(p)
     args = p.parse_args(argv)
+    log.setup("warning", "auto", sys.stderr)  # stdout is BCM's PASS/FAIL line
     try:
-        env = dict(os.environ, **({"PODHEALTH_CONFIG": args.config} if args.config else {}))
-        cfg = load_config(env)
+        cfg = cliconfig.load(cliconfig.locate(args.config))
     except Exception as e:  # noqa: BLE001 - a bad config is an UNKNOWN for BCM, with the reason
         return config_unknown(e, args.unknown_severity, args.info_fd)
     return run_bcm(cfg, args.budget, args.fail_severity, args.unknown_severity, args.info_fd)

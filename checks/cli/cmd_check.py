@@ -16,6 +16,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, Callable
 
+from podhealth import cliconfig
 from podhealth import config as config_mod
 from podhealth.credentials import CredentialError
 from podhealth.checks.handover.report import EXIT_UNKNOWN, SuiteReport, render
@@ -48,7 +49,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--aggregator", default=None,
                    help="aggregator base URL that knows each node's agent URL (default: $PODHEALTH_AGGREGATOR, "
                         "then publish.aggregator_url from config)")
-    p.add_argument("--config", help="config file")
+    cliconfig.add_option(p)
     p.add_argument("--token", help="the node's agent token, `podhealth token derive --agent --node NAME` "
                    "(default: $PODHEALTH_TOKEN, then auth.token from config)")
     p.add_argument("--format", choices=["table", "json", "junit", "bcm"], default="table",
@@ -66,16 +67,9 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     return p
 
 
-def _load_config(path: str | None) -> Config:
-    if path:
-        return config_mod.load(path)
-    default = "/etc/podhealth/podhealth.yaml"
-    return config_mod.load(default) if os.path.exists(default) else Config()
-
-
 # Where install-units and the aggregator's unit keep its config: on the aggregator's host the
 # cluster secret is there, not in the agent's podhealth.yaml that `check` reads by default.
-AGGREGATOR_CONFIG = "/etc/podhealth/aggregator.yaml"
+AGGREGATOR_CONFIG = cliconfig.AGGREGATOR_CONFIG
 
 
 def _token(args: argparse.Namespace, cfg: Config, node: str) -> str:
@@ -90,7 +84,7 @@ def _token(args: argparse.Namespace, cfg: Config, node: str) -> str:
         if own or not node:
             return own
         derived = cfg.aggregator.auth.resolved().agent_token_for(node)
-        if derived or args.config or not os.access(AGGREGATOR_CONFIG, os.R_OK):
+        if derived or getattr(args, "config_chosen", bool(args.config)) or not os.access(AGGREGATOR_CONFIG, os.R_OK):
             return derived
         return config_mod.load(AGGREGATOR_CONFIG).aggregator.auth.resolved().agent_token_for(node)
     except (CredentialError, config_mod.ConfigError) as e:
@@ -198,7 +192,7 @@ def _local_agent_listening(cfg: Config) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        cfg = _load_config(args.config)
+        cfg = cliconfig.load(args.config)
     except config_mod.ConfigError as e:
         if args.format == "bcm":
             from podhealth.checks.cli.bcm import config_unknown

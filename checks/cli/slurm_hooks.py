@@ -38,17 +38,14 @@ from podhealth.checks.cli.slurm_health import agent_report, line
 from podhealth.config import Config
 from podhealth.vocab import CheckResult, NodeReport, Status
 
-DEFAULT_CONFIG = "/etc/podhealth/podhealth.yaml"
 _GPU_ENTITY = re.compile(r"gpu(\d+)$")
 
 
 def load_config(env: "os._Environ[str] | dict[str, str]") -> Config:
-    from podhealth import config as config_mod
+    """$PODHEALTH_CONFIG, else the agent's default file, else the defaults (core/cliconfig.py)."""
+    from podhealth import cliconfig
 
-    path = env.get("PODHEALTH_CONFIG", "")
-    if path:
-        return config_mod.load(path)
-    return config_mod.load(DEFAULT_CONFIG) if os.path.exists(DEFAULT_CONFIG) else Config()
+    return cliconfig.load(cliconfig.locate(None, env=env))
 
 
 def node_name(cfg: Config, env: "os._Environ[str] | dict[str, str]") -> str:
@@ -200,6 +197,9 @@ Hook = Callable[["os._Environ[str] | dict[str, str]"], int]
 
 
 def _entry(fn: Hook, on_error: int) -> int:
+    from podhealth import log
+
+    log.setup("warning", "auto", sys.stderr)  # slurmd keeps stderr; stdout is no place for logs
     try:
         return int(fn(os.environ))
     except Exception as e:  # noqa: BLE001 - slurmd only logs our exit code and stderr
