@@ -523,6 +523,9 @@ def make_app(agg: Aggregator, *, manage: bool = True) -> web.Application:
         app.router.add_get(path, reads(read))
     from podhealth.aggregator import ui  # the web UI: /, /ui/*
     ui.setup(app, agg, reads)
+    from podhealth.aggregator import failslow_api  # fail-slow: POST /v1/perf, its reads, the judge's loop
+
+    failslow_api.setup(app, agg, reads, _ingest_endpoint)
     require_guarded(app)
     require_host_checked(app)
     return app

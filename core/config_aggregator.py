@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Mapping
 
 from podhealth import credentials
 from podhealth.hostnames import node_name_problem
+from podhealth.config_failslow import FailslowAggConfig
 from podhealth.config_listen import ListenConfig
 from podhealth.netaddr import is_loopback_address
 from podhealth.configload import AbsPath, Ge, Gt, NonEmpty, Percent, Seconds, doc
@@ -386,6 +387,8 @@ class AggregatorConfig:
     ui: UiConfig = doc("The web UI: Grafana links, fleet history.", factory=UiConfig)
     bundles: BundlesConfig = doc("Evidence bundles fetched from a node's agent when it is fenced.",
                                  factory=BundlesConfig)
+    failslow: FailslowAggConfig = doc("Fail-slow: probe results judged against their cohort, job stragglers "
+                                      "(docs/failslow.md).", factory=FailslowAggConfig)
 
     def validate(self) -> tuple[str, str] | None:
         seen: set[str] = set()

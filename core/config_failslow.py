@@ -44,10 +44,6 @@ class MetricRule:
     act_consecutive: Annotated[int, Ge(1, "a count")] = doc("...this many probes in a row must be.", 2)
 
 
-def _default_rules() -> Mapping[str, MetricRule]:
-    return MappingProxyType({m: MetricRule() for m in METRICS})
-
-
 @dataclass(frozen=True)
 class FailslowJudgeConfig:
     enabled: bool = doc("Judge probe results against their cohorts (same profile, driver, firmware).", True)
@@ -62,7 +58,9 @@ class FailslowJudgeConfig:
                            7 * 86400.0)
     metrics: Mapping[MetricName, MetricRule] = doc(
         "Per metric (gemm_tflops, hbm_gbs, sm_clock_mhz, nvlink_gbs, pcie_h2d_gbs, pcie_d2h_gbs,\n"
-        "rdma_gbs); a metric left out takes the defaults.", factory=_default_rules)
+        "rdma_gbs) the keys of a rule that differ from its defaults, e.g.\n"
+        "{gemm_tflops: {action: drain, act_z: -8, act_consecutive: 2}}; a metric left out takes them all.",
+        factory=lambda: MappingProxyType({}))
 
     def rule(self, metric: str) -> MetricRule:
         return self.metrics.get(metric) or MetricRule()  # type: ignore[call-overload]
@@ -94,3 +92,18 @@ class FailslowProbeConfig:
     budget: Annotated[float, Gt(0, "seconds"), Le(600, "seconds")] = doc("Seconds one probe round may take.", 120.0)
     idle_for: Seconds = doc("Seconds the node must have had no job (the prolog/kubelet job record) before a probe.",
                             300.0)
+
+
+@dataclass(frozen=True)
+class FailslowAggConfig:
+    judge: FailslowJudgeConfig = doc("How probe results are judged against their cohort and baseline.",
+                                     factory=FailslowJudgeConfig)
+    stragglers: StragglerConfig = doc("Stragglers inside running jobs (passive; WARN only, never acts on a job).",
+                                      factory=StragglerConfig)
+    interval: Annotated[float, Ge(1, "seconds")] = doc("Seconds between two judgements of the fleet's probe results.",
+                                                       60.0)
+    window: Annotated[float, Ge(1, "seconds")] = doc(
+        "Seconds of one job collection window: the agents' summaries of a job within one window are\n"
+        "compared with each other (the agents' failslow.window_interval).", 30.0)
+    max_probes_per_node: Annotated[int, Ge(1, "a count"), Le(4096, "a count")] = doc(
+        "Most probe results one node may send at once (8 GPUs: ~76).", 512)

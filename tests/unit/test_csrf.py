@@ -53,7 +53,7 @@ async def test_every_mutating_route_of_the_aggregator_is_guarded(tmp_path: Path)
     finally:
         await agg.stop()
     posts = [r for r in app.router.routes() if r.method not in csrf.SAFE_METHODS]
-    assert len(posts) == 11 and all(getattr(r.handler, "_podhealth_same_site_only", False) for r in posts)
+    assert len(posts) == 12 and all(getattr(r.handler, "_podhealth_same_site_only", False) for r in posts)
 
 
 def test_an_unguarded_mutating_route_is_refused_at_start() -> None:
