@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "burnin": "podhealth.checks.cli.cmd_burnin",
     "dcgm-diag": "podhealth.checks.cli.cmd_dcgm",
     "nccl": "podhealth.checks.cli.cmd_nccl",
+    "perfprobe": "podhealth.checks.cli.cmd_perfprobe",
     "profile": "podhealth.agent.cmd_profile",
 }
 

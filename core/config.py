@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Mapping
 from podhealth import credentials, yamldata
 from podhealth.hostnames import node_name_problem
 from podhealth.config_aggregator import AggregatorConfig
+from podhealth.config_failslow import FailslowProbeConfig
 from podhealth.config_listen import ListenConfig
 from podhealth.configload import (
     AbsPath, ConfigError, Ge, Gt, Le, Percent, Port, Seconds, doc, load_file, load_text,
@@ -355,6 +356,8 @@ class Config:
     publish: PublishConfig = doc("Pushing verdict transitions and XID events to the aggregator.", factory=PublishConfig)
     checks: ChecksConfig = doc("Health checks.", factory=ChecksConfig)
     active: ActiveConfig = doc("Active tests run on demand: burn-in, DCGM diagnostics, NCCL.", factory=ActiveConfig)
+    failslow: FailslowProbeConfig = doc("Fail-slow probes on an idle node, judged by the aggregator (docs/failslow.md).",
+                                        factory=FailslowProbeConfig)
     auth: AuthConfig = doc("Agent API authentication.", factory=AuthConfig)
     gpu_reset: GpuResetConfig = doc("POST /v1/gpu-reset: how this node resets one GPU.", factory=GpuResetConfig)
     aggregator: AggregatorConfig = doc("The central aggregator (podhealth aggregator).", factory=AggregatorConfig)

@@ -1,4 +1,5 @@
-"""The short active tests of the handover suite: burn-in and single-node NCCL, when CUDA is usable.
+"""The short active tests of the handover suite: burn-in, single-node NCCL and the fail-slow probes,
+when CUDA is usable.
 
 Each runs as its own `podhealth burnin|nccl --format json` process: PyTorch and the GPU work stay
 out of the agent (its memory and its event loop), and a crash or hang there is one UNKNOWN
@@ -61,4 +62,8 @@ def active_tests(cfg: Config) -> list[ActiveTest]:
     return [
         ActiveTest("burnin", lambda: _run_json("burnin", ["burnin", "--duration", f"{burn_s:g}"], burn_s + GRACE_S)),
         ActiveTest("nccl_allreduce", lambda: _run_json("nccl_allreduce", ["nccl"], GRACE_S * 2)),
+        # The fail-slow fingerprint: figures (with their fraction of the profile's peak) for the
+        # report; the aggregator judges them against the fleet when the agent sends them.
+        ActiveTest("perfprobe", lambda: _run_json("perfprobe", ["perfprobe", "--budget", f"{cfg.failslow.budget:g}"],
+                                                  cfg.failslow.budget + GRACE_S)),
     ]

@@ -21,9 +21,17 @@ def test_never_and_auto_without_cuda_run_nothing() -> None:
         assert handover_active.active_tests(_cfg("auto")) == []
 
 
-def test_always_lists_burnin_and_nccl() -> None:
+def test_always_lists_burnin_nccl_and_perfprobe() -> None:
     names = [t.name for t in handover_active.active_tests(_cfg("always"))]
-    assert names == ["burnin", "nccl_allreduce"]
+    assert names == ["burnin", "nccl_allreduce", "perfprobe"]
+
+
+async def test_perfprobe_in_the_handover_is_unknown_without_cuda() -> None:
+    if handover_active.cuda_devices():
+        pytest.skip("a CUDA GPU is here: tests/hardware/test_perfprobe_gpu.py measures it")
+    (probe,) = [t for t in handover_active.active_tests(_cfg("always")) if t.name == "perfprobe"]
+    res = await probe.run()
+    assert res and all(r.status is Status.UNKNOWN for r in res)
 
 
 async def test_subprocess_report_is_parsed_and_failures_are_unknown() -> None:
