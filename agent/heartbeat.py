@@ -164,6 +164,11 @@ class Heartbeat(Sink):
         self._failing = True
         return False
 
+    async def post(self, body: dict[str, Any]) -> tuple[int, Any]:
+        """POST `body` to the replicas (this object's path): the one way a sink of this agent sends
+        the aggregator something, with the token, the timeout and the failover (agent/failslow.py)."""
+        return await self._post(body)
+
     async def _post(self, body: dict[str, Any]) -> tuple[int, Any]:
         """(HTTP status or 0 when unreachable, the answer's JSON or text)."""
         assert self._session is not None, "start() first"

@@ -84,8 +84,18 @@ def setup(cfg: Config, profile: str, root: Path, name: str) -> SimSetup:
         # The simulated kernel stamps its records against the simulated node's boot (its t0),
         # not this machine's: without this, every simulated XID would look an hour old.
         "kmsg": {"boot_time": lambda: node.state.t0, "reader": kmsg_reader},
+        # The fail-slow probes read the node's performance model (spread, slow-* faults).
+        "failslow": {"probe": lambda: _fingerprint(node)},
     }
     return SimSetup(node, cfg, seams)
+
+
+def _fingerprint(node: "SimNode") -> list[tuple[str, str, float, str]]:
+    import time
+
+    from podhealth.sim import perfmodel
+
+    return [(r.entity, r.metric, r.value, r.firmware) for r in perfmodel.fingerprint(node.state, 0, time.time())]
 
 
 def _kmsg_reader(node: "SimNode", from_start: bool) -> Any:

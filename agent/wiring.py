@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from podhealth import log
 from podhealth.agent import health
@@ -64,6 +64,16 @@ def build_sinks(cfg: Config, node: str, *, report: ReportFn, specs: SpecsFn,
     return sinks
 
 
+def failslow_sink(cfg: Config, node: str, seam: Mapping[str, Any]) -> Sink | None:
+    """The fail-slow sink when probes are on or job windows can be sent (an aggregator URL)."""
+    if not (cfg.failslow.enabled or cfg.publish.urls()):
+        return None
+    from podhealth.agent.failslow import FailslowSink, probe_from
+
+    probe = probe_from(seam["probe"]) if "probe" in seam else None
+    return FailslowSink(cfg.failslow, cfg.publish, node, cfg.node.profile, probe=probe)
+
+
 def install(agent: "Agent", spool_dir: Path | None = None) -> health.Health:
     from podhealth.checks.handover.active import active_tests
 
@@ -80,5 +90,8 @@ def install(agent: "Agent", spool_dir: Path | None = None) -> health.Health:
 
     for sink in build_sinks(agent.cfg, agent.node, report=report, specs=specs, spool_dir=spool_dir):
         agent.add_sink(sink)
+    fs = failslow_sink(agent.cfg, agent.node, agent.seams.get("failslow", {}))
+    if fs is not None:
+        agent.add_sink(fs)
     h.on_transition.append(agent.sinks.transition)
     return h
