@@ -114,6 +114,7 @@ def argv_for(path: tuple[str, ...], pod: Pod, tmp: Path) -> list[str]:
         "nccl": ["--device", "cpu", "--nproc", "2", "--min-bytes", "1024", "--max-bytes", "4096", "--iters", "1",
                  "--warmup", "0"],
         "profile": ["--url", pod.agent],
+        "perfprobe": ["--budget", "10", "--gpus", "0"],
     }
     return argv + extra.get(top, []) + ["--format", "json"]
 
