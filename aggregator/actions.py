@@ -686,6 +686,10 @@ class ActionRunner:
                         # warnings)", checks/handover/report.py); FAIL and UNKNOWN (undecided) never release.
                         passed = isinstance(data, dict) and (
                             data.get("status") == "OK" or (data.get("status") == "WARN" and data.get("exit_code") == 0))
+                        if isinstance(data, dict) and isinstance(data.get("summary"), str):
+                            # the report's own line (FAILs first, then WARNs, then the UNKNOWN count),
+                            # the same as `podhealth check` prints, not 2 KB of its JSON
+                            detail = f"HTTP {resp.status}: {data['summary'][:1000]}"
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             detail = f"unreachable: {type(e).__name__}: {e}"
         now = self.clock()

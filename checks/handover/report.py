@@ -42,13 +42,17 @@ class SuiteReport:
         return EXIT_PASS
 
     def summary(self) -> str:
-        counts = {s: sum(1 for r in self.results if r.status is s) for s in Status}
+        """One line that names what matters, worst first: the FAILs, then the WARNs, then how many
+        were UNKNOWN (named only when nothing failed: then they are why the report is undecided),
+        then the OKs. In table order, five UNKNOWNs used to hide three real FAILs here; the
+        aggregator's handover audit carries the same line."""
+        by = {s: [f"{r.check}:{r.entity}" for r in self.results if r.status is s] for s in Status}
         head = {Status.OK: "PASS", Status.WARN: "PASS (with warnings)", Status.FAIL: "FAIL",
                 Status.UNKNOWN: "UNDECIDED"}[self.status]
-        bad = [f"{r.check}:{r.entity}" for r in self.results if r.status in (Status.FAIL, Status.UNKNOWN)][:5]
-        tail = f" — {', '.join(bad)}" if bad else ""
-        return (f"{self.node}: {head}: {counts[Status.OK]} ok, {counts[Status.WARN]} warn, "
-                f"{counts[Status.FAIL]} fail, {counts[Status.UNKNOWN]} unknown{tail}")
+        named = {Status.FAIL: True, Status.WARN: True, Status.UNKNOWN: not by[Status.FAIL], Status.OK: False}
+        parts = [f"{len(by[s])} {s.value.lower()}" + (f" ({_first(by[s])})" if named[s] else "")
+                 for s in (Status.FAIL, Status.WARN, Status.UNKNOWN, Status.OK) if by[s]]
+        return f"{self.node}: {head}: {', '.join(parts) or 'no results'}"
 
     def to_json(self) -> dict[str, object]:
         return {"node": self.node, "profile": self.profile, "status": self.status.value,
@@ -69,6 +73,14 @@ class SuiteReport:
                    durations=tuple((str(k), float(v)) for k, v in dur.items()),
                    started=float(d.get("started", 0.0)), finished=float(d.get("finished", 0.0)),  # type: ignore[arg-type]
                    notes=tuple(str(n) for n in notes))
+
+
+SUMMARY_NAMES = 5
+
+
+def _first(names: Sequence[str]) -> str:
+    more = len(names) - SUMMARY_NAMES
+    return ", ".join(names[:SUMMARY_NAMES]) + (f", +{more} more" if more > 0 else "")
 
 
 _STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.UNKNOWN: "magenta"}

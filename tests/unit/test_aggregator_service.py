@@ -141,6 +141,8 @@ async def test_human_drained_node_is_never_fenced_over_nor_resumed(tmp_path: Pat
     ((200, {"status": "OK", "suite": "handover"}), True),
     ((200, {"status": "WARN", "exit_code": 0, "summary": "PASS (with warnings)"}), True),
     ((200, {"status": "FAIL"}), False),
+    ((200, {"status": "FAIL", "exit_code": 1, "results": [{"check": "gpu"}] * 50,
+            "summary": "dgx01: FAIL: 1 fail (ib_port:mlx5_1/1), 17 unknown"}), False),
     ((200, {"status": "UNKNOWN"}), False),
     ((404, {"error": "no such endpoint"}), False),
 ])
@@ -168,6 +170,9 @@ async def test_return_to_service_only_on_a_passed_handover(tmp_path: Path, answe
                 await until(lambda: agg.mem.nodes["dgx01"].handover == "failed")
                 await asyncio.sleep(0.1)
                 assert "dgx01" in fencer.fenced and agg.mem.nodes["dgx01"].fence is FenceMode.FENCED
+                if "summary" in answer[1]:  # the audit carries the report's own line, not its JSON
+                    out = [a["output"] for a in agg.store.audit_tail() if a["what"] == "handover suite"]
+                    assert out == [f"HTTP 200: {answer[1]['summary']}"]
     finally:
         await arunner.cleanup()
 

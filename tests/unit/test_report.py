@@ -60,3 +60,17 @@ def test_table_folds_ok_rows_and_shows_problems_and_notes() -> None:
     verbose = io.StringIO()
     render(rep(*([Status.OK] * 8), Status.FAIL), "table", verbose, verbose=True)
     assert "gpu3" in verbose.getvalue()
+
+
+def test_summary_names_the_fails_first_then_warns_then_counts_unknowns() -> None:
+    # as found on a fresh node: five UNKNOWNs in table order before three real FAILs
+    results = (*(CheckResult("gpu_count", Status.UNKNOWN, f"e{i}") for i in range(5)),
+               CheckResult("ib_port", Status.FAIL, "mlx5_1/1"), CheckResult("nfs_mount", Status.FAIL, "/home"),
+               CheckResult("nfs_mount", Status.FAIL, "/scratch"), CheckResult("thermal", Status.WARN, "gpu3"),
+               CheckResult("ecc", Status.OK, "gpu0"))
+    line = SuiteReport("dgx01", "dgx-h100", results).summary()
+    assert line == ("dgx01: FAIL: 3 fail (ib_port:mlx5_1/1, nfs_mount:/home, nfs_mount:/scratch), "
+                    "1 warn (thermal:gpu3), 5 unknown, 1 ok")
+    # undecided: the UNKNOWNs are the reason, so they are named (five, then a count)
+    undecided = SuiteReport("dgx01", "dgx-h100", results[:5] * 2).summary()
+    assert undecided.startswith("dgx01: UNDECIDED: 10 unknown (gpu_count:e0, ") and undecided.endswith("+5 more)")
