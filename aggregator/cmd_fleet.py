@@ -193,7 +193,31 @@ def _status(args: argparse.Namespace) -> int:
         print(f"\n{'NODE':<20} {'STATE':<10} {'PARTITION':<12} CHECKS")
         for n in rows:
             print(f"{n['name']:<20} {n['state']:<10} {n['partition'] or '-':<12} {','.join(n['checks']) or '-'}")
+            why = _why_out(n)
+            if why:
+                print(f"{'':22}{why}")
     return 0
+
+
+# The ladder's steps as the node page words them (aggregator/static/node.js).
+_LADDER_STEP = {"acting": "in flight", "verifying": "done, waiting for the handover suite",
+                "repair": "handed to a human (fleet repairs)"}
+
+
+def _why_out(n: dict[str, Any]) -> str:
+    """Why a node is out of service, for the rows whose checks no longer say it: a fenced node whose
+    verdict is OK again during its reboot showed nothing at all."""
+    parts = []
+    if n.get("fence_reason"):
+        parts.append(f"fence: {n['fence_reason']}")
+    if n.get("hold_reason"):
+        parts.append(f"held: {n['hold_reason']}")
+    ladder = n.get("ladder") or {}
+    if ladder.get("step"):
+        rung = str(ladder.get("remedy") or "").lower().replace("_", " ")
+        parts.append(f"ladder: {rung + ' ' if rung else ''}{_LADDER_STEP.get(ladder['step'], ladder['step'])}"
+                     + (f" since {_when(ladder['since'])}" if ladder.get("since") else ""))
+    return "; ".join(parts)
 
 
 @_run

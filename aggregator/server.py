@@ -261,7 +261,10 @@ async def api_nodes(request: web.Request) -> web.Response:
             continue
         out.append({"name": name, "state": rec.state, "status": rec.status.value, "partition": rec.partition,
                     "fence": rec.fence.value, "last_seen": rec.last_seen,
-                    "checks": sorted({c.check for c in conds})})
+                    "checks": sorted({c.check for c in conds}),
+                    # why it is out of service when its verdict is OK again (a reboot in flight)
+                    "fence_reason": rec.fence_reason, "hold_reason": rec.hold_reason,
+                    "ladder": {"step": rec.ladder, "since": rec.ladder_at, "remedy": rec.view().remedy}})
     return web.json_response({"nodes": out, "count": len(out)})
 
 

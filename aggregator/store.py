@@ -849,7 +849,9 @@ class Store:
         `names` or of every node. SQLite's JSON functions pick them out of the ~18 KB reports; a
         report from an agent without the drift check gives no row, one that is not JSON none."""
         # json_extract, not ->>: SQLite before 3.38 (Ubuntu 22.04) has JSON1 but not the operators
-        sql = ("SELECT r.name, json_extract(j.value, '$.entity'), json_extract(j.value, '$.evidence.observed') "
+        # HCA firmware comes per board (evidence.boards, "BOARD=VERSION, ..."), from agents that send it
+        sql = ("SELECT r.name, json_extract(j.value, '$.entity'), "
+               "COALESCE(json_extract(j.value, '$.evidence.boards'), json_extract(j.value, '$.evidence.observed')) "
                "FROM reports r, json_each(r.report, '$.results') j "
                "WHERE {where} json_valid(r.report) AND json_extract(j.value, '$.check') = 'drift'")
         out: list[tuple[str, str, str]] = []
@@ -884,7 +886,8 @@ class Store:
                 continue
             for r in results if isinstance(results, list) else []:
                 if isinstance(r, dict) and r.get("check") == "drift":
-                    observed = (r.get("evidence") or {}).get("observed") if isinstance(r.get("evidence"), dict) else None
+                    ev = r.get("evidence") if isinstance(r.get("evidence"), dict) else {}
+                    observed = ev.get("boards") or ev.get("observed")
                     shown = observed if isinstance(observed, str) or observed is None else json.dumps(observed)
                     out.append((str(name), str(r.get("entity")), str(shown or "")))
         return out

@@ -23,13 +23,17 @@ def fleet_versions(readings: Iterable[tuple[str, str, str]], nodes: Iterable[str
     A node whose GPUs (or HCAs) run different versions appears under each; one whose version
     could not be read appears under none of that field's versions."""
     by: dict[str, dict[str, set[str]]] = {}
+    boards: dict[str, dict[str, set[str]]] = {}  # hca_fw: board -> version -> nodes
     reporting: set[str] = set()
     for node, field, observed in readings:
         reporting.add(node)
         bucket = by.setdefault(field, {})
-        for version in (v.strip() for v in observed.split(",")):
+        for token in (v.strip() for v in observed.split(",")):
+            board, _, version = token.rpartition("=")  # "BOARD=VERSION" (hca_fw), else a version
             if version:
                 bucket.setdefault(version, set()).add(node)
+                if board:
+                    boards.setdefault(board, {}).setdefault(version, set()).add(node)
     order = [f for f in FIELDS] + sorted(set(by) - set(FIELDS))
     out: dict[str, Any] = {}
     counts: dict[str, dict[str, int]] = {}
@@ -39,6 +43,9 @@ def fleet_versions(readings: Iterable[tuple[str, str, str]], nodes: Iterable[str
         out[field] = {v: sorted(ns) for v, ns in ranked}
         counts[field] = {v: len(ns) for v, ns in ranked}
     out["counts"] = counts
+    # {board: {version: [nodes]}}, boards by name, versions most common first ("?" = board not read)
+    out["hca_fw_boards"] = {b: {v: sorted(ns) for v, ns in sorted(vs.items(), key=lambda kv: (-len(kv[1]), kv[0]))}
+                            for b, vs in sorted(boards.items())}
     out["reporting"] = len(reporting)
     out["not_reported"] = sorted(set(nodes) - reporting)
     return out
@@ -52,14 +59,25 @@ def lines(view: dict[str, Any], name_few: int = 0) -> list[str]:
     for field, counts in view["counts"].items():
         if not counts:
             continue
-        parts = []
-        for i, (v, n) in enumerate(counts.items()):
-            part = f"{n} node{'s' if n != 1 else ''} run{'s' if n == 1 else ''} {v}"
-            if i and n <= name_few:
-                part += f" ({', '.join(view[field][v])})"
-            parts.append(part)
-        out.append(f"{LABELS.get(field, field)}: " + ", ".join(parts))
+        by_board = view.get("hca_fw_boards") or {} if field == "hca_fw" else {}
+        if by_board:  # one line per board: a node carries compute and storage boards at once
+            for board, per in by_board.items():
+                out.append(f"{LABELS[field]} (board {board}): " + _said(per, name_few))
+            continue
+        out.append(f"{LABELS.get(field, field)}: " + _said({v: view[field][v] for v in counts}, name_few))
     return out
+
+
+def _said(nodes: Mapping[str, Sequence[str]], name_few: int) -> str:
+    """ "2 nodes run Y, 1 node runs X (dgx07)": versions most common first."""
+    parts = []
+    for i, (v, ns) in enumerate(nodes.items()):
+        n = len(ns)
+        part = f"{n} node{'s' if n != 1 else ''} run{'s' if n == 1 else ''} {v}"
+        if i and n <= name_few:
+            part += f" ({', '.join(ns)})"
+        parts.append(part)
+    return ", ".join(parts)
 
 
 Reading = tuple[str, str, str]  # (node, field, versions as the drift result's evidence says)

@@ -88,10 +88,14 @@ def drift(ctx: Context) -> list[CheckResult]:
         expected = p.versions.get(field)
         seen = observed[field]
         shown = ", ".join(distinct(seen)) if seen else ""
+        # HCA firmware per board: compute and storage adapters are different boards with their own
+        # firmware lines, and "16 nodes run X, 16 run Y" must not read like 32 nodes (fleet versions).
+        boards = ({"boards": ", ".join(sorted({f"{s.board or '?'}={s.version}" for s in seen}))}
+                  if field == "hca_fw" and seen else {})
         # The version is in the summary as well as the evidence: a heartbeat lease vouches for
         # summaries, not evidence, so an upgrade reaches the aggregator's fleet view at once.
         if not _stated(expected):
-            out.append(ok("drift", field, f"{shown or 'not read'} (not stated in the profile)", observed=shown))
+            out.append(ok("drift", field, f"{shown or 'not read'} (not stated in the profile)", observed=shown, **boards))
             continue
         want = (" ".join(f"{b}={v}" for b, v in sorted(expected.items())) if isinstance(expected, Mapping)
                 else str(expected))
@@ -100,7 +104,7 @@ def drift(ctx: Context) -> list[CheckResult]:
             out.append(unknown("drift", field, f"{field} version could not be read ({collector})", expected=want))
             continue
         differ, unlisted = _differs(field, expected, seen)
-        ev: dict[str, object] = {"observed": shown, "expected": want}
+        ev: dict[str, object] = {"observed": shown, "expected": want, **boards}
         if unlisted:
             ev["unlisted"] = " ".join(f"{s.where}:{s.board or '?'}={s.version}" for s in unlisted)
         if not differ:

@@ -41,6 +41,9 @@ async def test_fleet_commands_against_a_running_aggregator(tmp_path: Path) -> No
         lines = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.startswith("dgx")}
         assert lines["dgx01"][1] == "fenced" and lines["dgx02"][1:4] == ["WARN", "batch", "nvlink"]
         assert lines["dgx04"][1] == "drained" and lines["dgx03"][1] == "UNKNOWN"  # never reported
+        # a fenced node with no failing check (the operator's fence; a reboot in flight) says why
+        after = out.splitlines()[out.splitlines().index(next(ln for ln in out.splitlines() if ln.startswith("dgx01"))) + 1]
+        assert after.startswith(" ") and "fence: podhealth: operator" in after and "held: fenced by an operator" in after, out
         rc, out, err = await fleet(url, "release", "dgx04", "--reason", "mine now")
         assert rc == 1 and "HTTP 409" in err and "only releases its own fences" in err
         rc, out, err = await fleet(url, "release", "dgx01", "--reason", "repaired", token="wrong")
@@ -119,3 +122,13 @@ def test_parse_listen(text: str, want: tuple[str, int]) -> None:
 def test_parse_listen_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="--listen"):
         parse_listen(text, any_host="0.0.0.0")
+
+
+def test_status_names_the_fence_reason_and_the_ladder_step() -> None:
+    from podhealth.aggregator.cmd_fleet import _why_out
+
+    row = {"fence_reason": "podhealth: xid GPU3 REBOOT (XID 79)", "hold_reason": "",
+           "ladder": {"step": "verifying", "since": 0, "remedy": "REBOOT"}}
+    assert _why_out(row) == ("fence: podhealth: xid GPU3 REBOOT (XID 79); "
+                             "ladder: reboot done, waiting for the handover suite")
+    assert _why_out({"fence_reason": "", "hold_reason": "", "ladder": {"step": "", "since": 0, "remedy": ""}}) == ""

@@ -144,3 +144,31 @@ def test_readings_reread_only_reports_stored_since() -> None:
     assert asked[1:] == [["dgx01"], ["dgx01"]]
     del stamps["dgx03"]  # a node the aggregator no longer knows
     assert cache.view(stamps, read, now=208.0)["hca_fw"] == {FW_NEW: ["dgx01", "dgx02"]}
+
+
+def test_hca_firmware_is_grouped_by_board() -> None:
+    # 16 nodes, each with compute HCAs (board A) and storage HCAs (board B): "16 nodes run X,
+    # 16 nodes run Y" read like 32 nodes; per board it reads as what it is
+    compute, storage = "MT_0000000838", "MT_0000000970"
+    readings = [(f"dgx{i:02}", "hca_fw", f"{compute}=28.41.1000, {storage}=32.38.3056") for i in range(1, 16)]
+    readings.append(("dgx16", "hca_fw", f"{compute}=28.39.1002, {storage}=32.38.3056"))
+    view = versions.fleet_versions(readings, [f"dgx{i:02}" for i in range(1, 17)])
+    assert view["counts"]["hca_fw"] == {"32.38.3056": 16, "28.41.1000": 15, "28.39.1002": 1}  # the API keeps its shape
+    said = versions.lines(view, name_few=2)
+    assert f"HCA firmware (board {compute}): 15 nodes run 28.41.1000, 1 node runs 28.39.1002 (dgx16)" in said
+    assert f"HCA firmware (board {storage}): 16 nodes run 32.38.3056" in said
+    assert not any(line.startswith("HCA firmware:") for line in said)
+
+
+def test_the_drift_check_reports_hca_firmware_per_board() -> None:
+    from podhealth.checks.passive import drift as drift_check
+
+    seen = (drift_check.Seen("mlx5_0", "28.41.1000", "MT_0000000838"),
+            drift_check.Seen("mlx5_bond_0", "32.38.3056", "MT_0000000970"))
+    from unittest import mock
+    with mock.patch.object(drift_check, "observe", lambda snap, samples=None: {
+            f: (seen if f == "hca_fw" else None) for f in drift_check.FIELDS}):
+        ctx = mock.Mock(profile=mock.Mock(versions={}, drift={}))
+        res = {r.entity: r for r in drift_check.drift(ctx)}
+    ev = dict(res["hca_fw"].evidence)
+    assert ev["boards"] == "MT_0000000838=28.41.1000, MT_0000000970=32.38.3056"
