@@ -296,7 +296,8 @@ class ActionRunner:
         rec = mem.nodes[a.node]
         ops: list[Op] = []
         if a.failed_verify:  # the attempt being verified ran out of time: a failed attempt
-            ops.append(Store.op_ladder_outcome(a.node, "failed", now))
+            ops.append(Store.op_ladder_outcome(
+                a.node, "failed", now, f"the node did not pass the handover suite within {self.cfg.ladder.verify_within:g} s"))
             mem.ladder_failed(a.node, now)
         reason = parse_reason(rec.fence_reason) or FenceReason("ladder", "node", "REBOOT", slug(a.node))
         if a.kind == "repair":
@@ -696,7 +697,8 @@ class ActionRunner:
         state = "passed" if passed else "failed"
         ladder: list[Op] = []
         if rec.ladder == "verifying":  # the suite after a reset/reboot decides that attempt
-            ladder = [Store.op_ladder_outcome(p.node, state, now)] + mem.set_node(p.node, ladder="", ladder_at=now)
+            ladder = [Store.op_ladder_outcome(p.node, state, now, f"the handover suite failed ({detail[:300]})" if not passed else "")
+                      ] + mem.set_node(p.node, ladder="", ladder_at=now)
             if not passed:
                 mem.ladder_failed(p.node, now)
         await self.finish(p, "done" if passed else "failed", f"handover {state}: {detail}",
@@ -868,6 +870,7 @@ class ActionRunner:
         rec = self.mem.nodes.get(p.node)
         if rec is not None:
             rec.jobs = tuple(j.to_json() for j in touched)
+            rec.evacuated_jobs = len(touched)  # the node page must not claim jobs moved off when none ran
         await self.finish(p, "done", f"{'forced' if force else 'polite'}: "
                           f"{', '.join(j.label() for j in touched) or 'no jobs'}",
                           ops)

@@ -234,7 +234,7 @@ def _repairs(args: argparse.Namespace) -> int:
         print(f"{r['node']:<20} {_when(r['since']):<20} {r['reason']}")
         for a in r["attempts"]:
             outcome = a["outcome"] or a["state"]
-            print(f"{'':22}{_when(a['created'])}  {a['kind']:<9} {outcome:<9} {a['result'][:100]}")
+            print(f"{'':22}{_when(a['created'])}  {a['kind']:<9} {outcome:<9} {a['result'][:300]}")
     print("\nafter the repair: `podhealth fleet release NODE --reason ...` (the ladder starts afresh)")
     return 0
 

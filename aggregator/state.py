@@ -85,6 +85,7 @@ class NodeRec:
     ladder_at: float = 0.0
     ladder_failures: tuple[float, ...] = ()  # when its reset/reboot attempts failed (from the journal)
     evacuated: str = ""  # its jobs since the fence: "", polite, forced (model.NodeView)
+    evacuated_jobs: int = -1  # how many jobs that evacuation touched; -1 not known (memory only)
     jobs: tuple[dict[str, object], ...] = ()  # the jobs/pods last seen on it (memory only; node page)
 
     def view(self) -> NodeView:
@@ -128,7 +129,7 @@ class NodeRec:
             "order": {"boot_id": self.boot_id, "seq": self.report_seq, "retired_boots": list(self.retired)},
             "clock": {"ahead": self.clock_ahead, "offset": round(self.clock_offset, 3)},
             "ladder": {"step": self.ladder, "since": self.ladder_at, "failures": list(self.ladder_failures)},
-            "jobs": list(self.jobs), "evacuated": self.evacuated,
+            "jobs": list(self.jobs), "evacuated": self.evacuated, "evacuated_jobs": self.evacuated_jobs,
         }
 
 

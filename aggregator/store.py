@@ -655,11 +655,12 @@ class Store:
         return ("UPDATE actions SET outcome = ?, outcome_at = ? WHERE id = ?", (outcome, now, aid))
 
     @staticmethod
-    def op_ladder_outcome(node: str, outcome: str, now: float) -> Op:
+    def op_ladder_outcome(node: str, outcome: str, now: float, why: str = "") -> Op:
         """Close the node's attempt being verified: passed (released after the handover suite) or
-        failed (the suite failed, or verify_within ran out)."""
-        return ("UPDATE actions SET outcome = ?, outcome_at = ? WHERE node = ? AND outcome = 'verifying'",
-                (outcome, now, node))
+        failed (the suite failed, or verify_within ran out). `why` is added to the attempt's result:
+        the repair queue said "reboot failed — reboot requested from 1 scheduler(s)" and not why."""
+        return ("UPDATE actions SET outcome = ?, outcome_at = ?, result = result || ? "
+                "WHERE node = ? AND outcome = 'verifying'", (outcome, now, f"; {outcome}: {why}" if why else "", node))
 
     def ladder_attempts(self, node: str, limit: int = 20) -> list[dict[str, Any]]:
         """The node's recent reset/reboot/repair actions, newest first (the repair queue shows them)."""

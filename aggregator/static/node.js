@@ -103,7 +103,8 @@ function renderHead(n) {
     add(`job ${j.id}`, `${j.owner}${j.name ? ` · ${j.name}` : ""}${j.state ? ` · ${j.state}` : ""}`
       + (j.gpus && j.gpus.length ? ` · GPU ${j.gpus.join(",")}` : ""));
   }
-  if (n.evacuated) add("jobs moved off", { polite: "evicted / left to finish", forced: "requeued / evicted",
+  if (n.evacuated && n.evacuated !== "failed" && n.evacuated_jobs === 0) add("jobs", "none were running to move off");
+  else if (n.evacuated) add("jobs moved off", { polite: "evicted / left to finish", forced: "requeued / evicted",
     failed: "the backend refused: see the history" }[n.evacuated] || n.evacuated);
   for (const note of n.notes || []) add("policy", `${note.kind}${note.detail ? `: ${note.detail}` : ""}`);
   // Operators' silences (podhealth fleet silence): the check does not count toward a fence until then.

@@ -123,6 +123,8 @@ async def test_reset_fails_then_reboot_does_not_help_then_repair(tmp_path: Path)
             assert rc == 0, err
             assert "dgx01" in out and "podhealth: REPAIR xid/gpu3 RESET_GPU" in out
             assert "reset_gpu failed" in out and "reboot    failed" in out
+            # and why the reboot counts as failed: it was carried out, the node just never passed
+            assert "failed: the node did not pass the handover suite within 1 s" in out, out
             runs = agg.metrics.decisions._value.get()
             await until(lambda: agg.metrics.decisions._value.get() > runs + 10)
             assert fencer.count("reboot") == 1 and len(agent.resets) == 1 and len(kinds(agg)) == 3
@@ -272,6 +274,7 @@ async def test_jobs_requeued_once_per_fence_even_across_a_restart(tmp_path: Path
         noted = [a["output"] for a in agg.store.audit_tail() if a["what"] == "jobs at the fence"]
         assert noted == ["on gpu3: 4102 (bob, GPU 3,5); on the node: 4102 (bob, GPU 3,5), 4103 (carol)"]
         assert fencer.count("evacuate force") == 1 and fencer.jobs_on["dgx01"] == []
+        assert agg.node_json("dgx01")["evacuated_jobs"] == 2  # type: ignore[index]
     fencer.jobs_on["dgx01"] = [Job("4200", "dave")]  # came back later: this fence already requeued
     async with running(cfg, [fencer]) as (agg, _):
         assert agg.mem.nodes["dgx01"].evacuated == "forced"
@@ -311,3 +314,20 @@ async def test_the_rung_rate_limit_survives_a_restart(tmp_path: Path) -> None:
             assert agent.resets == []
     finally:
         await runner.cleanup()
+
+
+async def test_an_evacuation_with_no_jobs_says_so(tmp_path: Path) -> None:
+    # the node page read "jobs moved off: requeued / evicted" when no job had been running
+    from podhealth.config_aggregator import JobsConfig
+
+    fencer = MemFencer(jobs_on={"dgx01": []})
+    cfg = config(tmp_path, jobs=JobsConfig(enabled=True))
+    body = {"node": "dgx01", "time": 10.0, "results": [
+        {"check": "gpu_lost", "entity": "gpu3", "status": "FAIL", "action": "REBOOT", "summary": "fallen off"}]}
+    async with running(cfg, [fencer]) as (agg, url), aiohttp.ClientSession() as s:
+        async with s.post(f"{url}/v1/reports", json=body) as r:
+            assert r.status == 200
+        await until(lambda: agg.mem.nodes["dgx01"].evacuated == "forced")
+        assert agg.node_json("dgx01")["evacuated_jobs"] == 0  # type: ignore[index]
+    js = (Path(__file__).resolve().parents[2] / "aggregator" / "static" / "node.js").read_text()
+    assert 'n.evacuated_jobs === 0) add("jobs", "none were running to move off")' in js
