@@ -49,6 +49,9 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
         a = fs.add_parser(name, help=helptext)
         a.add_argument("node")
         a.add_argument("--reason", required=True)
+        if name == "release":
+            a.add_argument("--force", action="store_true",
+                           help="release even though the node still reports FAIL (it goes back with its fault)")
         a.set_defaults(func=_release if name == "release" else _fence)
     v = fs.add_parser("versions", help="which nodes run which driver, VBIOS, HCA firmware, OFED, kernel")
     v.add_argument("--name-few", type=int, default=8, metavar="N",
@@ -278,6 +281,16 @@ def _print_action(args: argparse.Namespace, out: dict[str, Any]) -> int:
 
 @_run
 def _release(args: argparse.Namespace) -> int:
+    if not args.force:
+        # As the node page warns before it releases: a node still failing goes back to its users
+        # with the fault. Asked first, so nothing changes without --force.
+        node = _call(args, "GET", f"/api/v1/nodes/{urllib.parse.quote(args.node)}")
+        failing = sorted({f"{c.get('check')}:{c.get('entity')}" for c in node.get("conditions") or []
+                          if c.get("status") == "FAIL"})
+        if node.get("status") == "FAIL":  # the node page asks on the same test
+            print(f"podhealth fleet: {args.node} still reports FAIL ({', '.join(failing) or 'its verdict'}); released, "
+                  "it goes back into service with that fault. Release it anyway with --force.", file=sys.stderr)
+            return EXIT_FAIL
     out = _call(args, "POST", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/release",
                 {"reason": args.reason, "who": _who()}, admin=True)
     return _print_action(args, out)

@@ -14,6 +14,7 @@ import pytest
 from podhealth.netaddr import parse_listen
 from podhealth.config_aggregator import AggAuthConfig
 from tests.harness.agg import MemFencer, config, running
+from tests.unit.test_aggregator_service import until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -38,6 +39,14 @@ async def test_fleet_commands_against_a_running_aggregator(tmp_path: Path) -> No
         assert rc == 0 and "fence done: fenced" in out, err
         rc, out, _ = await fleet(url, "status")
         assert rc == 0 and "fence budget: 1/10" in out and "breaker: ok" in out
+        await s.post(f"{url}/v1/reports", json={"node": "dgx05", "time": 5, "results": [
+            {"check": "ecc", "entity": "gpu2", "status": "FAIL", "action": "DRAIN"}]})
+        await until(lambda: "dgx05" in fencer.fenced)
+        rc5, out5, err5 = await fleet(url, "release", "dgx05", "--reason", "looks fine")
+        assert rc5 == 1 and "dgx05 still reports FAIL (ecc:gpu2)" in err5 and "--force" in err5 and out5 == ""
+        assert "dgx05" in fencer.fenced  # asked, nothing changed
+        rc5, out5, err5 = await fleet(url, "release", "dgx05", "--reason", "vendor says fine", "--force")
+        assert rc5 == 0 and "release done" in out5 and "dgx05" not in fencer.fenced, err5
         lines = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.startswith("dgx")}
         assert lines["dgx01"][1] == "fenced" and lines["dgx02"][1:4] == ["WARN", "batch", "nvlink"]
         assert lines["dgx04"][1] == "drained" and lines["dgx03"][1] == "UNKNOWN"  # never reported
