@@ -139,7 +139,11 @@ def test_unreadable_values_make_diff_unknown_never_same() -> None:
     assert d.exit_code == 2 and {r.status for r in d.rows} == {"unknown"}
     # a fresh NFS collector that lists no mount is an answer: /home is missing
     fresh_nfs = profile_capture.diff(profile_capture.observe(_snap(stale=("nvml",))), prof)
-    assert {r.key: r.status for r in fresh_nfs.rows}["nfs_mounts"] == "differs" and fresh_nfs.exit_code == 1
+    assert {r.key: r.status for r in fresh_nfs.rows}["nfs_mounts"] == "differs"
+    # ... but the GPU values could not be read: cannot tell (2), not DIFFERS (1), as README says
+    assert fresh_nfs.exit_code == 2 and fresh_nfs.to_json()["result"] == "unknown"
+    read_all = profile_capture.diff(profile_capture.observe(_snap()), prof)
+    assert {r.key: r.status for r in read_all.rows}["nfs_mounts"] == "differs"
 
 
 def test_closest_profile_and_rendered_text_load_back() -> None:
