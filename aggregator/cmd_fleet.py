@@ -26,8 +26,8 @@ from podhealth.exitcodes import EXIT_FAIL, EXIT_UNKNOWN
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
     p = sub.add_parser("fleet", help="operate the fleet through the aggregator (status, history, fence, release)")
-    p.add_argument("--url", default=os.environ.get("PODHEALTH_AGGREGATOR_URL"),
-                   help="aggregator base URL (default: $PODHEALTH_AGGREGATOR_URL, else the --config file's "
+    p.add_argument("--url", default=None,
+                   help=f"aggregator base URL (default: ${cliconfig.AGGREGATOR_ENV}, else the --config file's "
                         "aggregator.listen, else http://127.0.0.1:9420)")
     p.add_argument("--token", default=os.environ.get("PODHEALTH_ADMIN_TOKEN"),
                    help="admin token, for the actions that change something (default: $PODHEALTH_ADMIN_TOKEN, "
@@ -105,6 +105,20 @@ def _as_json(args: argparse.Namespace) -> bool:
     return bool(args.json or args.format == "json")
 
 
+# The one hint for every auth failure, whichever command met it (a 401 from `bundle` said nothing).
+AUTH_HINT = ("pass the aggregator's admin token: --token, $PODHEALTH_ADMIN_TOKEN, or --config naming the "
+             "aggregator's config (its aggregator.auth.admin_token or admin_token_file)")
+
+
+def _http_error(method: str, path: str, e: urllib.error.HTTPError) -> "ApiError":
+    try:
+        msg = json.loads(e.read(1 << 16)).get("error", "")
+    except (ValueError, AttributeError):
+        msg = ""
+    text = f"{method} {path}: HTTP {e.code} {msg}".rstrip()
+    return ApiError(f"{text}; {AUTH_HINT}" if e.code in (401, 403) else text)
+
+
 class ApiError(Exception):
     """The aggregator answered no (an HTTP error): exit 1."""
 
@@ -115,7 +129,7 @@ class Undecided(ApiError):
 
 
 def _target(args: argparse.Namespace) -> tuple[str, str]:
-    url, token = args.url, args.token
+    url, token = args.url or cliconfig.aggregator_url(), args.token
     if not url or not token:
         cfg = config.load(args.config) if args.config else None
         if cfg is not None:
@@ -137,19 +151,14 @@ def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any]
         headers["Content-Type"] = "application/json"
     if admin:
         if not token:
-            raise Undecided("an admin token is needed (--token, $PODHEALTH_ADMIN_TOKEN, or --config naming the aggregator's "
-                           "config, whose aggregator.auth.admin_token or admin_token_file is used)")
+            raise Undecided(f"an admin token is needed: {AUTH_HINT}")
         headers["Authorization"] = f"Bearer {token}"
     req = urllib.request.Request(url + path, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=args.timeout) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as e:
-        try:
-            msg = json.loads(e.read()).get("error", "")
-        except ValueError:
-            msg = ""
-        raise ApiError(f"{method} {path}: HTTP {e.code} {msg}".rstrip()) from None
+        raise _http_error(method, path, e) from None
     except (urllib.error.URLError, OSError) as e:
         raise Undecided(f"cannot reach the aggregator at {url}: {getattr(e, 'reason', e)}") from None
 
@@ -367,11 +376,7 @@ def _fetch(args: argparse.Namespace, path: str) -> tuple[bytes, dict[str, str]]:
         with urllib.request.urlopen(req, timeout=args.timeout) as r:
             return r.read(), dict(r.headers)
     except urllib.error.HTTPError as e:
-        try:
-            msg = json.loads(e.read()).get("error", "")
-        except ValueError:
-            msg = ""
-        raise ApiError(f"GET {path}: HTTP {e.code} {msg}".rstrip()) from None
+        raise _http_error("GET", path, e) from None
     except (urllib.error.URLError, OSError) as e:
         raise Undecided(f"cannot reach the aggregator at {url}: {getattr(e, 'reason', e)}") from None
 

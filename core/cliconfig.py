@@ -1,5 +1,6 @@
 """Where a command finds its config: the one lookup every `podhealth` command (and the Slurm and
-BCM hooks) uses, and the two default paths, written here and nowhere else.
+BCM hooks) uses, and the two default paths, written here and nowhere else. Also the one
+environment variable that names the aggregator for the commands that ask it (`fleet`, `check`).
 
 Lookup: `--config FILE`, else `$PODHEALTH_CONFIG`, else the command's default file when it exists
 (the agent's for node-side commands, the aggregator's for `aggregator` and `fleet`), else the
@@ -11,8 +12,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, TextIO
 
 from podhealth import config as config_mod
 from podhealth.config import Config
@@ -23,6 +25,11 @@ AGGREGATOR_CONFIG = "/etc/podhealth/aggregator.yaml"
 ENV = "PODHEALTH_CONFIG"
 
 _DEFAULT_KEY = "config_default"
+
+# `fleet` read $PODHEALTH_AGGREGATOR_URL and `check --node` $PODHEALTH_AGGREGATOR: one name now,
+# the other still read (deprecated) so existing shells and units keep working.
+AGGREGATOR_ENV = "PODHEALTH_AGGREGATOR_URL"
+AGGREGATOR_ENV_DEPRECATED = "PODHEALTH_AGGREGATOR"
 
 
 def add_option(p: argparse.ArgumentParser, default: str = AGENT_CONFIG, what: str = "config file") -> None:
@@ -56,3 +63,17 @@ def resolve(args: argparse.Namespace) -> None:
 def load(path: str | os.PathLike[str] | None) -> Config:
     """The config at `path`, or the defaults for None (ConfigError names file, line and key)."""
     return config_mod.load(Path(path)) if path else Config()
+
+
+def aggregator_url(env: Mapping[str, str] | None = None, warn: "TextIO | None" = None) -> str:
+    """The aggregator's base URL from the environment, '' when none is set. The deprecated name is
+    read when the new one is unset, with one line on `warn` (stderr) saying which to set."""
+    env = os.environ if env is None else env
+    url = env.get(AGGREGATOR_ENV, "")
+    if url:
+        return url
+    old = env.get(AGGREGATOR_ENV_DEPRECATED, "")
+    if old:
+        print(f"podhealth: ${AGGREGATOR_ENV_DEPRECATED} is deprecated: set ${AGGREGATOR_ENV} instead",
+              file=warn or sys.stderr)
+    return old

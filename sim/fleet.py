@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, TextIO
 
+from podhealth import cliconfig
 from podhealth.configload import ConfigError
 from podhealth.credentials import write_private
 from podhealth.exitcodes import EXIT_UNKNOWN, EXIT_USAGE
@@ -347,7 +348,9 @@ class Fleet:
             "Agents (/metrics, /health):",
         ]
         lines += [f"  {a.node:<8} {a.url}/metrics" for a in plan.agents]
-        lines += ["", "Try it:",
+        lines += ["", "Try it (the export line first: `fleet` finds this pod's aggregator through it):",
+                  f"  export {cliconfig.AGGREGATOR_ENV}={agg} PODHEALTH_ADMIN_TOKEN={plan.admin_token}",
+                  f"  {ph} fleet status",
                   f"  {ph} simulate inject {first} xid=79 gpu=3{root_arg}    # GPU fell off the bus",
                   f"  curl -s {agg}/api/v1/nodes/{first}"]
         if self.fencer.slurm_conf:

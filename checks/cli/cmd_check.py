@@ -47,7 +47,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                                   "aggregator (--aggregator), else DNS (http://NODE:checks.agent_port)")
     p.add_argument("--url", help="agent base URL (overrides --node's lookup)")
     p.add_argument("--aggregator", default=None,
-                   help="aggregator base URL that knows each node's agent URL (default: $PODHEALTH_AGGREGATOR, "
+                   help=f"aggregator base URL that knows each node's agent URL (default: ${cliconfig.AGGREGATOR_ENV}, "
                         "then publish.aggregator_url from config)")
     cliconfig.add_option(p)
     p.add_argument("--token", help="the node's agent token, `podhealth token derive --agent --node NAME` "
@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
         return run_slurm_health(cfg, drain_self=args.drain_self)
     on_progress, stop = _progress_printer(args.format)
     try:
-        aggregator = args.aggregator or os.environ.get("PODHEALTH_AGGREGATOR", "") or next(iter(cfg.publish.urls()), "")
+        aggregator = args.aggregator or cliconfig.aggregator_url() or next(iter(cfg.publish.urls()), "")
         url = args.url or (agent_url(cfg, args.node, aggregator) if args.node
                            else _local_agent_listening(cfg))
         if url:

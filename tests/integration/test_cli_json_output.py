@@ -164,3 +164,24 @@ def test_a_local_check_logs_on_stderr_only(tmp_path: Path) -> None:
         assert r.returncode in (0, 1, 2) and "Traceback" not in r.stderr, r.stderr
         parse(r.stdout)
         assert r.stderr.strip(), "the prologue sent logs to stderr: there should be some at --log-level info"
+
+
+def test_the_banners_fleet_status_works_as_pasted(pod: Pod, tmp_path: Path) -> None:
+    # issue 31 §3: `fleet status` from the banner tried port 9420 and failed; now the banner
+    # prints the export line that names this pod's aggregator, and the command after it works
+    import shlex
+
+    text = (pod.root.parent / f"{pod.root.name}.log").read_text()
+    lines = [ln.strip() for ln in text.splitlines()]
+    export = next(ln for ln in lines if ln.startswith("export "))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODHEALTH_")}
+    env.update(dict(w.split("=", 1) for w in shlex.split(export)[1:]))
+    assert env["PODHEALTH_AGGREGATOR_URL"] == pod.aggregator
+    status = shlex.split(next(ln for ln in lines if ln.endswith(" fleet status")))
+    r = subprocess.run(status, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert r.returncode == 0 and "nodes: 1" in r.stdout, r.stdout + r.stderr
+    # the deprecated name still works, and says which to set
+    env["PODHEALTH_AGGREGATOR"] = env.pop("PODHEALTH_AGGREGATOR_URL")
+    r = subprocess.run(status, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert r.returncode == 0 and "nodes: 1" in r.stdout, r.stderr
+    assert "$PODHEALTH_AGGREGATOR is deprecated: set $PODHEALTH_AGGREGATOR_URL" in r.stderr

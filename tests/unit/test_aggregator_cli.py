@@ -57,6 +57,10 @@ async def test_fleet_commands_against_a_running_aggregator(tmp_path: Path) -> No
         assert rc == 1 and "HTTP 409" in err and "only releases its own fences" in err
         rc, out, err = await fleet(url, "release", "dgx01", "--reason", "repaired", token="wrong")
         assert rc == 1 and "HTTP 401" in err and "dgx01" in fencer.fenced
+        from podhealth.aggregator.cmd_fleet import AUTH_HINT
+        assert AUTH_HINT in err and "--token, $PODHEALTH_ADMIN_TOKEN, or --config" in AUTH_HINT
+        rc, out, err = await fleet(url, "bundle", "dgx01", "--list", token=None)  # bundles need the token too
+        assert rc == 1 and "HTTP 401" in err and AUTH_HINT in err, err
         rc, out, err = await fleet(url, "release", "dgx01", "--reason", "repaired", token=None)
         assert rc == 2 and "admin token is needed" in err  # nothing to ask with: could not decide
         rc, out, _ = await fleet(url, "release", "dgx01", "--reason", "repaired")
