@@ -1,37 +1,34 @@
-"""Agent → aggregator delivery that survives the aggregator being away.
+"""Agent → aggregator delivery that survives the aggregator being away and a full disk.
 
-Everything published goes to a disk spool first: append-only segment files of JSON lines,
-fsync'd in batches, then a sender delivers them in order (`POST /v1/events`) and deletes the
-segments once delivered. The spool is bounded: when it is over `spool_max_bytes`, its oldest
-segments are replaced by ONE summary record with counts per kind/code, so an outage costs
-detail, never the fact that something happened. Every record has an id, so a resend after a
-crash (delivered but cursor not yet saved) is applied once by the aggregator.
+Everything published goes to one of two lanes (agent/spool.py: *priority* = every verdict
+transition and fatal events; *routine* = the rest), each held in memory until a flusher writes
+it to that lane's disk spool (fsync'd in batches); a sender delivers (`POST /v1/events`) the
+priority lane first, then the routine one, each in order, and deletes what was delivered.
+Every record has an id, so a resend after a crash (delivered but cursor not yet saved) is
+applied once by the aggregator.
 
-Layout of `spool_dir`: `seg-000000000001.jsonl` …, `cursor.json` ({"seq", "offset"} of the first
-undelivered byte), and `rejected.jsonl` (records the aggregator refused as malformed; kept, not
-retried, logged).
-
-Faults of the spool's disk are said out loud and survived: a write that fails (ENOSPC, EIO,
-EDQUOT) keeps its records in memory, bounded by summarising the oldest as the spool does, and is
-retried with backoff; delivery of what is already spooled goes on. Each change of state (failing,
-recovered) is logged once, every failure is counted in `publish_spool_errors{reason}`, and
-`publish_connected` is 0 while records cannot be spooled. A line that cannot be read back
-(corrupt, or cut short by a crash) is logged with where it was and counted (reason="corrupt").
+Delivery never needs the disk: while the spool cannot be written (ENOSPC, EIO, EDQUOT) its
+records wait in memory, bounded per lane by summarising that lane's oldest, and the sender
+delivers them from memory as soon as the aggregator answers; the flusher keeps retrying the
+disk with backoff. At stop whatever is still in memory is offered to the aggregator (bounded
+by `drain`) before the process exits. Each change of state (failing, recovered) is logged
+once, every failure is counted in `publish_spool_errors{reason}`, half-written files the spool
+cut back or removed in `publish_spool_repaired`, and `publish_connected` is 0 while records
+cannot be spooled. A line that cannot be read back (corrupt) is logged with where it was and
+counted (reason="corrupt").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
-import os
 import random
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
 import aiohttp
 
@@ -40,21 +37,21 @@ from podhealth.agent.failover import Replicas
 from podhealth.agent.metrics.family import Family
 from podhealth.agent.sequence import Sequencer
 from podhealth.agent.sink import Sink
+from podhealth.agent.spool import LANES, Lane, MemoryLane, Opener, Spool, append_line, errno_reason, lane_of
 from podhealth.config import PublishConfig
 from podhealth.snapshot import Snapshot
 from podhealth.vocab import CheckResult, Event, MetricSpec, NodeReport, Sample, Status
 from podhealth.worker import offload
 
 log = plog.get("podhealth.publisher")
-_PREFIX, _SUFFIX = "seg-", ".jsonl"
 BATCH_RECORDS = 500
 BATCH_BYTES = 256 * 1024
-# Records held in memory while the spool cannot be written; beyond this the oldest are summarised.
+# Records held in memory per lane while the spool cannot be written; beyond this the lane's oldest are summarised.
 MEMORY_MAX_BYTES = 4 * 1024 * 1024
-MAX_CORRUPT_NOTES = 16  # corrupt lines remembered for the log per read (the count has them all)
-Opener = Callable[[Path, str], IO[bytes]]
 # After a burst of transitions, one full report this long after the first (see _report_soon).
 REPORT_DEBOUNCE_S = 0.5
+# At stop, how long what is left (in memory above all: it has no other way out) may take to reach the aggregator.
+STOP_DRAIN_S = 5.0
 
 SPECS = {m.name: m for m in (
     MetricSpec("publish_records", "counter",
@@ -65,7 +62,14 @@ SPECS = {m.name: m for m in (
                "1 when records get through: the last delivery to the aggregator succeeded and the spool can be written."),
     MetricSpec("publish_spool_errors", "counter",
                "Spool faults by reason: an errno name (ENOSPC, EIO, EDQUOT: a write or read failed; records wait\n"
-               "in memory, bounded, and are retried) or corrupt (a spooled line that could not be read back; logged)."),
+               "in memory, bounded, are sent from there, and the write is retried) or corrupt (a spooled line\n"
+               "that could not be read back; logged)."),
+    MetricSpec("publish_spool_repaired", "counter",
+               "Half-written spool files cut back to their last whole record or removed (a write that failed\n"
+               "on a full disk, a crash), so no torn file holds space."),
+    MetricSpec("publish_memory_bytes", "gauge",
+               "Bytes of records waiting in memory (the spool could not take them yet), by lane: priority\n"
+               "(transitions, fatal events) or routine.", "bytes"),
 )}
 
 
@@ -80,261 +84,9 @@ class PublisherStats:
     spool_bytes: int = 0
     spool_errors: dict[str, int] = field(default_factory=dict)  # by reason: ENOSPC, EIO, ..., corrupt
     spool_failing: str = ""  # why the spool cannot be written now ("" when it can)
-    memory_bytes: int = 0  # records waiting in memory for the spool
-
-
-def _seg_name(seq: int) -> str:
-    return f"{_PREFIX}{seq:012d}{_SUFFIX}"
-
-
-class Spool:
-    """The segment files. Synchronous; the Publisher calls it from a worker thread under a lock."""
-
-    def __init__(self, directory: Path, max_bytes: int, opener: Opener | None = None) -> None:
-        """`opener(path, mode)` opens every file the spool writes (default open(): a test passes
-        one whose writes fail with ENOSPC)."""
-        self._open: Opener = opener or _binary_open
-        self.dir = directory
-        self.max_bytes = max_bytes
-        self.segment_bytes = max(4096, min(1024 * 1024, max_bytes // 8))
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.cursor_seq, self.cursor_off = self._load_cursor()
-        segs = self.segments()
-        # Always write a fresh segment after a restart: a line cut short by a crash stays isolated.
-        self.write_seq = (segs[-1] + 1) if segs else max(1, self.cursor_seq)
-        if self.cursor_seq < (segs[0] if segs else self.write_seq):
-            self.cursor_seq, self.cursor_off = (segs[0] if segs else self.write_seq), 0
-        self._fh: Any = None
-        self.stats_corrupt = 0
-        self.corrupt_notes: list[tuple[str, int, bytes]] = []  # (segment, offset, the line's start)
-        self._corrupt_seen: set[tuple[int, int]] = set()  # counted once, however often it is re-read
-
-    # -- files --
-
-    def segments(self) -> list[int]:
-        out = []
-        for p in self.dir.iterdir():
-            n = p.name
-            if n.startswith(_PREFIX) and n.endswith(_SUFFIX) and n[len(_PREFIX):-len(_SUFFIX)].isdigit():
-                out.append(int(n[len(_PREFIX):-len(_SUFFIX)]))
-        return sorted(out)
-
-    def path(self, seq: int) -> Path:
-        return self.dir / _seg_name(seq)
-
-    def size(self) -> int:
-        total = 0
-        for s in self.segments():
-            with contextlib.suppress(FileNotFoundError):
-                total += self.path(s).stat().st_size
-        return total - (self.cursor_off if self.path(self.cursor_seq).exists() else 0)
-
-    def _load_cursor(self) -> tuple[int, int]:
-        try:
-            d = json.loads((self.dir / "cursor.json").read_text())
-            return int(d["seq"]), int(d["offset"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return 0, 0
-
-    def _save_cursor(self) -> None:
-        tmp = self.dir / "cursor.json.tmp"
-        with self._open(tmp, "wb") as f:
-            f.write(json.dumps({"seq": self.cursor_seq, "offset": self.cursor_off}).encode())
-        os.replace(tmp, self.dir / "cursor.json")
-
-    # -- writing --
-
-    def append(self, lines: list[bytes]) -> None:
-        """Append records and fsync once for the whole batch. On an OSError (a full disk) the
-        segment is given up, so a line it cut short stays isolated as after a crash, and the
-        caller keeps `lines` and calls again (records may then be spooled twice: their ids
-        make the resend harmless)."""
-        try:
-            if self._fh is None:
-                self._fh = self._open(self.path(self.write_seq), "ab")
-            for line in lines:
-                self._fh.write(line)
-                if self._fh.tell() >= self.segment_bytes:
-                    self._rotate()
-            if self._fh is not None:
-                self._fh.flush()
-                os.fsync(self._fh.fileno())
-        except OSError:
-            self._abandon()
-            raise
-
-    def _abandon(self) -> None:
-        fh, self._fh = self._fh, None
-        if fh is not None:
-            with contextlib.suppress(OSError):
-                fh.close()  # flushes what it can; the rest of the buffer is lost with the file object
-            self.write_seq += 1
-
-    def _rotate(self) -> None:
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
-        self._fh.close()
-        self._fh = None
-        self.write_seq += 1
-        self._fh = self._open(self.path(self.write_seq), "ab")
-
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
-            self._fh = None
-
-    # -- reading and acknowledging --
-
-    def read_batch(self, max_records: int, max_bytes: int) -> tuple[list[dict[str, Any]], tuple[int, int]]:
-        """Records from the cursor on (in order), and the position just after them."""
-        out: list[dict[str, Any]] = []
-        size = 0
-        seq, off = self.cursor_seq, self.cursor_off
-        for s in [x for x in self.segments() if x >= seq]:
-            if s != seq:
-                seq, off = s, 0
-            try:
-                with open(self.path(s), "rb") as f:
-                    f.seek(off)
-                    data = f.read()  # segments are small (segment_bytes), so read the rest whole
-            except FileNotFoundError:
-                continue
-            pos = 0
-            while (nl := data.find(b"\n", pos)) >= 0:
-                line = data[pos:nl]
-                if out and (len(out) >= max_records or size + len(line) > max_bytes):
-                    return out, (seq, off + pos)
-                pos = nl + 1
-                try:
-                    rec = json.loads(line)
-                    if not isinstance(rec, dict) or "id" not in rec:
-                        raise ValueError("not a record")
-                except ValueError:
-                    self._corrupt(s, off + pos - len(line) - 1, line)
-                    continue
-                out.append(rec)
-                size += len(line)
-            if s == self.write_seq:
-                return out, (seq, off + pos)
-            if pos < len(data):
-                self._corrupt(s, off + pos, data[pos:])  # a last line without newline in a closed segment: cut by a crash
-            off += len(data)
-        return out, (seq, off)
-
-    def _corrupt(self, seq: int, offset: int, line: bytes) -> None:
-        if (seq, offset) in self._corrupt_seen:
-            return  # read again after a failed delivery: already counted and logged
-        self._corrupt_seen.add((seq, offset))
-        self.stats_corrupt += 1
-        if len(self.corrupt_notes) < MAX_CORRUPT_NOTES:
-            self.corrupt_notes.append((_seg_name(seq), offset, line[:200]))
-
-    def ack(self, pos: tuple[int, int]) -> None:
-        """Everything before `pos` is delivered: move the cursor, delete finished segments.
-
-        The segments go even when the cursor cannot be saved (a full disk): that frees the space,
-        and a restart then resumes at the first segment left, whose records are all undelivered."""
-        self.cursor_seq, self.cursor_off = pos
-        self._corrupt_seen = {k for k in self._corrupt_seen if k[0] >= self.cursor_seq}
-        try:
-            self._save_cursor()
-        finally:
-            for s in self.segments():
-                if s < self.cursor_seq:
-                    with contextlib.suppress(FileNotFoundError):
-                        self.path(s).unlink()
-
-    # -- bounding --
-
-    def enforce_bound(self) -> int:
-        """Fold the oldest segments into summary records until the spool fits; returns records folded."""
-        folded = 0
-        while self.size() > self.max_bytes:
-            segs = [s for s in self.segments() if s >= self.cursor_seq]
-            if len(segs) < 2:
-                if self._fh is not None and segs and segs[0] == self.write_seq:
-                    self._rotate()  # let the current segment be summarised too
-                    continue
-                break
-            first, second = segs[0], segs[1]
-            recs, _ = self._records_of(first, self.cursor_off if first == self.cursor_seq else 0)
-            target = [first]
-            if _is_summary_only(recs):
-                # Already a summary: fold the next segment into it, closing the current one if need be.
-                if second == self.write_seq:
-                    if self._fh is not None and self._fh.tell() > 0:
-                        self._rotate()
-                        continue
-                    break
-                more, _ = self._records_of(second, 0)
-                recs += more
-                target.append(second)
-            summary = summarise(recs)
-            folded += sum(1 for r in recs if r.get("type") != "summary")
-            tmp = self.dir / "summary.tmp"
-            with self._open(tmp, "wb") as f:
-                f.write(json.dumps(summary, separators=(",", ":")).encode() + b"\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path(target[-1]))
-            for s in target[:-1]:
-                self.path(s).unlink()
-            self.cursor_seq, self.cursor_off = target[-1], 0
-            self._save_cursor()
-        return folded
-
-    def _records_of(self, seq: int, off: int) -> tuple[list[dict[str, Any]], int]:
-        try:
-            data = self.path(seq).read_bytes()[off:]
-        except FileNotFoundError:
-            return [], 0
-        out = []
-        for line in data.split(b"\n"):
-            if not line:
-                continue
-            with contextlib.suppress(ValueError):
-                rec = json.loads(line)
-                if isinstance(rec, dict):
-                    out.append(rec)
-        return out, len(data)
-
-
-def _is_summary_only(recs: list[dict[str, Any]]) -> bool:
-    return bool(recs) and all(r.get("type") == "summary" for r in recs)
-
-
-def record_key(rec: dict[str, Any]) -> str:
-    """What a record counts as in a summary: event:<kind>:<code>, transition:<check>:<status>, report."""
-    t = rec.get("type")
-    if t == "event":
-        ev = rec.get("event") or {}
-        return f"event:{ev.get('kind', '?')}:{ev.get('code', '?')}"
-    if t == "transition":
-        new = rec.get("new") or {}
-        return f"transition:{new.get('check', '?')}:{new.get('status', '?')}"
-    return str(t)
-
-
-def summarise(recs: list[dict[str, Any]]) -> dict[str, Any]:
-    counts: dict[str, int] = {}
-    first, last, n = float("inf"), 0.0, 0
-    for r in recs:
-        t = float(r.get("time", 0.0))
-        if r.get("type") == "summary":
-            for k, v in (r.get("counts") or {}).items():
-                counts[k] = counts.get(k, 0) + int(v)
-            n += int(r.get("count", 0))
-            first = min(first, float(r.get("first", t)))
-            last = max(last, float(r.get("last", t)))
-            continue
-        key = record_key(r)
-        counts[key] = counts.get(key, 0) + 1
-        n += 1
-        first, last = min(first, t), max(last, t)
-    return {"id": uuid.uuid4().hex, "type": "summary", "time": last, "first": first if n else 0.0, "last": last,
-            "count": n, "counts": counts}
+    memory_bytes: int = 0  # records waiting in memory for the spool, both lanes
+    memory_lane_bytes: dict[str, int] = field(default_factory=dict)  # by lane
+    repaired: int = 0  # half-written spool files cut back or removed
 
 
 class Publisher(Sink):
@@ -357,53 +109,68 @@ class Publisher(Sink):
         self.enabled = bool(cfg.urls())
         self.replicas = Replicas(cfg.urls(), "/v1/events")
         self.stats = PublisherStats()
-        self._spool: Spool | None = None
+        self._spools: dict[Lane, Spool] = {}
         self._lock = asyncio.Lock()
-        self._buf: list[bytes] = []
+        memory_max = max(64 * 1024, min(MEMORY_MAX_BYTES, cfg.spool_max_bytes))
+        self._mem: dict[Lane, MemoryLane] = {lane: MemoryLane(memory_max) for lane in LANES}
         self._have_new = asyncio.Event()
-        self._have_spooled = asyncio.Event()
+        self._work = asyncio.Event()  # something may be waiting for the sender (on disk or in memory)
         self._fsync_batch = fsync_batch
         self._max_backoff = max_backoff
         self._tasks: list[asyncio.Task[Any]] = []
         self._session: aiohttp.ClientSession | None = None
         self._batch_bytes = BATCH_BYTES
         self._running = False
+        self._stopping = False  # stop() began: the sender takes what is in memory without the disk
         self._reachable = False  # the last delivery succeeded
         self._opener = spool_opener
-        self._buf_bytes = 0
-        self._memory_max = max(64 * 1024, min(MEMORY_MAX_BYTES, cfg.spool_max_bytes))
         self._retry = self._fsync_batch
         self._read_failing = False
-        self._urgent = False  # a FAIL waits in the buffer: spool and send it without the batch wait
+        self._urgent = False  # a priority record waits in memory: spool and send it without the batch wait
 
     @property
     def connected(self) -> bool:
         """What `publish_connected` exports: records get through, i.e. the last delivery
-        succeeded AND new records can be spooled (a full spool disk delivers nothing new)."""
+        succeeded AND new records can be spooled (a full spool disk delivers only from memory,
+        and what is in memory would not survive a restart)."""
         return self._reachable and not self.stats.spool_failing
+
+    @property
+    def in_memory(self) -> int:
+        """Records waiting in memory (not on disk, not delivered)."""
+        return sum(len(m.lines) for m in self._mem.values())
 
     # -- lifecycle --
 
     async def start(self) -> None:
         if not self.enabled:
             return
-        self._spool = await offload(Spool, Path(self.cfg.spool_dir), self.cfg.spool_max_bytes,
-                                              self._opener)
-        self.stats.spool_bytes = await offload(self._spool.size)
+        root = Path(self.cfg.spool_dir)
+        for lane in LANES:
+            where = root / "priority" if lane == "priority" else root
+            self._spools[lane] = await offload(Spool, where, self.cfg.spool_max_bytes, self._opener)
+        await self._measure()
+        if self.stats.repaired:
+            log.warning("spool: half-written files from an earlier run cut back or removed",
+                        files=self.stats.repaired, dir=str(root))
         self._session = aiohttp.ClientSession()
         self._running = True
-        self._have_spooled.set()  # whatever an earlier run left behind
+        self._work.set()  # whatever an earlier run left behind
         self._tasks = [asyncio.create_task(self._flusher(), name="publisher-flush"),
                        asyncio.create_task(self._sender(), name="publisher-send")]
 
-    async def stop(self, drain: float = 2.0) -> None:
-        """Flush to disk (nothing published is lost), try to deliver for up to `drain` seconds, stop."""
+    async def stop(self, drain: float = STOP_DRAIN_S) -> None:
+        """Flush to disk, then offer what is left (from the disk, and from memory when the disk
+        could not take it) to the aggregator for up to `drain` seconds, and stop. Records still
+        in memory after that are lost, and logged as lost."""
         if self._report_timer is not None:
             self._report_timer.cancel()
             self._report_timer = None
         if not self.enabled or not self._running:
             return
         await self._flush()
+        self._stopping = True
+        self._work.set()
         if drain > 0:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._drained(), drain)
@@ -412,64 +179,67 @@ class Publisher(Sink):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._flush()
-        if self._buf:
-            log.error("records lost at exit: the spool could not be written", records=len(self._buf),
+        if self.in_memory:
+            log.error("records lost at exit: neither the spool nor the aggregator took them", records=self.in_memory,
                       error=self.stats.spool_failing)
-        if self._spool is not None:
-            async with self._lock:
-                await offload(self._spool.close)
+        async with self._lock:
+            for spool in self._spools.values():
+                with contextlib.suppress(OSError):
+                    await offload(spool.close)
         if self._session is not None:
             await self._session.close()
 
     async def _drained(self) -> None:
-        while self._buf or (self._spool is not None and self.stats.spool_bytes > 0):
+        while self.in_memory or self.stats.spool_bytes > 0:
             await asyncio.sleep(0.02)
 
-    # -- publishing (non-blocking: append to a buffer the flusher writes) --
+    async def _measure(self) -> None:
+        """spool_bytes and repaired from the spools (under the lock: the worker thread writes them)."""
+        async with self._lock:
+            sizes = [await offload(s.size) for s in self._spools.values()]
+        self.stats.spool_bytes = sum(sizes)
+        self.stats.repaired = sum(s.repaired for s in self._spools.values())
+
+    # -- publishing (non-blocking: append to a lane the flusher writes) --
 
     def _put(self, rec: dict[str, Any]) -> None:
         if not self.enabled:
             return
         if self.sequencer is not None:
             self.sequencer.stamp(rec)
-        line = json.dumps(rec, separators=(",", ":")).encode() + b"\n"
-        self._buf.append(line)
-        self._buf_bytes += len(line)
+        lane = lane_of(rec)
+        self._mem[lane].add(json.dumps(rec, separators=(",", ":")).encode() + b"\n")
         self.stats.published += 1
-        if self._buf_bytes > self._memory_max:
-            self._fold_memory()
-        self.stats.memory_bytes = self._buf_bytes
+        if lane == "priority":
+            self._urgent = True  # it may fence: spool and send it without waiting for a burst to gather
+        self._fold(lane)
         self._have_new.set()
+        if self.stats.spool_failing:
+            self._work.set()  # the disk cannot take it: the sender takes it from memory
 
-    def _fold_memory(self) -> None:
-        """Records waiting in memory (the spool cannot take them) over the bound: the oldest
-        become one summary record, as the spool does with its oldest segments."""
-        keep = self._memory_max // 2
-        total, cut = self._buf_bytes, 0
-        while cut < len(self._buf) - 1 and total > keep:
-            total -= len(self._buf[cut])
-            cut += 1
-        recs = []
-        for line in self._buf[:cut]:
-            with contextlib.suppress(ValueError):
-                recs.append(json.loads(line))
-        summary = json.dumps(summarise(recs), separators=(",", ":")).encode() + b"\n"
-        self._buf[:cut] = [summary]
-        self._buf_bytes = total + len(summary)
-        folded = sum(1 for r in recs if r.get("type") != "summary")
-        self.stats.summarised += folded
-        log.warning("spool unwritable: oldest records in memory summarised", records=folded,
-                    memory_bytes=self._buf_bytes, error=self.stats.spool_failing)
+    def _fold(self, lane: Lane) -> None:
+        """A lane over its memory bound (the spool cannot take its records): its own oldest become
+        one summary record, as the spool does with its oldest segments. A routine record never
+        pushes out a priority one."""
+        mem = self._mem[lane]
+        folded = mem.fold()
+        if folded:
+            self.stats.summarised += folded
+            log.warning("spool unwritable: oldest records in memory summarised", lane=lane, records=folded,
+                        memory_bytes=mem.nbytes, error=self.stats.spool_failing)
+        self._note_memory()
+
+    def _note_memory(self) -> None:
+        self.stats.memory_lane_bytes = {lane: m.nbytes for lane, m in self._mem.items()}
+        self.stats.memory_bytes = sum(self.stats.memory_lane_bytes.values())
 
     def publish_event(self, ev: Event) -> None:
         self._put({"id": ev.id, "type": "event", "time": ev.time, "event": ev.to_json()})
 
     def publish_transition(self, old: CheckResult | None, new: CheckResult, at: float | None = None) -> None:
         """`at`: when the transition was judged (the evaluation time, as reports carry it). A turn
-        to FAIL is written and sent at once: the aggregator may fence on it, and waiting for a
-        burst to gather only delays the fence (it is one record and one fsync)."""
-        if new.status is Status.FAIL:
-            self._urgent = True
+        to FAIL is written and sent at once, ahead of routine records (the priority lane): the
+        aggregator may fence on it, and waiting for a burst to gather only delays the fence."""
         self._put({"id": uuid.uuid4().hex, "type": "transition", "time": time.time() if at is None else at,
                    "old": old.to_json() if old is not None else None, "new": new.to_json()})
 
@@ -510,6 +280,9 @@ class Publisher(Sink):
         yield Family(SPECS["publish_connected"], (Sample.of("publish_connected", float(self.connected)),))
         yield Family(SPECS["publish_spool_errors"], tuple(
             Sample.of("publish_spool_errors", float(v), reason=k) for k, v in sorted(p.spool_errors.items())))
+        yield Family(SPECS["publish_spool_repaired"], (Sample.of("publish_spool_repaired", float(p.repaired)),))
+        yield Family(SPECS["publish_memory_bytes"], tuple(
+            Sample.of("publish_memory_bytes", float(p.memory_lane_bytes.get(lane, 0)), lane=lane) for lane in LANES))
 
     # -- flushing to disk --
 
@@ -528,38 +301,65 @@ class Publisher(Sink):
             await self._flush()
 
     async def _flush(self) -> None:
-        if not self._buf or self._spool is None:
+        """Write each lane's records in memory to its spool, the priority lane first; then bound
+        the spools, the priority one by `spool_max_bytes` and the routine one by what the
+        priority one leaves of it."""
+        if not self._spools:
             return
-        lines, self._buf, self._buf_bytes = self._buf, [], 0
-        spool = self._spool
+        if self.stats.spool_failing and not self.in_memory:
+            # Everything went out from memory: ask the disk itself whether it has room again.
+            try:
+                async with self._lock:
+                    await offload(self._spools["priority"].probe)
+            except OSError as e:
+                self._count_error(e)
+                return
+            self._spool_recovered()
+            return
+        wrote = False
+        for lane in LANES:
+            mem = self._mem[lane]
+            if not mem.lines or mem.busy:
+                continue
+            lines = mem.take()
+            mem.busy = True
+            try:
+                async with self._lock:
+                    await offload(self._spools[lane].append, lines)
+            except OSError as e:
+                mem.put_back(lines)  # oldest first, ahead of what was published meanwhile
+                self._spool_error(e)
+                self._fold(lane)
+                await self._measure()  # a cut-back segment is counted at once
+                self._work.set()  # the sender takes them from memory
+                return  # routine records take no space that the priority lane could not get
+            finally:
+                mem.busy = False
+            wrote = True
+        self._note_memory()
+        if not wrote:
+            return
+        self._spool_recovered()
+        folded = 0
         try:
             async with self._lock:
-                await offload(spool.append, lines)
+                prio, routine = self._spools["priority"], self._spools["routine"]
+                folded += await offload(prio.enforce_bound)
+                left = max(0, self.cfg.spool_max_bytes - await offload(prio.size))
+                folded += await offload(routine.enforce_bound, left)
         except OSError as e:
-            # Keep them, oldest first, ahead of what was published meanwhile; bounded by folding.
-            self._buf[:0] = lines
-            self._buf_bytes = sum(map(len, self._buf))
-            self._spool_error(e)
-            if self._buf_bytes > self._memory_max:
-                self._fold_memory()
-            self.stats.memory_bytes = self._buf_bytes
-            return
-        self.stats.memory_bytes = self._buf_bytes
-        if self.stats.spool_failing:
-            log.info("spool writable again", dir=str(spool.dir), error_was=self.stats.spool_failing)
-            self.stats.spool_failing = ""
-        self._retry = self._fsync_batch
-        try:
-            async with self._lock:
-                folded = await offload(spool.enforce_bound)
-                self.stats.spool_bytes = await offload(spool.size)
-        except OSError as e:
-            folded = 0
             self._count_error(e)  # the records are spooled; only the bound waits for the next flush
+        await self._measure()
         if folded:
             self.stats.summarised += folded
             log.warning("spool full: oldest records summarised", records=folded, spool_bytes=self.stats.spool_bytes)
-        self._have_spooled.set()
+        self._work.set()
+
+    def _spool_recovered(self) -> None:
+        if self.stats.spool_failing:
+            log.info("spool writable again", dir=str(self.cfg.spool_dir), error_was=self.stats.spool_failing)
+            self.stats.spool_failing = ""
+        self._retry = self._fsync_batch
 
     # -- delivering --
 
@@ -578,11 +378,12 @@ class Publisher(Sink):
 
     def _note_corrupt(self, spool: Spool) -> None:
         """Lines of the spool that could not be read back: logged with where they were, and counted."""
-        new = spool.stats_corrupt - self.stats.corrupt
+        new = spool.stats_corrupt - spool.corrupt_reported
         notes, spool.corrupt_notes = spool.corrupt_notes, []
-        self.stats.corrupt = spool.stats_corrupt
+        spool.corrupt_reported = spool.stats_corrupt
         if new <= 0:
             return
+        self.stats.corrupt += new
         self.stats.spool_errors["corrupt"] = self.stats.spool_errors.get("corrupt", 0) + new
         for seg, off, head in notes:
             log.error("corrupt spool record skipped", segment=seg, offset=off,
@@ -611,33 +412,70 @@ class Publisher(Sink):
     async def _sender(self) -> None:
         backoff = 0.2
         while self._running:
-            await self._have_spooled.wait()
-            spool = self._spool
-            assert spool is not None
+            await self._work.wait()
+            self._work.clear()  # before looking: whatever is set meanwhile is seen next round
+            batch = await self._next_batch()
+            if batch is None:
+                continue
+            recs, settle = batch
+            ok = False
             try:
-                recs, pos = await self._spool_call(spool.read_batch, BATCH_RECORDS, self._batch_bytes)
-                self._note_corrupt(spool)
-                if not recs:
-                    if pos != (spool.cursor_seq, spool.cursor_off):
-                        await self._spool_call(spool.ack, pos)  # skipped corrupt lines only
-                        continue
-                    self._have_spooled.clear()
-                    self.stats.spool_bytes = await self._spool_call(spool.size)
-                    continue
                 ok = await self._deliver(recs)
-                if ok:
-                    backoff = 0.2
-                    self.stats.delivered += len(recs)
-                    await self._spool_call(spool.ack, pos)
-                    self.stats.spool_bytes = await self._spool_call(spool.size)
-                    continue
-            except OSError:  # counted and logged by _spool_call: back off, as after a failed delivery
-                await asyncio.sleep(backoff * (0.5 + random.random()))
-                backoff = min(backoff * 2, self._max_backoff)
+            finally:
+                await settle(ok)  # also when cancelled at stop: records from memory go back there
+            self._work.set()
+            if ok:
+                backoff = 0.2
+                self.stats.delivered += len(recs)
                 continue
             self.stats.send_failures += 1
             await asyncio.sleep(backoff * (0.5 + random.random()))
             backoff = min(backoff * 2, self._max_backoff)
+
+    async def _next_batch(self) -> tuple[list[dict[str, Any]], Callable[[bool], Awaitable[None]]] | None:
+        """The next records to send and what to do once the attempt is over: the priority lane
+        first, each lane's spool before its memory (older first). Records in memory go straight
+        to the aggregator when the spool cannot take them, cannot be read, or at stop: sending
+        never waits for the disk."""
+        for lane in LANES:
+            spool, mem = self._spools[lane], self._mem[lane]
+            disk_ok = True
+            try:
+                while True:
+                    recs, pos = await self._spool_call(spool.read_batch, BATCH_RECORDS, self._batch_bytes)
+                    self._note_corrupt(spool)
+                    if recs or pos == (spool.cursor_seq, spool.cursor_off):
+                        break
+                    await self._spool_call(spool.ack, pos)  # skipped corrupt lines only
+                if recs:
+                    return recs, self._settle_spooled(spool, pos)
+            except OSError:
+                disk_ok = False  # counted and logged by _spool_call
+            if mem.lines and not mem.busy and (self.stats.spool_failing or self._stopping or not disk_ok):
+                lines = mem.take(BATCH_RECORDS, self._batch_bytes)
+                mem.busy = True
+                self._note_memory()
+                return [json.loads(x) for x in lines], self._settle_memory(lane, lines)
+        await self._measure()
+        return None
+
+    def _settle_spooled(self, spool: Spool, pos: tuple[int, int]) -> Callable[[bool], Awaitable[None]]:
+        async def settle(ok: bool) -> None:
+            if ok:
+                with contextlib.suppress(OSError):  # counted and logged: delivered, the cursor moved in memory
+                    await self._spool_call(spool.ack, pos)
+                await self._measure()
+        return settle
+
+    def _settle_memory(self, lane: Lane, lines: list[bytes]) -> Callable[[bool], Awaitable[None]]:
+        async def settle(ok: bool) -> None:
+            mem = self._mem[lane]
+            mem.busy = False
+            if not ok:
+                mem.put_back(lines)
+                self._fold(lane)
+            self._note_memory()
+        return settle
 
     async def _post(self, recs: list[dict[str, Any]]) -> tuple[int, str]:
         assert self._session is not None
@@ -688,25 +526,9 @@ class Publisher(Sink):
             if status == 400:
                 self.stats.rejected += 1
                 log.error("aggregator rejected a record; kept in rejected.jsonl", id=rec.get("id"), error=text)
-                assert self._spool is not None
                 line = json.dumps({"record": rec, "error": text}, separators=(",", ":")) + "\n"
-                await offload(_append, self._spool.dir / "rejected.jsonl", line)
+                with contextlib.suppress(OSError):  # a full disk: it is logged above, with the record's id
+                    await offload(append_line, Path(self.cfg.spool_dir) / "rejected.jsonl", line)
             elif status != 200:
                 return False
         return True
-
-
-def _binary_open(path: Path, mode: str) -> IO[bytes]:
-    return open(path, mode)  # noqa: SIM115 - the caller closes it
-
-
-def errno_reason(e: OSError) -> str:
-    """The label of a spool error: the errno's name (ENOSPC, EIO, EDQUOT), else the type."""
-    return errno.errorcode.get(e.errno or 0, type(e).__name__)
-
-
-def _append(path: Path, line: str) -> None:
-    with open(path, "a") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())

@@ -90,7 +90,7 @@ async def test_a_spooled_transition_older_than_a_heartbeat_is_stale_whatever_its
     pub.publish_transition(None, bad, at=time.time() + 3600)
     await until(lambda: pub.stats.send_failures >= 1)
     await pub.stop(drain=0)
-    lines = [json.loads(line) for p in sorted(spool.glob("seg-*")) for line in p.read_text().splitlines()]
+    lines = [json.loads(line) for p in sorted(spool.rglob("seg-*")) for line in p.read_text().splitlines()]
     assert [(r["type"], r["boot_id"]) for r in lines] == [("transition", "boot-a")]
     async with running(config(tmp_path), [MemFencer()]) as (agg, url):
         hb = Heartbeat(PublishConfig(aggregator_url=url), sequencer=seq)
