@@ -32,7 +32,8 @@ SCHEDULERS: tuple[str, ...] = ("slurm", "kubernetes")
 _JOB_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z_.+-]{0,63}$")
 # POSIX portable user names plus what LDAP/AD sites use (dots, @ for realm names).
 _USER = re.compile(r"^[A-Za-z0-9_.@-][A-Za-z0-9_.@$-]{0,63}$")
-MAX_GPUS = 64
+MAX_GPUS = 64  # GPU indices on one node: 8 on a DGX, 4 on a GB200 compute tray; a bound, not a guess
+MAX_GPU_LIST = 1024  # characters of an index list ("0-7" is three)
 MAX_RECORD_BYTES = 4096
 MAX_RECORDS = 256  # more than any node runs at once; a runaway writer must not flood the labels
 
@@ -74,9 +75,17 @@ def valid_user(text: str) -> bool:
     return text == "" or bool(_USER.match(text))
 
 
+class GpuListOutOfBounds(ValueError):
+    """An index list beyond any node (`SLURM_JOB_GPUS=0-99999999`): it cannot be the job's GPUs."""
+
+
 def parse_gpu_list(raw: str) -> tuple[int, ...]:
     """"0,1,4-5" (Slurm's SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES in the prolog) -> (0, 1, 4, 5).
-    Raises ValueError on anything else (a GPU UUID, "NoDevFiles", a reversed range)."""
+    Raises GpuListOutOfBounds for an index or a list no node has (beyond MAX_GPUS, or longer than
+    MAX_GPU_LIST characters): expanding what the environment claims must cost no more than a
+    real node's list. ValueError on anything else (a GPU UUID, "NoDevFiles", a reversed range)."""
+    if len(raw) > MAX_GPU_LIST:
+        raise GpuListOutOfBounds(f"GPU list of {len(raw)} characters (at most {MAX_GPU_LIST})")
     out: set[int] = set()
     for part in raw.split(","):
         part = part.strip()
@@ -85,9 +94,13 @@ def parse_gpu_list(raw: str) -> tuple[int, ...]:
         lo_s, sep, hi_s = part.partition("-")
         if not lo_s.isdigit() or (sep and not hi_s.isdigit()):
             raise ValueError(f"not a GPU index list: {raw[:80]!r}")
+        if len(lo_s) > 6 or len(hi_s) > 6:  # int() of a huge digit string is itself slow
+            raise GpuListOutOfBounds(f"GPU index out of bounds (0 to {MAX_GPUS - 1}): {part[:40]!r}")
         lo, hi = int(lo_s), int(hi_s) if sep else int(lo_s)
-        if hi < lo or hi >= MAX_GPUS:
-            raise ValueError(f"GPU range out of bounds: {part!r}")
+        if hi >= MAX_GPUS:
+            raise GpuListOutOfBounds(f"GPU index out of bounds (0 to {MAX_GPUS - 1}): {part[:40]!r}")
+        if hi < lo:
+            raise ValueError(f"reversed GPU range: {part!r}")
         out.update(range(lo, hi + 1))
     return tuple(sorted(out))
 

@@ -59,17 +59,18 @@ def agent_base(cfg: Config, node: str) -> str:
 
 
 def job_gpus(env: "os._Environ[str] | dict[str, str]") -> frozenset[int] | None:
-    """The job's GPU indices, or None when the job has no GPU list (then every GPU counts)."""
+    """The job's GPU indices, or None when the job has no index list (none, or UUIDs: then every
+    GPU counts). Raises job_records.GpuListOutOfBounds for a list beyond any node (issue 27:
+    `0-99999999` once grew the prolog to 13 GiB): the caller leaves the job undecided."""
+    from podhealth.collectors import job_records
+
     raw = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""
-    out = set()
-    for part in raw.split(","):
-        part = part.strip()
-        if part.isdigit():
-            out.add(int(part))
-        elif "-" in part and all(p.isdigit() for p in part.split("-", 1)):
-            lo, hi = (int(p) for p in part.split("-", 1))
-            out.update(range(lo, hi + 1))
-    return frozenset(out) if out else None
+    try:
+        return frozenset(job_records.parse_gpu_list(raw)) or None
+    except job_records.GpuListOutOfBounds:
+        raise
+    except ValueError:
+        return None
 
 
 def for_job(results: Iterable[CheckResult], gpus: frozenset[int] | None) -> list[CheckResult]:
@@ -161,7 +162,16 @@ def _job_hook(env: "os._Environ[str] | dict[str, str]", hook: str) -> int:
     cfg = load_config(env)
     node = node_name(cfg, env)
     job = env.get("SLURM_JOB_ID", "?")
-    gpus = job_gpus(env)
+    from podhealth.collectors.job_records import GpuListOutOfBounds
+
+    try:
+        gpus = job_gpus(env)
+    except GpuListOutOfBounds as e:
+        # Not a list any node has: judging "the job's GPUs" would judge nothing real. The job runs
+        # (a prolog's non-zero exit drains the node) and the error is logged for the admin.
+        print(f"podhealth {hook}: job {job} on {node}: undecided: SLURM_JOB_GPUS/CUDA_VISIBLE_DEVICES: {e}",
+              file=sys.stderr)
+        return EXIT_PASS
     # The epilog: the job is over whatever the verdict, its GPUs are free. The prolog records the
     # job before judging, so a job that runs because podhealth could not judge is known too.
     _note(record_job(cfg, env, hook) if hook == "prolog" else forget_job(cfg, env, hook))

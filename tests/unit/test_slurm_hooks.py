@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import resource
+import subprocess
+import sys
 
 import pytest
 
 from podhealth.checks.cli.slurm_hooks import agent_base, for_job, job_gpus, node_name, prolog_main, should_drain
+from podhealth.collectors.job_records import GpuListOutOfBounds
 from podhealth.config import Config
 from podhealth.vocab import Action, CheckResult, Status
+from tests.conftest import REPO
 
 
 def _r(check: str, entity: str, status: Status = Status.FAIL) -> CheckResult:
@@ -60,3 +66,29 @@ def test_a_prolog_that_cannot_judge_lets_the_job_run(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("PODHEALTH_CONFIG", str(bad))
     assert prolog_main() == 0
     assert "could not judge" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("raw", ["0-99999999", "64", "0-64", "9" * 5000, ",".join(["0-7"] * 400),
+                                 "1" + "0" * 4000])
+def test_a_gpu_list_beyond_any_node_is_refused_before_it_is_expanded(raw: str) -> None:
+    with pytest.raises(GpuListOutOfBounds):
+        job_gpus({"SLURM_JOB_GPUS": raw})
+
+
+def test_a_huge_gpu_range_leaves_the_job_undecided_and_running(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """SLURM_JOB_GPUS=0-99999999 once grew the prolog to 13 GiB. Run as slurmd would, in a child
+    whose address space is capped at 1 GiB: it exits 0 (the job runs, the node is not drained),
+    says why on stderr, and never expands the range (a MemoryError would read "could not judge")."""
+    cfg = tmp_path / "podhealth.yaml"
+    cfg.write_text(f"collectors: {{jobs: {{state_dir: {tmp_path / 'jobs'}}}}}\n")
+    env = {"PATH": os.environ.get("PATH", ""), "PODHEALTH_CONFIG": str(cfg), "SLURM_JOB_ID": "1234",
+           "SLURM_JOB_GPUS": "0-99999999", "SLURMD_NODENAME": "dgx01"}
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+    r = subprocess.run([sys.executable, "-c", "import sys; from podhealth.checks.cli.slurm_hooks import prolog_main;"
+                        " sys.exit(prolog_main())"], env=env, capture_output=True, text=True, timeout=60,
+                       preexec_fn=cap, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert "job 1234 on dgx01: undecided" in r.stderr and "out of bounds" in r.stderr, r.stderr
+    assert "could not judge" not in r.stderr and not (tmp_path / "jobs").exists()
