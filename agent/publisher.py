@@ -126,6 +126,7 @@ class Publisher(Sink):
         self._opener = spool_opener
         self._retry = self._fsync_batch
         self._read_failing = False
+        self._retry_after = 0.0  # seconds the aggregator's last 429 asked for
         self._urgent = False  # a priority record waits in memory: spool and send it without the batch wait
 
     @property
@@ -429,7 +430,11 @@ class Publisher(Sink):
                 self.stats.delivered += len(recs)
                 continue
             self.stats.send_failures += 1
-            await asyncio.sleep(backoff * (0.5 + random.random()))
+            # A 429's Retry-After is honoured up to max_backoff: the node's FAIL transitions get
+            # through its cap, so new ones must not wait an hour behind it.
+            wait = max(backoff * (0.5 + random.random()), min(self._retry_after, self._max_backoff))
+            self._retry_after = 0.0
+            await asyncio.sleep(wait)
             backoff = min(backoff * 2, self._max_backoff)
 
     async def _next_batch(self) -> tuple[list[dict[str, Any]], Callable[[bool], Awaitable[None]]] | None:
@@ -487,6 +492,8 @@ class Publisher(Sink):
             try:
                 timeout = aiohttp.ClientTimeout(total=self.cfg.timeout)
                 async with session.post(url, json=body, headers=headers, timeout=timeout) as r:
+                    if r.status == 429:  # over this node's cap: the aggregator says when to come back
+                        self._retry_after = _seconds(r.headers.get("Retry-After", ""))
                     return r.status, (await r.text())[:500]
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
                 return 0, f"{type(e).__name__}: {e}"
@@ -515,7 +522,7 @@ class Publisher(Sink):
         if status == 413 and len(recs) > 1:
             self._batch_bytes = max(4096, self._batch_bytes // 2)
             return False
-        if status == 400:
+        if status in (400, 413):  # malformed, or one record larger than the aggregator takes
             return await self._isolate(recs)
         return False  # 401/403/5xx/unreachable: keep everything and retry later
 
@@ -523,7 +530,7 @@ class Publisher(Sink):
         """The aggregator refused the batch as malformed: find the bad records, keep them aside."""
         for rec in recs:
             status, text = await self._post([rec])
-            if status == 400:
+            if status in (400, 413):
                 self.stats.rejected += 1
                 log.error("aggregator rejected a record; kept in rejected.jsonl", id=rec.get("id"), error=text)
                 line = json.dumps({"record": rec, "error": text}, separators=(",", ":")) + "\n"
@@ -532,3 +539,11 @@ class Publisher(Sink):
             elif status != 200:
                 return False
         return True
+
+
+def _seconds(retry_after: str) -> float:
+    """Retry-After in seconds (RFC 9110 also allows a date, which the aggregator never sends: 0)."""
+    try:
+        return max(0.0, min(float(retry_after), 3600.0))
+    except ValueError:
+        return 0.0

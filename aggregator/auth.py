@@ -31,9 +31,10 @@ _CACHE_MAX = 100_000  # derived tokens already checked (token -> node); at most 
 class Refused(Exception):
     """An ingest or admin request refused: HTTP status, the metrics' result label, the reason."""
 
-    def __init__(self, status: int, result: str, message: str) -> None:
+    def __init__(self, status: int, result: str, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.status, self.result, self.message = status, result, message
+        self.retry_after = retry_after  # seconds, for a 429 (the Retry-After header)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,10 @@ class Metrics:
                                        "(ok, bad_request, unauthorized, forbidden, too_large, unavailable; conflict: a\n"
                                        "lease the aggregator could not match, answered 409).",
                                        ["endpoint", "result"], registry=r)
+        self.ingest_throttled = Counter(P + "ingest_throttled", "Pushes from a node answered 429 (Retry-After) because\n"
+                                        "it was over its cap, by node and reason: rate (node_ingest.rate), stored\n"
+                                        "(node_ingest.stored_bytes). Its FAIL transitions were applied all the same.",
+                                        ["node", "reason"], registry=r)
         self.ingest_events = Counter(P + "ingest_events", "Ingested items by result (applied, duplicate, stale, unchanged).",
                                      ["result"], registry=r)
         self.ingest_latency = Histogram(P + "ingest_duration_seconds", "Ingest request handling time, commit included.",

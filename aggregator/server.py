@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from podhealth import bodycoding, bodyread
 from podhealth.aggregator import bundles, ingest, overrides, versions
 from podhealth.hostnames import node_name_problem
+from podhealth.vocab import Status
 from podhealth.webguard import from_this_host, host_guard, require_guarded, require_host_checked, same_site_only
 
 from podhealth.aggregator.auth import Auth, Refused, Speaker
@@ -34,8 +35,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_REASON = 500
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+def _error(status: int, message: str, retry_after: int | None = None) -> web.Response:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return web.json_response({"error": message}, status=status, headers=headers)
 
 
 _Reject = Refused
@@ -74,7 +76,7 @@ def _ingest_endpoint(name: str, fn: Callable[[Aggregator, web.Request, Speaker],
             out = await fn(agg, request, bound)
         except _Reject as r:
             agg.metrics.ingest_requests.labels(name, r.result).inc()
-            return _error(r.status, r.message)
+            return _error(r.status, r.message, r.retry_after)
         finally:
             m[0].observe(time.perf_counter() - t0)
         m[1].inc()
@@ -149,6 +151,7 @@ def _reports_endpoint(agg: Aggregator, auth: Auth) -> Handler:
             mem = agg.mem
             if not learn and node not in mem.nodes:
                 raise _Reject(403, "forbidden", f"unknown node {node} (learn_nodes is off)")
+            _within_quota(agg, node, len(raw), store=False)
             now = agg.clock()
             if type(rep) is ingest.Lease:
                 quiet = mem.lease_quiet(node, rep.digest, rep.time, now, rep.order)
@@ -180,7 +183,7 @@ def _reports_endpoint(agg: Aggregator, auth: Auth) -> Handler:
         except _Reject as r:
             refused.labels("reports", r.result).inc()
             latency.observe(perf_counter() - t0)
-            return _error(r.status, r.message)
+            return _error(r.status, r.message, r.retry_after)
         except BaseException:
             latency.observe(perf_counter() - t0)
             raise
@@ -201,19 +204,46 @@ def _with_digest(answer: bytes, digest: str) -> bytes:
     return answer[:-1] + b', "digest": "' + digest.encode() + b'"}'
 
 
+def _within_quota(agg: Aggregator, node: str, nbytes: int, *, store: bool) -> None:
+    """Refuse (429, Retry-After; counted) a push beyond the node's rate or stored-bytes cap."""
+    over = agg.quota.admit(node, nbytes, store=store)
+    if over is not None:
+        agg.metrics.ingest_throttled.labels(node, over.reason).inc()
+        raise _Reject(429, "throttled", over.message, retry_after=over.retry_after)
+
+
 async def _events(agg: Aggregator, request: web.Request, bound: Speaker) -> dict[str, Any]:
-    obj, _ = await _body(request, agg.cfg.max_body_bytes)
+    obj, raw = await _body(request, agg.cfg.max_body_bytes)
     try:
         batch = ingest.parse_events(obj)
     except ingest.BadRequest as e:
         raise _Reject(400, "bad_request", str(e)) from None
     _check_node(agg, request, batch.node, bound)
+    caps = agg.cfg.node_ingest
+    for rec in batch.events:
+        if len(rec.body) > caps.max_event_bytes:
+            raise _Reject(413, "too_large", f"record {rec.id}: {len(rec.body)} bytes, more than "
+                                            f"node_ingest.max_event_bytes ({caps.max_event_bytes}); nothing applied")
+    try:
+        _within_quota(agg, batch.node, len(raw), store=True)
+    except _Reject:
+        # Over its cap, a node that fails must still be fenced: its FAIL transitions are applied.
+        fails = tuple(r for r in batch.events if r.transition is not None and r.transition.status is Status.FAIL)
+        if fails:
+            await _apply_events(agg, ingest.EventBatch(batch.node, fails), bound)
+        raise
+    return await _apply_events(agg, batch, bound)
+
+
+async def _apply_events(agg: Aggregator, batch: ingest.EventBatch, bound: Speaker) -> dict[str, Any]:
     undo = agg.mem.checkpoint(batch.node)
     applied, ops, new_ids = ingest.apply_events(agg.mem, batch, agg.clock())
     if bound.vouches:
         agg.mem.vouch(batch.node)
     _count(agg, applied)
     await _commit(agg, ops, new_ids, undo)
+    fresh = set(new_ids)
+    agg.quota.add_stored(batch.node, sum(len(e.body) for e in batch.events if e.id in fresh))
     return applied.to_json()
 
 

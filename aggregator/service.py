@@ -33,6 +33,7 @@ from podhealth.aggregator.liveness import Liveness
 from podhealth.aggregator.metrics import Metrics
 from podhealth.aggregator.model import LADDER_STEPS, BreakerState, Decision, FenceMode, FleetState, Silence
 from podhealth.aggregator.policy import Policy, decide
+from podhealth.aggregator.quota import NodeQuota
 from podhealth.aggregator.leader import Leadership
 from podhealth.aggregator.lease import FileLease, LeaseInfo, PgLease, holder_name
 from podhealth.aggregator.reconcile import Reconciler
@@ -51,6 +52,7 @@ HOUSEKEEPING_INTERVAL = 5.0
 MIN_DECIDE_GAP = 0.05
 SYNC_INTERVAL = 1.0  # seconds between the leader's reads of the other replicas' ingest
 SYNC_MARGIN = 15.0
+QUOTA_SYNC_S = 600.0  # seconds between re-reads of each node's stored event bytes (retention frees room)
 
 
 def load_memory(cfg: AggregatorConfig, loaded: Loaded, cycles: list[tuple[str, float, str, str]], now: float,
@@ -138,6 +140,8 @@ class Aggregator:
         self.fencers = list(fencers)
         self.metrics = Metrics()
         self.store = store
+        # What one node may push (rate, stored bytes): server.py asks before applying.
+        self.quota = NodeQuota(cfg.node_ingest, mono)
         self.writer = writer
         self.session = session
         self.lease = lease
@@ -249,6 +253,7 @@ class Aggregator:
 
     async def start(self) -> None:
         self._running = True
+        await self.sync_quota()
         fencer_names = ", ".join(f.name for f in self.fencers)
         log.info("aggregator starting", db=self.store.where, nodes=len(self.mem.nodes), fencers=fencer_names,
                  dry_run=self.cfg.dry_run, pending=len(self._loaded_pending), replica=self.leadership is not None)
@@ -415,6 +420,15 @@ class Aggregator:
     def silence_ops(self, now: float) -> list[Op]:
         return self.liveness.silence_ops(now, self.started_at)
 
+    async def sync_quota(self) -> None:
+        """Each node's stored event bytes from the store (retention and other replicas change them)."""
+        try:
+            stored = await offload(self.store.event_bytes_by_node, self.clock() - self.cfg.event_retention)
+        except Exception as e:  # noqa: BLE001 - the store's own errors are logged by its writer; keep the counts
+            log.warning("stored bytes per node not read: the caps keep their counts", error=str(e))
+            return
+        self.quota.sync(stored)
+
     def forget_ops(self, now: float) -> list[Op]:
         return self.liveness.forget_ops(now, busy={p.node for p in self.pending.values()})
 
@@ -425,11 +439,15 @@ class Aggregator:
         last_reconcile = self.mono()
         last_prune = float("-inf")
         last_sample = self.mono()  # open() took the first sample
+        last_quota = self.mono()
         while self._running:
             await asyncio.sleep(self.housekeeping_interval)
             mem, writer = self.mem, self.writer
             now = self.clock()
             try:
+                if self.mono() - last_quota > QUOTA_SYNC_S:  # every replica: they all ingest
+                    last_quota = self.mono()
+                    await self.sync_quota()
                 writer.write_nowait(mem.flush_seen())
                 if not self.acting() or not self._acting_tasks:
                     # a follower only ingests: the rest is the leader's, once its takeover has

@@ -759,6 +759,13 @@ class Store:
         return Loaded(nodes, conds, ids, breaker, pending, recent, self.ladder_failures(now - LADDER_LOOKBACK),
                       self.evacuations(), self.silences(), steps)
 
+    def event_bytes_by_node(self, since: float) -> dict[str, int]:
+        """Bytes of event bodies each node holds, received since `since` (the per-node stored cap)."""
+        with self._read_lock:
+            rows = self._read().execute(
+                "SELECT node, SUM(LENGTH(body)) FROM events WHERE received >= ? GROUP BY node", (since,)).fetchall()
+        return {str(r[0]): int(r[1] or 0) for r in rows}
+
     def silences(self) -> tuple[Silence, ...]:
         return tuple(Silence(r[0], r[1], r[2], r[3], r[4], r[5]) for r in self.conn.execute(
             "SELECT node, check_name, until, reason, who, created FROM silences ORDER BY node, check_name"))

@@ -313,6 +313,23 @@ class BundlesConfig:
 
 
 @dataclass(frozen=True)
+class NodeIngestConfig:
+    max_event_bytes: Annotated[int, Gt(0, "bytes")] = doc(
+        "Largest record (an event, a transition, a pushed report) a node may send; a larger one is\n"
+        "refused with 413 and the agent keeps it aside (rejected.jsonl).", 256 * 1024)
+    rate: Annotated[int, Gt(0, "bytes per second")] = doc(
+        "Bytes per second one node may push (/v1/events and /v1/reports), sustained; beyond it the\n"
+        "answer is 429 with Retry-After (counted: podhealth_aggregator_ingest_throttled_total), except\n"
+        "for that node's FAIL transitions, which are applied all the same.", 256 * 1024)
+    burst: Annotated[int, Gt(0, "bytes")] = doc(
+        "Bytes one node may push at once above `rate` (a spool delivered after an outage).", 16 * 1024 * 1024)
+    stored_bytes: Annotated[int, Gt(0, "bytes")] = doc(
+        "Bytes of events one node may hold in the store within event_retention; beyond it the node's\n"
+        "pushes are answered 429 (FAIL transitions still applied) until retention frees room.",
+        512 * 1024 * 1024)
+
+
+@dataclass(frozen=True)
 class StoreConfig:
     url: str = doc(
         "Where the state lives: sqlite:////abs/path (one aggregator; empty = the `db` file) or\n"
@@ -348,6 +365,9 @@ class AggregatorConfig:
     store: StoreConfig = doc("The state store (SQLite file or PostgreSQL).", factory=StoreConfig)
     auth: AggAuthConfig = doc("Tokens.", factory=AggAuthConfig)
     max_body_bytes: Annotated[int, Gt(0, "bytes")] = doc("Largest request body accepted (else 413).", 1024 * 1024)
+    node_ingest: NodeIngestConfig = doc(
+        "Caps on what one node may push: record size, rate, stored bytes (one node's own token must\n"
+        "not fill the store).", factory=NodeIngestConfig)
     pull_interval: Seconds = doc("Seconds between pulls of each agent's /health.", 10.0)
     pull_timeout: Seconds = doc("Seconds one /health pull may take.", 5.0)
     pull_concurrency: Annotated[int, Ge(1, "a count")] = doc("Pulls in flight at once.", 64)

@@ -111,7 +111,7 @@ def test_assets_export_refuses_a_bad_selector_and_writes_nothing(tmp_path: Path)
 # Counters whose series are born with their first event, at 1 (a label set nobody can know
 # before: GPU x XID code, errno, check x action).
 BORN = re.compile(r"increase\(((?:podhealth_xid_events|podhealth_sxid_events|podhealth_publish_spool_errors|"
-                  r"podhealth_aggregator_fences)_total(?:\{[^}]*\})?)\[(\w+)\]\)")
+                  r"podhealth_aggregator_fences|podhealth_aggregator_ingest_throttled)_total(?:\{[^}]*\})?)\[(\w+)\]\)")
 
 
 def shipped_exprs() -> list[tuple[str, str]]:
