@@ -21,6 +21,7 @@ import urllib.request
 from typing import Any
 
 from podhealth import cliconfig, config, credentials
+from podhealth.config_failslow import SHORT
 from podhealth.exitcodes import EXIT_FAIL, EXIT_UNKNOWN
 
 
@@ -57,6 +58,10 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     v.add_argument("--name-few", type=int, default=8, metavar="N",
                    help="name the nodes of a version at most N nodes run (not the most common one); default 8")
     v.set_defaults(func=_versions)
+    ol = fs.add_parser("outliers", help="fail-slow: parts slower than their cohort (same profile, driver, firmware) "
+                       "or than their own past, and running jobs' stragglers")
+    ol.add_argument("--metric", choices=sorted(SHORT.values()), help="one metric (default: all)")
+    ol.set_defaults(func=_outliers)
     o = fs.add_parser("reset-order", help="forget the order of a node's records (after a forged or runaway seq "
                       "left its real reports stale); audited")
     o.add_argument("node")
@@ -325,6 +330,30 @@ def _versions(args: argparse.Namespace) -> int:
     print(f"({view['reporting']} nodes report versions"
           + (f"; {len(view['not_reported'])} do not: {', '.join(view['not_reported'][:20])}"
              + (" ..." if len(view["not_reported"]) > 20 else "") if view["not_reported"] else "") + ")")
+    return 0
+
+
+@_run
+def _outliers(args: argparse.Namespace) -> int:
+    q = f"?metric={urllib.parse.quote(args.metric)}" if args.metric else ""
+    out = _call(args, "GET", f"/api/v1/failslow/outliers{q}")
+    strag = _call(args, "GET", "/api/v1/failslow/stragglers")
+    if _as_json(args):
+        print(json.dumps({**out, **strag}, indent=2))
+        return 0
+    print(f"judged {_when(out['scored_at'])}; cohorts:")
+    for c in out["cohorts"]:
+        judged = "" if c["judged"] else "  (too small to judge)"
+        print(f"  {c['metric']:<14} {c['profile']:<10} {c['driver']:<12} {c['firmware'] or '-':<16} "
+              f"n={c['size']:<5} median {c['median']:.1f}{judged}")
+    if out["findings"]:
+        print(f"\n{'NODE':<20} {'STATUS':<6} {'ACTION':<6} FINDING")
+        for f in out["findings"]:
+            print(f"{f['node']:<20} {f['status']:<6} {f['action']:<6} {f['summary']}")
+    else:
+        print("\nno outliers")
+    for s in strag["stragglers"]:
+        print(f"straggler: {s['summary']}")
     return 0
 
 

@@ -5,6 +5,8 @@ reads, /metrics, and bad bodies refused without changing anything."""
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -64,6 +66,13 @@ async def until(pred: Callable[[], object], what: str, timeout: float = 20.0) ->
         await asyncio.sleep(0.05)
 
 
+async def cli(*argv: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "podhealth", *argv, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
 async def named(s: aiohttp.ClientSession, url: str) -> bool:
     _, out = await call(s, "GET", f"{url}/api/v1/failslow/stragglers")
     return bool(out["stragglers"])
@@ -91,6 +100,13 @@ async def test_slow_gpu_is_drained_through_the_policy(tmp_path: Path) -> None:
         assert st == 200 and any(e["entity"] == "gpu3" and e["points"][-1]["flagged"] for e in hist["entities"])
         st, text = await call(s, "GET", f"{url}/metrics")
         assert 'podhealth_failslow_finding_z{driver="565.57.01",entity="gpu3",metric="gemm_tflops",node="dgx07"' in text
+        # `podhealth fleet outliers`, as a person runs it
+        rc, out_json, _ = await cli("fleet", "--url", url, "outliers", "--metric", "gemm", "--format", "json")
+        assert rc == 0 and [f["node"] for f in json.loads(out_json)["findings"]] == ["dgx07"]
+        rc, table, _ = await cli("fleet", "--url", url, "outliers")
+        assert rc == 0 and "dgx07" in table and "GEMM" in table and "FAIL" in table
+        rc, _, err = await cli("fleet", "--url", url, "outliers", "--metric", "speed")
+        assert rc == 64 and "invalid choice" in err
         # Repaired: the next round closes the condition.
         await post_all(s, url, fleet())
         await until(lambda: ("dgx07", "failslow_gemm", "gpu3") not in agg.mem.conditions, "the condition closed")
