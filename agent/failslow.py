@@ -68,8 +68,9 @@ def idle(snap: Snapshot) -> bool | None:
     st = snap.collectors.get("jobs")
     if st is None or snap.stale("jobs") or not st.samples and st.last_success is None:
         return None
-    if any(s.name == "job_source_up" and s.value == 0 for s in st.samples):
-        return None
+    up = [s.value for s in st.samples if s.name == "job_source_up"]
+    if not up or 0 in up:
+        return None  # no job source on this node (no prolog records, no kubelet), or one unreadable
     if records_from_samples(st.samples):
         return False
     if any(s.value > BUSY_UTILIZATION for s in snap.samples("gpu_utilization_ratio")):
@@ -183,7 +184,9 @@ class FailslowSink(Sink):
         self._clock = clock
         self._rng = rng or random.Random()
         self._snap: Snapshot | None = None
-        self._busy_at = 0.0  # last time a job (or a busy GPU, or an unknown state) was seen
+        # Last time a job (or a busy GPU, or an unknown state) was seen; the agent's start counts:
+        # idle_for must pass with the agent watching before the first round.
+        self._busy_at = clock()
         self._tasks: list[asyncio.Task[None]] = []
         self._poster: Heartbeat | None = None
         if publish.urls():
@@ -216,16 +219,21 @@ class FailslowSink(Sink):
         return self.cfg.interval * (1.0 + self._rng.uniform(-j, j))
 
     async def _probe_loop(self) -> None:
-        # The first round after a (fleet-wide) restart is spread over a whole interval as well.
-        await asyncio.sleep(self._rng.uniform(self.cfg.idle_for, max(self.cfg.idle_for, self.cfg.interval)))
+        # The first round after a (fleet-wide) restart is spread over the jitter's share of an interval.
+        cfg = self.cfg
+        await asyncio.sleep(cfg.idle_for + self._rng.uniform(0.0, cfg.jitter * cfg.interval))
         while True:
+            ran = self.rounds["done"] + self.rounds["failed"]
             try:
                 await self.probe_once()
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - a bug here must not end the probes for good
                 log.error("probe round failed", error=repr(e))
-            await asyncio.sleep(self.next_wait())
+            # A round skipped for a job (or an unknown state) is tried again once the node may be
+            # idle; a round that ran (or could measure nothing) waits the interval.
+            skipped = self.rounds["done"] + self.rounds["failed"] == ran
+            await asyncio.sleep(min(cfg.idle_for, cfg.interval) if skipped else self.next_wait())
 
     def idle_now(self) -> bool | None:
         if self._snap is None:

@@ -55,7 +55,12 @@ def _job_dir(cfg: Config, node_dir: Path) -> Path:
     from podhealth.sim.cmd_job import state_dir_of
 
     configured = cfg.collectors.jobs.state_dir
-    return state_dir_of(node_dir) if configured == JobsConfig().state_dir else configured
+    if configured != JobsConfig().state_dir:
+        return configured
+    # The simulated node has the prolog installed: its record directory exists before the first
+    # job, so "no job" is known (what lets the fail-slow probes run on an idle node).
+    state_dir_of(node_dir).mkdir(parents=True, exist_ok=True)
+    return state_dir_of(node_dir)
 
 
 def setup(cfg: Config, profile: str, root: Path, name: str) -> SimSetup:

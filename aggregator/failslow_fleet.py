@@ -287,26 +287,36 @@ class Exported:
 
     def collect(self) -> Iterator[Metric]:
         f = self.fleet
-        z = GaugeMetricFamily("podhealth_failslow_finding_z",
+        z = GaugeMetricFamily("podhealth_aggregator_failslow_finding_z",
                               "Robust z of a fail-slow finding against its cohort (median/MAD of the same profile,\n"
                               "driver and firmware), by node, entity (gpu3, gpu0-gpu5, mlx5_4), metric, status.",
                               labels=["node", "entity", "metric", "status", "profile", "driver"])
         for x in f.scored.findings:
             z.add_metric([x.node, x.entity, x.metric, x.status.value, x.cohort.key.profile, x.cohort.key.driver], x.z)
         yield z
-        med = GaugeMetricFamily("podhealth_failslow_cohort_median", "Median probe result of each cohort.",
+        med = GaugeMetricFamily("podhealth_aggregator_failslow_cohort_median", "Median probe result of each cohort.",
                                 labels=["metric", "profile", "driver", "firmware"])
-        size = GaugeMetricFamily("podhealth_failslow_cohort_size", "Entities with a fresh probe result in each cohort.",
+        size = GaugeMetricFamily("podhealth_aggregator_failslow_cohort_size", "Entities with a fresh probe result in each cohort.",
                                  labels=["metric", "profile", "driver", "firmware"])
         for k, c in sorted(f.scored.cohorts.items()):
             med.add_metric([k.metric, k.profile, k.driver, k.firmware], c.median)
             size.add_metric([k.metric, k.profile, k.driver, k.firmware], c.size)
         yield med
         yield size
+        jobs = GaugeMetricFamily("podhealth_aggregator_failslow_jobs",
+                                 "Running jobs whose GPUs the aggregator compares (from the agents' job windows).")
+        jobs.add_metric([], len(f.jobs))
+        yield jobs
+        named = GaugeMetricFamily("podhealth_aggregator_failslow_stragglers",
+                                  "Likely stragglers named in running jobs now (podhealth_job_straggler has them).")
+        named.add_metric([], len(f.stragglers))
+        yield named
+        # `job` as the issue names it; Prometheus renames a scraped `job` to `exported_job` (the
+        # target's own `job` wins unless honor_labels), so `job_id` carries it as well: rules use that.
         st = GaugeMetricFamily("podhealth_job_straggler",
                                "1 per likely straggler of a running job (passive comparison of the job's GPUs and\n"
-                               "nodes; WARN only), by job, owner, node, gpu (empty: the node) and reason.",
-                               labels=["job", "owner", "node", "gpu", "reason"])
+                               "nodes; WARN only), by job (and job_id), owner, node, gpu (empty: the node) and reason.",
+                               labels=["job", "job_id", "owner", "node", "gpu", "reason"])
         for s in f.stragglers:
-            st.add_metric([s.job, s.owner, s.node, s.gpu_label, s.reason], 1.0)
+            st.add_metric([s.job, s.job, s.owner, s.node, s.gpu_label, s.reason], 1.0)
         yield st

@@ -189,14 +189,19 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.Prometheus
         # Agents push, and the aggregator pulls their /health too.
         "nodes": [{"name": n, "agent_url": f"http://127.0.0.1:{ports[n]}", "partition": PARTITION} for n in NODES],
         "fencers": {"dryrun": {"enabled": True}},
+        # The fail-slow board: three nodes' 24 GPUs are cohort enough here; judged every second.
+        "failslow": {"interval": 1.0, "judge": {"min_cohort": 8}},
     }) as agg:
-        configs = {n: stack.agent_config(publish_url=agg.url, token=agg.node_token(n), spool_dir=tmp / "spool" / n)
+        configs = {n: stack.agent_config(publish_url=agg.url, token=agg.node_token(n), spool_dir=tmp / "spool" / n,
+                                         failslow_after=15.0)
                    for n in NODES}
         with stack.agents(tmp / "agents", sim_root, configs, ports=ports) as agents, \
                 stack.prometheus(tmp / "prometheus", [
                     stack.ScrapeJob("podhealth", agents.targets(), {"cluster": CLUSTER, "partition": PARTITION}),
                     stack.ScrapeJob("podhealth-aggregator", (agg.url.removeprefix("http://"),), {"cluster": CLUSTER}),
                 ], rule_files=[stack.RULES]) as prom:
+            # Before the agents' first fail-slow round (15 s after their start): one GPU 30% slow.
+            stack.simulate_all(sim_root, [("inject", "dgx01", "fault=slow-gpu", "gpu=3", "pct=30")])
             # Faults after the first scrapes: an XID's series (and its fence's) is born with it,
             # and (d) checks that the panels count that first appearance.
             prom.wait_scraped("podhealth", len(NODES), samples=2, timeout=DATA_TIMEOUT)

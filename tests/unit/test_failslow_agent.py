@@ -51,6 +51,7 @@ JOB = Sample.of("gpu_job_info", 1, gpu="0", job_id="4242", scheduler="slurm", us
     (snap(jobs_ok=False), None),                   # the jobs collector failed: cannot tell
     (snap(with_jobs=False), None),                 # no jobs collector at all
     (snap(jobs=[Sample.of("job_source_up", 0, source="kubelet")]), None),  # a source unreadable
+    (Snapshot(NOW, {"jobs": state("jobs", [])}), None),  # no job source on the node: cannot tell
 ])
 def test_idle_truth_table(s: Snapshot, expect: bool | None) -> None:
     assert failslow.idle(s) is expect

@@ -99,7 +99,7 @@ async def test_slow_gpu_is_drained_through_the_policy(tmp_path: Path) -> None:
         st, hist = await call(s, "GET", f"{url}/api/v1/failslow/nodes/dgx07")
         assert st == 200 and any(e["entity"] == "gpu3" and e["points"][-1]["flagged"] for e in hist["entities"])
         st, text = await call(s, "GET", f"{url}/metrics")
-        assert 'podhealth_failslow_finding_z{driver="565.57.01",entity="gpu3",metric="gemm_tflops",node="dgx07"' in text
+        assert 'podhealth_aggregator_failslow_finding_z{driver="565.57.01",entity="gpu3",metric="gemm_tflops",node="dgx07"' in text
         # `podhealth fleet outliers`, as a person runs it
         rc, out_json, _ = await cli("fleet", "--url", url, "outliers", "--metric", "gemm", "--format", "json")
         assert rc == 0 and [f["node"] for f in json.loads(out_json)["findings"]] == ["dgx07"]
@@ -184,5 +184,5 @@ async def test_straggler_named_on_metrics_and_api(tmp_path: Path) -> None:
         _, out = await call(s, "GET", f"{url}/api/v1/failslow/stragglers")
         assert {x["node"] for x in out["stragglers"]} == {"dgx11"}
         st, text = await call(s, "GET", f"{url}/metrics")
-        assert 'podhealth_job_straggler{gpu="2",job="4242",node="dgx11",owner="alice",reason="thermal"} 1.0' in text
+        assert 'podhealth_job_straggler{gpu="2",job="4242",job_id="4242",node="dgx11",owner="alice",reason="thermal"} 1.0' in text
         assert not [k for k in agg.mem.conditions if k[0] == "dgx11"]  # WARN only: never a condition
