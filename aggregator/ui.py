@@ -169,6 +169,10 @@ async def fleet_page(request: web.Request) -> web.Response:
     return _asset_response(request, "fleet.html")
 
 
+async def failslow_page(request: web.Request) -> web.Response:
+    return _asset_response(request, "failslow.html")
+
+
 async def node_page(request: web.Request) -> web.Response:
     problem = node_name_problem(request.match_info["name"])
     if problem:
@@ -305,7 +309,7 @@ def setup(app: web.Application, agg: "Aggregator", reads: Callable[[Handler], Ha
 
     app.on_shutdown.append(close_streams)
     pages: tuple[tuple[str, Handler], ...] = (
-        ("/", root), ("/ui", fleet_page), ("/ui/", root), ("/ui/node/{name}", node_page),
+        ("/", root), ("/ui", fleet_page), ("/ui/", root), ("/ui/node/{name}", node_page), ("/ui/failslow", failslow_page),
         ("/ui/static/{file}", static), ("/ui/api/fleet", fleet_view), ("/ui/api/fleet-history", fleet_history),
         ("/ui/api/links", node_links))
     for path, page in pages:
