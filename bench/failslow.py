@@ -10,7 +10,8 @@ aggregator/failslow.py, as the aggregator judges it.
 Prints per seed and in total: recall (injected slowdowns found within two probes; target >= 95%),
 false WARN findings per 1,000 healthy node-probes (target <= 1) and false drains with
 `action: drain` on every metric (target 0); then the same at the edge of the method (slowdowns
-of exactly 5%, and slowdowns present from the first probe, with no baseline to compare with).
+of exactly 5%, slowdowns present from the first probe with no baseline to compare with, and a judge
+tuned too sensitive, to show that the false-finding count is a measurement and not a constant).
 
 Run from the repository root: `python3 bench/failslow.py [--nodes 64] [--seeds 5] [--format json]`.
 """
@@ -18,13 +19,16 @@ Run from the repository root: `python3 bench/failslow.py [--nodes 64] [--seeds 5
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
+from types import MappingProxyType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from podhealth.config_failslow import METRICS, FailslowJudgeConfig, MetricRule  # noqa: E402
 from podhealth.sim import failslow_eval  # noqa: E402
 
 
@@ -36,10 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.nodes < 4 or args.seeds < 1:
         p.error("--nodes >= 4 and --seeds >= 1")
-    scenarios = {
+    # The judge tuned too sensitive, to show what the false-finding count looks like when it is not 0.
+    loose = failslow_eval.drain_config(dataclasses.replace(FailslowJudgeConfig(), metrics=MappingProxyType(
+        {m: MetricRule(warn_z=-3.0, min_below_pct=1.0, baseline_drop_pct=1.0) for m in METRICS})))
+    scenarios: dict[str, dict[str, object]] = {
         "5-15% after a baseline": {},
         "exactly 5%": {"min_pct": 5.0, "max_pct": 5.0},
         "5-15% from the first probe": {"baseline_rounds": 0},
+        "too sensitive (warn_z -3, 1% drops)": {"cfg": loose},
     }
     out: dict[str, object] = {"nodes": args.nodes, "gpus": args.nodes * 8, "seeds": args.seeds, "scenarios": {}}
     started = time.monotonic()
