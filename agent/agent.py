@@ -44,7 +44,9 @@ from podhealth.agent.sink import Sink, Sinks
 from podhealth.agent.store import EventsCallback, SnapshotCallback, SnapshotStore
 from podhealth.checks import profiles
 from podhealth.collectors.base import Collector
-from podhealth.collectors.runtime import Factory, build, collector_config, factory_timeout, registry_factories
+from podhealth.collectors.runtime import (
+    Factory, all_factories, build, collector_config, factory_timeout, registry_factories,
+)
 from podhealth.config import Config
 from podhealth.hostnames import node_name_problem
 from podhealth.fdlimit import soft_limit
@@ -83,7 +85,7 @@ class Agent:
         if node_name_problem(self.node):
             raise ValueError(f"invalid node name: {node_name_problem(self.node)}")
         self.version = version
-        self.factories = dict(factories if factories is not None else registry_factories())
+        self.factories = dict(factories if factories is not None else all_factories(cfg))  # + site checks
         self.seams = profiles.collector_seams(cfg, seams)  # the profile facts collectors need (NVLink links)
         self.notifier = notifier if notifier is not None else Notifier()
         self.factory_timeout = factory_timeout

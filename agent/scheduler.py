@@ -251,7 +251,7 @@ class Scheduler:
         if not st.stale:
             _log.warning("collector data is stale", collector=slot.name,
                          last_success=st.last_success, max_age=self.stale_after * slot.interval)
-        return replace(st, stale=True, samples=())
+        return replace(st, stale=True, samples=(), reports=())
 
     def _record(self, slot: _Slot, out: Outcome) -> None:
         now = self._clock()

@@ -11,7 +11,7 @@ import errno
 from dataclasses import dataclass
 from typing import ClassVar, Mapping, Protocol
 
-from podhealth.vocab import Event, MetricSpec, Sample
+from podhealth.vocab import Event, MetricSpec, ProgramReport, Sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +21,7 @@ class Collection:
     samples: tuple[Sample, ...]
     events: tuple[Event, ...] = ()
     errors: tuple[str, ...] = ()
+    reports: tuple[ProgramReport, ...] = ()  # what a site check's program said (collectors/site.py)
 
 
 class Collector(Protocol):

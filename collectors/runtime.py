@@ -49,7 +49,19 @@ def registry_factories() -> dict[str, Factory]:
 
 def collector_config(cfg: Config, name: str) -> CollectorConfig:
     cc = getattr(cfg.collectors, name, None)
-    return cc if isinstance(cc, CollectorConfig) else CollectorConfig()
+    if isinstance(cc, CollectorConfig):
+        return cc
+    from podhealth.collectors import site
+
+    check = site.site_check(cfg, name)
+    return site.collector_config(check) if check is not None else CollectorConfig()
+
+
+def all_factories(cfg: Config) -> dict[str, Factory]:
+    """Every collector this config runs: the registry's, then one per site check (collectors/site.py)."""
+    from podhealth.collectors import site
+
+    return {**registry_factories(), **site.factories(cfg)}
 
 
 def factory_timeout(cc: CollectorConfig) -> float:
@@ -90,13 +102,13 @@ def outcome_state(st: CollectorState, out: Outcome, now: float) -> CollectorStat
     """`st` after `out`, stamped `now`. A failure empties the samples but leaves `stale` to the
     caller (the scheduler ages it; a fresh CollectorState is stale already); a timeout is stale."""
     if out.timed_out:
-        return replace(st, stale=True, samples=(), errors=(out.error,), last_attempt=now,
+        return replace(st, stale=True, samples=(), reports=(), errors=(out.error,), last_attempt=now,
                        last_duration=out.duration, runs=st.runs + 1, failures=st.failures + 1)
     if out.collection is None:
-        return replace(st, samples=(), errors=(out.error,), last_attempt=now, last_duration=out.duration,
+        return replace(st, samples=(), reports=(), errors=(out.error,), last_attempt=now, last_duration=out.duration,
                        runs=st.runs + 1, failures=st.failures + 1)
     col = out.collection
-    return replace(st, samples=col.samples,
+    return replace(st, samples=col.samples, reports=col.reports,
                    errors=tuple(e[:MAX_ERROR_CHARS] for e in col.errors[:MAX_ERRORS]),
                    last_success=now, last_attempt=now, last_duration=out.duration, stale=False, runs=st.runs + 1)
 

@@ -1,4 +1,4 @@
-"""`podhealth config default|check FILE`."""
+"""`podhealth config default|check FILE|show [--effective] FILE`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,29 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     c = csub.add_parser("check", help="validate a config file ('-' reads stdin)")
     c.add_argument("file")
     c.set_defaults(func=_check)
+    s = csub.add_parser("show", help="print a config file as podhealth reads it (secrets hidden)")
+    s.add_argument("file")
+    s.add_argument("--effective", action="store_true",
+                   help="only what the site's policy and checks change: each XID/SXid override next to the "
+                        "catalog's decision, each threshold next to the profile's, each site check")
+    s.set_defaults(func=_show)
     return p
+
+
+def _show(args: argparse.Namespace) -> int:
+    from podhealth import configload, policy_view
+
+    try:
+        text, source = (sys.stdin.read(), "<stdin>") if args.file == "-" else configload.read_file(args.file)
+        cfg = config.loads(text, source)
+    except config.ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    if args.effective:
+        sys.stdout.write(policy_view.render(cfg))
+    else:
+        sys.stdout.write(configload.render_default(cfg, mask=True) + "\n")
+    return 0
 
 
 def _default(args: argparse.Namespace) -> int:

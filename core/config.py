@@ -15,6 +15,7 @@ from podhealth.hostnames import node_name_problem
 from podhealth.config_aggregator import AggregatorConfig
 from podhealth.config_failslow import FailslowProbeConfig
 from podhealth.config_listen import ListenConfig
+from podhealth.config_policy import SITE_NAME, PolicyConfig, SiteCheckConfig
 from podhealth.configload import (
     AbsPath, ConfigError, Ge, Gt, Le, Percent, Port, Seconds, doc, load_file, load_text,
     render_default,
@@ -259,12 +260,21 @@ class ChecksConfig:
         "Seconds podhealth-slurm-healthcheck may take (slurmd kills it after 60).", 10.0)
     prolog_budget: Annotated[float, Gt(0, "seconds"), Le(60, "seconds")] = doc(
         "Seconds podhealth-slurm-prolog / -epilog may take (passive checks only).", 5.0)
+    site: Mapping[str, SiteCheckConfig] = doc(
+        "The site's own checks: programs the agent runs (exit 0 OK, 1 FAIL, 2 UNKNOWN; the first line of\n"
+        "stdout is the summary), judged as check `site_<name>` (docs/site.md; examples/checks/).", factory=dict)
+    policy: PolicyConfig = doc("The site's policy over the shipped XID/SXid catalogs and rule thresholds "
+                               "(docs/site.md).", factory=PolicyConfig)
 
     def validate(self) -> tuple[str, str] | None:
         for node in self.agents:
             problem = node_name_problem(node)
             if problem:
                 return ("agents", problem)
+        for name in self.site:
+            if not SITE_NAME.match(name):
+                return (f"site.{name}", "expected a name of lower-case letters, digits and _ (at most 40, "
+                        "starting with a letter)")
         return None
 
 

@@ -199,7 +199,14 @@ class _Loader:
             out = {}
             for kn, vn in node.value:
                 key = self.convert(ktp, kn, path)
-                out[key] = self.convert(vtp, vn, f"{path}.{key}" if path else str(key))
+                if key in out:  # YAML would keep the last silently: a site's two rules for one code
+                    raise self.err(kn, f"{path}.{key}" if path else str(key), "duplicate key")
+                try:
+                    out[key] = self.convert(vtp, vn, f"{path}.{key}" if path else str(key))
+                except ConfigError as e:
+                    if self.errors is None:
+                        raise
+                    self.report(e)  # one bad entry (a site check, a code) must not hide the next one's errors
             return types.MappingProxyType(out)
         if dataclasses.is_dataclass(tp):
             return self.dataclass(tp, node, path)
@@ -373,22 +380,34 @@ def _yaml_scalar(v: Any) -> str:
     return yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("\n...").removesuffix("...").strip()
 
 
-def render_default(obj: Any, indent: int = 0) -> str:
-    """A commented YAML rendering of a config object (used with all defaults)."""
+SECRET_FIELDS = ("token", "secret", "password")
+
+
+def render_default(obj: Any, indent: int = 0, *, mask: bool = False) -> str:
+    """A commented YAML rendering of a config object (used with all defaults; `podhealth config
+    show` renders a loaded one, `mask` hiding the value of every token, secret and password)."""
     lines: list[str] = []
     pad = "  " * indent
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
+        if mask and value and isinstance(value, str) and any(w in f.name for w in SECRET_FIELDS):
+            value = "<hidden>"
         text = f.metadata.get("doc", "")
         for dl in text.splitlines():
             lines.append(f"{pad}# {dl}")
         if dataclasses.is_dataclass(value):
             lines.append(f"{pad}{f.name}:")
-            lines.append(render_default(value, indent + 1))
+            lines.append(render_default(value, indent + 1, mask=mask))
+        elif isinstance(value, typing.Mapping) and value and dataclasses.is_dataclass(next(iter(value.values()))):
+            lines.append(f"{pad}{f.name}:")
+            for key, item in value.items():
+                lines.append(f"{pad}  {key}:")
+                lines.extend(s for s in render_default(item, indent + 2, mask=mask).splitlines()
+                             if not s.lstrip().startswith("#"))
         elif isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
             lines.append(f"{pad}{f.name}:")
             for item in value:
-                sub = render_default(item, indent + 2).splitlines()
+                sub = render_default(item, indent + 2, mask=mask).splitlines()
                 sub = [s for s in sub if not s.lstrip().startswith("#")]
                 lines.append(f"{pad}  - {sub[0].strip()}")
                 lines.extend(f"{pad}    {s.strip()}" for s in sub[1:])

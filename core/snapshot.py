@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
-from podhealth.vocab import Event, Sample
+from podhealth.vocab import Event, ProgramReport, Sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +25,7 @@ class CollectorState:
     runs: int = 0
     failures: int = 0
     overruns: int = 0
+    reports: tuple[ProgramReport, ...] = ()  # a site check's program run (collectors/site.py); else empty
 
 
 @dataclass(frozen=True, slots=True)

@@ -165,6 +165,22 @@ class CheckResult:
 
 
 @dataclass(frozen=True, slots=True)
+class ProgramReport:
+    """What a site check's program said in one run (collectors/site.py reads it with
+    collectors/site_parse.py; checks/passive/site.py judges it). Raw: the program's exit code and
+    words, not yet a verdict (the site's config decides what a FAIL may ask for)."""
+
+    exit_code: int | None  # None: no exit of its own (timed out, killed, could not start)
+    summary: str = ""  # the first line of stdout that is not the JSON line
+    entity: str = ""  # from the JSON line ("" = the node)
+    action: str = ""  # from the JSON line, as written (checked against the config by the rule)
+    evidence: Evidence = ()  # from the JSON line, bounded like every evidence
+    problem: str = ""  # why there is no exit code, or what was wrong with the JSON line
+    ran_as: str = ""
+    duration: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class NodeReport:
     """A node's verdict: every check result plus how fresh each collector's data is."""
 

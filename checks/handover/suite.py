@@ -13,10 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol
 
-from podhealth import collectors
 from podhealth.checks import profiles
-from podhealth.collectors.runtime import Runner, build, collector_config, factory_timeout, outcome_state, registry_factory
-from podhealth.checks.passive.engine import CHECKS, Evaluator
+from podhealth.collectors.runtime import Runner, all_factories, build, collector_config, factory_timeout, outcome_state
+from podhealth.checks.passive.engine import Evaluator
 from podhealth.checks.handover.report import SuiteReport
 from podhealth.checks.passive.result import unknown
 from podhealth.config import Config
@@ -52,12 +51,12 @@ class LocalCollector:
         self.seams = profiles.collector_seams(cfg, seams)  # the profile facts collectors need
         self.only = only
         self.timeout_cap = timeout_cap
+        self.factories = all_factories(cfg)  # the registry's and the site's checks (collectors/site.py)
 
     def _enabled(self) -> list[str]:
         names = []
-        for name in collectors.REGISTRY:
-            sect = getattr(self.cfg.collectors, name, None)
-            if sect is not None and not sect.enabled:
+        for name in self.factories:
+            if not collector_config(self.cfg, name).enabled:
                 continue
             if self.only is not None and name not in self.only:
                 continue
@@ -71,7 +70,7 @@ class LocalCollector:
     async def collect_now(self) -> Snapshot:
         names = self._enabled()
         built = await asyncio.gather(*(
-            build(n, registry_factory(n), self.cfg, self.seams.get(n, {}), factory_timeout(collector_config(self.cfg, n)))
+            build(n, self.factories[n], self.cfg, self.seams.get(n, {}), factory_timeout(collector_config(self.cfg, n)))
             for n in names))
         states: dict[str, CollectorState] = {}
         runners = []
@@ -98,7 +97,9 @@ async def run_suite(cfg: Config, source: FreshSource, node: str, progress: Progr
                     active: list[ActiveTest] | None = None) -> SuiteReport:
     """Collect fresh data, judge every passive check undamped, then run the active tests."""
     active = active or []
-    total = 1 + len(CHECKS) + len(active)
+    profile = profiles.of_config(cfg)
+    ev = Evaluator(profile, cfg.checks, mounts=[m.path for m in cfg.collectors.nfs.mounts])
+    total = 1 + len(ev.checks) + len(active)
     step = 0
 
     def tick(what: str) -> None:
@@ -108,16 +109,15 @@ async def run_suite(cfg: Config, source: FreshSource, node: str, progress: Progr
             progress(what, step, total)
 
     started = time.time()
-    profile = profiles.of_config(cfg)
     t0 = time.monotonic()
     snap = await source.collect_now()
     tick("collect")
     collect_s = time.monotonic() - t0
     enabled = [n for n, st in snap.collectors.items() if st.enabled]
-    ev = Evaluator(profile, cfg.checks, mounts=[m.path for m in cfg.collectors.nfs.mounts], enabled=enabled)
+    ev.enabled = tuple(enabled)
     results: list[CheckResult] = []
     durations: list[tuple[str, float]] = [("collect", collect_s)]
-    for name in CHECKS:
+    for name in ev.checks:
         t1 = time.monotonic()
         results.extend(ev.evaluate(snap, time.time(), damped=False, only=[name]))
         durations.append((name, time.monotonic() - t1))

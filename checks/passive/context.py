@@ -12,6 +12,7 @@ from typing import Iterable, Mapping
 from podhealth.checks.passive.ib_links import LinkTracker
 from podhealth.checks.profiles import Profile
 from podhealth.checks.passive.rates import RateTracker
+from podhealth.config_policy import PolicyConfig
 from podhealth.snapshot import Snapshot
 from podhealth.vocab import Event, Labels, Sample
 
@@ -33,6 +34,8 @@ class Context:
     window: float = 300.0
     # IB link history (the agent's Evaluator); None in a one-shot check, which has no history
     ib_links: LinkTracker | None = None
+    # the site's per-code XID/SXid decisions (checks.policy); the rules apply them
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
     _by_name: Mapping[str, list[Sample]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

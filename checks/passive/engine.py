@@ -10,23 +10,27 @@ a driver change (checks/passive/grace.py) holds the other FAILs as WARN.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import functools
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
-from podhealth.checks.passive import aer, drift, gpu, host, ib, memory_ecc, nfs, nvlink, nvme
+from podhealth.checks.passive import aer, drift, gpu, host, ib, memory_ecc, nfs, nvlink, nvme, site
 from podhealth.checks.passive.context import Context, observe_counters
 from podhealth.checks.passive.damping import Damper
 from podhealth.checks.passive.grace import GraceClock
 from podhealth.checks.passive.ib_links import LinkTracker
 from podhealth.checks.profiles import Profile
 from podhealth.checks.passive.rates import RateTracker
-from podhealth.checks.passive.rules import Rules, RulesError
+from podhealth.checks.passive.rules import DampRule, Rules, RulesError
 from podhealth.checks.passive.rules import load as load_rules
 from podhealth.checks.passive.result import unknown
 from podhealth.config import ChecksConfig
+from podhealth.config_policy import SITE_PREFIX
 from podhealth.snapshot import Snapshot
-from podhealth.vocab import CheckResult, Event
+from podhealth.vocab import MAX_EVIDENCE_ITEMS, CheckResult, Event, Status
 
 CheckFn = Callable[[Context], list[CheckResult]]
 
@@ -41,7 +45,7 @@ def _xid(ctx: Context) -> list[CheckResult]:
     from podhealth.checks.passive import xid
 
     gpus = {s.label("pci_bus_id"): (int(s.label("gpu")), s.label("uuid")) for s in ctx.samples("gpu_up")}
-    return xid.evaluate_xids(ctx.events, xid.load_catalog(), ctx.now, ctx.window, gpus)
+    return xid.evaluate_xids(ctx.events, xid.load_catalog(), ctx.now, ctx.window, gpus, policy=ctx.policy)
 
 
 # name -> definition; the order is the order of the report.
@@ -90,17 +94,55 @@ def check_rules(rules: Rules) -> None:
                          f"(known: {', '.join(CHECKS)})")
 
 
+def site_checks(cfg: ChecksConfig) -> dict[str, CheckDef]:
+    """One check per enabled site check (`checks.site`), named and fed by `site_<name>`."""
+    return {SITE_PREFIX + name: CheckDef(functools.partial(site.judge, name, sc), (SITE_PREFIX + name,))
+            for name, sc in cfg.site.items() if sc.enabled}
+
+
+def with_site_rules(rules: Rules, cfg: ChecksConfig) -> Rules:
+    """rules.yaml's damping plus each site check's own (`consecutive`, `immediate`)."""
+    extra = {SITE_PREFIX + n: DampRule(sc.immediate, sc.consecutive) for n, sc in cfg.site.items()}
+    return dataclasses.replace(rules, damping={**rules.damping, **extra})
+
+
+class _Reads(Mapping[str, float]):
+    """A profile's thresholds that note which keys a rule read (which site thresholds it used)."""
+
+    def __init__(self, values: Mapping[str, float]) -> None:
+        self.values = values
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> float:
+        self.read.add(key)
+        return self.values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
 class Evaluator:
     """Stateful wrapper: keeps counter history, recent events and damping between evaluations."""
 
     def __init__(self, profile: Profile, cfg: ChecksConfig, mounts: Sequence[str] = (),
                  enabled: Sequence[str] | None = None, keep_events: int = 1024) -> None:
-        self.profile = profile
+        # The site's thresholds (checks.policy.thresholds) over the profile's; the profile without
+        # them is kept to tell which verdicts they changed (_judge says so in the evidence).
+        self.base_profile = profile
+        self.site_thresholds = {k: float(v) for k, v in cfg.policy.thresholds.items()
+                                if k not in profile.thresholds or float(profile.thresholds[k]) != float(v)}
+        self.profile = dataclasses.replace(profile, thresholds={**profile.thresholds, **self.site_thresholds}) \
+            if self.site_thresholds else profile
         self.cfg = cfg
+        self.checks: dict[str, CheckDef] = {**CHECKS, **site_checks(cfg)}
         self.rates = RateTracker(cfg.rate_window)
         self.links = LinkTracker()  # IB port downs and recoveries across evaluations (ib_flap)
         rules = load_rules()
         check_rules(rules)
+        rules = with_site_rules(rules, cfg)
         self.rules = rules
         self.damper = Damper(cfg.damping.fail_after, cfg.damping.recover_after, rules.damping)
         self.grace = GraceClock(cfg.grace)
@@ -138,12 +180,12 @@ class Evaluator:
         ctx = Context(snapshot=snap, profile=self.profile, now=now, rates=self.rates,
                       events=tuple(self._events.values()), required_units=self.cfg.required_units,
                       required_mounts=self.required_mounts, window=self.cfg.rate_window,
-                      ib_links=self.links if damped else None)
+                      ib_links=self.links if damped else None, policy=self.cfg.policy)
         if not ctx.stale("infiniband"):
             ib.observe_links(self.links, ctx)
         grace = self.grace.observe(snap, now) if damped and only is None else None
         results: list[CheckResult] = []
-        for name, d in CHECKS.items():
+        for name, d in self.checks.items():
             if only is not None and name not in only:
                 continue
             if self.enabled is not None and not set(d.sources) <= set(self.enabled):
@@ -162,7 +204,7 @@ class Evaluator:
                 raw = [unknown(name, "node", _why_stale(snap, stale), stale=",".join(stale))]
             else:
                 try:
-                    raw = d.fn(ctx)
+                    raw = self._judge(d, ctx)
                 except Exception as e:  # noqa: BLE001 - one broken rule must not hide the others
                     raw = [unknown(name, "node", f"check failed: {type(e).__name__}: {e}")]
             judged = [self.damper.apply(r, now, grace=grace) if damped else _stamp(r, now) for r in raw]
@@ -186,9 +228,10 @@ class Evaluator:
         self._remember(snap)
         ctx = Context(snapshot=snap, profile=self.profile, now=now, rates=self.rates,
                       events=tuple(self._events.values()), required_units=self.cfg.required_units,
-                      required_mounts=self.required_mounts, window=self.cfg.rate_window, ib_links=None)
+                      required_mounts=self.required_mounts, window=self.cfg.rate_window, ib_links=None,
+                      policy=self.cfg.policy)
         results: list[CheckResult] = []
-        for name, d in CHECKS.items():
+        for name, d in self.checks.items():
             if not self.rules.damp(name).immediate or not set(d.sources) <= set(sources):
                 continue
             if self.enabled is not None and not set(d.sources) <= set(self.enabled):
@@ -196,11 +239,47 @@ class Evaluator:
             if ctx.stale(*d.sources):
                 continue  # the full evaluation says UNKNOWN, with the reason
             try:
-                raw = d.fn(ctx)
+                raw = self._judge(d, ctx)
             except Exception:  # noqa: BLE001 - the full evaluation reports it as UNKNOWN
                 continue
             results.extend(self.damper.apply(r, now) for r in raw)
         return tuple(results)
+
+
+    def _judge(self, d: CheckDef, ctx: Context) -> list[CheckResult]:
+        """The rule's results; where a site threshold it read changed a verdict (status or action)
+        from what the profile alone gives, the evidence says which threshold and what it would be."""
+        if not self.site_thresholds:
+            return d.fn(ctx)
+        reads = _Reads(self.profile.thresholds)
+        ctx.profile = dataclasses.replace(self.profile, thresholds=reads)
+        try:
+            raw = d.fn(ctx)
+        finally:
+            ctx.profile = self.profile
+        used = sorted(k for k in reads.read if k in self.site_thresholds)
+        if not used:
+            return raw
+        base = copy.copy(ctx)
+        base.profile = self.base_profile
+        before = {(r.check, r.entity): r for r in d.fn(base)}
+        out = []
+        for r in raw:
+            b = before.get((r.check, r.entity))
+            b_status, b_action = (b.status, b.action) if b is not None else (Status.OK, r.action.NONE)
+            if (b_status, b_action) != (r.status, r.action):
+                why = ", ".join(f"{k}={self.site_thresholds[k]:g} (profile {_shipped(self.base_profile, k)})"
+                                for k in used)
+                extra = (("policy", f"checks.policy.thresholds: {why}"[:256]),
+                         ("without_policy", f"{b_status.value} {b_action.value}"))
+                r = dataclasses.replace(r, evidence=r.evidence[:MAX_EVIDENCE_ITEMS - len(extra)] + extra)
+            out.append(r)
+        return out
+
+
+def _shipped(profile: Profile, key: str) -> str:
+    v = profile.thresholds.get(key)
+    return "unset" if v is None else f"{float(v):g}"
 
 
 def _why_stale(snap: Snapshot, stale: list[str]) -> str:

@@ -27,6 +27,7 @@ import yaml
 
 from podhealth import yamldata
 from podhealth.collectors.xid_parse import with_kernel_fields
+from podhealth.config_policy import CodePolicy, PolicyConfig, apply_code
 from podhealth.vocab import Action, CheckResult, Event, KernelFields, Nvlink5Payload, Status, evidence_of
 
 Severity = Literal["info", "warning", "critical"]
@@ -394,6 +395,7 @@ class Finding:
     reason: str
     unknown: bool = False
     detail: str = ""
+    policy: str = ""  # the site's policy that changed this finding, and what the catalog said
 
 
 def incidents(times: Iterable[float], gap_s: float) -> int:
@@ -414,12 +416,16 @@ def evaluate_xids(
     gpu_ids: GpuIds | None = None,
     *,
     switches: Iterable[str] = (),
+    policy: PolicyConfig | None = None,
 ) -> list[CheckResult]:
     """One "xid" result per GPU (OK when it had no XID in the window) and one "sxid" result per
-    NVSwitch that had SXids (or is named in `switches`). Pure."""
+    NVSwitch that had SXids (or is named in `switches`). `policy`: the site's decisions per code
+    (checks.policy), applied to each finding and named in the evidence of the verdicts they
+    changed. Pure."""
     gpu_ids = gpu_ids or {}
     uuid_of = {idx: uuid for idx, uuid in gpu_ids.values()}
-    recent = [with_kernel_fields(e) for e in events if e.time >= now - window_s]
+    policy = policy or PolicyConfig()
+    recent = [with_kernel_fields(e) for e in events if e.time >= now - _window(e, policy, window_s)]
     by_entity: dict[str, list[Event]] = defaultdict(list)
     by_switch: dict[str, list[Event]] = defaultdict(list)
     for e in recent:
@@ -441,13 +447,48 @@ def evaluate_xids(
             out.append(CheckResult("xid", Status.OK, ent, evidence_of(uuid=uuid or None) if uuid else (),
                                    Action.NONE, 0.0, "no XID in the window"))
             continue
-        out.append(_verdict("xid", ent, evs, _gpu_findings(evs, catalog, spread), uuid=uuid))
+        found = _gpu_findings(evs, catalog, spread)
+        policed = _police(found, evs, "xid", policy, catalog, now, window_s)
+        out.append(_verdict("xid", ent, evs, policed, uuid=uuid, before=found))
     for dev in sorted(set(by_switch) | set(switches)):
         evs = sorted(by_switch.get(dev, ()), key=lambda e: e.time)
         if not evs:
             out.append(CheckResult("sxid", Status.OK, dev, (), Action.NONE, 0.0, "no SXid in the window"))
             continue
-        out.append(_verdict("sxid", dev, evs, _switch_findings(evs, catalog)))
+        found = _switch_findings(evs, catalog)
+        out.append(_verdict("sxid", dev, evs, _police(found, evs, "sxid", policy, catalog, now, window_s), before=found))
+    return out
+
+
+def _window(e: Event, policy: PolicyConfig, window_s: float) -> float:
+    """How far back an event counts: the rate window, or its code's policy window when longer."""
+    table = policy.sxid if e.kind == "sxid" else policy.xid
+    p = table.get(e.code)
+    return max(window_s, p.window) if p is not None and p.window is not None else window_s
+
+
+def _police(findings: list[Finding], evs: list[Event], kind: str, policy: PolicyConfig, cat: XidCatalog,
+            now: float, window_s: float) -> list[Finding]:
+    """Each finding after the site's policy for its code (config_policy.apply_code)."""
+    table: Mapping[int, CodePolicy] = policy.sxid if kind == "sxid" else policy.xid
+    if not table:
+        return findings
+    out = []
+    for f in findings:
+        p = table.get(f.code)
+        if p is None:
+            out.append(f)
+            continue
+        since = now - (p.window if p.window is not None else window_s)
+        n = incidents((e.time for e in evs if e.code == f.code and e.time >= since), cat.incident_gap_s)
+        action, severity = apply_code(f.rule.action.value, f.rule.severity, p, n)
+        rule = Rule(Action(action), cast(Severity, severity))
+        if rule == f.rule:
+            out.append(f)
+            continue
+        text = (f"checks.policy.{kind}.{f.code}: {p.describe()} ({n} incident{'s' if n != 1 else ''}; "
+                f"catalog: {f.rule.action.value} {f.rule.severity})")
+        out.append(Finding(f.code, rule, f"{f.reason} [site policy]", f.unknown, f.detail, text))
     return out
 
 
@@ -590,10 +631,12 @@ def _switch_findings(evs: list[Event], cat: XidCatalog) -> list[Finding]:
     return findings
 
 
-def _verdict(check: str, ent: str, evs: list[Event], findings: list[Finding], uuid: str = "") -> CheckResult:
+def _verdict(check: str, ent: str, evs: list[Event], findings: list[Finding], uuid: str = "",
+             before: list[Finding] | None = None) -> CheckResult:
     top = max(findings, key=lambda f: f.rule.rank)
     status = _STATUS[top.rule.severity]
     action = top.rule.action if status is not Status.OK else Action.NONE
+    policed = [f.policy for f in findings if f.policy]
     counts = Counter(e.code for e in evs)
     last = evs[-1]
     label = "SXid" if check == "sxid" else "XID"
@@ -611,6 +654,12 @@ def _verdict(check: str, ent: str, evs: list[Event], findings: list[Finding], uu
         items["unknown"] = "true"
         items["unknown_codes"] = " ".join(str(f.code) for f in findings if f.unknown)
     items["events"] = len(evs)
+    if policed and before:
+        # The site's policy changed a finding: say which rule and what the catalog alone gives.
+        old = max(before, key=lambda f: f.rule.rank)
+        old_status = _STATUS[old.rule.severity]
+        items["policy"] = "; ".join(policed)
+        items["without_policy"] = f"{old_status.value} {(old.rule.action if old_status is not Status.OK else Action.NONE).value}"
     items["last"] = last.text or f"{label} {last.code}"
     items["last_time"] = f"{last.time:.3f}"
     summary = f"{label} {top.code}: {top.reason}"[:200]
