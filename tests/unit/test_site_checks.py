@@ -314,3 +314,13 @@ def test_example_dstate(tmp_path: Path) -> None:
     assert run_example("dstate", ("--max", "3"), PODHEALTH_PROCFS_ROOT=str(many)).status is Status.FAIL
     assert run_example("dstate", ("--max", "4"), PODHEALTH_PROCFS_ROOT=str(many)).status is Status.OK
     assert run_example("dstate", ("--bogus",), PODHEALTH_PROCFS_ROOT=str(many)).status is Status.UNKNOWN
+
+
+async def test_the_handover_suite_runs_site_checks(tmp_path: Path) -> None:
+    from podhealth.checks.handover.suite import LocalCollector, run_suite
+    probe = script(tmp_path, 'echo "scratch filesystem full"\necho \'{"evidence": {"used": "100%"}}\'\nexit 1\n')
+    cfg = config.loads(f"checks:\n  site:\n    scratch: {{argv: [{probe}], action: DRAIN, user: ''}}\n")
+    report = await run_suite(cfg, LocalCollector(cfg, only=("site_scratch",)), "dgx01")
+    [r] = [r for r in report.results if r.check == "site_scratch"]
+    assert (r.status, r.action, r.summary, dict(r.evidence)["used"]) == (
+        Status.FAIL, Action.DRAIN, "scratch filesystem full", "100%")
