@@ -110,18 +110,18 @@ class _Reads(Mapping[str, float]):
     """A profile's thresholds that note which keys a rule read (which site thresholds it used)."""
 
     def __init__(self, values: Mapping[str, float]) -> None:
-        self.values = values
+        self._of = values
         self.read: set[str] = set()
 
     def __getitem__(self, key: str) -> float:
         self.read.add(key)
-        return self.values[key]
+        return self._of[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.values)
+        return iter(self._of)
 
     def __len__(self) -> int:
-        return len(self.values)
+        return len(self._of)
 
 
 class Evaluator:

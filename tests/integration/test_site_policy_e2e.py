@@ -109,6 +109,9 @@ def test_site_check_and_xid_override_each_fence_through_slurm(tmp_path: Path, sl
             assert x is not None and (x["status"], x["action"]) == ("FAIL", "DRAIN")
             assert x["evidence"]["policy"].startswith("checks.policy.xid.31: fence now, action DRAIN")
             assert x["evidence"]["without_policy"] == "WARN RESTART_APP"
+            # the aggregator's node view (the UI's API) holds it like any condition
+            conds = {(c["check"], c["status"], c["action"]) for c in agg.node("dgx01")["conditions"]}
+            assert ("site_peermem", "FAIL", "DRAIN") in conds, conds
             # the site check is on /metrics like every check
             code, body = http_get(f"{agents.url('dgx01')}/metrics")
             text = body.decode()
