@@ -1,7 +1,7 @@
 // The fail-slow page: per metric, each cohort's distribution of robust z-scores with its outliers
 // marked and linked to their history (?node=NAME shows that node's parts over time), and the
 // stragglers named in running jobs. Read-only; GET /api/v1/failslow/* only.
-import { el, clear, getJSON, showMessage, when } from "/ui/static/common.js";
+import { el, clear, getJSON, showMessage, when, isoUtc } from "/ui/static/common.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 const METRICS = [["gemm", "GEMM TFLOPS"], ["clock", "SM clock under load"], ["hbm", "HBM copy"],
@@ -26,14 +26,20 @@ export function histogram(zs, flagged) {
   for (const z of zs) counts[bin(z)] += 1;
   for (const z of flagged) bad[bin(z)] = true;
   const max = Math.max(1, ...counts);
-  const w = 6, h = 60;
+  const w = 14, h = 80, axis = 14;
+  // An outlier is one part among hundreds: its bar is drawn tall enough to be seen.
+  const tall = (c, i) => Math.max(bad[i] ? 12 : 2, (c / max) * h);
   const bars = counts.map((c, i) => c ? svg("rect", {
-    x: i * w, y: h - Math.max(2, (c / max) * h), width: w - 1, height: Math.max(2, (c / max) * h),
-    class: bad[i] ? "fs-bar outlier" : "fs-bar",
+    x: i * w, y: h - tall(c, i), width: w - 2, height: tall(c, i), class: bad[i] ? "fs-bar outlier" : "fs-bar",
   }, svg("title", {}, document.createTextNode(`z ${(LO + i * BIN).toFixed(1)}…${(LO + (i + 1) * BIN).toFixed(1)}: ${c}`))) : null);
   const zero = svg("line", { x1: (0 - LO) / BIN * w, x2: (0 - LO) / BIN * w, y1: 0, y2: h, class: "fs-median" });
-  return svg("svg", { viewBox: `0 0 ${n * w} ${h}`, width: n * w, height: h, class: "fs-hist", role: "img",
-    "aria-label": `${zs.length} parts, ${flagged.length} outliers` }, ...bars, zero);
+  const ticks = [];
+  for (let z = LO; z <= HI; z += 2) {
+    ticks.push(svg("text", { x: (z - LO) / BIN * w, y: h + axis - 2, class: "fs-tick" },
+      document.createTextNode(z === LO ? `≤${z}` : z === HI ? `≥${z}` : `${z}`)));
+  }
+  return svg("svg", { viewBox: `-14 0 ${n * w + 28} ${h + axis}`, width: n * w + 28, height: h + axis, class: "fs-hist",
+    role: "img", "aria-label": `robust z of ${zs.length} parts, ${flagged.length} outliers` }, ...bars, zero, ...ticks);
 }
 
 function cohortBox(c, findings) {
@@ -63,7 +69,7 @@ function sparkline(points) {
   const y = (r) => h - ((r - lo) / (hi - lo)) * h;
   const line = svg("polyline", { points: points.map((p, i) => `${x(i)},${y(p.ratio)}`).join(" "), class: "fs-line" });
   const dots = points.map((p, i) => svg("circle", { cx: x(i), cy: y(p.ratio), r: 2.5, class: p.flagged ? "fs-dot outlier" : "fs-dot" },
-    svg("title", {}, document.createTextNode(`${when(p.at)}: ${(p.ratio * 100).toFixed(1)}% of the median, z ${p.z}`))));
+    svg("title", {}, document.createTextNode(`${isoUtc(p.at)}: ${(p.ratio * 100).toFixed(1)}% of the median, z ${p.z}`))));
   const median = svg("line", { x1: 0, x2: w, y1: y(1), y2: y(1), class: "fs-median" });
   return svg("svg", { viewBox: `0 0 ${w} ${h}`, width: w, height: h, class: "fs-spark" }, median, line, ...dots);
 }
@@ -96,7 +102,9 @@ async function render() {
   try {
     if (params.get("node")) await renderHistory(params.get("node"), metric);
     const out = await getJSON(`/api/v1/failslow/outliers?metric=${encodeURIComponent(metric)}`);
-    document.getElementById("judged").textContent = out.scored_at ? `judged ${when(out.scored_at)}` : "not judged yet";
+    const judged = document.getElementById("judged");
+    clear(judged);
+    judged.append(...(out.scored_at ? ["judged ", when(out.scored_at)] : ["not judged yet"]));
     const box = document.getElementById("cohorts");
     clear(box);
     document.getElementById("cohort-count").textContent = `(${out.cohorts.length})`;
