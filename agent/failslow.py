@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from podhealth import log as plog
 from podhealth.agent.failover import Replicas
+from podhealth.agent.failslow_passive import PassiveWindow
 from podhealth.agent.heartbeat import Heartbeat
 from podhealth.agent.metrics.family import Family
 from podhealth.agent.sink import Sink
@@ -53,6 +54,10 @@ ROUNDS = MetricSpec("failslow_probe_rounds", "counter",
                     "Probe rounds by result: done, skipped_busy (a job or a busy GPU), skipped_unknown (job state\n"
                     "not known), failed (nothing measured).")
 LAST = MetricSpec("failslow_probe_last_seconds", "gauge", "Unix time of the last probe round that measured something.")
+WINDOW = MetricSpec("failslow_window", "gauge",
+                    "What the collectors saw between the last two probe rounds (agent/failslow_passive.py), by entity\n"
+                    "and signal: throttle_<why>_s, clock_residency, pcie_replay_per_h, ecc_corrected_per_h,\n"
+                    "temp_margin_c, ib_symbol_errors_per_h, ib_link_recovery_per_h.")
 # NVML's clocks-event reasons (collectors/nvml.py CLOCKS_EVENT_REASONS) as a straggler's cause
 THROTTLE = {"hw_thermal_slowdown": "thermal", "sw_thermal_slowdown": "thermal", "sw_power_cap": "power",
             "hw_power_brake_slowdown": "power", "hw_slowdown": "hw_slowdown"}
@@ -178,7 +183,7 @@ class FailslowSink(Sink):
 
     def __init__(self, cfg: FailslowProbeConfig, publish: PublishConfig, node: str, profile: str, *,
                  probe: Callable[[], Any] | None = None, clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, temp_limit_c: float = 90.0) -> None:
         self.cfg, self.node, self.profile = cfg, node, profile
         self._probe = probe or (lambda: run_perfprobe(profile, cfg.budget))
         self._clock = clock
@@ -194,6 +199,8 @@ class FailslowSink(Sink):
             self._poster = Heartbeat(publish)
             self._poster.replicas = Replicas(publish.urls(), "/v1/perf")
         self.latest: tuple[tuple[str, str, float, str], ...] = ()
+        self.passive = PassiveWindow(temp_limit_c)
+        self.latest_passive: tuple[tuple[str, str, float], ...] = ()
         self.last_round = 0.0
         self.rounds: dict[str, int] = {"done": 0, "skipped_busy": 0, "skipped_unknown": 0, "failed": 0}
         self.sent_windows = 0
@@ -263,8 +270,10 @@ class FailslowSink(Sink):
         self.latest = tuple((e, m, v, f or fw.get(e.split("-")[0], "")) for e, m, v, f in readings)
         self.last_round = self._clock()
         self.rounds["done"] += 1
+        self.latest_passive = tuple(self.passive.take())
         await self._send({"probes": [{"entity": e, "metric": m, "value": v, "firmware": f}
-                                     for e, m, v, f in self.latest]})
+                                     for e, m, v, f in self.latest],
+                          "passive": [{"entity": e, "signal": s, "value": v} for e, s, v in self.latest_passive]})
         return True
 
     async def _send(self, extra: Mapping[str, Any]) -> None:
@@ -278,6 +287,8 @@ class FailslowSink(Sink):
 
     async def on_snapshot(self, snap: Snapshot) -> None:
         self._snap = snap
+        if self.cfg.enabled:
+            self.passive.feed(snap)
         now = self._clock()
         if idle(snap) is not True:
             self._busy_at = now
@@ -308,6 +319,7 @@ class FailslowSink(Sink):
                                    for k, n in self.rounds.items()))
         if self.last_round:
             yield Family(LAST, (Sample.of("failslow_probe_last_seconds", self.last_round),))
+        yield Family(WINDOW, tuple(Sample.of("failslow_window", v, entity=e, signal=s) for e, s, v in self.latest_passive))
 
 
 def probe_from(fn: Callable[[], Sequence[Reading]]) -> Callable[[], Any]:

@@ -70,8 +70,11 @@ def failslow_sink(cfg: Config, node: str, seam: Mapping[str, Any]) -> Sink | Non
         return None
     from podhealth.agent.failslow import FailslowSink, probe_from
 
+    from podhealth.checks import profiles
+
     probe = probe_from(seam["probe"]) if "probe" in seam else None
-    return FailslowSink(cfg.failslow, cfg.publish, node, cfg.node.profile, probe=probe)
+    limit = float(profiles.of_config(cfg).thresholds.get("gpu_temp_fail_c", 90.0))
+    return FailslowSink(cfg.failslow, cfg.publish, node, cfg.node.profile, probe=probe, temp_limit_c=limit)
 
 
 def install(agent: "Agent", spool_dir: Path | None = None) -> health.Health:

@@ -71,6 +71,7 @@ class PerfPost:
     driver: str
     probes: tuple[Probe, ...]
     job: JobPost | None
+    passive: tuple[tuple[str, str, float], ...] = ()  # entity, signal, value: the collectors' summary since the last round
 
 
 def _name(d: Mapping[str, Any], key: str, where: str, *, empty: bool = False) -> str:
@@ -132,9 +133,20 @@ def parse(obj: Any, max_probes: int) -> PerfPost:
                               _number(g, "sm_clock_mhz", where), tuple(thr), _number(g, "nvlink_gbs", where),
                               _number(g, "ib_gbs", where)))
         job = JobPost(_name(j, "id", "body.job"), _name(j, "owner", "body.job", empty=True), tuple(obs))
+    raw_passive = d.get("passive", [])
+    if not isinstance(raw_passive, list) or len(raw_passive) > max_probes:
+        raise BadPerf(f"body.passive: expected a list of at most {max_probes}")
+    passive = []
+    for i, p in enumerate(raw_passive):
+        where = f"passive[{i}]"
+        p = _obj(p, where)
+        v = p.get("value")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise BadPerf(f"{where}.value: expected a finite number")
+        passive.append((_name(p, "entity", where), _name(p, "signal", where), float(v)))
     if not probes and job is None:
         raise BadPerf("body: expected probes, a job window, or both")
-    return PerfPost(node, _name(d, "profile", "body"), _name(d, "driver", "body"), tuple(probes), job)
+    return PerfPost(node, _name(d, "profile", "body"), _name(d, "driver", "body"), tuple(probes), job, tuple(passive))
 
 
 class FailslowFleet:
@@ -152,12 +164,15 @@ class FailslowFleet:
         self.job_seen: dict[str, float] = {}
         self.stragglers: tuple[Straggler, ...] = ()
         self.open: set[tuple[str, str, str]] = set()  # (node, check, entity) this opened
+        self.passive: dict[str, tuple[float, tuple[tuple[str, str, float], ...]]] = {}  # node -> (at, summary)
 
     def take(self, post: PerfPost, now: float) -> int:
         """Store one node's post (probes timed by our clock); returns how many items it held."""
         for p in post.probes:
             s = Sample(post.node, p.entity, p.metric, p.value, now, post.profile, post.driver, p.firmware)
             self.samples[s.key] = s
+        if post.passive:
+            self.passive[post.node] = (now, post.passive)
         if post.job is not None:
             j = post.job
             if j.id not in self.jobs and len(self.jobs) >= MAX_JOBS:
@@ -181,6 +196,7 @@ class FailslowFleet:
         self.job_seen.pop(job, None)
 
     def forget_node(self, node: str) -> None:
+        self.passive.pop(node, None)
         for k in [k for k in self.samples if k[0] == node]:
             del self.samples[k]
             self.histories.pop(k, None)
@@ -263,7 +279,9 @@ class FailslowFleet:
                         "z": self.scored.z.get(key), "points": [
                             {"at": p.at, "ratio": round(p.ratio, 4), "z": round(p.z, 2), "flagged": p.flagged}
                             for p in pts]})
-        return {"node": node, "entities": out}
+        at, summary = self.passive.get(node, (0.0, ()))
+        return {"node": node, "entities": out, "passive_at": at,
+                "passive": [{"entity": e, "signal": s, "value": v} for e, s, v in summary]}
 
     def stragglers_json(self) -> dict[str, Any]:
         return {"stragglers": [s.to_json() for s in self.stragglers]}

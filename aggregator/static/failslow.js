@@ -88,6 +88,11 @@ async function renderHistory(node, metric) {
     el("td", { text: e.value === null ? "—" : e.value.toFixed(1) }),
     el("td", { text: e.z === null || e.z === undefined ? "—" : `z ${e.z.toFixed(1)}` }),
     el("td", {}, sparkline(e.points)))))));
+  if (view.passive && view.passive.length) {
+    body.append(el("h3", {}, "What the collectors saw between its last two probe rounds ", when(view.passive_at)),
+      el("table", { className: "fs-passive" }, el("tbody", {}, ...view.passive.map((p) => el("tr", { dataset: { entity: p.entity, signal: p.signal } },
+        el("td", { className: "mono", text: p.entity }), el("td", { text: p.signal }), el("td", { text: String(p.value) }))))));
+  }
   body.append(el("p", {}, el("a", { href: `/ui/node/${encodeURIComponent(node)}`, text: `${node}'s node page` })));
 }
 

@@ -149,9 +149,13 @@ async def test_results_reach_a_real_aggregator(tmp_path: Path) -> None:
         s = sink(PublishConfig(aggregator_url=url, token="tok01", timeout=5), clock=clock)
         await s.start()
         try:
-            await s.on_snapshot(snap())
+            await s.on_snapshot(snap(extra=[Sample.of("gpu_temperature_celsius", 61, gpu="0")]))
             clock.t += 1000
             assert await s.probe_once()
+            # the collectors' summary since the last round went along
+            st, hist = await call(http, "GET", f"{url}/api/v1/failslow/nodes/dgx01")
+            assert {"entity": "gpu0", "signal": "temp_margin_c", "value": 29.0} in hist["passive"]
+            assert [f for f in s.families(snap()) if f.spec.name == "failslow_window"][0].samples
             st, out = await call(http, "GET", f"{url}/metrics")
             assert 'podhealth_aggregator_ingest_requests_total{endpoint="perf",result="ok"} 1.0' in out
             # A job window while a job runs: sent to the same endpoint.

@@ -145,6 +145,8 @@ async def test_fleet_wide_shift_fences_nobody(tmp_path: Path) -> None:
     ({"node": "dgx01", "profile": "dgx-h100", "driver": "1",
       "probes": [{"entity": "gpu0", "metric": "gemm_tflops", "value": 1}] * 513}, "at most 512"),
     ({"node": "dgx01", "profile": "dgx-h100", "driver": "1", "job": {"id": "1", "gpus": [{"gpu": True}]}}, "GPU index"),
+    ({"node": "dgx01", "profile": "dgx-h100", "driver": "1", "probes": [],
+      "passive": [{"entity": "gpu0", "signal": "temp_margin_c", "value": "hot"}], "job": None}, "finite number"),
 ])
 async def test_bad_bodies_are_refused(tmp_path: Path, bad: dict[str, Any], why: str) -> None:
     async with running(fs_config(tmp_path), [MemFencer()]) as (agg, url), aiohttp.ClientSession() as s:
