@@ -392,6 +392,10 @@ def render_default(obj: Any, indent: int = 0, *, mask: bool = False) -> str:
         value = getattr(obj, f.name)
         if mask and value and isinstance(value, str) and any(w in f.name for w in SECRET_FIELDS):
             value = "<hidden>"
+        elif mask and isinstance(value, typing.Mapping) and value:
+            # a site check's env: {API_TOKEN: ...}
+            value = {k: "<hidden>" if isinstance(k, str) and any(w in k.lower() for w in SECRET_FIELDS) else v
+                     for k, v in value.items()}
         text = f.metadata.get("doc", "")
         for dl in text.splitlines():
             lines.append(f"{pad}# {dl}")

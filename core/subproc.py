@@ -1,7 +1,7 @@
-"""Run a program the site gave us: no shell, a deadline, bounded output, its own process group,
-optionally as another (unprivileged) user. The one way podhealth runs a foreign program to
-completion (site checks, checks/passive/site.py's programs; collectors/probe.py keeps its
-long-lived helpers).
+"""Run a program to completion: no shell, a deadline, bounded output, its own process group,
+optionally as another (unprivileged) user. The one way podhealth runs a foreign program and
+waits for its answer (a site's checks, collectors/site.py; `dcgmi diag`, checks/active/dcgm.py);
+collectors/probe.py keeps its long-lived helpers.
 
 Why each piece:
 - no shell: argv goes to execve as given, so a config value is never parsed as shell syntax;
@@ -76,9 +76,11 @@ def resolve_user(user: str) -> tuple[int, int, str] | str:
 
 
 def run(argv: Sequence[str], timeout: float, *, env: Mapping[str, str] | None = None, user: str = "",
-        max_output: int = DEFAULT_MAX_OUTPUT, cwd: str = "/") -> ProgramRun:
+        max_output: int = DEFAULT_MAX_OUTPUT, cwd: str = "/", term_grace: float = 0.0) -> ProgramRun:
     """Run `argv` to completion or `timeout`, whichever comes first. Blocking: call it off the
-    event loop (a collector's worker thread). Never raises for the program's own failures."""
+    event loop (a collector's worker thread). Never raises for the program's own failures.
+    `term_grace` > 0: at the timeout the group gets SIGTERM first and that long to go (a client
+    such as dcgmi then tells its server to stop the work), then SIGKILL."""
     if not argv:
         return ProgramRun(None, error="empty argv")
     kw: dict[str, object] = {}
@@ -101,6 +103,10 @@ def run(argv: Sequence[str], timeout: float, *, env: Mapping[str, str] | None = 
         why = getattr(e, "strerror", None) or str(e)
         return ProgramRun(None, error=f"cannot run {argv[0]}: {why}", ran_as=ran_as)
     out, err, truncated, timed_out = _read(proc, started + timeout, max_output)
+    if timed_out and term_grace > 0:
+        _kill_group(proc, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(term_grace)
     if timed_out:
         _kill_group(proc)
     try:
@@ -158,7 +164,8 @@ def _read(proc: "subprocess.Popen[bytes]", deadline: float, limit: int) -> tuple
     return bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]), truncated, False
 
 
-def _kill_group(proc: "subprocess.Popen[bytes]") -> None:
-    # The group id is the leader's pid, which cannot be reused while the leader is unreaped.
+def _kill_group(proc: "subprocess.Popen[bytes]", sig: int = signal.SIGKILL) -> None:
+    # The group id is the leader's pid: the kernel does not hand it to a new process while the
+    # group still has members, so this never signals a stranger.
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.pid, sig)

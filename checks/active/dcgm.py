@@ -20,14 +20,12 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from typing import Any, Mapping, Sequence
 
-from podhealth import yamldata
+from podhealth import subproc, yamldata
 from podhealth.checks.passive.result import fail, ok, unknown, warn
 from podhealth.vocab import Action, CheckResult, Status
 
@@ -35,6 +33,7 @@ CHECK = "dcgm_diag"
 # Seconds per run level: r1 is a quick deployment check, r3 runs the long stress plugins.
 DEFAULT_TIMEOUTS: Mapping[int, float] = {1: 120.0, 2: 900.0, 3: 3600.0, 4: 7200.0}
 MAX_OUTPUT = 16 * 1024 * 1024
+KILL_GRACE_S = 3.0  # after SIGTERM at the timeout, before SIGKILL
 
 
 @dataclass(frozen=True)
@@ -534,8 +533,6 @@ def run_diag(level: int = 1, dcgmi: str = "dcgmi", timeout_s: float | None = Non
     output is judged; a missing binary, a timeout, or a non-zero exit without parsable output is
     UNKNOWN with the reason (never OK).
     """
-    import time
-
     if level not in timeouts and timeout_s is None:
         raise ValueError(f"run level must be one of {sorted(timeouts)}, got {level}")
     limit = timeout_s if timeout_s is not None else timeouts[level]
@@ -544,39 +541,27 @@ def run_diag(level: int = 1, dcgmi: str = "dcgmi", timeout_s: float | None = Non
         return DiagRun((unknown(CHECK, "node", f"dcgmi not found ({dcgmi!r}): DCGM is not installed on this node",
                                 level=level),))
     argv = (path, "diag", "-r", str(level), "-j", *extra_args)
-    t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            start_new_session=True, env=dict(env) if env is not None else None)
-    try:
-        out, err = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
+    # dcgmi gets SIGTERM first at the timeout: it then asks nv-hostengine to stop the diagnostic.
+    run = subproc.run(argv, limit, env=env if env is not None else os.environ, max_output=MAX_OUTPUT,
+                      cwd=os.getcwd(), term_grace=KILL_GRACE_S)
+    if run.timed_out:
         return DiagRun((unknown(CHECK, "node", f"dcgmi diag -r {level} timed out after {limit:g}s", level=level),),
-                       argv, None, time.monotonic() - t0)
-    dur = time.monotonic() - t0
-    text = out[:MAX_OUTPUT].decode("utf-8", "replace")
+                       argv, None, run.duration)
+    rc = run.exit_code if run.exit_code is not None else -run.signal if run.signal is not None else None
+    if run.error:
+        return DiagRun((unknown(CHECK, "node", f"dcgmi diag -r {level}: {run.error}", level=level),), argv, None,
+                       run.duration)
+    out, err = run.stdout, run.stderr
+    text = out.decode("utf-8", "replace")
     try:
         report = parse(text) if text.strip() else None
     except DiagParseError:
         report = None
     if report is None or (not report.entries and not report.runtime_error):
-        why = f"exit {proc.returncode}" + (f": {_tail(err) or _tail(out)}" if (err or out) else ", no output")
+        why = f"exit {rc}" + (f": {_tail(err) or _tail(out)}" if (err or out) else ", no output")
         return DiagRun((unknown(CHECK, "node", f"dcgmi diag -r {level} gave no parsable result ({why})",
-                                level=level, returncode=proc.returncode),), argv, proc.returncode, dur)
-    return DiagRun(tuple(results(report)), argv, proc.returncode, dur, report)
-
-
-def _kill_group(proc: "subprocess.Popen[bytes]") -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.communicate(timeout=3)
-            break
-        except subprocess.TimeoutExpired:
-            continue
+                                level=level, returncode=rc),), argv, rc, run.duration)
+    return DiagRun(tuple(results(report)), argv, rc, run.duration, report)
 
 
 def worst(results_: Sequence[CheckResult]) -> Status:

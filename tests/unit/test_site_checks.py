@@ -59,6 +59,16 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
         pytest.fail(f"the program's child {child} outlived the timeout")
 
 
+def test_term_grace_lets_a_client_clean_up_before_the_kill(tmp_path: Path) -> None:
+    mark = tmp_path / "cleaned-up"
+    argv = script(tmp_path, f"trap 'echo bye > {mark}; exit 0' TERM\necho up\nwhile :; do sleep 0.05; done\n")
+    r = subproc.run([argv], 0.5, env={"PATH": "/usr/bin:/bin"}, term_grace=5.0)
+    assert r.timed_out and r.exit_code is None and mark.read_text() == "bye\n"
+    mark.unlink()
+    r = subproc.run([argv], 0.5, env={"PATH": "/usr/bin:/bin"})  # no grace: SIGKILL, no trap runs
+    assert r.timed_out and not mark.exists()
+
+
 def test_output_is_bounded_and_the_program_still_finishes() -> None:
     r = subproc.run(["/bin/sh", "-c", "head -c 5000000 /dev/zero; echo done >&2"], 10,
                     env={"PATH": "/usr/bin:/bin"}, max_output=1000)

@@ -171,7 +171,7 @@ def podhealth(*args: str) -> subprocess.CompletedProcess[str]:
 def test_config_show_effective(tmp_path: Path) -> None:
     f = tmp_path / "site.yaml"
     f.write_text("publish: {token: abcdefghijklmnopqrstuvwxyz0123456789}\n"
-                 "checks:\n  site:\n    peermem: {argv: [/opt/peermem], action: DRAIN}\n"
+                 "checks:\n  site:\n    peermem: {argv: [/opt/peermem], action: DRAIN, env: {API_TOKEN: s3cr3t-value}}\n"
                  "  policy:\n    xid:\n      31: {count: 3, window: 3600, action: RESET_GPU}\n"
                  "      79: {fence: never}\n    thresholds: {gpu_temp_warn_c: 80}\n")
     r = podhealth("config", "show", "--effective", str(f))
@@ -185,6 +185,7 @@ def test_config_show_effective(tmp_path: Path) -> None:
     assert eff["site_checks"]["site_peermem"]["a FAIL asks for"] == "DRAIN"
     shown = podhealth("config", "show", str(f))
     assert shown.returncode == 0 and "abcdefghijklmnopqrstuvwxyz" not in shown.stdout and "<hidden>" in shown.stdout
+    assert "s3cr3t-value" not in shown.stdout
     assert config.loads(shown.stdout.replace("<hidden>", "abcdefghijklmnopqrstuvwxyz0123456789")).checks.policy.xid[31].count == 3
     f.write_text("checks:\n  policy:\n    xid:\n      9999: {fence: never}\n")
     bad = podhealth("config", "show", "--effective", str(f))
