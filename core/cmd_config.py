@@ -67,5 +67,22 @@ def _check(args: argparse.Namespace) -> int:
         if len(errors) > 1:
             print(f"{args.file}: {len(errors)} errors", file=sys.stderr)
         return 2
+    for key, what in _site_programs(config.loads(text, source)):
+        # A note, not an error: a config is often checked on another host than the nodes it is for.
+        print(f"{source}:{configload.line_of(text, key)}: {key}: note: {what} on this host "
+              "(the check will be UNKNOWN where it is so)", file=sys.stderr)
     print(f"{args.file}: OK")
     return 0
+
+
+def _site_programs(cfg: config.Config) -> list[tuple[str, str]]:
+    """(key, what is wrong) for each enabled site check whose program is not runnable here."""
+    import os
+
+    out = []
+    for name, sc in cfg.checks.site.items():
+        prog = sc.argv[0]
+        if sc.enabled and not (os.path.isfile(prog) and os.access(prog, os.X_OK)):
+            what = "not an executable file" if os.path.exists(prog) else "does not exist"
+            out.append((f"checks.site.{name}.argv", f"{prog} {what}"))
+    return out

@@ -334,3 +334,15 @@ async def test_the_handover_suite_runs_site_checks(tmp_path: Path) -> None:
     [r] = [r for r in report.results if r.check == "site_scratch"]
     assert (r.status, r.action, r.summary, dict(r.evidence)["used"]) == (
         Status.FAIL, Action.DRAIN, "scratch filesystem full", "100%")
+
+
+def test_config_check_notes_a_program_missing_on_this_host(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    f = tmp_path / "c.yaml"
+    f.write_text(f"checks:\n  site:\n    gone:\n      argv: [{tmp_path}/nope]\n    ok:\n      argv: [/bin/true]\n")
+    r = subprocess.run([sys.executable, "-m", "podhealth", "config", "check", str(f)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout == f"{f}: OK\n"
+    assert r.stderr == (f"c.yaml:4: checks.site.gone.argv: note: {tmp_path}/nope does not exist on this host "
+                        "(the check will be UNKNOWN where it is so)\n")
