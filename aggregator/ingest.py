@@ -32,7 +32,7 @@ import math
 import operator
 import re
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Literal, Mapping
 
 import msgspec
 import orjson
@@ -65,6 +65,7 @@ class ParsedReport:
     raw: str | bytes  # the report's JSON (bytes: valid UTF-8, left undecoded); what the store keeps
     fp: int = 0  # fingerprint of every (check, entity, status, action): unchanged reports are cheap
     order: Order | None = None  # the agent's (boot_id, seq); None: ordered by arrival
+    content: int = 0  # what the stored copy shows (content_of); 0: unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +179,15 @@ def _verdict(d: Any, where: str) -> Verdict:
                    summary=summary[:512] if isinstance(summary, str) else "")
 
 
+def content_of(fp: int, texts: Iterable[tuple[float, str]], failing_evidence: Iterable[bytes]) -> int:
+    """What a stored report shows, less what changes in every report: its verdicts (`fp`), each
+    result's since and summary, and the evidence of the results that are not OK. Left out: the
+    envelope (time, staleness, seq) and the readings in passing checks' evidence (NFS probe
+    times, request counts), which Prometheus keeps live; the stored copy takes them every
+    report_refresh. Python's keyed hash: memory only, like the fingerprint."""
+    return hash((fp, tuple(texts), tuple(failing_evidence))) or 1
+
+
 def _verdicts(results: list[Any], where: str) -> tuple[tuple[Verdict, ...], int]:
     """A report's non-OK results and the fingerprint of all of them.
 
@@ -212,8 +222,13 @@ def parse_report(obj: Any, raw: str | bytes, where: str = "report") -> ParsedRep
     if not isinstance(results, list):
         raise BadRequest(f"{where}.results: expected a list")
     bad, fp = _verdicts(results, f"{where}.results")
+    # _verdicts took every result: each is a dict with a valid status, since and summary.
+    texts = [(float(r.get("since", 0.0)), r.get("summary", "") if isinstance(r.get("summary"), str) else "")
+             for r in results]
+    failing = [orjson.dumps(r.get("evidence"), option=orjson.OPT_SORT_KEYS) for r in results
+               if r["status"] != "OK"]
     return ParsedReport(node=_node(d, where), time=_num(d, "time", where), verdicts=bad, raw=raw, fp=fp,
-                        order=_order(d, where))
+                        order=_order(d, where), content=content_of(fp, texts, failing))
 
 
 def read_report(raw: bytes, node: str | None = None, where: str = "report") -> ParsedReport:
@@ -271,6 +286,7 @@ class _Result(msgspec.Struct, gc=False):
     action: _ActionName = "NONE"
     since: float = 0.0  # msgspec refuses a number out of float range, so it is finite
     summary: str = ""
+    evidence: msgspec.Raw = msgspec.Raw(b"null")  # left undecoded: content_of reads a failing one's
 
 
 class _Posted(msgspec.Struct, gc=False):
@@ -284,6 +300,7 @@ class _Posted(msgspec.Struct, gc=False):
 
 _decode_posted = msgspec.json.Decoder(_Posted).decode
 _result_key = operator.attrgetter("check", "entity", "status", "action")  # what _verdicts fingerprints
+_result_text = operator.attrgetter("since", "summary")  # what content_of adds
 _GOOD_NAMES: set[str] = set()  # node names node_name_problem passed (one per node; bounded below)
 _GOOD_NAMES_MAX = 200_000
 
@@ -324,10 +341,18 @@ def _read_typed(raw: bytes) -> ParsedReport | Lease | None:
         if isinstance(digest, msgspec.UnsetType) or _DIGEST.fullmatch(digest) is None:
             return None
         return Lease(node=node, time=p.time, digest=digest, order=order)
+    failing = [r for r in results if r.status != "OK"]
     bad = tuple([Verdict(r.check, r.entity, _STATUSES[r.status], _ACTIONS[r.action], r.since, r.summary[:512])
-                 for r in results if r.status != "OK"])
-    return ParsedReport(node=node, time=p.time, verdicts=bad, raw=raw, fp=hash(tuple(map(_result_key, results))),
-                        order=order)
+                 for r in failing])
+    fp = hash(tuple(map(_result_key, results)))
+    # The failing results' evidence in the general path's canonical form (few: most reports have
+    # none). What orjson cannot read (an integer beyond 64 bits) the general path refuses with why.
+    try:
+        evidence = [orjson.dumps(orjson.loads(bytes(r.evidence)), option=orjson.OPT_SORT_KEYS) for r in failing]
+    except orjson.JSONDecodeError:
+        return None
+    return ParsedReport(node=node, time=p.time, verdicts=bad, raw=raw, fp=fp, order=order,
+                        content=content_of(fp, map(_result_text, results), evidence))
 
 
 def parse_events(obj: Any) -> EventBatch:
@@ -471,7 +496,7 @@ class Applied:
 
 
 def apply_report(mem: Memory, rep: ParsedReport, now: float) -> tuple[Applied, list[Op]]:
-    result, ops = mem.apply_report(rep.node, rep.verdicts, rep.time, rep.raw, now, rep.fp, rep.order)
+    result, ops = mem.apply_report(rep.node, rep.verdicts, rep.time, rep.raw, now, rep.fp, rep.order, rep.content)
     out = Applied(clock_ahead=int(mem.claim_ahead(rep.time, now)))
     setattr(out, result, 1)
     return out, ops
@@ -500,7 +525,7 @@ def apply_events(mem: Memory, batch: EventBatch, now: float) -> tuple[Applied, l
         if e.type == "report":
             assert e.report is not None
             res, rops = mem.apply_report(batch.node, e.report.verdicts, e.report.time, e.report.raw, now,
-                                         e.report.fp, e.report.order)
+                                         e.report.fp, e.report.order, e.report.content)
             ops += rops
             setattr(out, res, getattr(out, res) + 1)
             continue

@@ -90,18 +90,27 @@ class Liveness:
         """Push-only nodes go missing by silence: UNKNOWN once a node has sent nothing for 2.5
         heartbeat intervals (one late heartbeat is not news), node_unreachable after
         unreachable_after. Silence is counted from this process's start (`started_at`) at the
-        earliest: after a restart, nodes get their intervals to report before they are called missing."""
+        earliest: after a restart, nodes get their intervals to report before they are called missing.
+
+        Only the nodes that fell silent since the last pass and those still on their way to
+        node_unreachable are looked at (aggregator/heard.py), not the fleet."""
         mem = self.mem
         silent_after = min(2.5 * self.cfg.heartbeat_interval, self.cfg.unreachable_after)
         ops: list[Op] = []
-        for rec in list(mem.nodes.values()):
-            if not rec.agent_url and rec.last_seen:
-                heard = max(rec.last_seen, started_at)
-                if now - heard >= silent_after:
-                    ops += mem.mark_unreachable(rec.name, now, self.cfg.unreachable_after,
-                                                f"silent for {now - rec.last_seen:.0f}s", since=heard)
-            elif rec.agent_url and rec.unreachable_since is not None:
-                ops += mem.mark_unreachable(rec.name, now, self.cfg.unreachable_after, "still unreachable")
+        for name, _ in mem.heard.lapsing(now, silent_after, started_at):
+            rec = mem.nodes.get(name)
+            if rec is not None and not rec.agent_url and rec.unreachable_since is None:
+                ops += mem.mark_unreachable(name, now, self.cfg.unreachable_after,
+                                            f"silent for {now - rec.last_seen:.0f}s", since=max(rec.last_seen, started_at))
+        for name in mem.heard.take_watch():
+            rec = mem.nodes.get(name)
+            if rec is None or rec.unreachable_since is None:
+                mem.heard.watch.discard(name)
+            elif rec.agent_url:
+                ops += mem.mark_unreachable(name, now, self.cfg.unreachable_after, "still unreachable")
+            else:
+                ops += mem.mark_unreachable(name, now, self.cfg.unreachable_after,
+                                            f"silent for {now - rec.last_seen:.0f}s")
         return ops
 
     def forget_ops(self, now: float, busy: Collection[str]) -> list[Op]:

@@ -17,6 +17,8 @@ from podhealth.aggregator.state import STATES, Memory
 
 P = "podhealth_aggregator_"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+GC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class Metrics:
@@ -65,8 +67,36 @@ class Metrics:
         self.lease_age = Gauge(P + "lease_age_seconds", "Seconds since this replica last saw the lease row (its\n"
                                "renewal as leader, its look as follower); grows when the database does not answer.",
                                registry=r)
+        self.housekeeping_visits = Counter(P + "housekeeping_visits", "Nodes the housekeeping passes looked at\n"
+                                           "(those heard since the last pass, fallen silent, or on their way to\n"
+                                           "node_unreachable): it follows what changed, not the fleet's size.", registry=r)
+        self.housekeeping_last = Gauge(P + "housekeeping_last_visits", "Nodes the last housekeeping pass looked at.",
+                                       registry=r)
+        self.gc_pause = Histogram(P + "gc_pause_seconds", "Pauses of Python's cyclic garbage collector, by generation\n"
+                                  "(2: a full pass; aggregator.gc_freeze keeps those short).",
+                                  ["generation"], buckets=GC_BUCKETS, registry=r)
+        self.gc_frozen = Gauge(P + "gc_frozen_objects", "Objects moved out of the collector's full passes (gc.freeze).",
+                               registry=r)
+        self.loop_lag = Histogram(P + "loop_lag_seconds", "How late the event loop ran a 50 ms timer: a stall (a\n"
+                                  "long handler, a GC pause) shows here, as every request in flight waits for it.",
+                                  buckets=LAG_BUCKETS, registry=r)
+        self.loop_lag_max = Gauge(P + "loop_lag_max_seconds", "The longest event-loop lag seen since the start.",
+                                  registry=r)
+        self._lag_max = 0.0
+        self._gc_children = [self.gc_pause.labels(str(g)) for g in range(3)]
         self._ingest: dict[str, tuple[Any, Any]] = {}
         self._results: dict[str, Any] = {}
+
+    def observe_gc(self, generation: int, seconds: float) -> None:
+        """One collection's pause (gcwatch.Freezer's callback)."""
+        self._gc_children[min(2, max(0, generation))].observe(seconds)
+
+    def observe_lag(self, seconds: float) -> None:
+        """One look of the loop-lag probe (looplag.LagProbe)."""
+        self.loop_lag.observe(seconds)
+        if seconds > self._lag_max:
+            self._lag_max = seconds
+            self.loop_lag_max.set(seconds)
 
     def ingest_children(self, endpoint: str) -> tuple[Any, Any]:
         """(latency histogram, ok counter) of an endpoint, looked up once: this is the hot path."""

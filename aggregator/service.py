@@ -16,6 +16,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import gc
 import json
 import secrets
 import time
@@ -29,6 +30,7 @@ from podhealth.aggregator import bundles, overrides, views
 from podhealth.aggregator.actions import ActionRunner, NotLeader, OperatorError, Pending, build_fencers, slug
 from podhealth.config_aggregator import AggregatorConfig
 from podhealth.fencing.fence import FenceReason, Fencer, render_reason
+from podhealth.aggregator.gcwatch import Freezer
 from podhealth.aggregator.liveness import Liveness
 from podhealth.aggregator.metrics import Metrics
 from podhealth.aggregator.model import LADDER_STEPS, BreakerState, Decision, FenceMode, FleetState, Silence
@@ -42,6 +44,7 @@ from podhealth.aggregator.store import (
     ActionRow, Loaded, Op, Store, StoreError, db_errors, is_postgres_url, sqlite_path,
 )
 from podhealth.aggregator.writer import Writer
+from podhealth.looplag import probe
 from podhealth.worker import offload
 
 __all__ = ["Aggregator", "NotLeader", "OperatorError", "Pending", "build_fencers"]
@@ -53,6 +56,7 @@ MIN_DECIDE_GAP = 0.05
 SYNC_INTERVAL = 1.0  # seconds between the leader's reads of the other replicas' ingest
 SYNC_MARGIN = 15.0
 QUOTA_SYNC_S = 600.0  # seconds between re-reads of each node's stored event bytes (retention frees room)
+FORGET_EVERY = 600.0  # seconds between forget scans (forget_learned_after is days)
 
 
 def load_memory(cfg: AggregatorConfig, loaded: Loaded, cycles: list[tuple[str, float, str, str]], now: float,
@@ -60,6 +64,7 @@ def load_memory(cfg: AggregatorConfig, loaded: Loaded, cycles: list[tuple[str, f
     """The in-memory mirror from what the store holds (at start, and at a takeover)."""
     mem = Memory.from_loaded(loaded)
     mem.max_skew = cfg.max_clock_skew
+    mem.report_refresh = cfg.report_refresh
     # The rate limit's recent fences, stored as wall times, move onto the monotonic clock.
     m0 = mono()
     mem.recent_fences = collections.deque((m0 - max(0.0, now - t) for t in sorted(loaded.recent_fences)),
@@ -163,6 +168,10 @@ class Aggregator:
         self.last_decision_at = 0.0
         self.wake = asyncio.Event()
         self.housekeeping_interval = HOUSEKEEPING_INTERVAL
+        self.freezer = Freezer(cfg.gc_freeze, self.metrics.observe_gc)
+        self.metrics.gc_frozen.set_function(gc.get_freeze_count)
+        self._last_forget = float("-inf")
+        self.housekeeping_passes = 0  # finished passes (tests wait for one)
         self.reconcile_interval = RECONCILE_INTERVAL
         self._tasks: list[asyncio.Task[Any]] = []
         self._acting_tasks: list[asyncio.Task[Any]] = []
@@ -258,13 +267,15 @@ class Aggregator:
         log.info("aggregator starting", db=self.store.where, nodes=len(self.mem.nodes), fencers=fencer_names,
                  dry_run=self.cfg.dry_run, pending=len(self._loaded_pending), replica=self.leadership is not None)
         pending, self._loaded_pending = self._loaded_pending, []
+        self.freezer.install()
+        lag = asyncio.create_task(probe(self.metrics.observe_lag), name="loop-lag")
         if self.leadership is None:
             await self._start_acting(pending)
-            self._tasks = [asyncio.create_task(self._housekeeping_loop(), name="housekeeping")]
+            self._tasks = [lag, asyncio.create_task(self._housekeeping_loop(), name="housekeeping")]
         else:
             # A replica: ingest and serve now; decide and act only once it leads.
             lead = self.leadership
-            self._tasks = [asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
+            self._tasks = [lag, asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
                            asyncio.create_task(lead.run(lambda: self._running), name="leadership")]
 
     async def _start_acting(self, pending: Sequence[ActionRow]) -> None:
@@ -352,6 +363,7 @@ class Aggregator:
         if self.leadership is not None:
             await self.leadership.release()
         self.writer.write_nowait(self.mem.flush_seen())
+        self.freezer.uninstall()
         await self.writer.stop()
         await self.session.close()
         self.store.close()
@@ -430,6 +442,7 @@ class Aggregator:
         self.quota.sync(stored)
 
     def forget_ops(self, now: float) -> list[Op]:
+        self._last_forget = self.mono()
         return self.liveness.forget_ops(now, busy={p.node for p in self.pending.values()})
 
     def fleet_sample_ops(self, now: float) -> list[Op]:
@@ -444,16 +457,20 @@ class Aggregator:
             await asyncio.sleep(self.housekeeping_interval)
             mem, writer = self.mem, self.writer
             now = self.clock()
+            visited = mem.heard.visited
             try:
                 if self.mono() - last_quota > QUOTA_SYNC_S:  # every replica: they all ingest
                     last_quota = self.mono()
                     await self.sync_quota()
                 writer.write_nowait(mem.flush_seen())
+                self.freezer.after_load(len(mem.nodes))
                 if not self.acting() or not self._acting_tasks:
                     # a follower only ingests: the rest is the leader's, once its takeover has
                     # loaded the shared state (a follower's own memory is not the fleet's)
                     continue
-                ops: list[Op] = self.silence_ops(now) + self.forget_ops(now) + overrides.expire_ops(self, now)
+                ops: list[Op] = self.silence_ops(now) + overrides.expire_ops(self, now)
+                if self.mono() - self._last_forget >= FORGET_EVERY:
+                    ops += self.forget_ops(now)
                 if self.mono() - last_prune > 3600:
                     ops += mem.prune_ids(now - self.cfg.event_retention)
                     last_prune = self.mono()
@@ -473,6 +490,15 @@ class Aggregator:
                 raise
             except Exception:  # noqa: BLE001 - keep the loop alive; the failure is logged
                 log.exception("housekeeping failed")
+            finally:
+                self.count_visits(mem, visited)
+
+    def count_visits(self, mem: Memory, before: int) -> None:
+        """Export how many nodes the pass that started at `before` visits looked at."""
+        n = mem.heard.visited - before
+        self.metrics.housekeeping_visits.inc(n)
+        self.metrics.housekeeping_last.set(n)
+        self.housekeeping_passes += 1
 
     # ---- operator actions ------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from podhealth.fencing.fence import REPAIR, parse_reason
 from podhealth.aggregator.model import (
     BreakerState, Condition, FenceMode, FleetState, NodeView, Source, severity_of,
 )
+from podhealth.aggregator.heard import HeardIndex
 from podhealth.aggregator.store import Loaded, NodeRow, Observed, Op, Store
 
 REACHABLE_CHECK = "agent_reachable"
@@ -56,6 +57,7 @@ class NodeRec:
     status: Status = Status.UNKNOWN
     report_time: float = 0.0  # when the aggregator received the latest report (never the agent's claim)
     fp: int = 0  # fingerprint of the last report's verdicts, to skip unchanged reports cheaply; 0 = none
+    content: int = 0  # ingest.ParsedReport.content of the stored report (memory only): 0 = unknown
     # Ordering by the agent's own sequence: the boot (epoch) and the seq of the latest report;
     # verdict_seq is the newest transition applied (stored since migration 9); retired: earlier boots.
     boot_id: str = ""
@@ -77,7 +79,6 @@ class NodeRec:
     handover_at: float = 0.0
     unreachable_since: float | None = None
     released_at: float = 0.0
-    seen_dirty: bool = False
     # Reported with a credential that speaks for this node alone (memory only: after a restart a
     # learned node counts again from its next report, so the breaker errs towards tripping).
     vouched: bool = False
@@ -145,10 +146,11 @@ def digest_of(fp: int) -> str:
 
 STATES = ("OK", "WARN", "FAIL", "UNKNOWN", "fenced", "returning", "drained", "repair")
 LADDER_ACTIONS = frozenset({"RESET_GPU", "REBOOT"})  # what a fence asks for that the ladder can try
-# An unchanged full report replaces the stored one (the evidence the UI shows) at most this often:
-# agents send one every publish.full_report_interval, but a fleet of agents without leases, or
-# pulled /health, would otherwise rewrite ~16 KB per node per interval.
-REPORT_REFRESH_S = 60.0
+# A full report whose content (ingest.ParsedReport.content) did not change replaces the stored
+# one at most this often (config report_refresh): agents send one every
+# publish.full_report_interval with fresh readings in passing checks' evidence, and rewriting
+# ~20 KB per node for those was 9-17% of the aggregator's CPU at scale.
+REPORT_REFRESH_S = 3600.0
 
 
 @dataclass
@@ -164,6 +166,8 @@ class Memory:
     views: dict[str, NodeView] = field(default_factory=dict)
     version: int = 0  # bumped on every change that could alter a decision
     max_skew: float = 30.0  # seconds an agent's time claim may run ahead of our clock (config max_clock_skew)
+    report_refresh: float = REPORT_REFRESH_S  # config report_refresh
+    heard: HeardIndex = field(default_factory=HeardIndex)  # what housekeeping must look at (heard.py)
 
     # ---- loading -----------------------------------------------------------------------------
 
@@ -194,6 +198,8 @@ class Memory:
             if rec.handover == "running":
                 rec.handover = "failed"  # the request died with the previous process
             m.views[rec.name] = rec.view()
+        m.heard = HeardIndex.of(((r.name, r.last_seen) for r in m.nodes.values() if r.last_seen),
+                                (r.name for r in m.nodes.values() if r.unreachable_since is not None))
         return m
 
     # ---- nodes -------------------------------------------------------------------------------
@@ -227,14 +233,17 @@ class Memory:
         """Learned nodes silent for `after` seconds (never one podhealth fences, or with an action
         in flight), forgotten in memory; returns their names (Store.ops_node_forget persists it)."""
         skip = set(busy)
-        # Silence first: it is what rules out nearly every node (this walks all of them every
-        # housekeeping pass, 10,000 at scale); both ages >= after is max(...) without the call.
-        gone = [r.name for r in self.nodes.values()
-                if now - r.last_seen >= after and now - r.first_seen >= after
-                and r.learned and r.fence is FenceMode.NONE and r.name not in skip]
+        # Only nodes silent that long: the heard index holds them oldest first (heard.py).
+        gone = []
+        for name in self.heard.silent_for(now, after):
+            r = self.nodes.get(name)
+            if (r is not None and now - r.first_seen >= after and r.learned and r.fence is FenceMode.NONE
+                    and name not in skip):
+                gone.append(name)
         for name in gone:
             del self.nodes[name]
             self.views.pop(name, None)
+            self.heard.drop(name)
             for key in self.by_node.pop(name, set()):
                 self.conditions.pop(key, None)
         if gone:
@@ -287,9 +296,13 @@ class Memory:
     # ---- observations ------------------------------------------------------------------------
 
     def apply_report(self, node: str, verdicts: tuple[Verdict, ...], report_time: float, raw: str | bytes,
-                     now: float, fp: int | None = None, order: Order | None = None) -> tuple[str, list[Op]]:
+                     now: float, fp: int | None = None, order: Order | None = None,
+                     content: int = 0) -> tuple[str, list[Op]]:
         """A full verdict set from the agent (OK results may be left out when `fp`, the
         fingerprint of all of them, is given). Returns ("applied"|"unchanged"|"stale", ops).
+        `content` (ingest.ParsedReport.content; 0: unknown) tells an unchanged report from one
+        whose summaries or failing evidence moved: only those are written again at once; the
+        others (and any of unknown content) once the stored copy is report_refresh old.
 
         `report_time` is the agent's claim, kept only to show its clock's offset; the report is
         ordered by `order` (or, from an agent that sends none, by arrival) and timed by `now`."""
@@ -302,14 +315,16 @@ class Memory:
             fp = hash(tuple((v.check, v.entity, v.status.value, v.action.value) for v in verdicts))
         if fp == rec.fp:
             ops += self._seen_unchanged(rec, now)
-            if now - rec.stored_at >= REPORT_REFRESH_S:
-                rec.stored_at = now
-                ops.append(Store.op_report(node, raw))  # same verdicts, fresher evidence
+            if (content and content != rec.content) or now - rec.stored_at >= self.report_refresh:
+                rec.stored_at, rec.content = now, content
+                ops.append(Store.op_report(node, raw))  # same verdicts, new evidence (or an old copy)
             return "unchanged", ops
         rec.report_time = now
         rec.last_seen = now
+        self.heard.hear(node, now)
         ops += self._reachable(rec, now)
         rec.fp = fp
+        rec.content = content
         bad = {(v.check, v.entity): v for v in verdicts if v.status is not Status.OK}
         for (check, entity), v in bad.items():
             ops += self._open(node, check, entity, v.status, v.action, severity_of(v.status), v.since, now, "agent",
@@ -321,7 +336,7 @@ class Memory:
         ops += self._status(rec, now)
         ops += [Store.op_node_report(node, rec.status.value, now, now, rec.report_seq), Store.op_report(node, raw)]
         rec.stored_at = now
-        rec.seen_dirty = False
+        self.heard.dirty.discard(node)  # the report's row carries last_seen
         return "applied", ops
 
     def apply_lease(self, node: str, digest: str, report_time: float, now: float,
@@ -361,7 +376,9 @@ class Memory:
         if order is not None:
             rec.report_seq = order[1]  # as _advance within the boot
         rec.report_time = rec.last_seen = now
-        rec.seen_dirty = True
+        heard = self.heard
+        heard.hear(node, now)
+        heard.dirty.add(node)
         return "unchanged"
 
     # ---- ordering: the agent's sequence, our clock -------------------------------------------
@@ -426,12 +443,13 @@ class Memory:
         """Same verdicts as last time: only say "seen again" (the breaker reset needs it)."""
         rec.report_time = now
         rec.last_seen = now
+        self.heard.hear(rec.name, now)
         ops = self._reachable(rec, now)
         for key in self.by_node.get(rec.name, ()):
             c = self.conditions[key]
             if c.source == "agent":
                 self.conditions[key] = replace(c, observed=now)
-        rec.seen_dirty = True
+        self.heard.dirty.add(rec.name)
         return ops + self._status(rec, now)
 
     def apply_verdict(self, node: str, v: Verdict, now: float, source: Source = "agent",
@@ -446,8 +464,10 @@ class Memory:
             if order is not None:  # for the leader, when this is a follower (adopt)
                 ops.append(Store.op_node_verdict_seq(node, rec.boot_id, rec.verdict_seq, now))
             rec.fp = 0  # the last report no longer describes the node: no lease or "unchanged" until a new one
-            rec.last_seen = max(rec.last_seen, now)
-            rec.seen_dirty = True
+            if now > rec.last_seen:
+                rec.last_seen = now
+                self.heard.hear(node, now)
+            self.heard.dirty.add(node)
             ops += self._reachable(rec, now)
         key = (node, v.check, v.entity)
         if v.status is Status.OK:
@@ -474,12 +494,21 @@ class Memory:
                               rec.unreachable_since, now, "aggregator", "",
                               f"unreachable for {now - rec.unreachable_since:.0f}s: {why}")
         ops += self._status(rec, now)
+        self._watch(rec)
         return ops
+
+    def _watch(self, rec: NodeRec) -> None:
+        """Housekeeping looks at an unreachable node until its node_unreachable condition is open."""
+        if rec.unreachable_since is not None and (rec.name, UNREACHABLE_CHECK, "node") not in self.conditions:
+            self.heard.watch.add(rec.name)
+        else:
+            self.heard.watch.discard(rec.name)
 
     def _reachable(self, rec: NodeRec, now: float) -> list[Op]:
         if rec.unreachable_since is None:
             return []
         rec.unreachable_since = None
+        self.heard.watch.discard(rec.name)
         ops = [Store.op_node_fields(rec.name, unreachable_since=None)]
         for check in (REACHABLE_CHECK, UNREACHABLE_CHECK):
             if (rec.name, check, "node") in self.conditions:
@@ -573,6 +602,7 @@ class Memory:
                 continue  # a node learned at another replica: the next takeover loads it
             if o.last_seen > rec.last_seen:
                 rec.last_seen = o.last_seen
+                self.heard.hear(o.name, o.last_seen)
             if not o.changed:
                 continue
             stored = by_node.get(o.name, ())
@@ -580,6 +610,7 @@ class Memory:
                 self._replace_conditions(o.name, stored, lambda c: True)
                 rec.report_time, rec.status, rec.ok_since = o.report_time, Status(o.status), o.ok_since
                 rec.unreachable_since = None
+                self.heard.watch.discard(o.name)
             elif self._newer_transition(rec, o):
                 # Only the agent's own conditions: the leader's liveness and alerts' stay as they are.
                 self._replace_conditions(o.name, stored, lambda c: c.source == "agent")
@@ -666,10 +697,11 @@ class Memory:
     def flush_seen(self) -> list[Op]:
         """last_seen of nodes whose unchanged reports were not written (persisted lazily)."""
         ops: list[Op] = []
-        for rec in self.nodes.values():
-            if rec.seen_dirty:
-                rec.seen_dirty = False
-                ops.append(Store.op_node_seen(rec.name, rec.last_seen, rec.report_time, rec.report_seq, rec.boot_id))
+        nodes = self.nodes
+        for name in self.heard.take_dirty():  # only the nodes heard since the last flush (heard.py)
+            rec = nodes.get(name)
+            if rec is not None:
+                ops.append(Store.op_node_seen(name, rec.last_seen, rec.report_time, rec.report_seq, rec.boot_id))
         return ops
 
     def set_breaker(self, b: BreakerState) -> list[Op]:
@@ -710,6 +742,7 @@ class Memory:
             if saved is None:
                 self.nodes.pop(name, None)
                 self.views.pop(name, None)
+                self.heard.drop(name)
             else:
                 rec = self.nodes.get(name)
                 if rec is None:
@@ -719,6 +752,9 @@ class Memory:
             self.conditions.update(cp.conditions[name])
             if cp.conditions[name]:
                 self.by_node[name] = set(cp.conditions[name])
+            rec_now = self.nodes.get(name)
+            if rec_now is not None:
+                self._watch(rec_now)
         self.version += 1
 
 

@@ -312,21 +312,41 @@ async def _wait(pred: Any, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-def test_an_unchanged_report_refreshes_the_stored_evidence_at_most_once_a_minute() -> None:
+@pytest.mark.parametrize("typed", [True, False], ids=["typed-path", "general-path"])
+def test_an_unchanged_report_is_not_stored_again_until_report_refresh(typed: bool) -> None:
+    """Issue 32: an unchanged full report (new time, new readings in passing checks' evidence) is
+    not rewritten; a failing check's new evidence is stored at once; after report_refresh the
+    readings are too. Both readers (msgspec's typed one, orjson's general one) agree."""
     from podhealth.aggregator import ingest
     from podhealth.aggregator.state import REPORT_REFRESH_S, Memory
+
+    def read(doc: dict[str, Any]) -> ingest.ParsedReport:
+        raw = json.dumps(doc).encode()
+        rep = ingest.read_posted(raw) if typed else ingest.parse_report(json.loads(raw), raw)
+        assert isinstance(rep, ingest.ParsedReport)
+        return rep
 
     def stored(ops: list[Any]) -> list[bytes]:
         return [params[1] for sql, params in ops if sql.startswith("INSERT INTO reports")]
 
+    def at(t: float, nfs: dict[str, str], xid: dict[str, str]) -> dict[str, Any]:
+        doc = report(t=t)
+        doc["results"][0]["since"] = 995.0  # the agent's first-seen time stays
+        doc["results"][0]["evidence"] = xid
+        doc["results"][1]["evidence"] = nfs
+        return doc
+
     mem = Memory()
-    first = ingest.read_report(json.dumps(report(t=1000)).encode())
-    res, ops = ingest.apply_report(mem, first, 5000.0)
+    res, ops = ingest.apply_report(mem, read(at(1000, {"probe_seconds": "0.0011"}, {"xid": "79"})), 5000.0)
     assert res.applied == 1 and len(stored(ops)) == 1
-    warmer = report(t=1010)
-    warmer["results"][0]["evidence"] = {"xid": "79", "gpu_c": "88.0"}
-    res, ops = ingest.apply_report(mem, ingest.read_report(json.dumps(warmer).encode()), 5010.0)
-    assert res.unchanged == 1 and stored(ops) == [], "not within a minute of the last write"
-    res, ops = ingest.apply_report(mem, ingest.read_report(json.dumps({**warmer, "time": 1070, **order(1070)}).encode()),
-                                   5000.0 + REPORT_REFRESH_S)
-    assert res.unchanged == 1 and len(stored(ops)) == 1 and b'"gpu_c":"88.0"' in stored(ops)[0].replace(b" ", b"")
+    res, ops = ingest.apply_report(mem, read(at(1300, {"probe_seconds": "0.0042"}, {"xid": "79"})), 5300.0)
+    assert res.unchanged == 1 and stored(ops) == [], "new readings of a passing check alone are not stored"
+    res, ops = ingest.apply_report(mem, read(at(1600, {"probe_seconds": "0.0042"}, {"xid": "79", "count": "3"})),
+                                   5600.0)
+    assert res.unchanged == 1 and len(stored(ops)) == 1, "a failing check's new evidence is stored at once"
+    res, ops = ingest.apply_report(mem, read(at(1900, {"probe_seconds": "0.0007"}, {"count": "3", "xid": "79"})),
+                                   5900.0)
+    assert stored(ops) == [], "the same evidence in another key order is the same"
+    res, ops = ingest.apply_report(mem, read(at(2000, {"probe_seconds": "0.0009"}, {"xid": "79", "count": "3"})),
+                                   5600.0 + REPORT_REFRESH_S)
+    assert res.unchanged == 1 and len(stored(ops)) == 1 and b'"probe_seconds": "0.0009"' in stored(ops)[0]

@@ -78,7 +78,7 @@ def test_the_common_lease_is_quiet_and_counts_as_seen() -> None:
     digest = digest_of(mem.nodes[NODE].fp)
     assert mem.lease_quiet(NODE, digest, 200.0, 200.0, ("b1", 11)) == "unchanged"
     rec = mem.nodes[NODE]
-    assert (rec.last_seen, rec.report_time, rec.report_seq, rec.seen_dirty) == (200.0, 200.0, 11, True)
+    assert (rec.last_seen, rec.report_time, rec.report_seq, NODE in mem.heard.dirty) == (200.0, 200.0, 11, True)
     assert mem.lease_quiet(NODE, digest, 201.0, 201.0, ("b1", 11)) == "stale"
     assert mem.lease_quiet(NODE, "0123456789abcdef", 202.0, 202.0, ("b1", 12)) is None
     assert mem.lease_quiet(NODE, digest, 202.0, 202.0, ("b9", 1)) is None  # a new boot: the general path

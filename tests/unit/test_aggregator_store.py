@@ -288,20 +288,21 @@ def test_a_last_seen_flush_never_moves_a_node_back(db: Where) -> None:
     leader, follower = Memory(), Memory()
     s.apply(follower.apply_report("dgx01", (), 100.0, "{}", 100.0, order=("b1", 10))[1])
     s.apply(leader.apply_report("dgx01", (), 150.0, "{}", 150.0, order=("b1", 20), fp=7)[1])
-    follower.nodes["dgx01"].seen_dirty = True
+    follower.heard.dirty.add("dgx01")
     follower.nodes["dgx01"].last_seen = 140.0
     s.apply(follower.flush_seen())
     [row] = s.load(now=160.0, event_retention=100).nodes
     assert (row.last_seen, row.report_time, row.report_seq) == (150.0, 150.0, 20)
     # a newer heartbeat of the same boot moves all three; another boot's seq is not compared
     follower.nodes["dgx01"].last_seen = follower.nodes["dgx01"].report_time = 170.0
-    follower.nodes["dgx01"].report_seq, follower.nodes["dgx01"].seen_dirty = 25, True
+    follower.nodes["dgx01"].report_seq = 25
+    follower.heard.dirty.add("dgx01")
     s.apply(follower.flush_seen())
     [row] = s.load(now=180.0, event_retention=100).nodes
     assert (row.last_seen, row.report_time, row.report_seq) == (170.0, 170.0, 25)
     follower.nodes["dgx01"].boot_id, follower.nodes["dgx01"].report_seq = "b0", 99
     follower.nodes["dgx01"].last_seen = follower.nodes["dgx01"].report_time = 175.0
-    follower.nodes["dgx01"].seen_dirty = True
+    follower.heard.dirty.add("dgx01")
     s.apply(follower.flush_seen())
     [row] = s.load(now=180.0, event_retention=100).nodes
     assert (row.last_seen, row.report_time, row.report_seq, row.boot_id) == (175.0, 175.0, 25, "b1")
