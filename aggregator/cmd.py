@@ -41,7 +41,7 @@ def effective_config(args: argparse.Namespace) -> Any:
     if args.dry_run:
         agg = dataclasses.replace(agg, dry_run=True)
     # Secrets from *_file / the environment are read once, here (CredentialError names the file).
-    agg = dataclasses.replace(agg, auth=agg.auth.resolved())
+    agg = dataclasses.replace(agg, auth=agg.auth.resolved(), federation=agg.federation.resolved())
     return cfg, agg
 
 

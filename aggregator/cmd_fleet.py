@@ -37,7 +37,20 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the aggregator")
     p.add_argument("--format", choices=FORMATS, default="table", help="table for people, json: the raw JSON answer")
     p.add_argument("--json", action="store_true", help="deprecated: same as --format json")
-    fs = p.add_subparsers(dest="fleet_cmd", metavar="ACTION", required=True)
+    p.add_argument("--federate", nargs="*", metavar="[NAME=]URL", default=None,
+                   help="instead of an ACTION: the read-only view of several aggregator sets (one per SuperPOD or "
+                        "cluster), each read at once with its own deadline; with no URL, the --config file's "
+                        "aggregator.federation.sets. Each set's token comes from those sets (never --token)")
+    p.add_argument("--set-timeout", type=float, default=None, metavar="SECONDS",
+                   help="seconds each federated set may take (default: the config's aggregator.federation.timeout, "
+                        "else 5); one that does not answer is shown as unreachable")
+    fs = p.add_subparsers(dest="fleet_cmd", metavar="ACTION", required=False)
+
+    def federate_or_action(args: argparse.Namespace) -> int:
+        if args.federate is None:
+            p.error("an ACTION or --federate is required")
+        return _federate(args)
+    p.set_defaults(func=federate_or_action)
     s = fs.add_parser("status", help="fleet counts, breaker, fence budget, and the nodes that are not OK")
     s.add_argument("--all", action="store_true", help="list every node")
     s.set_defaults(func=_status)
@@ -452,3 +465,76 @@ def _breaker_reset(args: argparse.Namespace) -> int:
         print("breaker reset" + (f" (was tripped: {out['was_reason']})" if out["was_tripped"] else " (was not tripped)")
               + "; observations from before now must be seen again before anything is fenced")
     return 0
+
+
+# ---- the federated view (aggregator/federation.py) ------------------------------------------------
+
+
+def _federated_sets(args: argparse.Namespace) -> tuple[list[Any], float]:
+    """The sets to read, each with the token its own config entry gives (matched by URL or name),
+    and the per-set deadline. Raises Undecided on a bad [NAME=]URL."""
+    from podhealth.config_federation import FederatedSet, FederationConfig, set_name_problem, set_url_problem
+
+    fed = FederationConfig()
+    if args.config:
+        fed = config.load(args.config).aggregator.federation
+    known = {s.url.rstrip("/"): s for s in fed.sets}
+    by_name = {s.name: s for s in fed.sets}
+    chosen: list[FederatedSet] = []
+    for item in args.federate or []:
+        name, sep, url = item.partition("=")
+        if not sep or "://" in name:
+            name, url = "", item
+        problem = set_url_problem(url) or (set_name_problem(name) if name else None)
+        if problem:
+            raise Undecided(f"--federate {item}: {problem}")
+        entry = known.get(url.rstrip("/")) or (by_name.get(name) if name else None)
+        if entry is not None and entry.url.rstrip("/") != url.rstrip("/"):
+            entry = None  # a name from the config with another URL: its token stays with its own URL
+        chosen.append(entry if entry is not None else FederatedSet(name=name or urllib.parse.urlsplit(url).netloc,
+                                                                    url=url))
+    if args.federate == []:
+        chosen = list(fed.sets)
+    if not chosen:
+        raise Undecided("--federate: no sets (give URLs, or --config with aggregator.federation.sets)")
+    return chosen, args.set_timeout if args.set_timeout is not None else fed.timeout
+
+
+@_run
+def _federate(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from podhealth.aggregator import federation
+
+    sets, timeout = _federated_sets(args)
+    if not timeout > 0:
+        raise Undecided("--set-timeout: expected a positive number of seconds")
+
+    async def read() -> list[federation.SetView]:
+        readers = [federation.SetReader(s, s.read_token()) for s in sets]
+        try:
+            return await federation.read_all(readers, timeout)
+        finally:
+            for r in readers:
+                await r.close()
+
+    try:
+        views = asyncio.run(read())
+    except federation.SetError as e:
+        raise Undecided(str(e)) from None
+    if _as_json(args):
+        print(json.dumps({"sets": [v.to_json() for v in views]}, indent=2))
+    else:
+        for v in views:
+            if not v.ok:
+                print(f"{v.name:<16} {v.url}  UNREACHABLE: {v.error}")
+                continue
+            counts = " ".join(f"{k}={n}" for k, n in v.counts.items() if n)
+            extra = (f"  leader {v.leader}" if v.leader else "") + ("  DRY RUN" if v.dry_run else "")
+            print(f"{v.name:<16} {v.url}  nodes {v.nodes}  {counts}  fenced {v.fenced}/{v.cap}  "
+                  f"breaker {'TRIPPED: ' + v.breaker if v.breaker else 'ok'}{extra}")
+            for pr in v.problems:
+                print(f"  {pr.node:<20} {pr.state:<10} {','.join(pr.checks) or '-'}")
+            if v.more:
+                print(f"  ... and {v.more} more")
+    return 0 if all(v.ok for v in views) else EXIT_UNKNOWN

@@ -277,12 +277,15 @@ def _count(agg: Aggregator, a: ingest.Applied) -> None:
 async def api_nodes(request: web.Request) -> web.Response:
     agg = request.app[AGG]
     state = request.query.get("state")
+    not_state = request.query.get("not_state")  # e.g. OK: the nodes with a problem (the federated view)
     check = request.query.get("check")
     partition = request.query.get("partition")
     out = []
     for name in sorted(agg.mem.nodes):
         rec = agg.mem.nodes[name]
         if state and rec.state != state:
+            continue
+        if not_state and rec.state == not_state:
             continue
         if partition is not None and rec.partition != partition:
             continue

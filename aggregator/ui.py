@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
 from aiohttp import web
 
-from podhealth.aggregator import grafana
+from podhealth.aggregator import federation, grafana
 from podhealth.hostnames import node_name_problem
 from podhealth.webguard import Handler
 from podhealth.worker import offload
@@ -148,6 +148,7 @@ def load_assets() -> dict[str, Asset]:
 
 
 ASSETS = web.AppKey("ui_assets", dict[str, Asset])
+FEDERATION = web.AppKey("ui_federation", federation.Federation)
 DASHBOARDS = web.AppKey("ui_dashboards", tuple[grafana.Dashboard, ...])
 
 
@@ -171,6 +172,18 @@ async def fleet_page(request: web.Request) -> web.Response:
 
 async def failslow_page(request: web.Request) -> web.Response:
     return _asset_response(request, "failslow.html")
+
+
+async def federation_page(request: web.Request) -> web.Response:
+    return _asset_response(request, "federation.html")
+
+
+async def federation_view(request: web.Request) -> web.Response:
+    """The federated view's data: every configured aggregator set, read with its own credential
+    and deadline (aggregator/federation.py); none is ever sent to the browser."""
+    views = await request.app[FEDERATION].view()
+    return web.json_response({"timeout": request.app[FEDERATION].timeout, "sets": [v.to_json() for v in views]},
+                             headers={"Cache-Control": "no-store"})
 
 
 async def node_page(request: web.Request) -> web.Response:
@@ -303,15 +316,23 @@ def setup(app: web.Application, agg: "Aggregator", reads: Callable[[Handler], Ha
     app[FEED] = Feed(agg)
     app[ASSETS] = load_assets()
     app[DASHBOARDS] = grafana.node_dashboards() if agg.cfg.ui.grafana_url else ()
+    fed = agg.cfg.federation
+    # Tokens are read now: a missing token file is an error at start, not a tile that says so later.
+    app[FEDERATION] = federation.Federation([federation.SetReader(s, s.read_token()) for s in fed.sets], fed.timeout)
 
     async def close_streams(app: web.Application) -> None:
         app[FEED].closing.set()  # open streams end now instead of holding up shutdown
 
+    async def close_federation(app: web.Application) -> None:
+        await app[FEDERATION].close()
+
     app.on_shutdown.append(close_streams)
+    app.on_cleanup.append(close_federation)
     pages: tuple[tuple[str, Handler], ...] = (
         ("/", root), ("/ui", fleet_page), ("/ui/", root), ("/ui/node/{name}", node_page), ("/ui/failslow", failslow_page),
         ("/ui/static/{file}", static), ("/ui/api/fleet", fleet_view), ("/ui/api/fleet-history", fleet_history),
-        ("/ui/api/links", node_links))
+        ("/ui/api/links", node_links), ("/ui/federation", federation_page),
+        ("/ui/api/federation", federation_view))
     for path, page in pages:
         app.router.add_get(path, reads(with_security_headers(page)))
     app.router.add_get("/ui/events", reads(events))

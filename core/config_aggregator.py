@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Mapping
 from podhealth import credentials
 from podhealth.hostnames import node_name_problem
 from podhealth.config_failslow import FailslowAggConfig
+from podhealth.config_federation import FederationConfig
 from podhealth.config_listen import ListenConfig
 from podhealth.netaddr import is_loopback_address
 from podhealth.configload import AbsPath, Ge, Gt, NonEmpty, Percent, Seconds, doc
@@ -418,6 +419,9 @@ class AggregatorConfig:
                                  factory=BundlesConfig)
     failslow: FailslowAggConfig = doc("Fail-slow: probe results judged against their cohort, job stragglers "
                                       "(docs/failslow.md).", factory=FailslowAggConfig)
+    federation: FederationConfig = doc("Other aggregator sets (SuperPODs, clusters) the UI's federated view\n"
+                                       "(/ui/federation) and `podhealth fleet --federate` read.",
+                                       factory=FederationConfig)
 
     def validate(self) -> tuple[str, str] | None:
         seen: set[str] = set()

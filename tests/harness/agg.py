@@ -125,12 +125,14 @@ def config(tmp_path: Path, nodes: int = 4, **kw: Any) -> AggregatorConfig:
 
 @contextlib.asynccontextmanager
 async def running(cfg: AggregatorConfig, fencers: list[Any] | None = None,
-                  housekeeping: float = 0.1) -> AsyncIterator[tuple[Aggregator, str]]:
-    """An aggregator with its HTTP server on a free loopback port; always stopped afterwards."""
+                  housekeeping: float = 0.1, middlewares: Sequence[Any] = ()) -> AsyncIterator[tuple[Aggregator, str]]:
+    """An aggregator with its HTTP server on a free loopback port; always stopped afterwards.
+    `middlewares` go in front of its routes (a test's proxy: recording or refusing requests)."""
     agg = await Aggregator.open(cfg, fencers=fencers)
     agg.housekeeping_interval = housekeeping
     try:
         app = make_app(agg)
+        app.middlewares.extend(middlewares)
         runner = web.AppRunner(app, access_log=None, **bodycoding.RUNNER_KWARGS)  # as the daemon's runner
         await runner.setup()
         try:
