@@ -40,6 +40,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -74,12 +75,18 @@ class Load:
     aggregator or its last full report is `full_interval` old, a lease naming that digest
     otherwise, the full report again at once when a lease is refused (409)."""
 
-    def __init__(self, url: str, nodes: list[str], concurrency: int, full_interval: float) -> None:
+    def __init__(self, url: str, nodes: list[str], concurrency: int, full_interval: float,
+                 body: Callable[[str, float], bytes] | None = None, fresh_connections: bool = False) -> None:
+        """`body(node, time)`: the full report to send (default: ReportFactory's live template);
+        `fresh_connections`: a new TCP connection for every request, closed after its answer, as
+        the agent's heartbeat does (bench/capacity.py says why); default: pooled connections."""
         self.url = url
         self.nodes = nodes
         self.full_interval = full_interval
         self.factory = ReportFactory()
         self.template = self.factory.live_template()  # the node's name is a slot too
+        self.body = body
+        self.fresh_connections = fresh_connections
         self.all_full = False  # every heartbeat a full report (what a fleet without leases sends)
         self.rng = random.Random(3)
         self.sem = asyncio.Semaphore(concurrency)
@@ -92,9 +99,16 @@ class Load:
         self.idle_cpu_rate = 0.0  # aggregator CPU seconds per second with no requests
 
     async def __aenter__(self) -> "Load":
-        conn = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+        conn = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=self.fresh_connections)
         self.session = aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=30))
         return self
+
+    async def reconnect(self, fresh_connections: bool) -> None:
+        """Go on with pooled or fresh connections (first contact is set-up, pooled is quicker)."""
+        assert self.session is not None
+        await self.session.close()
+        self.fresh_connections = fresh_connections
+        await self.__aenter__()
 
     async def __aexit__(self, *exc: object) -> None:
         assert self.session is not None
@@ -116,6 +130,8 @@ class Load:
         return t
 
     def _full(self, node: str) -> bytes:
+        if self.body is not None:
+            return self.body(node, self._time(node))
         return self.template.render([json.dumps(node)] + self.factory.live_values(self._time(node), self.rng))
 
     async def _post(self, body: bytes, phase: Phase) -> tuple[int, bytes]:

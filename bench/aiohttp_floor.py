@@ -5,7 +5,7 @@
 
 POST /v1/reports reads the body and answers what the aggregator answers to an unchanged
 report or a lease it takes (digest included); GET /healthz says ok. Same aiohttp, same loop choice (podhealth.aioloop, so
-PODHEALTH_EVENT_LOOP applies), no access log: what is left of the aggregator's CPU per report
+PODHEALTH_EVENT_LOOP applies), no access log, the same loop-lag probe: what is left of the aggregator's CPU per report
 above this server's is podhealth's own work (auth, parsing, state, metrics).
 """
 
@@ -16,7 +16,7 @@ import sys
 
 from aiohttp import web
 
-from podhealth import aioloop
+from podhealth import aioloop, looplag
 
 ANSWER = b'{"applied":0,"duplicate":0,"stale":0,"unchanged":1,"digest":"0123456789abcdef"}'
 HEADERS = {"Content-Type": "application/json; charset=utf-8"}
@@ -38,9 +38,12 @@ async def main(port: int) -> None:
     runner = web.AppRunner(app, access_log=None, handle_signals=True)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
+    # The aggregator's loop-lag probe, so the peer pays its (small) cost too.
+    probe = asyncio.create_task(looplag.probe(lambda late: None))
     try:
         await asyncio.Event().wait()
     finally:
+        probe.cancel()
         await runner.cleanup()
 
 

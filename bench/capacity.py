@@ -1,0 +1,330 @@
+#!/usr/bin/env python3
+"""Capacity: one aggregator at the agents' real behaviour, beside the empty aiohttp handler (prints figures).
+
+    python bench/capacity.py [--quick] [--nodes 10000 [--nodes 100000]] [--interval 30]
+                             [--full-interval 300] [--window 30] [--repeats 3] [--report-source simulator|factory]
+
+What the agents really do, at their defaults (core/config.py `publish`):
+- a heartbeat every `report_interval` (30 s): the full report when a verdict changed, and every
+  `full_report_interval` (300 s); a ~230-byte lease naming its digest otherwise (agent/heartbeat.py);
+- **a new TCP connection for every heartbeat**: the agent's aiohttp client keeps an idle
+  connection 15 s (aiohttp's default keepalive_timeout) and the next heartbeat comes 30 s later,
+  so each one connects, sends, and the connection is closed while idle. The generator here opens
+  a connection per heartbeat and closes it after the answer: the same accept, handshake and close
+  per heartbeat (the agent's socket only lingers idle, which costs no CPU);
+- real report bodies: captured from a simulated DGX H100 agent (`podhealth agent --simulate`,
+  its /health: 126 results, ~24 KB), several captures a few seconds apart (live readings), with
+  each node's name and time filled in (`--report-source factory`: bench/benchlib.py's stand-in).
+
+Each fleet size gets its own aggregator (a subprocess, SQLite, dry-run fencer) and the peer,
+bench/aiohttp_floor.py (aiohttp on the same loop, reading the body and answering what the
+aggregator answers, nothing else, the same loop-lag probe), under the same mix in alternating
+windows: peer, aggregator, peer, aggregator, ..., peer (`--repeats` aggregator windows). First
+contact (every node's full report) goes over pooled connections: it is set-up, not measured.
+Printed per size: the rate asked and reached (the generator shares this machine's cores: where
+it cannot reach the agents' rate it says so, and the figures are at the rate it reached), CPU per
+heartbeat of each and their ratio (min/median/max over the windows, each against the mean of
+the peer windows beside it), the aggregator's share of a core, client p99 of both, event-loop
+stalls (podhealth_aggregator_loop_lag_seconds: how many over 50 ms, the longest), full GC
+pauses (podhealth_aggregator_gc_pause_seconds{generation="2"}) with `gc_freeze` on and, in a
+second aggregator, off, the nodes housekeeping visited per pass, and the load average.
+
+`--quick` (under 5 minutes): 10,000 nodes, 2 windows of 20 s, GC on/off at 10,000 nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from aggregator_scale import TOKEN, Load, Phase, run_phase  # noqa: E402
+from benchlib import REPO, Aggregator, FloorServer, ReportFactory, Template, free_ports, node_names, percentile, workdir  # noqa: E402
+
+LAG_STALL = 0.05  # an event-loop stall worth counting (issue 32: none over 50 ms)
+
+
+# ---- real report bodies -----------------------------------------------------------------------
+
+
+def capture_reports(wd: Path, count: int = 3, gap: float = 3.0, timeout: float = 90.0) -> list[bytes]:
+    """`count` /health bodies of a simulated DGX H100 agent, `gap` s apart (its live readings move)."""
+    port = free_ports(1)[0]
+    cfg = wd / "capture-agent.yml"
+    cfg.write_text(f"log: {{level: warning, format: json}}\npublish: {{spool_dir: {wd / 'spool'}}}\n")
+    log = open(wd / "capture-agent.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "podhealth", "agent", "--config", str(cfg), "--simulate",
+                             "dgx-h100", "--node", "capture01", "--sim-root", str(wd / "sim"),
+                             "--listen", f"127.0.0.1:{port}"],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                            cwd=REPO)
+    bodies: list[bytes] = []
+    try:
+        deadline = time.monotonic() + timeout
+        while len(bodies) < count:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the simulated agent gave no full report (see {wd / 'capture-agent.log'})")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    body = r.read()
+            except OSError:
+                body = b""
+            doc = json.loads(body) if body else {}
+            # A full judgement: every collector has reported (no start-up placeholders left).
+            if len(doc.get("results", ())) >= 100 and not any(x.get("status") == "UNKNOWN" for x in doc["results"]):
+                bodies.append(body)
+                time.sleep(gap)
+            else:
+                time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(15)
+        log.close()
+    return bodies
+
+
+def templates_of(bodies: list[bytes]) -> list[Template]:
+    """Each capture with its node name and times left open."""
+    out = []
+    for b in bodies:
+        doc = json.loads(b)
+        doc["node"] = ReportFactory.SLOT
+        doc["time"] = ReportFactory.SLOT
+        if "evaluated_at" in doc:
+            doc["evaluated_at"] = ReportFactory.SLOT
+        out.append(Template(doc, ReportFactory.SLOT))
+    return out
+
+
+def body_maker(templates: list[Template]) -> Callable[[str, float], bytes]:
+    rng = random.Random(32)
+
+    def body(node: str, t: float) -> bytes:
+        tpl = templates[rng.randrange(len(templates))]
+        return tpl.render([json.dumps(node)] + [repr(t)] * (tpl.slots - 1))
+    return body
+
+
+# ---- the aggregator's own figures (its /metrics) --------------------------------------------------
+
+
+@dataclass
+class Scrape:
+    lag_buckets: dict[float, float] = field(default_factory=dict)  # le -> cumulative count
+    lag_max: float = 0.0
+    gc2_buckets: dict[float, float] = field(default_factory=dict)
+    gc2_count: float = 0.0
+    visits: float = 0.0
+    passes: float = 0.0  # housekeeping passes are not counted by the aggregator: visits / windows' 5 s
+
+
+def scrape(url: str) -> Scrape:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    s = Scrape()
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if smp.name == "podhealth_aggregator_loop_lag_seconds_bucket":
+                s.lag_buckets[float(smp.labels["le"])] = smp.value
+            elif smp.name == "podhealth_aggregator_loop_lag_max_seconds":
+                s.lag_max = smp.value
+            elif smp.name == "podhealth_aggregator_gc_pause_seconds_bucket" and smp.labels.get("generation") == "2":
+                s.gc2_buckets[float(smp.labels["le"])] = smp.value
+            elif smp.name == "podhealth_aggregator_gc_pause_seconds_count" and smp.labels.get("generation") == "2":
+                s.gc2_count = smp.value
+            elif smp.name == "podhealth_aggregator_housekeeping_visits_total":
+                s.visits = smp.value
+    return s
+
+
+def over(before: dict[float, float], after: dict[float, float], bound: float) -> tuple[int, str]:
+    """Between two scrapes of a histogram: (observations above `bound`, the bucket the longest fell in)."""
+    delta = {le: after[le] - before.get(le, 0.0) for le in sorted(after)}
+    total = delta.get(float("inf"), 0.0)
+    if not total:
+        return 0, "none"
+    within = next((c for le, c in delta.items() if le >= bound), total)
+    le_max = next(le for le, c in delta.items() if c >= total)
+    return int(total - within), (f"<= {le_max * 1e3:g} ms" if le_max != float("inf") else "beyond the last bucket")
+
+
+# ---- one fleet size ---------------------------------------------------------------------------
+
+
+@dataclass
+class Window:
+    phase: Phase
+    lag_over: int = 0
+    lag_longest: str = ""
+    gc2: int = 0
+    gc2_longest: str = ""
+    visits: float = 0.0
+    load: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    @property
+    def per_beat_us(self) -> float:
+        return self.phase.cpu / self.phase.reports * 1e6 if self.phase.reports else float("nan")
+
+
+def settings(freeze: bool) -> dict[str, Any]:
+    return {"auth": {"cluster_token": TOKEN, "cluster_token_for_agents": True}, "learn_nodes": True,
+            "decide_interval": 1.0, "unreachable_after": 600.0,
+            # No node goes silent in the peer's windows, when this aggregator hears nothing.
+            "heartbeat_interval": 600.0,
+            "fencers": {"dryrun": {"enabled": True}}, "gc_freeze": freeze}
+
+
+async def aggregator_windows(args: argparse.Namespace, wd: Path, nodes: list[str], body: Callable[[str, float], bytes],
+                             freeze: bool, floor: FloorServer, windows: int) -> tuple[list[Window], list[Window], Scrape, Scrape]:
+    """An aggregator's first contact, then `windows` windows alternating with the peer's
+    (peer first and last). Returns (aggregator windows, peer windows, its scrapes at start and end)."""
+    agg_windows: list[Window] = []
+    floor_windows: list[Window] = []
+    with Aggregator(wd / f"agg-{len(nodes)}-{'freeze' if freeze else 'nofreeze'}", settings(freeze)) as agg:
+        start = scrape(agg.url)
+        async with Load(agg.url, nodes, args.concurrency, args.full_interval, body=body) as load, \
+                Load(floor.url, nodes, args.concurrency, args.full_interval, body=body,
+                     fresh_connections=True) as peer:
+            first = await run_phase(load, agg, "first contact", load.first_contact)  # type: ignore[arg-type]
+            print(f"  first contact: {first.reports} full reports in {first.wall:.1f} s (pooled connections)")
+            await load.reconnect(fresh_connections=True)
+            load.steady_state()
+            peer.steady_state(digest="0123456789abcdef")
+            await asyncio.sleep(6)  # a housekeeping pass after the load: the freeze, if on
+
+            async def floor_window() -> None:
+                ph = await run_phase(peer, floor, "peer", lambda p: peer.steady(p, args.interval, args.window, False))  # type: ignore[arg-type]
+                floor_windows.append(Window(ph, load=os.getloadavg()))
+
+            await floor_window()
+            for _ in range(windows):
+                s0 = scrape(agg.url)
+                ph = await run_phase(load, agg, "aggregator",
+                                     lambda p: load.steady(p, args.interval, args.window, False))
+                s1 = scrape(agg.url)
+                lag_n, lag_long = over(s0.lag_buckets, s1.lag_buckets, LAG_STALL)
+                gc_n = int(s1.gc2_count - s0.gc2_count)
+                _, gc_long = over(s0.gc2_buckets, s1.gc2_buckets, 0.0)
+                agg_windows.append(Window(ph, lag_n, lag_long, gc_n, gc_long, s1.visits - s0.visits, os.getloadavg()))
+                await floor_window()
+        end = scrape(agg.url)
+    return agg_windows, floor_windows, start, end
+
+
+def mmm(values: list[float], fmt: str = "{:.2f}") -> str:
+    if not values:
+        return "-"
+    return "/".join(fmt.format(v) for v in (min(values), statistics.median(values), max(values)))
+
+
+def report_size(args: argparse.Namespace, n: int, runs: dict[bool, tuple[list[Window], list[Window], Scrape, Scrape]]) -> None:
+    asked = n / args.interval
+    agg_w, floor_w, start, end = runs[True]
+    ratios = []
+    for i, w in enumerate(agg_w):  # against the mean of the peer windows on either side
+        peer_us = statistics.mean([floor_w[i].per_beat_us, floor_w[i + 1].per_beat_us])
+        ratios.append(w.per_beat_us / peer_us)
+    reached = [w.phase.reports / w.phase.wall for w in agg_w]
+    late = sum(w.phase.late for w in agg_w + floor_w)
+    share = [w.phase.cpu / w.phase.wall * 100 for w in agg_w]
+    p99a = [percentile(w.phase.latencies, 99) * 1e3 for w in agg_w]
+    p99f = [percentile(w.phase.latencies, 99) * 1e3 for w in floor_w]
+    gen = [w.phase.client_cpu / w.phase.wall * 100 for w in agg_w]
+    print(f"\n== {n:,} nodes, a heartbeat every {args.interval:g} s (full report every {args.full_interval:g} s), "
+          f"a fresh TCP connection per heartbeat")
+    print(f"  rate asked {asked:,.0f}/s; reached {mmm(reached, '{:,.0f}')}/s (min/median/max)"
+          + ("" if min(reached) >= 0.95 * asked else
+             f"  -- the load generator could not reach the agents' rate on this machine (it used "
+             f"{statistics.median(gen):.0f}% of a core; fell behind by {late} sends): figures are at the rate reached"))
+    print(f"  | figure | aggregator | peer (empty aiohttp handler) | ratio (min/median/max) |")
+    print(f"  |---|---|---|---|")
+    print(f"  | CPU per heartbeat | {mmm([w.per_beat_us for w in agg_w], '{:.0f}')} us | "
+          f"{mmm([w.per_beat_us for w in floor_w], '{:.0f}')} us | {mmm(ratios)}x (guard <= 1.5x) |")
+    print(f"  | share of one core | {mmm(share, '{:.1f}')}% | {mmm([w.phase.cpu / w.phase.wall * 100 for w in floor_w], '{:.1f}')}% | |")
+    print(f"  | client p99 | {mmm(p99a, '{:.1f}')} ms | {mmm(p99f, '{:.1f}')} ms | {mmm([a / b for a, b in zip(p99a, p99f)])}x |")
+    print(f"  | event-loop stalls > 50 ms | {sum(w.lag_over for w in agg_w)} in {len(agg_w)} windows; longest "
+          f"{', '.join(w.lag_longest for w in agg_w)}; since start {end.lag_max * 1e3:.0f} ms | | target: none |")
+    per_pass = [w.visits / max(1.0, w.phase.wall / 5.0) for w in agg_w]
+    print(f"  | housekeeping: nodes visited per pass (5 s) | {mmm(per_pass, '{:.0f}')} | | "
+          f"heartbeats per pass ~{asked * 5:,.0f} at the asked rate |")
+    off = runs.get(False)
+    gc_on = f"{end.gc2_count - start.gc2_count:.0f} full GCs over the run; in windows {sum(w.gc2 for w in agg_w)}, " \
+            f"longest {', '.join(w.gc2_longest for w in agg_w)}"
+    print(f"  | full GC pauses, gc_freeze on | {gc_on} | | |")
+    if off is not None:
+        o_agg, _, o_start, o_end = off
+        print(f"  | full GC pauses, gc_freeze off | {o_end.gc2_count - o_start.gc2_count:.0f} full GCs over the run; in "
+              f"windows {sum(w.gc2 for w in o_agg)}, longest {', '.join(w.gc2_longest for w in o_agg)} | | |")
+        print(f"  | CPU per heartbeat, gc_freeze off | {mmm([w.per_beat_us for w in o_agg], '{:.0f}')} us | | |")
+    loads = [w.load for w in agg_w + floor_w]
+    print(f"  load average (1 min) during the windows: {mmm([x[0] for x in loads])}; "
+          f"{os.cpu_count()} CPUs on this machine")
+
+
+async def run_size(args: argparse.Namespace, wd: Path, n: int, body: Callable[[str, float], bytes]) -> None:
+    nodes = node_names(n)
+    runs: dict[bool, tuple[list[Window], list[Window], Scrape, Scrape]] = {}
+    with FloorServer() as floor:
+        for freeze in ([True, False] if args.gc_off else [True]):
+            print(f"\n[{n:,} nodes, gc_freeze {'on' if freeze else 'off'}]")
+            runs[freeze] = await aggregator_windows(args, wd, nodes, body, freeze, floor,
+                                                    args.repeats if freeze else 1)
+    report_size(args, n, runs)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="10,000 nodes, 2 windows of 20 s (under 5 minutes)")
+    ap.add_argument("--nodes", type=int, action="append", help="fleet size (repeatable; default 10,000 and 100,000)")
+    ap.add_argument("--interval", type=float, default=30.0, help="seconds between heartbeats (publish.report_interval)")
+    ap.add_argument("--full-interval", type=float, default=300.0, help="publish.full_report_interval")
+    ap.add_argument("--window", type=float, default=30.0, help="seconds per measured window")
+    ap.add_argument("--repeats", type=int, default=3, help="aggregator windows per size (peer windows around each)")
+    ap.add_argument("--concurrency", type=int, default=512, help="heartbeats in flight at most")
+    ap.add_argument("--no-gc-off", dest="gc_off", action="store_false",
+                    help="skip the second aggregator with gc_freeze off")
+    ap.add_argument("--report-source", choices=("simulator", "factory"), default="simulator",
+                    help="full reports captured from a simulated agent (default) or benchlib's stand-in")
+    args = ap.parse_args()
+    if args.quick:
+        args.nodes, args.window, args.repeats = args.nodes or [10_000], 20.0, 2
+    args.nodes = args.nodes or [10_000, 100_000]
+    if min(args.nodes) < 1 or args.interval <= 0 or args.window <= 0 or args.repeats < 1:
+        ap.error("--nodes, --interval, --window and --repeats must be positive")
+    t0 = time.monotonic()
+    with workdir("ph-capacity-") as wd:
+        if args.report_source == "simulator":
+            bodies = capture_reports(wd)
+            body = body_maker(templates_of(bodies))
+            print(f"capacity: full reports from a simulated DGX H100 agent: {len(bodies)} captures, "
+                  f"{min(map(len, bodies)):,}-{max(map(len, bodies)):,} bytes")
+        else:
+            factory = ReportFactory()
+            tpl, rng = factory.live_template(), random.Random(3)
+            body = lambda node, t: tpl.render([json.dumps(node)] + factory.live_values(t, rng))  # noqa: E731
+            print("capacity: full reports from benchlib.ReportFactory (a stand-in)")
+        gc.collect()
+        gc.freeze()  # the generator's own full GCs would count as the aggregator's latency
+        for n in args.nodes:
+            asyncio.run(run_size(args, wd, n, body))
+    print(f"\nrun took {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
