@@ -88,7 +88,7 @@ class Metrics:
         self._results: dict[str, Any] = {}
 
     def observe_gc(self, generation: int, seconds: float) -> None:
-        """One collection's pause (gcwatch.Freezer's callback)."""
+        """One collection's pause (handed over by gcwatch.Freezer.drain)."""
         self._gc_children[min(2, max(0, generation))].observe(seconds)
 
     def observe_lag(self, seconds: float) -> None:

@@ -464,6 +464,7 @@ class Aggregator:
                     await self.sync_quota()
                 writer.write_nowait(mem.flush_seen())
                 self.freezer.after_load(len(mem.nodes))
+                self.freezer.drain()
                 if not self.acting() or not self._acting_tasks:
                     # a follower only ingests: the rest is the leader's, once its takeover has
                     # loaded the shared state (a follower's own memory is not the fleet's)

@@ -126,11 +126,14 @@ def test_the_freezer_freezes_after_a_large_load_and_observes_every_pause(unfroze
         assert f.after_load(MIN_GROWTH) and gc.get_freeze_count() > 0
         assert not f.after_load(MIN_GROWTH + 50), "grown by less than the threshold since"
         gc.collect()
+        assert pauses == [], "noted, handed over by drain()"
+        f.drain()
         assert any(g == 2 and s >= 0 for g, s in pauses), pauses
     finally:
         f.uninstall()
     n = len(pauses)
     gc.collect()
+    f.drain()
     assert len(pauses) == n, "uninstalled: no more callbacks"
     off = Freezer(False, lambda g, s: None)
     gc.unfreeze()
