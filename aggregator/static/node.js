@@ -323,6 +323,29 @@ async function loadLinks() {
   }
 }
 
+// The node's part in running jobs' straggler comparisons and its fail-slow probes (GET
+// /api/v1/failslow/*): a straggler is named here, with the job and its owner; WARN only.
+async function loadFailslow() {
+  const box = $("failslow");
+  try {
+    const [st, hist] = await Promise.all([getJSON("/api/v1/failslow/stragglers"),
+      getJSON(`/api/v1/failslow/nodes/${encodeURIComponent(NAME)}`)]);
+    clear(box);
+    for (const s of st.stragglers.filter((x) => x.node === NAME)) {
+      box.append(el("p", { className: "straggler", dataset: { job: s.job } },
+        `Likely straggler of job ${s.job} (${s.owner || "unknown owner"}): `,
+        `${s.gpu === null ? "the node" : `gpu${s.gpu}`}, ${s.reason} — ${s.detail}`));
+    }
+    if (hist.entities.length) {
+      box.append(el("p", {}, el("a", { href: `/ui/failslow?node=${encodeURIComponent(NAME)}`, text: "fail-slow probes" }),
+        ` (${hist.entities.length} figures against their cohorts)`));
+    }
+    box.hidden = !box.firstChild;
+  } catch (e) {
+    box.hidden = true; // fail-slow is extra: the page works without it
+  }
+}
+
 // ---- evidence bundles (admin token: they hold host names, serial numbers and kernel logs) ----------
 
 async function loadBundles() {
@@ -381,6 +404,7 @@ function main() {
   $("timeline-span").addEventListener("change", drawTimeline);
   load();
   loadLinks();
+  loadFailslow();
   loadBundles();
   openFeed({
     node: NAME,

@@ -83,4 +83,12 @@ def test_failslow_page_marks_the_outlier_and_names_the_straggler(tmp_path: Path,
         hist.wait_for()
         assert hist.locator("circle.outlier").count() == 1
         assert page.locator("#history tr[data-entity='gpu2'] circle.outlier").count() == 0
+        # the node page names the straggler too, with the job and its owner
+        page.goto(url + "/ui/node/dgx11")
+        named = page.locator("#failslow .straggler[data-job='4242']")
+        named.wait_for()
+        assert "job 4242 (alice)" in named.inner_text() and "gpu2, thermal" in named.inner_text()
+        page.goto(url + "/ui/node/dgx05")
+        page.locator("#failslow a").wait_for()  # probes, no straggler
+        assert page.locator("#failslow .straggler").count() == 0
         assert not errors, errors
