@@ -205,18 +205,20 @@ def itself() -> Board:
 def failslow() -> Board:
     """Fail-slow (docs/failslow.md): the aggregator's judgement of the agents' idle-time probes
     against their cohorts, and the stragglers it names inside running jobs. Every series is the
-    aggregator's (a node exports only its own figures; the cohort is the fleet's)."""
+    aggregator's (a node exports only its own figures; the cohort is the fleet's); $node filters the
+    findings (the node page links here for its node), not the cohorts."""
     b = Board("podhealth-failslow", "podhealth / Fail-slow", ["failslow"])
-    b.add("stat", "Fail-slow findings", [("count(podhealth_aggregator_failslow_finding_z) or vector(0)", "findings")],
+    b.add("stat", "Fail-slow findings", [('count(podhealth_aggregator_failslow_finding_z{node=~"$node"}) or vector(0)',
+                                          "findings")],
           w=6, h=4, desc="Parts (GPU, GPU pair, HCA) slower than their cohort or than their own past.")
-    b.add("stat", "Draining findings", [('count(podhealth_aggregator_failslow_finding_z{status="FAIL"}) or vector(0)',
-                                         "drain")], w=6, h=4,
+    b.add("stat", "Draining findings", [('count(podhealth_aggregator_failslow_finding_z{status="FAIL",node=~"$node"}) '
+                                         'or vector(0)', "drain")], w=6, h=4,
           desc="Findings past a metric's act_z for act_consecutive probes, where that metric's action is drain.")
     b.add("stat", "Job stragglers now", [("max(podhealth_aggregator_failslow_stragglers)", "stragglers")], w=6, h=4,
           desc="Likely stragglers named in running jobs (alert PodhealthJobStraggler names job and owner).")
     b.add("stat", "Jobs compared", [("max(podhealth_aggregator_failslow_jobs)", "jobs")], w=6, h=4)
     b.add("table", "Findings (robust z against the cohort)",
-          [("sort(podhealth_aggregator_failslow_finding_z)", "")], w=24, h=8,
+          [('sort(podhealth_aggregator_failslow_finding_z{node=~"$node"})', "")], w=24, h=8,
           desc="One row per finding: node, entity, metric, cohort (profile, driver) and its z. "
                "`podhealth fleet outliers` and the UI's fail-slow page add the figure and the part's history.",
           transformations=[{"id": "labelsToFields", "options": {}}])
@@ -226,7 +228,7 @@ def failslow() -> Board:
     b.add("timeseries", "Cohort sizes", [("podhealth_aggregator_failslow_cohort_size",
                                           "{{metric}} {{profile}} {{driver}} {{firmware}}")], w=12,
           desc="Entities with a fresh probe in each cohort; below failslow.judge.min_cohort nobody is judged.")
-    b.add("timeseries", "Findings by metric", [("count by (metric, status) (podhealth_aggregator_failslow_finding_z)",
+    b.add("timeseries", "Findings by metric", [('count by (metric, status) (podhealth_aggregator_failslow_finding_z{node=~"$node"})',
                                                 "{{metric}} {{status}}")], w=12)
     b.add("timeseries", "Stragglers and jobs", [("max(podhealth_aggregator_failslow_stragglers)", "stragglers"),
                                                 ("max(podhealth_aggregator_failslow_jobs)", "jobs compared")], w=12)

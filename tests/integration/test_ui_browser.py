@@ -472,7 +472,7 @@ def test_history_charts_over_a_day(tmp_path: Path, browser: Any, artifacts: Path
                                                             "XID / SXid"])
         link = page.locator('#links a[data-uid="podhealth-node"]')
         expect(link).to_have_attribute("href", f"{grafana}/d/podhealth-node?var-node=dgx03")
-        expect(page.locator("#links a")).to_have_count(6)
+        expect(page.locator("#links a")).to_have_count(7)  # every board with a node variable
         no_raw_epoch(page)
         page.screenshot(path=str(artifacts / "ui-history-node.png"), full_page=True)
         timeline.screenshot(path=str(artifacts / "ui-history-timeline.png"))
