@@ -24,9 +24,14 @@ _ENTITY = re.compile(r"^[A-Za-z0-9_.:/-]{1,64}$")
 _KEY = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")
+
+
 def parse(exit_code: int | None, stdout: bytes, problem: str = "", ran_as: str = "",
           duration: float = 0.0) -> ProgramReport:
-    text = stdout.decode("utf-8", "replace")
+    # Control characters (a colour escape, a carriage return) would reach logs, the UI and
+    # terminals verbatim: a script's words are shown, never interpreted.
+    text = _CONTROL.sub("", stdout.decode("utf-8", "replace"))
     summary, payload = "", None
     for line in text.splitlines():
         s = line.strip()
@@ -70,5 +75,6 @@ def _payload(line: str) -> tuple[str, str, tuple[tuple[str, str], ...], str]:
             if not _KEY.match(str(k)) or isinstance(v, (dict, list)):
                 bad.append(f"JSON line: evidence.{str(k)[:32]} must be a name with a scalar value (ignored)")
                 continue
-            items[str(k)] = "" if v is None else v if isinstance(v, (str, int, float)) else str(v)
+            items[str(k)] = "" if v is None else _CONTROL.sub("", v) if isinstance(v, str) else v \
+                if isinstance(v, (int, float)) else str(v)
     return entity, action.strip().upper(), evidence_of(**items), "; ".join(bad)

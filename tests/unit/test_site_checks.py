@@ -105,6 +105,11 @@ def test_parse_summary_and_json_line() -> None:
     assert r.problem == ""
 
 
+def test_parse_drops_control_characters() -> None:
+    r = site_parse.parse(1, b'\x1b[31mdisk\rfull\x07\n{"evidence": {"k": "a\\u001b[0mb"}}\n')
+    assert r.summary == "[31mdiskfull" and dict(r.evidence) == {"k": "a[0mb"}
+
+
 @pytest.mark.parametrize("line, problem", [
     ('{"entity": "gpu3"', "not valid JSON"),
     ('{"entity": "gpu 3; rm"}', "entity must be"),
