@@ -153,11 +153,14 @@ def collector_seams(cfg: "Config", seams: Mapping[str, Mapping[str, Any]] | None
 
 def of_config(cfg: "Config", profile_file: str | Path | None = None) -> Profile:
     """The profile a node is judged against: `checks.profile_file` (a site profile that `extends`
-    a shipped one, checks/site_profile.py) or `node.profile`, then `checks.overrides` on top.
+    a shipped one, checks/site_profile.py) or `node.profile`, then `checks.overrides` on top, then
+    the site's `checks.policy.thresholds` (checks/policy.py).
     `profile_file` (a CLI flag) wins over the config's. Errors name file, line and key."""
+    from podhealth.checks import policy
+
     path = profile_file or cfg.checks.profile_file
     if not path:
-        return load(cfg.node.profile, cfg.checks.overrides)
+        return policy.apply(load(cfg.node.profile, cfg.checks.overrides), cfg.checks.policy)
     from podhealth.checks import site_profile
 
-    return site_profile.load(Path(path), cfg.checks.overrides)
+    return policy.apply(site_profile.load(Path(path), cfg.checks.overrides), cfg.checks.policy)

@@ -22,6 +22,7 @@ from podhealth.checks.passive.context import Context, observe_counters
 from podhealth.checks.passive.damping import Damper
 from podhealth.checks.passive.grace import GraceClock
 from podhealth.checks.passive.ib_links import LinkTracker
+from podhealth.checks import policy as site_policy
 from podhealth.checks.profiles import Profile
 from podhealth.checks.passive.rates import RateTracker
 from podhealth.checks.passive.rules import DampRule, Rules, RulesError
@@ -131,11 +132,9 @@ class Evaluator:
                  enabled: Sequence[str] | None = None, keep_events: int = 1024) -> None:
         # The site's thresholds (checks.policy.thresholds) over the profile's; the profile without
         # them is kept to tell which verdicts they changed (_judge says so in the evidence).
-        self.base_profile = profile
-        self.site_thresholds = {k: float(v) for k, v in cfg.policy.thresholds.items()
-                                if k not in profile.thresholds or float(profile.thresholds[k]) != float(v)}
-        self.profile = dataclasses.replace(profile, thresholds={**profile.thresholds, **self.site_thresholds}) \
-            if self.site_thresholds else profile
+        self.profile = site_policy.apply(profile, cfg.policy)  # as profiles.of_config gives it (idempotent)
+        self.base_profile = site_policy.base(self.profile)
+        self.site_thresholds = dict(site_policy.site_values(self.profile))
         self.cfg = cfg
         self.checks: dict[str, CheckDef] = {**CHECKS, **site_checks(cfg)}
         self.rates = RateTracker(cfg.rate_window)

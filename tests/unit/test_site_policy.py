@@ -190,3 +190,17 @@ def test_config_show_effective(tmp_path: Path) -> None:
     f.write_text("checks:\n  policy:\n    xid:\n      9999: {fence: never}\n")
     bad = podhealth("config", "show", "--effective", str(f))
     assert bad.returncode == 2 and "site.yaml:4: checks.policy.xid.9999" in bad.stderr and bad.stdout == ""
+
+
+def test_site_thresholds_reach_every_user_of_the_profile() -> None:
+    from podhealth.checks import policy as site_policy
+    cfg = config.loads("checks:\n  policy:\n    thresholds: {nccl_allreduce_busbw_gbps: 250, gpu_temp_warn_c: 80}\n")
+    prof = profiles.of_config(cfg)  # what burn-in, NCCL and the agent's limits read
+    assert prof.threshold("nccl_allreduce_busbw_gbps") == 250.0 and prof.thresholds["gpu_temp_warn_c"] == 80.0
+    assert site_policy.base(prof).thresholds["gpu_temp_warn_c"] == 85
+    assert site_policy.apply(prof, cfg.checks.policy) == prof  # applying twice changes nothing
+    assert dict(site_policy.site_values(prof)) == {"nccl_allreduce_busbw_gbps": 250.0, "gpu_temp_warn_c": 80.0}
+    # the Evaluator given of_config's profile still names what the site changed
+    ev = Evaluator(prof, cfg.checks, enabled=["nvml"])
+    [r] = [r for r in ev.evaluate(temps(82), 1000.0, damped=False, only=["temperature"]) if r.entity == "gpu0"]
+    assert r.status is Status.WARN and dict(r.evidence)["policy"] == "checks.policy.thresholds: gpu_temp_warn_c=80 (profile 85)"
