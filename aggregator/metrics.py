@@ -80,6 +80,9 @@ class Metrics:
         self.loop_lag = Histogram(P + "loop_lag_seconds", "How late the event loop ran a 50 ms timer: a stall (a\n"
                                   "long handler, a GC pause) shows here, as every request in flight waits for it.",
                                   buckets=LAG_BUCKETS, registry=r)
+        self.loop_busy = Histogram(P + "loop_busy_seconds", "Of each loop lag, the part the loop spent running (its own\n"
+                                   "work: a long handler, a GC pause), not waiting for a CPU (a loaded machine).",
+                                   buckets=LAG_BUCKETS, registry=r)
         self.loop_lag_max = Gauge(P + "loop_lag_max_seconds", "The longest event-loop lag seen since the start.",
                                   registry=r)
         self._lag_max = 0.0
@@ -91,9 +94,10 @@ class Metrics:
         """One collection's pause (handed over by gcwatch.Freezer.drain)."""
         self._gc_children[min(2, max(0, generation))].observe(seconds)
 
-    def observe_lag(self, seconds: float) -> None:
-        """One look of the loop-lag probe (looplag.LagProbe)."""
+    def observe_lag(self, seconds: float, busy: float) -> None:
+        """One look of the loop-lag probe (looplag.probe)."""
         self.loop_lag.observe(seconds)
+        self.loop_busy.observe(busy)
         if seconds > self._lag_max:
             self._lag_max = seconds
             self.loop_lag_max.set(seconds)

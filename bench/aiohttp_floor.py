@@ -39,7 +39,7 @@ async def main(port: int) -> None:
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     # The aggregator's loop-lag probe, so the peer pays its (small) cost too.
-    probe = asyncio.create_task(looplag.probe(lambda late: None))
+    probe = asyncio.create_task(looplag.probe(lambda late, busy: None))
     try:
         await asyncio.Event().wait()
     finally:

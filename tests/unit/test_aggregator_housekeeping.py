@@ -141,16 +141,22 @@ def test_the_freezer_freezes_after_a_large_load_and_observes_every_pause(unfroze
 
 
 async def test_the_lag_probe_sees_a_stall_of_the_loop() -> None:
-    seen: list[float] = []
-    task = asyncio.create_task(looplag.probe(seen.append, period=0.01))
+    seen: list[tuple[float, float]] = []
+    task = asyncio.create_task(looplag.probe(lambda late, busy: seen.append((late, busy)), period=0.01))
     try:
         while not seen:
             await asyncio.sleep(0.005)
-        time.sleep(0.2)  # a stall: the loop runs nothing else meanwhile  # noqa: ASYNC101
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.2:  # a stall of the loop's own work: 0.2 s of CPU
+            pass
         n = len(seen)
         while len(seen) == n:
             await asyncio.sleep(0.005)
-        assert max(seen) >= 0.15  # a lower bound: a slower machine only adds to it
+        late, busy = max(seen)
+        # Lower bounds: a slower or loaded machine only adds to the lag, and the busy part is at
+        # least the CPU the loop spent.
+        assert late >= 0.15 and busy >= 0.15
+        assert all(b <= lt for lt, b in seen)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
