@@ -256,8 +256,10 @@ def report_size(args: argparse.Namespace, n: int, runs: dict[bool, tuple[list[Wi
           f"a fresh TCP connection per heartbeat")
     print(f"  rate asked {asked:,.0f}/s; reached {mmm(reached, '{:,.0f}')}/s (min/median/max)"
           + ("" if min(reached) >= 0.95 * asked else
-             f"  -- the load generator could not reach the agents' rate on this machine (it used "
-             f"{statistics.median(gen):.0f}% of a core; fell behind by {late} sends): figures are at the rate reached"))
+             f"  -- NOT the agents' rate: the load generator could not reach it on this machine (load average "
+             f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; the generator used {statistics.median(gen):.0f}% of "
+             f"a core, {args.concurrency} heartbeats in flight at most, fell behind by {late} sends): the figures are "
+             f"at the rate reached"))
     print(f"  | figure | aggregator | peer (empty aiohttp handler) | ratio (min/median/max) |")
     print(f"  |---|---|---|---|")
     print(f"  | CPU per heartbeat | {mmm([w.per_beat_us for w in agg_w], '{:.0f}')} us | "
