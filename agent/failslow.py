@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import ssl
 import sys
 import time
 from dataclasses import dataclass
@@ -183,7 +184,8 @@ class FailslowSink(Sink):
 
     def __init__(self, cfg: FailslowProbeConfig, publish: PublishConfig, node: str, profile: str, *,
                  probe: Callable[[], Any] | None = None, clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None, temp_limit_c: float = 90.0) -> None:
+                 rng: random.Random | None = None, temp_limit_c: float = 90.0,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.cfg, self.node, self.profile = cfg, node, profile
         self._probe = probe or (lambda: run_perfprobe(profile, cfg.budget))
         self._clock = clock
@@ -196,7 +198,7 @@ class FailslowSink(Sink):
         self._poster: Heartbeat | None = None
         if publish.urls():
             # The heartbeat's one way to POST to the aggregator replicas (token, timeout, failover).
-            self._poster = Heartbeat(publish)
+            self._poster = Heartbeat(publish, tls=tls)
             self._poster.replicas = Replicas(publish.urls(), "/v1/perf")
         self.latest: tuple[tuple[str, str, float, str], ...] = ()
         self.passive = PassiveWindow(temp_limit_c)

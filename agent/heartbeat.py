@@ -23,6 +23,7 @@ start() to stop(), skipping the beats before the first judgement (`report()` is 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import json
 import time
 from dataclasses import dataclass
@@ -72,10 +73,13 @@ class Heartbeat(Sink):
 
     def __init__(self, cfg: PublishConfig, clock: Callable[[], float] = time.monotonic,
                  sequencer: Sequencer | None = None,
-                 report: Callable[[], NodeReport | None] | None = None) -> None:
+                 report: Callable[[], NodeReport | None] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         """`report`: the node's report now (None before the first judgement); without it start()
-        only opens the session and the caller sends (tests)."""
+        only opens the session and the caller sends (tests). `tls`: how https:// aggregators are
+        verified, and this node's client certificate (core/tls.py; None: the system's trust store)."""
         self.cfg = cfg
+        self.tls = tls
         self._report = report
         self._task: asyncio.Task[None] | None = None
         self.sequencer = sequencer  # the publisher's: heartbeats and spooled records share one order
@@ -89,7 +93,7 @@ class Heartbeat(Sink):
         self._failing = False
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession()
+        self._session = session(self.tls)
         if self._report is not None:
             self._task = asyncio.get_running_loop().create_task(self._beat(self._report), name="report-heartbeat")
 
@@ -201,3 +205,10 @@ class Heartbeat(Sink):
     def url(self, value: str) -> None:
         """One full URL to push to (tests point an existing object at a server they started)."""
         self.replicas = Replicas([value], "")
+
+
+def session(tls: ssl.SSLContext | None) -> aiohttp.ClientSession:
+    """A client session to the aggregator: https:// verified with `tls` (or the system's store)."""
+    if tls is None:
+        return aiohttp.ClientSession()
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls))

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import random
+import ssl
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ import aiohttp
 
 from podhealth import log as plog
 from podhealth.agent.failover import Replicas
+from podhealth.agent.heartbeat import session
 from podhealth.agent.metrics.family import Family
 from podhealth.agent.sequence import Sequencer
 from podhealth.agent.sink import Sink
@@ -98,8 +100,12 @@ class Publisher(Sink):
     def __init__(self, cfg: PublishConfig, node: str, *, fsync_batch: float = 0.05,
                  max_backoff: float = 30.0, sequencer: Sequencer | None = None,
                  spool_opener: Opener | None = None,
-                 report: Callable[[], NodeReport | None] | None = None) -> None:
+                 report: Callable[[], NodeReport | None] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
+        """`tls`: how https:// aggregators are verified, and this node's client certificate
+        (core/tls.py; None: the system's trust store)."""
         self.cfg = cfg
+        self.tls = tls
         self._report = report
         self._report_timer: asyncio.TimerHandle | None = None
         self.node = node
@@ -154,7 +160,7 @@ class Publisher(Sink):
         if self.stats.repaired:
             log.warning("spool: half-written files from an earlier run cut back or removed",
                         files=self.stats.repaired, dir=str(root))
-        self._session = aiohttp.ClientSession()
+        self._session = session(self.tls)
         self._running = True
         self._work.set()  # whatever an earlier run left behind
         self._tasks = [asyncio.create_task(self._flusher(), name="publisher-flush"),

@@ -6,7 +6,8 @@ the handover endpoint) and adds the sinks `build_sinks` makes from config (agent
   aggregator, spooled on disk while it is away) and the heartbeat (the node's report every
   interval, as a small lease while nothing changed), when `publish` names an aggregator;
 - the InfluxDB v2 export (each collector's fresh samples, once per collection), when
-  `exporters.influxdb.enabled`.
+  `exporters.influxdb.enabled`;
+- the re-reading of the node's TLS files (SIGHUP, or when they change), when `tls` names any.
 Each sink gets only what it needs: its config section, the node name, and a function that
 reads the node report or the metric specs. The agent starts, feeds and stops them.
 """
@@ -21,6 +22,7 @@ from podhealth import log
 from podhealth.agent import health
 from podhealth.agent.sink import Sink
 from podhealth.config import Config
+from podhealth.tls import ClientTls, Watch
 from podhealth.vocab import MetricSpec, NodeReport
 
 if TYPE_CHECKING:
@@ -45,8 +47,12 @@ def build_sinks(cfg: Config, node: str, *, report: ReportFn, specs: SpecsFn,
 
         pcfg = dataclasses.replace(cfg.publish, spool_dir=spool_dir) if spool_dir is not None else cfg.publish
         seq = Sequencer(cfg.paths.procfs_root)  # shared: heartbeats and spooled records in one order
-        sinks.append(Publisher(pcfg, node, sequencer=seq, report=report))
-        sinks.append(Heartbeat(pcfg, sequencer=seq, report=report))
+        tls = client_tls(cfg)
+        ctx = tls.context if tls is not None else None
+        sinks.append(Publisher(pcfg, node, sequencer=seq, report=report, tls=ctx))
+        sinks.append(Heartbeat(pcfg, sequencer=seq, report=report, tls=ctx))
+        if tls is not None:
+            sinks.append(TlsReload(Watch([tls])))
         _log.info("pushing verdicts and events", aggregator=",".join(cfg.publish.urls()), spool=str(pcfg.spool_dir))
     if cfg.exporters.influxdb.enabled:
         from podhealth.extras import MissingExtra, require
@@ -74,7 +80,29 @@ def failslow_sink(cfg: Config, node: str, seam: Mapping[str, Any]) -> Sink | Non
 
     probe = probe_from(seam["probe"]) if "probe" in seam else None
     limit = float(profiles.of_config(cfg).thresholds.get("gpu_temp_fail_c", 90.0))
-    return FailslowSink(cfg.failslow, cfg.publish, node, cfg.node.profile, probe=probe, temp_limit_c=limit)
+    tls = client_tls(cfg)
+    return FailslowSink(cfg.failslow, cfg.publish, node, cfg.node.profile, probe=probe, temp_limit_c=limit,
+                        tls=tls.context if tls is not None else None)
+
+
+def client_tls(cfg: Config) -> ClientTls | None:
+    """The node's TLS to the aggregator, when its config names a CA or a client certificate."""
+    return ClientTls(cfg.tls) if (cfg.tls.ca or cfg.tls.cert) else None
+
+
+class TlsReload(Sink):
+    """Re-reads the node's TLS files on SIGHUP or change while the agent runs (core/tls.py)."""
+
+    name = "tls"
+
+    def __init__(self, watch: Watch) -> None:
+        self.watch = watch
+
+    async def start(self) -> None:
+        self.watch.start()
+
+    async def stop(self) -> None:
+        await self.watch.stop()
 
 
 def install(agent: "Agent", spool_dir: Path | None = None) -> health.Health:

@@ -13,6 +13,7 @@ import argparse
 import getpass
 import json
 import os
+import ssl
 import sys
 import time
 import urllib.error
@@ -20,7 +21,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from podhealth import cliconfig, config, credentials
+from podhealth import cliconfig, config, credentials, tls
 from podhealth.config_failslow import SHORT
 from podhealth.exitcodes import EXIT_FAIL, EXIT_UNKNOWN
 
@@ -153,10 +154,31 @@ def _target(args: argparse.Namespace) -> tuple[str, str]:
         if cfg is not None:
             listen = cfg.aggregator.listen
             host = "127.0.0.1" if listen.address in ("0.0.0.0", "::", "") else listen.address
-            url = url or f"http://{host}:{listen.port}"
+            scheme = "https" if cfg.aggregator.tls.enabled else "http"
+            url = url or f"{scheme}://{host}:{listen.port}"
             auth = cfg.aggregator.auth  # admin_token_file too: the shipped configs keep the token in a file
             token = token or credentials.read_secret(auth.admin_token, auth.admin_token_file, "PODHEALTH_ADMIN_TOKEN")
     return (url or "http://127.0.0.1:9420").rstrip("/"), token or ""
+
+
+def _tls(args: argparse.Namespace, url: str) -> ssl.SSLContext | None:
+    """How an https:// aggregator is verified: $PODHEALTH_TLS_CA, else the config's tls.ca (or its
+    aggregator.tls.ca: on the aggregator's host one site CA signs both), else the system's store.
+    Never unverified: the admin token goes only to an aggregator that proved itself."""
+    if not url.startswith("https://"):
+        return None
+    cfg = config.load(args.config) if args.config else None
+    if cfg is None:
+        return tls.cli_context()
+    return tls.cli_context(cfg.tls.ca or cfg.aggregator.tls.ca, cfg.tls.cert, cfg.tls.key)
+
+
+def _open(args: argparse.Namespace, req: urllib.request.Request, url: str) -> Any:
+    try:
+        ctx = _tls(args, url)
+    except (OSError, ssl.SSLError) as e:
+        raise Undecided(f"cannot load the TLS files to verify {url}: {getattr(e, 'strerror', None) or e}") from None
+    return urllib.request.urlopen(req, timeout=args.timeout, context=ctx)
 
 
 def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None,
@@ -173,7 +195,7 @@ def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any]
         headers["Authorization"] = f"Bearer {token}"
     req = urllib.request.Request(url + path, data=data, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=args.timeout) as r:
+        with _open(args, req, url) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as e:
         raise _http_error(method, path, e) from None
@@ -415,7 +437,7 @@ def _fetch(args: argparse.Namespace, path: str) -> tuple[bytes, dict[str, str]]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     req = urllib.request.Request(url + path, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=args.timeout) as r:
+        with _open(args, req, url) as r:
             return r.read(), dict(r.headers)
     except urllib.error.HTTPError as e:
         raise _http_error("GET", path, e) from None

@@ -44,7 +44,9 @@ async def start_http(agg: Aggregator, limits: ConnLimits) -> web.AppRunner:
         else:
             refusals.emit("warning", "http refused client", "HTTP connection refused: the client holds its share",
                           client=client, open=open_now, per_client=limits.client_cap(cfg.listen.address))
-    site = GuardedSite(runner, cfg.listen.address, cfg.listen.port, limits, refused, reuse_address=True)
+    ssl_context = agg.tls.context if agg.tls is not None else None
+    site = GuardedSite(runner, cfg.listen.address, cfg.listen.port, limits, refused, reuse_address=True,
+                       ssl_context=ssl_context)
     try:
         await site.start()
     except OSError:
@@ -72,6 +74,7 @@ async def serve(cfg: AggregatorConfig) -> int:
         log.error("cannot listen", address=cfg.listen.address, port=cfg.listen.port, error=str(e))
         return 2
     log.info("aggregator listening", addresses=[f"{a[0]}:{a[1]}" for a in runner.addresses], dry_run=cfg.dry_run,
+             tls=("off" if agg.tls is None else f"on, client certificates {cfg.tls.client_certs}"),
              fencers=[f.name for f in agg.fencers], event_loop=aioloop.running_loop_name())
     if not cfg.auth.configured():
         log.warning("ingest is unauthenticated (loopback only, nothing fences): set aggregator.auth.cluster_secret")

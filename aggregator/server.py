@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable, Sequence
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from podhealth import bodycoding, bodyread
+from podhealth import bodycoding, bodyread, tls
 from podhealth.aggregator import bundles, ingest, overrides, versions
 from podhealth.hostnames import node_name_problem
 from podhealth.vocab import Status
@@ -108,8 +108,24 @@ _ONE = {r: _answer(ingest.Applied(**{r: 1}).to_json()) for r in ("applied", "unc
 
 def _check_node(agg: Aggregator, request: web.Request, node: str, bound: Speaker) -> None:
     request.app[AUTH].check_node(bound, node)
+    _certified(agg, request, node)
     if node not in agg.mem.nodes and not agg.cfg.learn_nodes:
         raise _Reject(403, "forbidden", f"unknown node {node} (learn_nodes is off)")
+
+
+def _certified(agg: Aggregator, request: web.Request, node: str) -> None:
+    """With tls.client_certs on, a push for `node` comes over a connection whose client
+    certificate (verified against tls.ca in the handshake) names `node`: a stolen token alone
+    no longer speaks for a node."""
+    if agg.cfg.tls.client_certs == "off":
+        return
+    transport = request.transport
+    names = tls.peer_names(transport.get_extra_info("peercert") if transport is not None else None)
+    if not names:
+        raise _Reject(401, "unauthorized", "a client certificate signed by the aggregator's tls.ca is needed "
+                                           "(tls.client_certs); none was presented")
+    if node not in names:
+        raise _Reject(403, "forbidden", f"the client certificate is for {', '.join(sorted(names))[:200]}, not {node}")
 
 
 async def _commit(agg: Aggregator, ops: list[Any], new_ids: Sequence[str] = (),
@@ -148,6 +164,7 @@ def _reports_endpoint(agg: Aggregator, auth: Auth) -> Handler:
                 raise _Reject(400, "bad_request", str(e)) from None
             node = rep.node
             auth.check_node(bound, node)
+            _certified(agg, request, node)
             mem = agg.mem
             if not learn and node not in mem.nodes:
                 raise _Reject(403, "forbidden", f"unknown node {node} (learn_nodes is off)")

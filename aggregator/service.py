@@ -36,6 +36,7 @@ from podhealth.aggregator.metrics import Metrics
 from podhealth.aggregator.model import LADDER_STEPS, BreakerState, Decision, FenceMode, FleetState, Silence
 from podhealth.aggregator.policy import Policy, decide
 from podhealth.aggregator.quota import NodeQuota
+from podhealth.tls import ServerTls, Watch, client_context
 from podhealth.aggregator.leader import Leadership
 from podhealth.aggregator.lease import FileLease, LeaseInfo, PgLease, holder_name
 from podhealth.aggregator.reconcile import Reconciler
@@ -147,6 +148,9 @@ class Aggregator:
         self.store = store
         # What one node may push (rate, stored bytes): server.py asks before applying.
         self.quota = NodeQuota(cfg.node_ingest, mono)
+        # HTTPS on the listener (serve.py), its files re-read on SIGHUP or change (core/tls.py).
+        self.tls: ServerTls | None = ServerTls(cfg.tls) if cfg.tls.enabled else None
+        self.tls_watch = Watch([self.tls] if self.tls is not None else [])
         self.writer = writer
         self.session = session
         self.lease = lease
@@ -217,7 +221,9 @@ class Aggregator:
                 ops += mem.configure_node(n.name, n.agent_url, n.slurm_name, n.k8s_name, n.partition, now)
             await writer.write(ops + fleet_sample_ops(cfg, mem, now))  # the fleet chart starts at the start
             silences = {(s.node, s.check): s for s in loaded.silences}
-            session = aiohttp.ClientSession()
+            # Agents asked over https:// (agent_url) are verified against tls.ca (else the system's store).
+            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_context(cfg.tls.ca))) \
+                if cfg.tls.ca else aiohttp.ClientSession()
             try:
                 return cls(cfg, fs, store, writer, mem, silences, session, lease, lease_info, loaded.pending,
                            clock=clock, mono=mono, started_at=now)
@@ -263,6 +269,7 @@ class Aggregator:
     async def start(self) -> None:
         self._running = True
         await self.sync_quota()
+        self.tls_watch.start()
         fencer_names = ", ".join(f.name for f in self.fencers)
         log.info("aggregator starting", db=self.store.where, nodes=len(self.mem.nodes), fencers=fencer_names,
                  dry_run=self.cfg.dry_run, pending=len(self._loaded_pending), replica=self.leadership is not None)
@@ -362,6 +369,7 @@ class Aggregator:
         self._tasks, self._acting_tasks = [], []
         if self.leadership is not None:
             await self.leadership.release()
+        await self.tls_watch.stop()
         self.writer.write_nowait(self.mem.flush_seen())
         self.freezer.uninstall()
         await self.writer.stop()

@@ -16,6 +16,7 @@ from podhealth.config_aggregator import AggregatorConfig
 from podhealth.config_failslow import FailslowProbeConfig
 from podhealth.config_listen import ListenConfig
 from podhealth.config_policy import SITE_NAME, PolicyConfig, SiteCheckConfig
+from podhealth.config_tls import AgentTlsConfig
 from podhealth.configload import (
     AbsPath, ConfigError, Ge, Gt, Le, Percent, Port, Seconds, doc, load_file, load_text,
     render_default,
@@ -369,6 +370,9 @@ class Config:
     failslow: FailslowProbeConfig = doc("Fail-slow probes on an idle node, judged by the aggregator (docs/failslow.md).",
                                         factory=FailslowProbeConfig)
     auth: AuthConfig = doc("Agent API authentication.", factory=AuthConfig)
+    tls: AgentTlsConfig = doc(
+        "TLS to the aggregator (https:// in publish.aggregator_url / aggregators): the CA that verifies\n"
+        "it, and this node's client certificate (docs/security.md, TLS).", factory=AgentTlsConfig)
     gpu_reset: GpuResetConfig = doc("POST /v1/gpu-reset: how this node resets one GPU.", factory=GpuResetConfig)
     aggregator: AggregatorConfig = doc("The central aggregator (podhealth aggregator).", factory=AggregatorConfig)
 

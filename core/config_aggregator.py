@@ -20,6 +20,7 @@ from podhealth.hostnames import node_name_problem
 from podhealth.config_failslow import FailslowAggConfig
 from podhealth.config_federation import FederationConfig
 from podhealth.config_listen import ListenConfig
+from podhealth.config_tls import ServerTlsConfig
 from podhealth.netaddr import is_loopback_address
 from podhealth.configload import AbsPath, Ge, Gt, NonEmpty, Percent, Seconds, doc
 
@@ -356,6 +357,9 @@ class AggregatorConfig:
         "HTTP server (ingest, API, /metrics). An address but loopback needs credentials under `auth`\n"
         "(cluster_secret, node_tokens or cluster_token): without them ingest is anonymous.",
         factory=lambda: ListenConfig("127.0.0.1", 9420))
+    tls: ServerTlsConfig = doc(
+        "HTTPS on the listener (cert, key), and client certificates from agents (ca, client_certs);\n"
+        "docs/security.md, TLS.", factory=ServerTlsConfig)
     allowed_hosts: tuple[str, ...] = doc(
         "Host names besides loopback ones that a loopback-bound aggregator answers (a reverse proxy\n"
         "on this host that passes its own name). Bound to loopback, every read (UI, API, /metrics)\n"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -110,17 +111,20 @@ class _Watchdog:
 def exchange(method: str, url: str, *, deadline_s: float, body: bytes = b"",
              headers: Mapping[str, str] | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
              on_line: Callable[[bytes], None] | None = None,
-             connection: Callable[[str, str, int, float], http.client.HTTPConnection] | None = None) -> Reply:
+             connection: Callable[[str, str, int, float], http.client.HTTPConnection] | None = None,
+             tls: ssl.SSLContext | None = None) -> Reply:
     """One HTTP exchange finished within `deadline_s` seconds, or an ExchangeError.
 
     `on_line`: the body is a stream of lines (NDJSON): each complete line goes to it as it
     arrives (progress while a handover suite runs); the Reply's body still holds them all (up
-    to `max_bytes`). `connection(scheme, host, port, timeout)` builds the connection (TLS).
+    to `max_bytes`). `connection(scheme, host, port, timeout)` builds the connection; `tls`
+    verifies an https:// server (core/tls.py: client_context, cli_context; default: the
+    system's trust store, never unverified).
     """
     scheme, host, port, path = _target(url)
     start = time.monotonic()
     end = start + deadline_s
-    make = connection or _plain_connection
+    make = connection or (lambda sc, h, p, t: _plain_connection(sc, h, p, t, tls))
     conn = make(scheme, host, port, max(0.001, deadline_s))
     try:
         # Connect first (bounded by the socket timeout), so the watchdog always has a socket to shut.
@@ -153,9 +157,10 @@ def exchange(method: str, url: str, *, deadline_s: float, body: bytes = b"",
         conn.close()
 
 
-def _plain_connection(scheme: str, host: str, port: int, timeout: float) -> http.client.HTTPConnection:
+def _plain_connection(scheme: str, host: str, port: int, timeout: float,
+                      tls: ssl.SSLContext | None = None) -> http.client.HTTPConnection:
     if scheme == "https":
-        return http.client.HTTPSConnection(host, port, timeout=timeout)
+        return http.client.HTTPSConnection(host, port, timeout=timeout, context=tls)
     return http.client.HTTPConnection(host, port, timeout=timeout)
 
 

@@ -16,7 +16,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, Callable
 
-from podhealth import cliconfig
+from podhealth import cliconfig, tls
 from podhealth import config as config_mod
 from podhealth.credentials import CredentialError
 from podhealth.checks.handover.report import EXIT_UNKNOWN, SuiteReport, render
@@ -99,18 +99,22 @@ def agent_url(cfg: Config, node: str, aggregator: str = "", token: str = "") -> 
     if node in cfg.checks.agents:
         return cfg.checks.agents[node]
     if aggregator:
-        found = _agent_url_from_aggregator(aggregator, node, token)
+        found = _agent_url_from_aggregator(aggregator, node, token, cfg)
         if found:
             return found
     return f"http://{node}:{cfg.checks.agent_port}"
 
 
-def _agent_url_from_aggregator(base: str, node: str, token: str) -> str:
+def _agent_url_from_aggregator(base: str, node: str, token: str, cfg: Config | None = None) -> str:
     url = f"{base.rstrip('/')}/api/v1/nodes/{urllib.parse.quote(node)}"
     req = urllib.request.Request(url, headers={"Accept": "application/json",
                                                **({"Authorization": f"Bearer {token}"} if token else {})})
     try:
-        with urllib.request.urlopen(req, timeout=5.0) as r:
+        # https:// is verified (the config's tls.ca, $PODHEALTH_TLS_CA, else the system's store).
+        ctx = None
+        if url.startswith("https://"):
+            ctx = tls.cli_context(cfg.tls.ca, cfg.tls.cert, cfg.tls.key) if cfg is not None else tls.cli_context()
+        with urllib.request.urlopen(req, timeout=5.0, context=ctx) as r:
             return str(json.loads(r.read(1 << 20)).get("agent_url") or "")
     except urllib.error.HTTPError as e:
         if e.code == 404:
