@@ -144,8 +144,8 @@ class Publisher(Sink):
 
     @property
     def in_memory(self) -> int:
-        """Records waiting in memory (not on disk, not delivered)."""
-        return sum(len(m.lines) for m in self._mem.values())
+        """Records waiting in memory (not on disk, not delivered), those being sent included."""
+        return sum(len(m.lines) + m.inflight for m in self._mem.values())
 
     # -- lifecycle --
 
@@ -465,6 +465,7 @@ class Publisher(Sink):
             if mem.lines and not mem.busy and (self.stats.spool_failing or self._stopping or not disk_ok):
                 lines = mem.take(BATCH_RECORDS, self._batch_bytes)
                 mem.busy = True
+                mem.inflight = len(lines)
                 self._note_memory()
                 return [json.loads(x) for x in lines], self._settle_memory(lane, lines)
         await self._measure()
@@ -481,7 +482,7 @@ class Publisher(Sink):
     def _settle_memory(self, lane: Lane, lines: list[bytes]) -> Callable[[bool], Awaitable[None]]:
         async def settle(ok: bool) -> None:
             mem = self._mem[lane]
-            mem.busy = False
+            mem.busy, mem.inflight = False, 0
             if not ok:
                 mem.put_back(lines)
                 self._fold(lane)

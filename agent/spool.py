@@ -118,7 +118,8 @@ class MemoryLane:
     max_bytes: int
     lines: list[bytes] = field(default_factory=list)
     nbytes: int = 0
-    busy: bool = False  # a batch of this lane is being written: the sender leaves the lane alone (order)
+    busy: bool = False  # a batch of this lane is out (written or sent): the other side leaves the lane alone (order)
+    inflight: int = 0  # records the sender took and has not settled (delivered, or put back)
 
     def add(self, line: bytes) -> None:
         self.lines.append(line)

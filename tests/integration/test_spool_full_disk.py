@@ -123,7 +123,6 @@ async def test_fatal_events_first_and_none_lost_with_the_spool_disk_full(small_d
                 assert len(fatal) == 50 and max(fatal) < min(routine)  # the XID 79 first, each on its own
                 assert [recs[n]["id"] for n in fatal] == [f"ev{i:05d}" for i in range(3000, 3050)]  # in order
                 assert not any(f"event:xid:{FATAL}" in e["counts"] for e in recs if e["type"] == "summary")
-                assert pub.stats.spool_failing.startswith("ENOSPC")  # it was all sent from memory
 
                 # At stop, what only lives in memory is offered to the aggregator before exit.
                 sink.status = 503

@@ -209,3 +209,27 @@ async def test_the_server_certificate_rotates_on_file_change_and_on_sighup(tmp_p
         os.kill(os.getpid(), signal.SIGHUP)
         await until(lambda: agg.tls.reloads > before)  # type: ignore[union-attr]
         assert await asyncio.to_thread(serial) == one
+
+
+async def test_a_nodes_client_certificate_rotates_in_the_context_its_pushes_use(tmp_path: Path,
+                                                                               pki: dict[str, Any]) -> None:
+    ca: CA = pki["ca"]
+    live = tmp_path / "node"
+    live.mkdir()
+    crt, key = live / "node.crt", live / "node.key"
+    crt.write_bytes(pki["dgx01"].cert.read_bytes())
+    key.write_bytes(pki["dgx01"].key.read_bytes())
+    node_tls = ClientTls(AgentTlsConfig(ca=str(ca.cert), cert=str(crt), key=str(key)))
+    ctx = node_tls.context  # what the publisher's session holds: the same object throughout
+    async with serving(agg_config(tmp_path, pki["server"], ca)) as (_, url):
+        token = AUTH.node_tokens["dgx01"]
+        assert (await asyncio.to_thread(post, f"{url}/v1/events", batch("dgx01", "a"), token, ctx))[0] == 200
+        # The node's files now hold dgx02's certificate (a mix-up a rotation could make): once
+        # re-read, the same context presents it, and the aggregator refuses it for dgx01.
+        for src, dst in ((pki["dgx02"].key, key), (pki["dgx02"].cert, crt)):
+            new = dst.with_suffix(".new")
+            new.write_bytes(src.read_bytes())
+            os.replace(new, dst)
+        assert node_tls.check() and node_tls.context is ctx
+        st, text = await asyncio.to_thread(post, f"{url}/v1/events", batch("dgx01", "b"), token, ctx)
+        assert st == 403 and "dgx02" in text
