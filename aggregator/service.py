@@ -251,6 +251,7 @@ class Aggregator:
         self._mem = mem
         self.actions.mem = mem
         self.liveness.mem = mem
+        self.freezer.frozen_at_nodes = 0  # a large load: the next housekeeping pass freezes it
 
     @property
     def pending(self) -> dict[int, Pending]:

@@ -111,6 +111,10 @@ async def two_sets(tmp_path: Path) -> AsyncIterator[Sets]:
             for url, node, status in ((url_a, "dgx01", "OK"), (url_a, "dgx02", "FAIL"), (url_b, "dgx01", "OK")):
                 async with http.post(url + "/v1/reports", json=report(node, status)) as r:
                     assert r.status == 200, await r.text()
+            headers = {"Authorization": "Bearer tok-a"}
+            async with http.get(url_a + "/api/v1/nodes?not_state=OK", headers=headers) as r:
+                assert [n["name"] for n in (await r.json())["nodes"]] == ["dgx02", "dgx03"]
+            seen["a"].clear()
         yield Sets(url_a, url_b, hole, redirect, seen)
 
 
