@@ -3,7 +3,9 @@ site's config lets it ask for.
 
 The exit code decides, as in node-problem-detector and Base Command Manager: 0 OK, 1 FAIL,
 2 UNKNOWN; any other code, a timeout, a kill or a program that cannot start is UNKNOWN (never
-FAIL: a broken probe must not fence a node). A FAIL asks for the action on the program's JSON
+FAIL: a broken probe must not fence a node). UNKNOWN only where the answer could change the
+action: for a check that may only warn, an answer it cannot give is a WARN, with why in the
+evidence. A FAIL asks for the action on the program's JSON
 line, capped at the config's `action`; with no action configured (`NONE`, the default) a FAIL is
 shown as WARN, with what the program asked for in the evidence: a site's script fences only where
 its config says it may. Damping, grace and staleness are the engine's, as for built-in rules.
@@ -28,16 +30,16 @@ def judge(name: str, cfg: SiteCheckConfig, ctx: Context) -> list[CheckResult]:
     if r.problem:
         ev["problem"] = r.problem
     summary = r.summary or f"{cfg.argv[0]} exited {r.exit_code}"
+    allowed = Action(cfg.action)
     if r.exit_code is None:
-        return [_result(check, Status.UNKNOWN, entity, f"{cfg.argv[0]}: {r.problem or 'no exit status'}", ev, r)]
+        return [_uncertain(check, allowed, entity, f"{cfg.argv[0]}: {r.problem or 'no exit status'}", ev, r)]
     if r.exit_code == 0:
         return [_result(check, Status.OK, entity, summary, ev, r)]
     if r.exit_code == 2:
-        return [_result(check, Status.UNKNOWN, entity, summary, ev, r)]
+        return [_uncertain(check, allowed, entity, summary, ev, r)]
     if r.exit_code != 1:
-        return [_result(check, Status.UNKNOWN, entity,
-                        f"exit code {r.exit_code} is not 0/1/2 (OK/FAIL/UNKNOWN): {summary}", ev, r)]
-    allowed = Action(cfg.action)
+        return [_uncertain(check, allowed, entity, f"exit code {r.exit_code} is not 0/1/2 (OK/FAIL/UNKNOWN): {summary}",
+                           ev, r)]
     asked = _asked(r, allowed, ev)
     if allowed is Action.NONE:
         ev["held"] = f"FAIL {asked.value}"
@@ -47,6 +49,17 @@ def judge(name: str, cfg: SiteCheckConfig, ctx: Context) -> list[CheckResult]:
         ev["capped"] = f"asked {asked.value}, checks.site.{name}.action allows {allowed.value}"
         asked = allowed
     return [_result(check, Status.FAIL, entity, summary, ev, r, asked)]
+
+
+def _uncertain(check: str, allowed: Action, entity: str, summary: str, ev: dict[str, object],
+               r: ProgramReport) -> CheckResult:
+    """UNKNOWN where the answer could change the action; a check that may only warn can at worst
+    be a WARN, so that is its answer, with the uncertainty in the evidence (a broken warn-only
+    script must not block a handover the way a check that could fence does)."""
+    if allowed is not Action.NONE:
+        return _result(check, Status.UNKNOWN, entity, summary, ev, r)
+    ev = {**ev, "uncertain": "the program could not tell; this check only warns, so WARN is the worst it could be"}
+    return _result(check, Status.WARN, entity, f"could not tell: {summary}", ev, r)
 
 
 def _asked(r: ProgramReport, allowed: Action, ev: dict[str, object]) -> Action:

@@ -140,12 +140,21 @@ def snap(report: ProgramReport | None, now: float = 1000.0, stale: bool = False)
 
 
 def test_exit_codes_map_to_ok_fail_unknown() -> None:
-    assert judged(ProgramReport(0, "fine")).status is Status.OK
-    assert judged(ProgramReport(2, "cannot tell")).status is Status.UNKNOWN
-    r = judged(ProgramReport(3, "segfault"))
+    assert judged(ProgramReport(0, "fine"), action="DRAIN").status is Status.OK
+    assert judged(ProgramReport(2, "cannot tell"), action="DRAIN").status is Status.UNKNOWN
+    r = judged(ProgramReport(3, "segfault"), action="DRAIN")
     assert r.status is Status.UNKNOWN and "exit code 3 is not 0/1/2" in r.summary
-    r = judged(ProgramReport(None, problem="did not finish within 10s (killed)"))
+    r = judged(ProgramReport(None, problem="did not finish within 10s (killed)"), action="DRAIN")
     assert r.status is Status.UNKNOWN and "killed" in r.summary and r.action is Action.NONE
+
+
+def test_a_warn_only_check_that_cannot_tell_is_a_warn() -> None:
+    # UNKNOWN only where the answer could change the action: a warn-only check cannot fence.
+    for report in (ProgramReport(2, "cannot tell"), ProgramReport(3, "segfault"),
+                   ProgramReport(None, problem="did not finish within 10s (killed)")):
+        r = judged(report)
+        assert (r.status, r.action) == (Status.WARN, Action.NONE) and "only warns" in dict(r.evidence)["uncertain"]
+        assert r.summary.startswith("could not tell: ")
 
 
 def test_a_fail_without_a_configured_action_is_a_warn() -> None:
