@@ -103,6 +103,12 @@ def run(argv: Sequence[str], timeout: float, *, env: Mapping[str, str] | None = 
         why = getattr(e, "strerror", None) or str(e)
         return ProgramRun(None, error=f"cannot run {argv[0]}: {why}", ran_as=ran_as)
     out, err, truncated, timed_out = _read(proc, started + timeout, max_output)
+    if not timed_out:
+        # Both pipes closed: the program is ending, or went on without them until the deadline.
+        try:
+            proc.wait(max(0.0, started + timeout - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
     if timed_out and term_grace > 0:
         _kill_group(proc, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):

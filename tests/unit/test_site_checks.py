@@ -69,6 +69,11 @@ def test_term_grace_lets_a_client_clean_up_before_the_kill(tmp_path: Path) -> No
     assert r.timed_out and not mark.exists()
 
 
+def test_a_program_that_closes_its_output_and_runs_on_times_out() -> None:
+    r = subproc.run(["/bin/sh", "-c", "echo bye; exec >&- 2>&-; sleep 30"], 1.0, env={"PATH": "/usr/bin:/bin"})
+    assert r.timed_out and r.exit_code is None and r.stdout == b"bye\n" and "did not finish" in r.why
+
+
 def test_output_is_bounded_and_the_program_still_finishes() -> None:
     r = subproc.run(["/bin/sh", "-c", "head -c 5000000 /dev/zero; echo done >&2"], 10,
                     env={"PATH": "/usr/bin:/bin"}, max_output=1000)
