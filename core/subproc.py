@@ -1,6 +1,7 @@
 """Run a program to completion: no shell, a deadline, bounded output, its own process group,
 optionally as another (unprivileged) user. The one way podhealth runs a foreign program and
-waits for its answer (a site's checks, collectors/site.py; `dcgmi diag`, checks/active/dcgm.py);
+waits for its answer (a site's checks, collectors/site.py; `dcgmi diag`, checks/active/dcgm.py;
+the NCCL pair tests' srun, checks/active/nccl_slurm.py);
 collectors/probe.py keeps its long-lived helpers.
 
 Why each piece:
@@ -76,11 +77,13 @@ def resolve_user(user: str) -> tuple[int, int, str] | str:
 
 
 def run(argv: Sequence[str], timeout: float, *, env: Mapping[str, str] | None = None, user: str = "",
-        max_output: int = DEFAULT_MAX_OUTPUT, cwd: str = "/", term_grace: float = 0.0) -> ProgramRun:
+        max_output: int = DEFAULT_MAX_OUTPUT, cwd: str = "/", term_grace: float = 0.0,
+        merge_stderr: bool = False) -> ProgramRun:
     """Run `argv` to completion or `timeout`, whichever comes first. Blocking: call it off the
     event loop (a collector's worker thread). Never raises for the program's own failures.
     `term_grace` > 0: at the timeout the group gets SIGTERM first and that long to go (a client
-    such as dcgmi then tells its server to stop the work), then SIGKILL."""
+    such as dcgmi then tells its server to stop the work), then SIGKILL. `merge_stderr`: stderr
+    goes into stdout, interleaved as written (a tool whose log lines are part of what is parsed)."""
     if not argv:
         return ProgramRun(None, error="empty argv")
     kw: dict[str, object] = {}
@@ -97,7 +100,8 @@ def run(argv: Sequence[str], timeout: float, *, env: Mapping[str, str] | None = 
     started = time.monotonic()
     try:
         proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
+                                stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                                start_new_session=True, close_fds=True,
                                 env=dict(env or {}), cwd=cwd, **kw)  # type: ignore[call-overload]
     except (OSError, subprocess.SubprocessError, ValueError) as e:
         why = getattr(e, "strerror", None) or str(e)
@@ -122,8 +126,9 @@ def run(argv: Sequence[str], timeout: float, *, env: Mapping[str, str] | None = 
         rc = None
     finally:
         for f in (proc.stdout, proc.stderr):
-            with contextlib.suppress(OSError):
-                f.close()  # type: ignore[union-attr]
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
     duration = time.monotonic() - started
     if not timed_out and rc is not None and rc >= 0:
         # The leader exited; anything it left running in its group goes with it.
@@ -141,9 +146,11 @@ def _current_user() -> str:
 
 
 def _read(proc: "subprocess.Popen[bytes]", deadline: float, limit: int) -> tuple[bytes, bytes, bool, bool]:
-    """Both pipes until they close or the deadline passes: (stdout, stderr, truncated, timed out)."""
-    assert proc.stdout is not None and proc.stderr is not None
-    bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    """The pipes until they close or the deadline passes: (stdout, stderr, truncated, timed out)."""
+    assert proc.stdout is not None
+    out_fd = proc.stdout.fileno()
+    err_fd = proc.stderr.fileno() if proc.stderr is not None else -1
+    bufs = {out_fd: bytearray(), **({err_fd: bytearray()} if err_fd >= 0 else {})}
     truncated = False
     poller = select.poll()  # not select(): the agent may hold more than 1024 descriptors
     for fd in bufs:
@@ -152,7 +159,7 @@ def _read(proc: "subprocess.Popen[bytes]", deadline: float, limit: int) -> tuple
     while open_fds:
         left = deadline - time.monotonic()
         if left <= 0:
-            return bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]), truncated, True
+            return bytes(bufs[out_fd]), bytes(bufs.get(err_fd, b"")), truncated, True
         for fd, _ in poller.poll(max(1, int(left * 1000 + 0.999))):
             try:
                 chunk = os.read(fd, 65536)
@@ -167,7 +174,7 @@ def _read(proc: "subprocess.Popen[bytes]", deadline: float, limit: int) -> tuple
                 truncated = True
             if room > 0:
                 bufs[fd] += chunk[:room]
-    return bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]), truncated, False
+    return bytes(bufs[out_fd]), bytes(bufs.get(err_fd, b"")), truncated, False
 
 
 def _kill_group(proc: "subprocess.Popen[bytes]", sig: int = signal.SIGKILL) -> None:

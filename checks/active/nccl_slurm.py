@@ -11,13 +11,13 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
+from podhealth import subproc
 from podhealth.checks.active import localize, nccl
 from podhealth.checks.passive.result import fail, ok, unknown, warn
 from podhealth.hostnames import validate_node_name
@@ -53,6 +53,10 @@ class PairRun:
     run: nccl.NcclRun
 
 
+KILL_GRACE_S = 10.0  # after SIGTERM at the timeout (srun cancels the step), before SIGKILL
+MAX_OUTPUT = 16 * 1024 * 1024  # an all_reduce_perf sweep prints tens of KiB; a runaway job no more than this
+
+
 def srun_argv(job: PairJob, a: str, b: str) -> list[str]:
     for n in (a, b):
         validate_node_name(n)
@@ -75,26 +79,17 @@ def srun_argv(job: PairJob, a: str, b: str) -> list[str]:
 def run_pair(job: PairJob, a: str, b: str) -> PairRun:
     argv = srun_argv(job, a, b)
     env = {**os.environ, **(job.env or {})}
-    try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env)
-    except OSError as e:
-        return PairRun(a, b, None, f"cannot start srun: {e}", nccl.NcclRun(()))
-    try:
-        out, _ = proc.communicate(timeout=job.timeout_s)
-        text = out.decode("utf-8", "replace")
-    except subprocess.TimeoutExpired:
-        # srun forwards SIGTERM to the step and cancels it; SIGKILL is the fallback.
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-                out, _ = proc.communicate(timeout=10)
-                break
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                out = b""
-        text = out.decode("utf-8", "replace") + f"\n# pair test timed out after {job.timeout_s:g}s\n"
+    # srun forwards SIGTERM to the step and cancels it; SIGKILL follows after the grace.
+    run = subproc.run(argv, job.timeout_s, env=env, cwd=os.getcwd(), term_grace=KILL_GRACE_S, merge_stderr=True,
+                      max_output=MAX_OUTPUT)
+    if run.error:
+        return PairRun(a, b, None, f"cannot start srun: {run.error}", nccl.NcclRun(()))
+    text = run.stdout.decode("utf-8", "replace")
+    if run.timed_out:
+        text += f"\n# pair test timed out after {job.timeout_s:g}s\n"
         return PairRun(a, b, None, text, nccl.parse(text))
-    return PairRun(a, b, proc.returncode, text, nccl.parse(text))
+    rc = run.exit_code if run.exit_code is not None else -run.signal if run.signal is not None else None
+    return PairRun(a, b, rc, text, nccl.parse(text))
 
 
 def node_addresses(nodes: Sequence[str], scontrol: str = "scontrol", timeout_s: float = 10.0) -> dict[str, str]:

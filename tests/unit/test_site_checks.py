@@ -74,6 +74,12 @@ def test_a_program_that_closes_its_output_and_runs_on_times_out() -> None:
     assert r.timed_out and r.exit_code is None and r.stdout == b"bye\n" and "did not finish" in r.why
 
 
+def test_merge_stderr_keeps_the_order_written() -> None:
+    r = subproc.run(["/bin/sh", "-c", "echo 1; echo 2 >&2; echo 3"], 5, env={"PATH": "/usr/bin:/bin"},
+                    merge_stderr=True)
+    assert r.exit_code == 0 and r.stdout == b"1\n2\n3\n" and r.stderr == b""
+
+
 def test_output_is_bounded_and_the_program_still_finishes() -> None:
     r = subproc.run(["/bin/sh", "-c", "head -c 5000000 /dev/zero; echo done >&2"], 10,
                     env={"PATH": "/usr/bin:/bin"}, max_output=1000)
