@@ -35,7 +35,7 @@ SpecsFn = Callable[[], Mapping[str, MetricSpec]]
 
 
 def build_sinks(cfg: Config, node: str, *, report: ReportFn, specs: SpecsFn,
-                spool_dir: Path | None = None) -> list[Sink]:
+                spool_dir: Path | None = None, tls: ClientTls | None = None) -> list[Sink]:
     """The sinks `cfg` asks for. `report()`: the node report now, None before the first
     judgement; `specs()`: every collector's metric specs by name; `spool_dir` overrides
     publish.spool_dir (the simulator keeps its node's spool beside its tree)."""
@@ -47,7 +47,7 @@ def build_sinks(cfg: Config, node: str, *, report: ReportFn, specs: SpecsFn,
 
         pcfg = dataclasses.replace(cfg.publish, spool_dir=spool_dir) if spool_dir is not None else cfg.publish
         seq = Sequencer(cfg.paths.procfs_root)  # shared: heartbeats and spooled records in one order
-        tls = client_tls(cfg)
+        tls = tls or client_tls(cfg)
         ctx = tls.context if tls is not None else None
         sinks.append(Publisher(pcfg, node, sequencer=seq, report=report, tls=ctx))
         sinks.append(Heartbeat(pcfg, sequencer=seq, report=report, tls=ctx))
@@ -70,7 +70,7 @@ def build_sinks(cfg: Config, node: str, *, report: ReportFn, specs: SpecsFn,
     return sinks
 
 
-def failslow_sink(cfg: Config, node: str, seam: Mapping[str, Any]) -> Sink | None:
+def failslow_sink(cfg: Config, node: str, seam: Mapping[str, Any], tls: ClientTls | None = None) -> Sink | None:
     """The fail-slow sink when probes are on or job windows can be sent (an aggregator URL)."""
     if not (cfg.failslow.enabled or cfg.publish.urls()):
         return None
@@ -80,7 +80,7 @@ def failslow_sink(cfg: Config, node: str, seam: Mapping[str, Any]) -> Sink | Non
 
     probe = probe_from(seam["probe"]) if "probe" in seam else None
     limit = float(profiles.of_config(cfg).thresholds.get("gpu_temp_fail_c", 90.0))
-    tls = client_tls(cfg)
+    tls = tls or client_tls(cfg)
     return FailslowSink(cfg.failslow, cfg.publish, node, cfg.node.profile, probe=probe, temp_limit_c=limit,
                         tls=tls.context if tls is not None else None)
 
@@ -119,9 +119,10 @@ def install(agent: "Agent", spool_dir: Path | None = None) -> health.Health:
             out.update(by_name)
         return out
 
-    for sink in build_sinks(agent.cfg, agent.node, report=report, specs=specs, spool_dir=spool_dir):
+    tls = client_tls(agent.cfg)  # one context for every push, re-read by the one TlsReload sink
+    for sink in build_sinks(agent.cfg, agent.node, report=report, specs=specs, spool_dir=spool_dir, tls=tls):
         agent.add_sink(sink)
-    fs = failslow_sink(agent.cfg, agent.node, agent.seams.get("failslow", {}))
+    fs = failslow_sink(agent.cfg, agent.node, agent.seams.get("failslow", {}), tls=tls)
     if fs is not None:
         agent.add_sink(fs)
     h.on_transition.append(agent.sinks.transition)
