@@ -333,3 +333,35 @@ async def test_a_corrupt_spool_record_is_logged_and_counted_once(tmp_path: Path)
         assert len(lines) == 1 and lines[0]["segment"].startswith("seg-") and '"r1"' in lines[0]["start"]
     finally:
         structlog.reset_defaults()
+
+
+async def test_on_a_full_spool_routine_records_never_push_out_fatal_ones(tmp_path: Path) -> None:
+    """The oldest records are the XID 79s: a bound that folded the oldest first would summarise
+    them. The routine lane is bounded by what the priority lane leaves, so they arrive whole, first."""
+    sink = Sink()
+    sink.status = 503
+    runner, url = await sink_server(sink)
+    bound = 32 * 1024
+    pub = Publisher(pcfg(tmp_path, url, max_bytes=bound), "dgx01", max_backoff=0.1)
+    await pub.start()
+    try:
+        for i in range(50):
+            pub.publish_event(xid(i, code=79))
+        for i in range(50, 2050):
+            pub.publish_event(xid(i, code=13))
+            if i % 200 == 0:
+                await asyncio.sleep(0.06)  # let the flusher run between bursts, as real time would
+        await until(lambda: pub.stats.published == 2050 and pub.in_memory == 0 and pub.stats.summarised > 0)
+        assert pub.stats.spool_bytes <= bound + 4096
+        sink.status = 200
+        await until(lambda: pub.stats.spool_bytes == 0 and sink.batches)
+        events = [e for b in sink.batches for e in b["events"]]
+        fatal = [e["id"] for e in events if e["type"] == "event" and e["event"]["code"] == 79]
+        assert fatal == [f"ev{i:05d}" for i in range(50)] and events[:50] == [e for e in events if e["id"] in fatal]
+        summaries = [e for e in events if e["type"] == "summary"]
+        assert summaries and all(set(s["counts"]) == {"event:xid:13"} for s in summaries)
+        routine = sum(s["count"] for s in summaries) + sum(1 for e in events if e["type"] == "event") - 50
+        assert routine == 2000
+    finally:
+        await pub.stop()
+        await runner.cleanup()
