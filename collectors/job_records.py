@@ -79,11 +79,13 @@ class GpuListOutOfBounds(ValueError):
     """An index list beyond any node (`SLURM_JOB_GPUS=0-99999999`): it cannot be the job's GPUs."""
 
 
-def parse_gpu_list(raw: str) -> tuple[int, ...]:
+def parse_gpu_list(raw: str, gpus: int = MAX_GPUS) -> tuple[int, ...]:
     """"0,1,4-5" (Slurm's SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES in the prolog) -> (0, 1, 4, 5).
-    Raises GpuListOutOfBounds for an index or a list no node has (beyond MAX_GPUS, or longer than
-    MAX_GPU_LIST characters): expanding what the environment claims must cost no more than a
-    real node's list. ValueError on anything else (a GPU UUID, "NoDevFiles", a reversed range)."""
+    Raises GpuListOutOfBounds for an index or a list the node cannot have (an index of `gpus`,
+    the node's GPU count, or more; never beyond MAX_GPUS; a list longer than MAX_GPU_LIST
+    characters): expanding what the environment claims must cost no more than a real node's
+    list. ValueError on anything else (a GPU UUID, "NoDevFiles", a reversed range)."""
+    gpus = min(gpus, MAX_GPUS) if gpus > 0 else MAX_GPUS
     if len(raw) > MAX_GPU_LIST:
         raise GpuListOutOfBounds(f"GPU list of {len(raw)} characters (at most {MAX_GPU_LIST})")
     out: set[int] = set()
@@ -95,10 +97,10 @@ def parse_gpu_list(raw: str) -> tuple[int, ...]:
         if not lo_s.isdigit() or (sep and not hi_s.isdigit()):
             raise ValueError(f"not a GPU index list: {raw[:80]!r}")
         if len(lo_s) > 6 or len(hi_s) > 6:  # int() of a huge digit string is itself slow
-            raise GpuListOutOfBounds(f"GPU index out of bounds (0 to {MAX_GPUS - 1}): {part[:40]!r}")
+            raise GpuListOutOfBounds(f"GPU index out of bounds (0 to {gpus - 1}): {part[:40]!r}")
         lo, hi = int(lo_s), int(hi_s) if sep else int(lo_s)
-        if hi >= MAX_GPUS:
-            raise GpuListOutOfBounds(f"GPU index out of bounds (0 to {MAX_GPUS - 1}): {part[:40]!r}")
+        if hi >= gpus:
+            raise GpuListOutOfBounds(f"GPU index out of bounds (0 to {gpus - 1}): {part[:40]!r}")
         if hi < lo:
             raise ValueError(f"reversed GPU range: {part!r}")
         out.update(range(lo, hi + 1))

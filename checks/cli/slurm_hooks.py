@@ -58,15 +58,16 @@ def agent_base(cfg: Config, node: str) -> str:
     return (cfg.checks.agents.get(node) or f"http://127.0.0.1:{cfg.listen.port}").rstrip("/")
 
 
-def job_gpus(env: "os._Environ[str] | dict[str, str]") -> frozenset[int] | None:
+def job_gpus(env: "os._Environ[str] | dict[str, str]", node_gpus: int = 0) -> frozenset[int] | None:
     """The job's GPU indices, or None when the job has no index list (none, or UUIDs: then every
-    GPU counts). Raises job_records.GpuListOutOfBounds for a list beyond any node (issue 27:
-    `0-99999999` once grew the prolog to 13 GiB): the caller leaves the job undecided."""
+    GPU counts). Raises job_records.GpuListOutOfBounds for a list beyond the node (`node_gpus`,
+    its profile's GPU count; 0: unknown, then job_records.MAX_GPUS): `0-99999999` once grew the
+    prolog to 13 GiB (issue 27). The caller leaves the job undecided."""
     from podhealth.collectors import job_records
 
     raw = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""
     try:
-        return frozenset(job_records.parse_gpu_list(raw)) or None
+        return frozenset(job_records.parse_gpu_list(raw, node_gpus)) or None
     except job_records.GpuListOutOfBounds:
         raise
     except ValueError:
@@ -165,7 +166,7 @@ def _job_hook(env: "os._Environ[str] | dict[str, str]", hook: str) -> int:
     from podhealth.collectors.job_records import GpuListOutOfBounds
 
     try:
-        gpus = job_gpus(env)
+        gpus = job_gpus(env, _profile_gpus(cfg))
     except GpuListOutOfBounds as e:
         # Not a list any node has: judging "the job's GPUs" would judge nothing real. The job runs
         # (a prolog's non-zero exit drains the node) and the error is logged for the admin.
@@ -196,6 +197,18 @@ def _job_hook(env: "os._Environ[str] | dict[str, str]", hook: str) -> int:
     if hook == "epilog" and drained:
         return EXIT_PASS
     return EXIT_FAIL
+
+
+def _profile_gpus(cfg: Config) -> int:
+    """GPUs the node's hardware profile has (8 on a DGX H100); 0 when it does not say. A GPU that
+    fell off the bus is still counted here: the job's index to it is judged (gpu_count FAILs)."""
+    from podhealth.checks import profiles
+    from podhealth.configload import ConfigError
+
+    try:
+        return max(0, int(profiles.of_config(cfg).gpu_count))
+    except (ConfigError, OSError, ValueError):  # ProfileError is a ValueError
+        return 0  # the verdict will say what is wrong with the profile; the bound stays MAX_GPUS
 
 
 def _note(msg: str) -> None:

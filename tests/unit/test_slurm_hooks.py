@@ -92,3 +92,10 @@ def test_a_huge_gpu_range_leaves_the_job_undecided_and_running(tmp_path) -> None
     assert r.returncode == 0, r.stderr
     assert "job 1234 on dgx01: undecided" in r.stderr and "out of bounds" in r.stderr, r.stderr
     assert "could not judge" not in r.stderr and not (tmp_path / "jobs").exists()
+
+
+def test_an_index_beyond_the_nodes_profile_is_out_of_bounds() -> None:
+    assert job_gpus({"SLURM_JOB_GPUS": "0-7"}, node_gpus=8) == frozenset(range(8))
+    with pytest.raises(GpuListOutOfBounds, match="0 to 7"):
+        job_gpus({"SLURM_JOB_GPUS": "6-8"}, node_gpus=8)  # a DGX H100 has no GPU 8
+    assert job_gpus({"SLURM_JOB_GPUS": "40"}, node_gpus=0) == frozenset({40})  # a profile without a count
