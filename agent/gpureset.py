@@ -19,16 +19,16 @@ The answer is JSON: {"gpu", "ok", "output"} or {"error", ...}. The aggregator tr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import os
 import time
 from typing import TYPE_CHECKING
 
 import pynvml
 from aiohttp import web
 
-from podhealth import bodycoding, bodyread, log, webguard
-from podhealth.worker import call_with_timeout
+from podhealth import bodycoding, bodyread, log, subproc, webguard
+from podhealth.worker import call_off_loop, call_with_timeout
 
 if TYPE_CHECKING:
     from podhealth.agent.agent import Agent
@@ -132,26 +132,17 @@ class GpuReset:
 
 
 async def _run(argv: list[str], timeout: float) -> tuple[int | None, str]:
-    """(exit code, stdout+stderr); None when it could not start or was killed past `timeout`."""
-    try:
-        proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
-                                                    stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.STDOUT)
-    except OSError as e:
-        return None, f"cannot run {argv[0]}: {e}"
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
-    except asyncio.TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(proc.wait(), 5)
+    """(exit code, stdout+stderr); None when it could not start or was killed past `timeout`.
+    Through the one program runner (core/subproc.py: its process group killed at the timeout,
+    output bounded), on a thread of its own: the loop keeps serving meanwhile."""
+    run = await call_off_loop("gpu-reset", lambda: subproc.run(
+        argv, timeout, env=os.environ, cwd=os.getcwd(), merge_stderr=True, max_output=OUTPUT_CHARS * 16))
+    if run.error:
+        return None, run.error
+    if run.timed_out:
         return None, f"{argv[0]} timed out after {timeout:g}s (killed)"
-    except asyncio.CancelledError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        raise
-    return proc.returncode, out.decode(errors="replace")[-OUTPUT_CHARS:]
+    out = run.stdout.decode(errors="replace")[-OUTPUT_CHARS:]
+    return (run.exit_code if run.exit_code is not None else -run.signal if run.signal is not None else None), out
 
 
 def install(agent: "Agent", health: "Health") -> GpuReset:
