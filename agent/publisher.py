@@ -69,9 +69,6 @@ SPECS = {m.name: m for m in (
     MetricSpec("publish_spool_repaired", "counter",
                "Half-written spool files cut back to their last whole record or removed (a write that failed\n"
                "on a full disk, a crash), so no torn file holds space."),
-    MetricSpec("publish_memory_bytes", "gauge",
-               "Bytes of records waiting in memory (the spool could not take them yet), by lane: priority\n"
-               "(transitions, fatal events) or routine.", "bytes"),
 )}
 
 
@@ -287,9 +284,8 @@ class Publisher(Sink):
         yield Family(SPECS["publish_connected"], (Sample.of("publish_connected", float(self.connected)),))
         yield Family(SPECS["publish_spool_errors"], tuple(
             Sample.of("publish_spool_errors", float(v), reason=k) for k, v in sorted(p.spool_errors.items())))
-        yield Family(SPECS["publish_spool_repaired"], (Sample.of("publish_spool_repaired", float(p.repaired)),))
-        yield Family(SPECS["publish_memory_bytes"], tuple(
-            Sample.of("publish_memory_bytes", float(p.memory_lane_bytes.get(lane, 0)), lane=lane) for lane in LANES))
+        if p.repaired:  # born with the first repair: most nodes never have one (the series budget)
+            yield Family(SPECS["publish_spool_repaired"], (Sample.of("publish_spool_repaired", float(p.repaired)),))
 
     # -- flushing to disk --
 
