@@ -39,6 +39,7 @@ from podhealth.agent.metrics.detail import ExportFilter, unknown_families
 from podhealth.agent.metrics.render import ExpositionCache, RenderContext
 from podhealth.agent.scheduler import Scheduler
 from podhealth.agent.sdnotify import Notifier, watchdog, watchdog_interval
+from podhealth.agent.nodeauth import NodeAuth
 from podhealth.agent.server import AGENT_KEY, build_app
 from podhealth.agent.sink import Sink, Sinks
 from podhealth.agent.store import EventsCallback, SnapshotCallback, SnapshotStore
@@ -111,6 +112,8 @@ class Agent:
         self._repeats = Repeats(_log)
         self._sources.append(self._http_families)
         self.sinks = Sinks()
+        # Signed requests to the protected routes, proven answers (core/nodeproof.py).
+        self.nodeauth = NodeAuth(self.node, cfg.auth.token)
 
     # ---- hooks ------------------------------------------------------------------------------
 

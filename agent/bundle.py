@@ -1,8 +1,8 @@
 """POST /v1/bundle: the evidence bundle an RMA ticket needs, as one bounded tar.gz.
 
 The aggregator asks for it when it fences the node (aggregator/bundles.py) and keeps it with
-the fence. The caller needs the same credential as the handover suite (auth.token as a bearer
-token; with none set, only a caller on this host; never cross-site; a JSON body): a bundle
+the fence. The caller needs the same credential as the handover suite (a request signed with this
+node's agent key, agent/nodeauth.py; closed without one; never cross-site; a JSON body): a bundle
 holds host names, PCI addresses, serial numbers and kernel lines.
 
 What goes in, each part capped (PART_MAX) and cut with a marker, the whole under MAX_BYTES:
@@ -184,7 +184,7 @@ class Bundles:
         self._lock = asyncio.Lock()
 
     async def post(self, request: web.Request) -> web.Response:
-        refusal = self.health.refusal(request)
+        refusal, _ = await self.health.admit(request)
         if refusal is not None:
             return refusal
         if self._lock.locked():  # one at a time: each runs nvidia-smi and dmesg

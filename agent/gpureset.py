@@ -1,8 +1,8 @@
 """POST /v1/gpu-reset: reset one GPU for the aggregator's remediation ladder, never under a job.
 
-The caller is the aggregator (with the token derived for this node, `podhealth token derive
---agent`, held as this agent's auth.token; with none set only a caller on this host), as for the
-handover suite. The agent then:
+The caller is the aggregator, its request signed with this node's agent key (`podhealth token
+derive --agent`, held as this agent's auth.token_file; agent/nodeauth.py), as for the handover
+suite; an agent without a key refuses every caller, local ones too. The agent then:
 
 1. refuses (409) while NVML lists a compute or graphics process on that GPU: a reset kills
    whatever runs there, and a job must never be killed by accident. A GPU whose processes NVML
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import pynvml
 from aiohttp import web
 
-from podhealth import bodycoding, bodyread, log, subproc, webguard
+from podhealth import log, subproc, webguard
 from podhealth.worker import call_off_loop, call_with_timeout
 
 if TYPE_CHECKING:
@@ -83,13 +83,9 @@ class GpuReset:
         self._lock = asyncio.Lock()
 
     async def post(self, request: web.Request) -> web.Response:
-        refusal = self.health.refusal(request)
+        refusal, raw = await self.health.admit(request, MAX_BODY, BODY_TIMEOUT_S)
         if refusal is not None:
             return refusal
-        try:
-            raw = await bodyread.read_body(request, MAX_BODY, BODY_TIMEOUT_S)
-        except bodycoding.BodyError as e:
-            return web.json_response({"error": e.message}, status=e.status)
         try:
             body = json.loads(raw or b"{}")
             gpu = body["gpu"]

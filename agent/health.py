@@ -3,8 +3,8 @@
 `install(agent)` wires the checks engine into a built (not yet started) Agent:
 - after every snapshot change the Evaluator judges it (damped), and the latest results become
   the node report served at GET /health and rendered as `check_status` / `node_health`;
-- POST /v1/handover (auth.token as a bearer token; with none set, only from this host; never
-  cross-site; a JSON body) collects every source afresh, runs
+- POST /v1/handover (signed with this node's agent key, agent/nodeauth.py; closed without one;
+  never cross-site; a JSON body) collects every source afresh, runs
   the handover suite undamped and streams progress as NDJSON (or answers one JSON report when
   the client does not ask for a stream);
 - verdict transitions and new XID/SXid events go to the optional `on_transition` / publisher.
@@ -27,6 +27,7 @@ from aiohttp import web
 
 from podhealth import bodycoding, log, webguard
 from podhealth.agent.metrics.family import Family
+from podhealth.agent.nodeauth import StreamHash
 from podhealth.checks import profiles
 from podhealth.checks.passive.engine import Evaluator
 from podhealth.checks.handover.suite import ActiveTest, run_suite
@@ -54,6 +55,8 @@ REJUDGE_S = 5.0
 # (old, new, evaluated at): the time is the evaluation's, as the report that follows carries it.
 Transition = Callable[[CheckResult | None, CheckResult, float], None]
 T = TypeVar("T")
+HANDOVER_BODY_MAX = 64 * 1024  # {"reason": ...}
+BODY_TIMEOUT_S = 30.0  # seconds the body may take after its head (core/bodyread.py)
 
 
 class Health:
@@ -229,26 +232,22 @@ class Health:
     def handover_running(self) -> bool:
         return self._handover_lock.locked()
 
-    def refusal(self, request: web.Request) -> web.Response | None:
-        """Why this caller may not run the handover suite (on a GPU node a 30 s burn-in and NCCL)
-        or reset a GPU (agent/gpureset.py), or None. A cross-site browser request was already
+    async def admit(self, request: web.Request, limit: int = HANDOVER_BODY_MAX,
+                    timeout: float = BODY_TIMEOUT_S) -> tuple[web.Response | None, bytes]:
+        """(None, body) when this caller may run the handover suite (on a GPU node a 30 s burn-in
+        and NCCL), reset a GPU (agent/gpureset.py) or take the evidence bundle (agent/bundle.py):
+        a request signed with this node's agent key, fresh, never seen before
+        (agent/nodeauth.py); else (the refusal, b""). A cross-site browser request was already
         refused (webguard.same_site_only)."""
-        token = self.agent.cfg.auth.token
-        if token:
-            if not webguard.same_token(token, webguard.bearer(request)):
-                return web.json_response({"error": "missing or wrong bearer token"}, status=401)
-        elif not webguard.from_this_host(request):
-            return web.json_response({"error": "no auth.token is set on this agent: only a caller on this host "
-                                               "may run the handover suite"}, status=403)
         if not webguard.is_json(request):  # an HTML form cannot send it
-            return web.json_response({"error": "expected Content-Type: application/json"}, status=415)
+            return web.json_response({"error": "expected Content-Type: application/json"}, status=415), b""
         problem = bodycoding.unsupported(bodycoding.header_of(request.headers.getall("Content-Encoding", [])))
         if problem is not None:  # the body arrives as sent; bodycoding.decode reads what is not refused here
-            return web.json_response({"error": problem}, status=415)
-        return None
+            return web.json_response({"error": problem}, status=415), b""
+        return await self.agent.nodeauth.admit(request, limit, timeout)
 
     async def post_handover(self, request: web.Request) -> web.StreamResponse:
-        refusal = self.refusal(request)
+        refusal, _ = await self.admit(request)
         if refusal is not None:
             return refusal
         if self._handover_lock.locked():
@@ -260,6 +259,7 @@ class Health:
                 return web.json_response(rep.to_json())
             resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
             await resp.prepare(request)
+            sent = StreamHash()  # the stream ends with a proof over every line (agent/nodeauth.py)
             queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
             def progress(step: str, done: int, total: int) -> None:
@@ -269,14 +269,16 @@ class Health:
                 getter = asyncio.ensure_future(queue.get())
                 await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
                 if getter.done():
-                    await resp.write(json.dumps(getter.result()).encode() + b"\n")
+                    await resp.write(sent.add(json.dumps(getter.result()).encode() + b"\n"))
                 else:
                     getter.cancel()
             try:
                 rep = task.result()
-                await resp.write(json.dumps({"type": "report", "report": rep.to_json()}).encode() + b"\n")
+                await resp.write(sent.add(json.dumps({"type": "report", "report": rep.to_json()}).encode() + b"\n"))
             except Exception as e:  # noqa: BLE001
-                await resp.write(json.dumps({"type": "error", "error": f"{type(e).__name__}: {e}"}).encode() + b"\n")
+                await resp.write(sent.add(json.dumps({"type": "error", "error": f"{type(e).__name__}: {e}"}).encode()
+                                          + b"\n"))
+            await resp.write(self.agent.nodeauth.stream_proof(request, resp.status, sent.hexdigest()))
             await resp.write_eof()
             return resp
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable
 
 import aiohttp
 
-from podhealth import log as plog
+from podhealth import httpclient, log as plog
 from podhealth.agent.failover import Replicas
 from podhealth.agent.metrics.family import Family
 from podhealth.agent.sequence import Sequencer
@@ -41,6 +41,7 @@ from podhealth.snapshot import Snapshot
 from podhealth.vocab import MetricSpec, NodeReport, Sample
 
 log = plog.get("podhealth.heartbeat")
+ANSWER_MAX_BYTES = 64 * 1024  # the aggregator answers a report with a few bytes of JSON
 
 # What a lease vouches for: every field the aggregator takes from a result, evidence aside.
 Projection = tuple[tuple[str, str, str, str, float, str], ...]
@@ -185,16 +186,16 @@ class Heartbeat(Sink):
         session = self._session
 
         async def send(url: str) -> tuple[int, Any]:
+            try:  # the whole exchange within publish.timeout (core/httpclient.py), the answer bounded
+                r = await httpclient.exchange_async(session, "POST", url, deadline_s=self.cfg.timeout, body=data,
+                                                    headers=headers, max_bytes=ANSWER_MAX_BYTES)
+            except httpclient.ExchangeError as e:
+                return 0, f"{e.kind}: {e}"
+            text = r.body.decode(errors="replace")
             try:
-                timeout = aiohttp.ClientTimeout(total=self.cfg.timeout)
-                async with session.post(url, data=data, headers=headers, timeout=timeout) as r:
-                    text = await r.text()
-                    try:
-                        return r.status, json.loads(text)
-                    except ValueError:
-                        return r.status, text[:500]
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-                return 0, f"{type(e).__name__}: {e}"
+                return r.status, json.loads(text)
+            except (ValueError, RecursionError):
+                return r.status, text[:500]
         return await self.replicas.post(send)
 
     @property

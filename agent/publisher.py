@@ -33,7 +33,7 @@ from typing import Any, Awaitable, Callable, Iterable
 
 import aiohttp
 
-from podhealth import log as plog
+from podhealth import httpclient, log as plog
 from podhealth.agent.failover import Replicas
 from podhealth.agent.heartbeat import session
 from podhealth.agent.metrics.family import Family
@@ -47,6 +47,7 @@ from podhealth.worker import offload
 
 log = plog.get("podhealth.publisher")
 BATCH_RECORDS = 500
+ANSWER_MAX_BYTES = 64 * 1024  # the aggregator answers a push with a few bytes of JSON
 BATCH_BYTES = 256 * 1024
 # Records held in memory per lane while the spool cannot be written; beyond this the lane's oldest are summarised.
 MEMORY_MAX_BYTES = 4 * 1024 * 1024
@@ -487,19 +488,20 @@ class Publisher(Sink):
 
     async def _post(self, recs: list[dict[str, Any]]) -> tuple[int, str]:
         assert self._session is not None
-        headers = {"Authorization": f"Bearer {self.cfg.token}"} if self.cfg.token else {}
-        body = {"node": self.node, "events": recs}
+        headers = {"Content-Type": "application/json",
+                   **({"Authorization": f"Bearer {self.cfg.token}"} if self.cfg.token else {})}
+        data = json.dumps({"node": self.node, "events": recs}).encode()
         session = self._session
 
         async def send(url: str) -> tuple[int, str]:
-            try:
-                timeout = aiohttp.ClientTimeout(total=self.cfg.timeout)
-                async with session.post(url, json=body, headers=headers, timeout=timeout) as r:
-                    if r.status == 429:  # over this node's cap: the aggregator says when to come back
-                        self._retry_after = _seconds(r.headers.get("Retry-After", ""))
-                    return r.status, (await r.text())[:500]
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-                return 0, f"{type(e).__name__}: {e}"
+            try:  # the whole exchange within publish.timeout (core/httpclient.py), the answer bounded
+                r = await httpclient.exchange_async(session, "POST", url, deadline_s=self.cfg.timeout, body=data,
+                                                    headers=headers, max_bytes=ANSWER_MAX_BYTES)
+            except httpclient.ExchangeError as e:
+                return 0, f"{e.kind}: {e}"
+            if r.status == 429:  # over this node's cap: the aggregator says when to come back
+                self._retry_after = _seconds(r.header("Retry-After"))
+            return r.status, r.body[:500].decode(errors="replace")
         return await self.replicas.post(send)
 
     @property

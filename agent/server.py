@@ -51,7 +51,8 @@ async def index(request: web.Request) -> web.Response:
 
 
 def build_app(agent: "Agent", extra: list[web.AbstractRouteDef]) -> web.Application:
-    app = web.Application()
+    # Every answer to a caller that sent a nonce carries its proof (agent/nodeauth.py).
+    app = web.Application(middlewares=[agent.nodeauth.middleware])
     app[AGENT_KEY] = agent
     app.add_routes([web.get("/metrics", metrics), web.get("/healthz", healthz), web.get("/", index)])
     app.add_routes(extra)

@@ -21,7 +21,8 @@ from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import aiohttp
 
-from podhealth import log as plog
+from podhealth import agentclient, httpclient, log as plog
+from podhealth.httpclient import Reply
 
 from podhealth.config_aggregator import AggregatorConfig, RetryConfig
 from podhealth.aggregator.metrics import Metrics
@@ -665,9 +666,12 @@ class ActionRunner:
                                              handover="", handover_at=0.0, ladder="", ladder_at=0.0))
         mem.set_evacuated(p.node, "")
 
-    def _agent_headers(self, node: str) -> dict[str, str]:
-        token = self.cfg.auth.agent_token_for(node)
-        return {"Authorization": f"Bearer {token}"} if token else {}
+    async def _ask_agent(self, node: str, url: str, payload: dict[str, Any], deadline_s: float) -> Reply:
+        """POST `payload` to the node's agent, signed with its agent key; the answer only once
+        its proof checks out (core/agentclient.py). No bearer credential crosses the wire."""
+        return await agentclient.ask_async(self.session, url, node, self.cfg.auth.agent_token_for(node), "POST",
+                                           deadline_s=deadline_s, body=json.dumps(payload).encode(),
+                                           headers={"Content-Type": "application/json"})
 
     async def _do_handover(self, p: Pending) -> None:
         mem = self.mem
@@ -675,24 +679,24 @@ class ActionRunner:
         url = rec.agent_url.rstrip("/") + "/v1/handover"
         passed, detail = False, ""
         try:
-            timeout = aiohttp.ClientTimeout(total=self.cfg.handover_timeout)
-            async with self.session.post(url, headers=self._agent_headers(p.node), json={"reason": p.why},
-                                         timeout=timeout) as resp:
-                body = await resp.text()
-                detail = f"HTTP {resp.status}: {body[:2000]}"
-                if resp.status == 200:
-                    with contextlib.suppress(ValueError):
-                        data = json.loads(body)
-                        # The agent's suite passes on OK, and on WARN with exit code 0 ("PASS (with
-                        # warnings)", checks/handover/report.py); FAIL and UNKNOWN (undecided) never release.
-                        passed = isinstance(data, dict) and (
-                            data.get("status") == "OK" or (data.get("status") == "WARN" and data.get("exit_code") == 0))
-                        if isinstance(data, dict) and isinstance(data.get("summary"), str):
-                            # the report's own line (FAILs first, then WARNs, then the UNKNOWN count),
-                            # the same as `podhealth check` prints, not 2 KB of its JSON
-                            detail = f"HTTP {resp.status}: {data['summary'][:1000]}"
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            detail = f"unreachable: {type(e).__name__}: {e}"
+            reply = await self._ask_agent(p.node, url, {"reason": p.why}, self.cfg.handover_timeout)
+            body = reply.body.decode(errors="replace")
+            detail = f"HTTP {reply.status}: {body[:2000]}"
+            if reply.status == 200:
+                with contextlib.suppress(ValueError):
+                    data = json.loads(body)
+                    # The agent's suite passes on OK, and on WARN with exit code 0 ("PASS (with
+                    # warnings)", checks/handover/report.py); FAIL and UNKNOWN (undecided) never release.
+                    passed = isinstance(data, dict) and (
+                        data.get("status") == "OK" or (data.get("status") == "WARN" and data.get("exit_code") == 0))
+                    if isinstance(data, dict) and isinstance(data.get("summary"), str):
+                        # the report's own line (FAILs first, then WARNs, then the UNKNOWN count),
+                        # the same as `podhealth check` prints, not 2 KB of its JSON
+                        detail = f"HTTP {reply.status}: {data['summary'][:1000]}"
+        except agentclient.Unproven as e:  # an impostor's "OK" releases nothing
+            detail = f"answer not proven: {e}"
+        except httpclient.ExchangeError as e:
+            detail = f"unreachable: {e.kind}: {e}"
         now = self.clock()
         state = "passed" if passed else "failed"
         ladder: list[Op] = []
@@ -743,12 +747,12 @@ class ActionRunner:
                 "would reset (dry run)")])
             return
         try:
-            timeout = aiohttp.ClientTimeout(total=self.cfg.ladder.reset_timeout)
-            async with self.session.post(url, headers=self._agent_headers(p.node), json={"gpu": gpu, "reason": p.why},
-                                         timeout=timeout) as resp:
-                body, status = (await resp.text())[:2000], resp.status
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            raise Transient(f"POST {url}: {type(e).__name__}: {e}") from None
+            reply = await self._ask_agent(p.node, url, {"gpu": gpu, "reason": p.why}, self.cfg.ladder.reset_timeout)
+            body, status = reply.body.decode(errors="replace")[:2000], reply.status
+        except agentclient.Unproven as e:  # whatever answered is not the node's agent: try later
+            raise Transient(f"POST {url}: answer not proven: {e}") from None
+        except httpclient.ExchangeError as e:
+            raise Transient(f"POST {url}: {e.kind}: {e}") from None
         audit = Store.op_audit(self.clock(), p.node, p.who, "gpu reset via agent", p.why, ("POST", url, f"gpu={gpu}"),
                                f"HTTP {status}: {body}", status == 200, p.id)
         if status == 200:

@@ -21,9 +21,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-
-from podhealth import log as plog
+from podhealth import agentclient, httpclient, log as plog
 from podhealth.atomicfile import write_atomic
 
 from podhealth.aggregator.store import Store
@@ -47,25 +45,21 @@ def bundle_dir(agg: "Aggregator") -> Path:
 
 
 async def _download(agg: "Aggregator", node: str, url: str) -> bytes:
+    """The agent's bundle: the request signed with the node's agent key, the answer only with
+    its proof (core/agentclient.py; no bearer token goes to whatever holds the port), the whole
+    exchange within bundles.timeout and the body within bundles.max_bytes."""
     cfg = agg.cfg.bundles
-    headers = {"Content-Type": "application/json"}
-    token = agg.cfg.auth.agent_token_for(node)
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    timeout = aiohttp.ClientTimeout(total=cfg.timeout)
     try:
-        async with agg.session.post(url.rstrip("/") + PATH, data=b"{}", headers=headers, timeout=timeout) as r:
-            if r.status != 200:
-                text = (await r.content.read(500)).decode(errors="replace")
-                raise BundleError(f"HTTP {r.status} {text}".strip())
-            if r.content_length is not None and r.content_length > cfg.max_bytes:
-                raise BundleError(f"bundle of {r.content_length} bytes exceeds bundles.max_bytes ({cfg.max_bytes})")
-            body = await r.content.read(cfg.max_bytes + 1)
-            if len(body) > cfg.max_bytes:
-                raise BundleError(f"bundle exceeds bundles.max_bytes ({cfg.max_bytes})")
-            return body
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-        raise BundleError(f"{type(e).__name__} {e}".strip()) from None
+        r = await agentclient.ask_async(agg.session, url.rstrip("/") + PATH, node, agg.cfg.auth.agent_token_for(node),
+                                        "POST", deadline_s=cfg.timeout, body=b"{}",
+                                        headers={"Content-Type": "application/json"}, max_bytes=cfg.max_bytes)
+    except httpclient.TooLarge:
+        raise BundleError(f"bundle exceeds bundles.max_bytes ({cfg.max_bytes})") from None
+    except httpclient.ExchangeError as e:
+        raise BundleError(f"{e.kind}: {e}") from None
+    if r.status != 200:
+        raise BundleError(f"HTTP {r.status} {r.body[:500].decode(errors='replace')}".strip())
+    return r.body
 
 
 def _write(path: Path, body: bytes) -> None:

@@ -16,14 +16,15 @@ import os
 import ssl
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
 
-from podhealth import cliconfig, config, credentials, tls
+from podhealth import cliconfig, config, credentials, httpclient, tls
 from podhealth.config_failslow import SHORT
 from podhealth.exitcodes import EXIT_FAIL, EXIT_UNKNOWN
+
+API_MAX_BYTES = 64 << 20  # a fleet listing of 100,000 nodes is tens of MB
+FILE_MAX_BYTES = 64 << 20  # a stored bundle (bundles.max_bytes is 8 MiB by default)
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
@@ -129,13 +130,13 @@ AUTH_HINT = ("pass the aggregator's admin token: --token, $PODHEALTH_ADMIN_TOKEN
              "aggregator's config (its aggregator.auth.admin_token or admin_token_file)")
 
 
-def _http_error(method: str, path: str, e: urllib.error.HTTPError) -> "ApiError":
+def _http_error(method: str, path: str, status: int, body: bytes) -> "ApiError":
     try:
-        msg = json.loads(e.read(1 << 16)).get("error", "")
+        msg = json.loads(body[:1 << 16]).get("error", "")
     except (ValueError, AttributeError):
         msg = ""
-    text = f"{method} {path}: HTTP {e.code} {msg}".rstrip()
-    return ApiError(f"{text}; {AUTH_HINT}" if e.code in (401, 403) else text)
+    text = f"{method} {path}: HTTP {status} {msg}".rstrip()
+    return ApiError(f"{text}; {AUTH_HINT}" if status in (401, 403) else text)
 
 
 class ApiError(Exception):
@@ -173,14 +174,6 @@ def _tls(args: argparse.Namespace, url: str) -> ssl.SSLContext | None:
     return tls.cli_context(cfg.tls.ca or cfg.aggregator.tls.ca, cfg.tls.cert, cfg.tls.key)
 
 
-def _open(args: argparse.Namespace, req: urllib.request.Request, url: str) -> Any:
-    try:
-        ctx = _tls(args, url)
-    except (OSError, ssl.SSLError) as e:
-        raise Undecided(f"cannot load the TLS files to verify {url}: {getattr(e, 'strerror', None) or e}") from None
-    return urllib.request.urlopen(req, timeout=args.timeout, context=ctx)
-
-
 def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None,
           admin: bool = False) -> Any:
     url, token = _target(args)
@@ -193,14 +186,29 @@ def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any]
         if not token:
             raise Undecided(f"an admin token is needed: {AUTH_HINT}")
         headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(url + path, data=data, method=method, headers=headers)
+    r = _exchange(args, url, method, path, data or b"", headers, API_MAX_BYTES)
     try:
-        with _open(args, req, url) as r:
-            return json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        raise _http_error(method, path, e) from None
-    except (urllib.error.URLError, OSError) as e:
-        raise Undecided(f"cannot reach the aggregator at {url}: {getattr(e, 'reason', e)}") from None
+        return json.loads(r.body)
+    except ValueError:
+        raise Undecided(f"{method} {path}: the answer is not JSON: {r.body[:80]!r}") from None
+
+
+def _exchange(args: argparse.Namespace, url: str, method: str, path: str, body: bytes, headers: dict[str, str],
+              max_bytes: int) -> httpclient.Reply:
+    """One exchange with the aggregator within --timeout for the whole of it (core/httpclient.py),
+    an https:// one verified (_tls)."""
+    try:
+        ctx = _tls(args, url)
+    except (OSError, ssl.SSLError) as e:
+        raise Undecided(f"cannot load the TLS files to verify {url}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        r = httpclient.exchange(method, url + path, deadline_s=args.timeout, body=body, headers=headers,
+                                max_bytes=max_bytes, tls=ctx)
+    except httpclient.ExchangeError as e:
+        raise Undecided(f"cannot reach the aggregator at {url}: {e}") from None
+    if r.status >= 400:
+        raise _http_error(method, path, r.status, r.body)
+    return r
 
 
 def _run(fn: Any) -> Any:
@@ -435,14 +443,8 @@ def _fetch(args: argparse.Namespace, path: str) -> tuple[bytes, dict[str, str]]:
     """GET a file with the admin token (bundles hold logs and serial numbers)."""
     url, token = _target(args)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    req = urllib.request.Request(url + path, headers=headers)
-    try:
-        with _open(args, req, url) as r:
-            return r.read(), dict(r.headers)
-    except urllib.error.HTTPError as e:
-        raise _http_error("GET", path, e) from None
-    except (urllib.error.URLError, OSError) as e:
-        raise Undecided(f"cannot reach the aggregator at {url}: {getattr(e, 'reason', e)}") from None
+    r = _exchange(args, url, "GET", path, b"", headers, FILE_MAX_BYTES)
+    return r.body, dict(r.headers)
 
 
 @_run

@@ -12,7 +12,7 @@ from typing import Awaitable, Callable, Collection, Sequence
 
 import aiohttp
 
-from podhealth import log as plog
+from podhealth import agentclient, httpclient, log as plog
 
 from podhealth.aggregator import ingest
 from podhealth.config_aggregator import AggregatorConfig
@@ -21,6 +21,7 @@ from podhealth.aggregator.state import Memory
 from podhealth.aggregator.store import Op, Store
 
 log = plog.get("podhealth.aggregator")
+PULL_MAX_BYTES = 4 << 20  # a node's /health: a few KB on a DGX, far more only from something broken
 
 
 class Liveness:
@@ -35,6 +36,7 @@ class Liveness:
         self.poke = poke
         self.clock = clock
         self.mono = mono
+        self._unproven: set[str] = set()  # nodes whose last answer was not proven (logged once)
 
     # ---- pulling agents --------------------------------------------------------------------------
 
@@ -53,19 +55,30 @@ class Liveness:
         if rec is None or not rec.agent_url:
             return
         url = rec.agent_url.rstrip("/") + "/health"
-        # No token: GET /health is open, and whatever answers at agent_url (a user who bound the
-        # port while the agent was down) would collect the fleet's agent token every pull.
+        # No credential goes with the pull (GET /health is open): a nonce, and the answer counts
+        # only with the proof that the node's agent key made it (core/agentclient.py). An
+        # impostor's {"status": "OK"} on the port is "could not tell", never a verdict.
         async with sem:
             try:
-                timeout = aiohttp.ClientTimeout(total=self.cfg.pull_timeout)
-                async with self.session.get(url, timeout=timeout) as resp:
-                    raw = await resp.read()
-                    status = resp.status
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                reply = await agentclient.ask_async(self.session, url, node, self.cfg.auth.agent_token_for(node),
+                                                    deadline_s=self.cfg.pull_timeout, signed=False,
+                                                    max_bytes=PULL_MAX_BYTES)
+                raw, status = reply.body, reply.status
+            except agentclient.Unproven as e:
+                self.metrics.pulls.labels("unproven").inc()
+                if node not in self._unproven:  # the change is news; every pull after it is not
+                    self._unproven.add(node)
+                    log.warning("agent answer not proven: ignored (an impostor on the port, or a key that does "
+                                "not match)", node=node, error=str(e))
+                await self.commit(mem.mark_unreachable(node, self.clock(), self.cfg.unreachable_after,
+                                                       f"GET /health: answer not proven: {e}"))
+                self.poke()
+                return
+            except httpclient.ExchangeError as e:
                 self.metrics.pulls.labels("unreachable").inc()
                 now = self.clock()
                 await self.commit(mem.mark_unreachable(node, now, self.cfg.unreachable_after,
-                                                       f"GET /health: {type(e).__name__} {e}"))
+                                                       f"GET /health: {e.kind}: {e}"))
                 self.poke()
                 return
         now = self.clock()
@@ -79,6 +92,9 @@ class Liveness:
             await self.commit(mem.mark_unreachable(node, now, self.cfg.unreachable_after, f"bad /health: {e}"))
             return
         self.metrics.pulls.labels("ok").inc()
+        if node in self._unproven:
+            self._unproven.discard(node)
+            log.info("agent answers proven again", node=node)
         _, ops = ingest.apply_report(mem, rep, now)
         if ops:
             await self.commit(ops)

@@ -48,7 +48,7 @@ class Metrics:
         self.fences = Counter(P + "fences", "Nodes newly fenced by podhealth, by the check and action behind them.",
                               ["check", "action"], registry=r)
         self.breaker_trips = Counter(P + "breaker_trips", "Times the circuit breaker tripped.", registry=r)
-        self.pulls = Counter(P + "pulls", "Agent /health pulls by result (ok, unreachable, bad).", ["result"], registry=r)
+        self.pulls = Counter(P + "pulls", "Agent /health pulls by result (ok, unreachable, bad, unproven: an answer without the node's proof).", ["result"], registry=r)
         self.decisions = Counter(P + "decisions", "Policy runs.", registry=r)
         self.clock_ahead = Counter(P + "clock_ahead", "Agent records (and Alertmanager alerts' startsAt) whose time\n"
                                    "claim ran more than max_clock_skew ahead of the aggregator's clock (the claim orders\n"

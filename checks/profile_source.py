@@ -8,11 +8,9 @@ then absent from /metrics, and the snapshot marks those collectors stale so noth
 
 from __future__ import annotations
 
-import socket
 import time
-import urllib.error
-import urllib.request
 
+from podhealth import httpclient
 from podhealth.checks.profile_capture import samples_by_collector
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import Sample, labels_of
@@ -28,12 +26,12 @@ class SourceError(Exception):
 def fetch_metrics(url: str, timeout: float) -> str:
     target = url.rstrip("/") + "/metrics"
     try:
-        with urllib.request.urlopen(target, timeout=timeout) as r:  # noqa: S310 - an operator-given agent URL
-            return r.read(MAX_BYTES).decode("utf-8", "replace")
-    except urllib.error.HTTPError as e:
-        raise SourceError(f"{target} answered HTTP {e.code}") from None
-    except (urllib.error.URLError, OSError, socket.timeout) as e:
-        raise SourceError(f"cannot reach the agent at {target}: {getattr(e, 'reason', e)}") from None
+        r = httpclient.exchange("GET", target, deadline_s=timeout, max_bytes=MAX_BYTES)
+    except httpclient.ExchangeError as e:
+        raise SourceError(f"cannot reach the agent at {target}: {e}") from None
+    if r.status != 200:
+        raise SourceError(f"{target} answered HTTP {r.status}")
+    return r.body.decode("utf-8", "replace")
 
 
 def snapshot_from_metrics(text: str, now: float | None = None) -> tuple[Snapshot, str]:

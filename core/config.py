@@ -341,18 +341,22 @@ class GpuResetConfig:
 @dataclass(frozen=True)
 class AuthConfig:
     token: str = doc(
-        "Bearer token required by POST /v1/handover (and `check --node`); the aggregator's agent_token.\n"
-        "Empty = only callers on this host (loopback, no foreign Origin) may run it.\n"
-        "Also from token_file or $PODHEALTH_AGENT_TOKEN.", "")
-    token_file: str = doc("File holding token.", "")
+        "This node's agent key (`podhealth token derive --agent --node NAME`): requests to the handover\n"
+        "suite, GPU reset and evidence bundle must be signed with it, and the agent proves its answers\n"
+        "with it (core/nodeproof.py; docs/security.md). Also from token_file, $PODHEALTH_AGENT_TOKEN,\n"
+        "else /etc/podhealth/agent.key (what `install-units` writes). With none, those routes are closed.", "")
+    token_file: str = doc("File holding token (0640 root:podhealth: root's hooks read it too).", "")
 
     def validate(self) -> tuple[str, str] | None:
         problem = credentials.secret_problem(self.token, self.token_file, "token")
         return ("token_file" if self.token_file else "token", problem) if problem else None
 
     def resolved(self) -> "AuthConfig":
-        """A copy with the token read from token_file or $PODHEALTH_AGENT_TOKEN (once, at start)."""
+        """A copy with the key read from token_file or $PODHEALTH_AGENT_TOKEN, else from
+        /etc/podhealth/agent.key when this user may read it (once, at start)."""
         token = credentials.read_secret(self.token, self.token_file, "PODHEALTH_AGENT_TOKEN")
+        if not token:
+            token = credentials.read_key_file(credentials.DEFAULT_AGENT_KEY_FILE)
         return dataclasses.replace(self, token=token, token_file="")
 
 

@@ -24,6 +24,13 @@ from pathlib import Path
 
 NODE_PREFIX = b"podhealth-node:"
 AGENT_PREFIX = b"podhealth-agent:"
+# Where install-units puts this node's agent key (0640 root:podhealth): the agent reads it when
+# auth.token/token_file/$PODHEALTH_AGENT_TOKEN name none, and root's tools on the node (the Slurm
+# and BCM hooks, `podhealth check`) read it to check that the agent answering is the real one.
+DEFAULT_AGENT_KEY_FILE = "/etc/podhealth/agent.key"
+# A user's own agent keys, one file per node (`<dir>/<node>.key`): `podhealth agent --simulate`
+# makes one for its simulated node there, and `podhealth check` run by the same user finds it.
+SIM_DIR_ENV = "PODHEALTH_SIM_DIR"
 MIN_SECRET_CHARS = 16  # a short secret can be guessed offline from one node's token
 SERVICE_GROUP = "podhealth"  # the systemd units' Group=: it may read files that hold tokens
 
@@ -64,6 +71,66 @@ def read_secret(inline: str, file: str, env: str) -> str:
             raise CredentialError(f"{file} is empty")
         return value
     return os.environ.get(env, "").strip() if env else ""
+
+
+def read_key_file(path: str | Path) -> str:
+    """The key in `path`, or "" when there is none this user may read (missing, or another
+    user's: a non-root caller simply has no key for the node)."""
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError):
+        return ""
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
+        raise CredentialError(f"cannot read {path}: {why}") from None
+
+
+def user_key_dir() -> Path:
+    """This user's key ring: `_keys` under $PODHEALTH_SIM_DIR, else /tmp/podhealth-sim-<uid>
+    (the simulator's per-user directory, where `agent --simulate` runs its node)."""
+    root = os.environ.get(SIM_DIR_ENV, "") or f"/tmp/podhealth-sim-{os.getuid()}"
+    return Path(root) / "_keys"
+
+
+def _private_to_me(path: Path, dir_too: bool) -> bool:
+    """`path` is ours and nobody else may change it (nor read it, for a key file): a key planted
+    in a directory another user made under /tmp must never vouch for an impostor."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    import stat
+
+    if st.st_uid != os.geteuid():
+        return False
+    if dir_too:
+        return stat.S_ISDIR(st.st_mode) and not st.st_mode & 0o022
+    return stat.S_ISREG(st.st_mode) and not st.st_mode & 0o077
+
+
+def user_key(node: str) -> str:
+    """The agent key this user holds for `node` in their key ring, or ""."""
+    d = user_key_dir()
+    f = d / f"{node}.key"
+    if not (_private_to_me(d, True) and _private_to_me(d.parent, True) and _private_to_me(f, False)):
+        return ""
+    return read_key_file(f)
+
+
+def ensure_user_key(node: str) -> str:
+    """This user's key for `node` (the simulated node of `agent --simulate`), made when missing."""
+    import secrets
+
+    key = user_key(node)
+    if key:
+        return key
+    d = user_key_dir()
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not (_private_to_me(d, True) and _private_to_me(d.parent, True)):
+        raise CredentialError(f"{d} (or its parent) is not this user's own private directory: no key written there")
+    key = secrets.token_hex(32)
+    write_private(d / f"{node}.key", key + "\n")
+    return key
 
 
 def secret_problem(inline: str, file: str, what: str) -> str | None:

@@ -99,6 +99,19 @@ def request_problem(key: str, node: str, method: str, path: str, headers: Mappin
     """Why this request is not signed by `node`'s key for this method, path and body now, or
     None. Replays are the NonceCache's to refuse, after this passed (so no one without the key
     can fill the cache)."""
+    problem = head_problem(key, node, headers, now)
+    if problem:
+        return problem
+    ts, nonce, sig = _get(headers, H_TIME), nonce_of(headers), _get(headers, H_SIGNATURE)
+    want = _mac(key, _REQUEST, method.upper(), path, node, ts, nonce, body_hash(body))
+    if not hmac.compare_digest(want, sig.lower()):
+        return "bad signature (wrong key for this node, or the request was changed)"
+    return None
+
+
+def head_problem(key: str, node: str, headers: Mapping[str, str], now: float) -> str | None:
+    """What request_problem finds wrong before the body is read (so an unsigned caller never gets
+    the agent to wait for a body), or None."""
     if not key:
         return "this agent holds no key (auth.token_file): its protected routes are closed"
     sig = _get(headers, H_SIGNATURE)
@@ -115,9 +128,6 @@ def request_problem(key: str, node: str, method: str, path: str, headers: Mappin
     if abs(skew) > WINDOW_S:
         return (f"the request's time is {skew:+.0f}s from this agent's clock (window {WINDOW_S:g}s): "
                 "check NTP on both hosts")
-    want = _mac(key, _REQUEST, method.upper(), path, node, ts, nonce, body_hash(body))
-    if not hmac.compare_digest(want, sig.lower()):
-        return "bad signature (wrong key for this node, or the request was changed)"
     return None
 
 

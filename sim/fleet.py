@@ -28,13 +28,11 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, TextIO
 
-from podhealth import cliconfig
+from podhealth import cliconfig, httpclient
 from podhealth.configload import ConfigError
 from podhealth.credentials import write_private
 from podhealth.exitcodes import EXIT_UNKNOWN, EXIT_USAGE
@@ -484,9 +482,8 @@ def _cmdline(pid: int) -> str:
 
 def _answers(url: str, timeout: float = 1.0) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return 200 <= int(r.status) < 300
-    except (urllib.error.URLError, OSError, ValueError):
+        return 200 <= httpclient.exchange("GET", url, deadline_s=timeout).status < 300
+    except httpclient.ExchangeError:
         return False
 
 

@@ -12,7 +12,6 @@ Judging what the report means is burnin.judge's job; this module only observes.
 from __future__ import annotations
 
 import threading
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
@@ -140,8 +139,12 @@ class MetricsWatcher(_Sampler):
     def sample(self) -> None:
         from prometheus_client.parser import text_string_to_metric_families
 
-        with urllib.request.urlopen(self.url, timeout=self.timeout) as r:  # noqa: S310 - local agent URL
-            text = r.read(8 * 1024 * 1024).decode("utf-8", "replace")
+        from podhealth import httpclient
+
+        r = httpclient.exchange("GET", self.url, deadline_s=self.timeout, max_bytes=8 * 1024 * 1024)
+        if r.status != 200:
+            raise httpclient.ExchangeError(f"{self.url} answered HTTP {r.status}")
+        text = r.body.decode("utf-8", "replace")
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
                 try:

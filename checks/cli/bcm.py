@@ -14,8 +14,10 @@ The verdict is the local agent's (/health on 127.0.0.1:listen.port, already damp
   no agent, a refused connection, a garbled answer, or no answer within the budget -> UNKNOWN.
 There is no in-process fallback: BCM samples this every interval on every node, and when the
 agent is away BCM's own gpu_health_* checks still cover the GPUs; UNKNOWN tells the
-administrator the agent is down. The read runs in a daemon thread joined with the budget, so an
-agent that accepts and never answers (or trickles bytes) cannot stretch the run past it.
+administrator the agent is down. The whole read has one deadline (core/httpclient.py), so an
+agent that accepts and never answers (or trickles bytes) cannot stretch the run past it; and
+the answer counts only with the proof of the node's agent key (root reads
+/etc/podhealth/agent.key): whatever else holds the port gives UNKNOWN.
 """
 
 from __future__ import annotations
@@ -24,12 +26,12 @@ import argparse
 import json
 import os
 import stat
+import socket
 import sys
-import threading
-import urllib.request
 from dataclasses import dataclass
 from typing import TextIO
 
+from podhealth import agentclient, httpclient
 from podhealth.config import Config
 from podhealth.vocab import NodeReport, Status
 
@@ -80,26 +82,18 @@ def answer(report: NodeReport | None, why: str = "", fail_severity: int | None =
     return BcmAnswer(word, sev, " ".join(info.split())[:MAX_INFO])
 
 
-def fetch(url: str, budget: float) -> tuple[NodeReport | None, str]:
-    """GET url within `budget` seconds of wall time, whatever the server does."""
-    box: dict[str, object] = {}
-
-    def work() -> None:
-        try:
-            with urllib.request.urlopen(url, timeout=budget) as r:
-                box["report"] = NodeReport.from_json(json.loads(r.read(4 << 20)))
-        except Exception as e:  # noqa: BLE001 - any failure to read is "no verdict", said in the text
-            box["error"] = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
-
-    t = threading.Thread(target=work, name="bcm-fetch", daemon=True)
-    t.start()
-    t.join(budget)
-    rep = box.get("report")
-    if isinstance(rep, NodeReport):
-        return rep, ""
-    if "error" in box:
-        return None, f"{url}: {box['error']}"
-    return None, f"{url} did not answer within {budget:g}s"
+def fetch(url: str, node: str, key: str, budget: float) -> tuple[NodeReport | None, str]:
+    """GET url within `budget` seconds for the whole exchange (core/httpclient.py), the answer
+    proven with the node's agent key (core/agentclient.py): an impostor on the port is UNKNOWN."""
+    try:
+        reply = agentclient.ask(url, node, key, deadline_s=budget, signed=False, max_bytes=4 << 20)
+        return NodeReport.from_json(json.loads(reply.body)), ""
+    except agentclient.Unproven as e:
+        return None, f"answer not proven, ignored: {e}"
+    except httpclient.ExchangeError as e:
+        return None, str(e)
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
+        return None, f"{url}: not a verdict: {type(e).__name__}: {e}"
 
 
 def _info_stream() -> TextIO | None:
@@ -134,7 +128,10 @@ def run_bcm(cfg: Config, budget: float = DEFAULT_BUDGET, fail_severity: int | No
     if not cfg.listen.port:
         rep, why = None, "listen.port is 0 (the agent picks a port): this script cannot find it"
     else:
-        rep, why = fetch(f"http://127.0.0.1:{cfg.listen.port}/health", budget)
+        from podhealth.checks.cli.slurm_health import agent_key
+
+        node = cfg.node.name or socket.gethostname().split(".")[0]
+        rep, why = fetch(f"http://127.0.0.1:{cfg.listen.port}/health", node, agent_key(cfg, node), budget)
     ans = answer(rep, why, fail_severity, unknown_severity)
     emit(ans, out or sys.stdout, info_fd)
     return 0

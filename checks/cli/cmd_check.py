@@ -9,14 +9,13 @@ import argparse
 import asyncio
 import json
 import os
+import contextlib
 import socket
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any, Callable
 
-from podhealth import cliconfig, tls
+from podhealth import agentclient, cliconfig, credentials, httpclient, tls
 from podhealth import config as config_mod
 from podhealth.credentials import CredentialError
 from podhealth.checks.handover.report import EXIT_UNKNOWN, SuiteReport, render
@@ -50,8 +49,9 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                    help=f"aggregator base URL that knows each node's agent URL (default: ${cliconfig.AGGREGATOR_ENV}, "
                         "then publish.aggregator_url from config)")
     cliconfig.add_option(p)
-    p.add_argument("--token", help="the node's agent token, `podhealth token derive --agent --node NAME` "
-                   "(default: $PODHEALTH_TOKEN, then auth.token from config)")
+    p.add_argument("--token", help="the node's agent key, `podhealth token derive --agent --node NAME`: it signs "
+                   "the request and checks the agent's answer, and never crosses the wire "
+                   "(default: $PODHEALTH_TOKEN, then auth.token from config, then /etc/podhealth/agent.key)")
     p.add_argument("--format", choices=["table", "json", "junit", "bcm"], default="table",
                    help="bcm: the local agent's verdict as a Base Command Manager health check (PASS/FAIL/UNKNOWN)")
     p.add_argument("-v", "--verbose", action="store_true", help="table: one row per entity, OK ones too")
@@ -84,9 +84,11 @@ def _token(args: argparse.Namespace, cfg: Config, node: str) -> str:
         if own or not node:
             return own
         derived = cfg.aggregator.auth.resolved().agent_token_for(node)
-        if derived or getattr(args, "config_chosen", bool(args.config)) or not os.access(AGGREGATOR_CONFIG, os.R_OK):
-            return derived
-        return config_mod.load(AGGREGATOR_CONFIG).aggregator.auth.resolved().agent_token_for(node)
+        chosen = getattr(args, "config_chosen", bool(args.config))
+        if not derived and not chosen and os.access(AGGREGATOR_CONFIG, os.R_OK):
+            derived = config_mod.load(AGGREGATOR_CONFIG).aggregator.auth.resolved().agent_token_for(node)
+        # this user's own key for the node: `agent --simulate` made one (credentials.user_key)
+        return derived or credentials.user_key(node)
     except (CredentialError, config_mod.ConfigError) as e:
         raise CheckError(str(e)) from None
 
@@ -107,59 +109,78 @@ def agent_url(cfg: Config, node: str, aggregator: str = "", token: str = "") -> 
 
 def _agent_url_from_aggregator(base: str, node: str, token: str, cfg: Config | None = None) -> str:
     url = f"{base.rstrip('/')}/api/v1/nodes/{urllib.parse.quote(node)}"
-    req = urllib.request.Request(url, headers={"Accept": "application/json",
-                                               **({"Authorization": f"Bearer {token}"} if token else {})})
+    headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     try:
         # https:// is verified (the config's tls.ca, $PODHEALTH_TLS_CA, else the system's store).
         ctx = None
         if url.startswith("https://"):
             ctx = tls.cli_context(cfg.tls.ca, cfg.tls.cert, cfg.tls.key) if cfg is not None else tls.cli_context()
-        with urllib.request.urlopen(req, timeout=5.0, context=ctx) as r:
-            return str(json.loads(r.read(1 << 20)).get("agent_url") or "")
-    except urllib.error.HTTPError as e:
-        if e.code == 404:
+        r = httpclient.exchange("GET", url, deadline_s=5.0, headers=headers, tls=ctx)
+        if r.status == 404:
             return ""  # not a node the aggregator knows: DNS may still find it
-        raise CheckError(f"aggregator {base} answered HTTP {e.code} for {node}") from None
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise CheckError(f"cannot ask the aggregator {base} for {node}'s agent: {getattr(e, 'reason', e)}") from None
+        if r.status != 200:
+            raise CheckError(f"aggregator {base} answered HTTP {r.status} for {node}")
+        return str(json.loads(r.body).get("agent_url") or "")
+    except (httpclient.ExchangeError, ValueError, AttributeError) as e:
+        raise CheckError(f"cannot ask the aggregator {base} for {node}'s agent: {e}") from None
 
 
-def fetch_handover(url: str, token: str, timeout: float, progress: Callable[[dict[str, Any]], None] | None) -> SuiteReport:
-    """POST <url>/v1/handover and read the NDJSON stream: progress lines, then the report."""
-    req = urllib.request.Request(url.rstrip("/") + "/v1/handover", data=b"{}", method="POST",
-                                 headers={"Accept": "application/x-ndjson", "Content-Type": "application/json",
-                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+def node_at(url: str) -> str:
+    """The node the agent at `url` says it is (GET /healthz): only to pick the key to check its
+    answers with, which then proves or disproves the claim."""
     try:
-        resp = urllib.request.urlopen(req, timeout=timeout)
-    except urllib.error.HTTPError as e:
-        body = e.read(500).decode(errors="replace").strip()
-        if e.code == 401:
-            raise CheckError(f"{url} rejected the token (HTTP 401): pass --token or set PODHEALTH_TOKEN to the node's "
-                             "agent token (`podhealth token derive --agent --node NAME`), or run it where the "
-                             f"aggregator's config can be read ({AGGREGATOR_CONFIG}, or --config FILE)") from None
-        raise CheckError(f"{url} answered HTTP {e.code}: {body}") from None
-    except (urllib.error.URLError, OSError, socket.timeout) as e:
-        reason = getattr(e, "reason", e)
-        if isinstance(reason, socket.gaierror):
-            raise CheckError(f"cannot resolve the agent at {url} ({reason.strerror}): pass --url, list the node "
-                             "under checks.agents in the config, or name the aggregator with --aggregator") from None
-        raise CheckError(f"cannot reach the agent at {url}: {reason}") from None
-    report = None
-    with resp:
-        for raw in resp:
-            line = raw.strip()
-            if not line:
-                continue
-            try:
-                msg = json.loads(line)
-            except json.JSONDecodeError:
-                raise CheckError(f"{url} sent a line that is not JSON: {line[:80]!r}") from None
+        r = httpclient.exchange("GET", url.rstrip("/") + "/healthz", deadline_s=5.0, max_bytes=64 * 1024)
+        node = json.loads(r.body).get("node") if r.status == 200 else None
+    except (httpclient.ExchangeError, ValueError, AttributeError) as e:
+        raise CheckError(f"cannot reach the agent at {url}: {e}") from None
+    if not isinstance(node, str) or node_name_problem(node):
+        raise CheckError(f"{url} does not say which node it is (GET /healthz): not a podhealth agent?")
+    return node
+
+
+def fetch_handover(url: str, node: str, key: str, timeout: float,
+                   progress: Callable[[dict[str, Any]], None] | None) -> SuiteReport:
+    """POST <url>/v1/handover, signed with the node's agent key, and read the NDJSON stream:
+    progress lines as they come, then the report, believed only once the stream's proof checks
+    out (core/agentclient.py), all within `timeout` seconds."""
+    def on_line(raw: bytes) -> None:
+        with contextlib.suppress(ValueError, AttributeError):
+            msg = json.loads(raw)
             if msg.get("type") == "progress" and progress:
                 progress(msg)
-            elif msg.get("type") == "report":
-                report = SuiteReport.from_json(msg["report"])
-            elif msg.get("type") == "error":
-                raise CheckError(f"{url}: {msg.get('error')}")
+    try:
+        r = agentclient.ask(url.rstrip("/") + "/v1/handover", node, key, "POST", deadline_s=timeout, body=b"{}",
+                            headers={"Accept": "application/x-ndjson", "Content-Type": "application/json"},
+                            max_bytes=16 << 20, on_line=on_line)
+    except agentclient.Unproven as e:
+        if not key:
+            raise CheckError(f"no agent key for {node}: pass --token or set PODHEALTH_TOKEN to the node's agent key "
+                             "(`podhealth token derive --agent --node NAME`), run it as root on the node "
+                             f"(/etc/podhealth/agent.key), or where the aggregator's config can be read "
+                             f"({AGGREGATOR_CONFIG}, or --config FILE)") from None
+        raise CheckError(f"the answer is not proven to come from {node}'s agent, ignored: {e}") from None
+    except httpclient.ExchangeError as e:
+        if "cannot resolve" in str(e):
+            raise CheckError(f"{e}: pass --url, list the node under checks.agents in the config, or name the "
+                             "aggregator with --aggregator") from None
+        raise CheckError(f"cannot reach the agent at {url}: {e}") from None
+    if r.status == 401:
+        raise CheckError(f"{url} refused the signature (HTTP 401: {r.body[:300].decode(errors='replace')}): the key "
+                         f"is not {node}'s agent key (`podhealth token derive --agent --node {node}`)")
+    if r.status != 200:
+        raise CheckError(f"{url} answered HTTP {r.status}: {r.body[:500].decode(errors='replace').strip()}")
+    report = None
+    for line in r.body.splitlines():
+        if not line.strip():
+            continue
+        try:
+            msg = json.loads(line)
+        except json.JSONDecodeError:
+            raise CheckError(f"{url} sent a line that is not JSON: {line[:80]!r}") from None
+        if msg.get("type") == "report":
+            report = SuiteReport.from_json(msg["report"])
+        elif msg.get("type") == "error":
+            raise CheckError(f"{url}: {msg.get('error')}")
     if report is None:
         raise CheckError(f"{url} closed the stream before sending a report")
     return report
@@ -218,7 +239,8 @@ def run(args: argparse.Namespace) -> int:
         url = args.url or (agent_url(cfg, args.node, aggregator) if args.node
                            else _local_agent_listening(cfg))
         if url:
-            rep = fetch_handover(url, _token(args, cfg, args.node or ""), args.timeout, on_progress)
+            node = args.node or node_at(url)
+            rep = fetch_handover(url, node, _token(args, cfg, node), args.timeout, on_progress)
         else:
             from podhealth.checks.handover.suite import LocalCollector, run_suite
 

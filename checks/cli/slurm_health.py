@@ -14,8 +14,8 @@ import json
 import os
 import socket
 import sys
-import urllib.request
 
+from podhealth import agentclient, credentials, httpclient
 from podhealth.checks.handover.report import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN
 from podhealth.config import Config
 from podhealth.vocab import CheckResult, NodeReport, Status
@@ -25,17 +25,41 @@ FAST_COLLECTORS = ("nvml", "nvlink", "infiniband", "nfs", "host", "kmsg", "pcie_
 LOCAL_TIME_CAP = 3.0
 
 
-def _from_agent(cfg: Config) -> NodeReport | None:
-    return agent_report(f"http://127.0.0.1:{cfg.listen.port}", timeout=1.5)
+def _from_agent(cfg: Config, node: str) -> NodeReport | None:
+    return agent_report(f"http://127.0.0.1:{cfg.listen.port}", node, agent_key(cfg, node), timeout=1.5)
 
 
-def agent_report(base: str, timeout: float) -> NodeReport | None:
-    """The verdict of the agent at `base` (its /health), or None when it does not answer one."""
+def agent_key(cfg: Config, node: str) -> str:
+    """The key to check this node's agent with: the agent's own (auth.token, token_file,
+    $PODHEALTH_AGENT_TOKEN, /etc/podhealth/agent.key: root's hooks can read it, a user cannot),
+    else this user's key for the node (the simulator's, credentials.user_key). "" when none."""
     try:
-        with urllib.request.urlopen(f"{base.rstrip('/')}/health", timeout=timeout) as r:
-            return NodeReport.from_json(json.loads(r.read()))
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return cfg.auth.resolved().token or credentials.user_key(node)
+    except credentials.CredentialError:
+        return ""
+
+
+def agent_report(base: str, node: str, key: str, timeout: float) -> NodeReport | None:
+    """The verdict of `node`'s agent at `base` (its /health), proven with the node's `key`; None
+    when nothing answers (the caller may judge the node itself). An answer that is not proven to
+    come from the agent (an impostor that took the port while the agent was down, or no key to
+    check with) is an UNKNOWN report: it never drains, resumes or passes anything."""
+    url = f"{base.rstrip('/')}/health"
+    try:
+        reply = agentclient.ask(url, node, key, deadline_s=timeout, signed=False, max_bytes=4 << 20)
+        return NodeReport.from_json(json.loads(reply.body))
+    except agentclient.Unproven as e:
+        return unproven_report(node, str(e))
+    except (httpclient.ExchangeError, ValueError, KeyError, TypeError, RecursionError):
         return None
+
+
+def unproven_report(node: str, why: str) -> NodeReport:
+    """What an answer we cannot trust tells: nothing (one UNKNOWN result that says why)."""
+    from podhealth import __version__
+
+    return NodeReport(node, __version__, "", (CheckResult(
+        "agent", Status.UNKNOWN, "node", summary=f"agent answer not proven, ignored: {why}"[:400]),))
 
 
 def local_report(cfg: Config, node: str, cap: float = LOCAL_TIME_CAP) -> NodeReport:
@@ -54,7 +78,7 @@ def line(r: CheckResult) -> str:
 
 def run_slurm_health(cfg: Config, drain_self: bool = False) -> int:
     node = os.environ.get("SLURMD_NODENAME") or cfg.node.name or socket.gethostname().split(".")[0]
-    return answer(node, _from_agent(cfg) or local_report(cfg, node), drain_self)
+    return answer(node, _from_agent(cfg, node) or local_report(cfg, node), drain_self)
 
 
 def answer(node: str, rep: NodeReport, drain: bool) -> int:

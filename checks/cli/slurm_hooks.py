@@ -34,7 +34,7 @@ import time
 from typing import Callable, Iterable, Sequence
 
 from podhealth.checks.handover.report import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN
-from podhealth.checks.cli.slurm_health import agent_report, line
+from podhealth.checks.cli.slurm_health import agent_key, agent_report, line
 from podhealth.config import Config
 from podhealth.vocab import CheckResult, NodeReport, Status
 
@@ -99,7 +99,7 @@ def _judge(results: Sequence[CheckResult]) -> tuple[list[CheckResult], list[Chec
 def _report(cfg: Config, node: str, budget: float) -> NodeReport:
     """The agent's verdict; when no agent answers, the fast passive sources collected here."""
     t0 = time.monotonic()
-    rep = agent_report(agent_base(cfg, node), timeout=min(2.0, budget / 2))
+    rep = agent_report(agent_base(cfg, node), node, agent_key(cfg, node), timeout=min(2.0, budget / 2))
     if rep is not None:
         return rep
     from podhealth.checks.cli.slurm_health import local_report

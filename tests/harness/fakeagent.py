@@ -11,7 +11,7 @@ import json
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 
 class _Server:
@@ -117,3 +117,35 @@ class Impostor(_Server):
         self.requests.append(request)
         conn.sendall(f"HTTP/1.1 {self.status} X\r\nContent-Type: application/json\r\nContent-Length: {len(self.body)}"
                      "\r\nConnection: close\r\n\r\n".encode() + self.body)
+
+
+def signed_headers(key: str, node: str, method: str, url: str, body: bytes, **extra: str) -> dict[str, str]:
+    """The headers of a request to `node`'s agent at `url`, signed with `key` now (core/nodeproof.py)."""
+    import time as _time
+
+    from podhealth import httpclient, nodeproof
+
+    s = nodeproof.sign(key, node, method, httpclient.request_path(url), body, _time.time())
+    return {**extra, **s.headers}
+
+
+def proving_middleware(key: "str | Callable[[], str]", node: str) -> Any:
+    """An aiohttp middleware for a stand-in agent: proves every answer as the real agent does
+    (core/nodeproof.py) when its key (`key`, or what `key()` says now) is set; without one it
+    answers as an impostor would."""
+    import time as _time
+
+    from aiohttp import web
+
+    from podhealth import nodeproof
+
+    @web.middleware
+    async def prove(request: web.Request, handler: Any) -> web.StreamResponse:
+        resp = await handler(request)
+        nonce = nodeproof.nonce_of(request.headers)
+        k = key() if callable(key) else key
+        if k and nonce and isinstance(resp, web.Response) and isinstance(resp.body, bytes):
+            resp.headers.update(nodeproof.prove(k, node, request.method, request.raw_path, nonce, resp.status,
+                                                resp.body, _time.time()))
+        return resp
+    return prove

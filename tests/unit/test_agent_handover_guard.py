@@ -1,5 +1,7 @@
-"""The agent's POST /v1/handover runs the handover suite (on a GPU node a burn-in and NCCL): only
-for its token, or for a caller on this host; never for a cross-site browser; JSON only."""
+"""The agent's POST /v1/handover runs the handover suite (on a GPU node a burn-in and NCCL), and
+POST /v1/gpu-reset and /v1/bundle act or reveal: only for a request signed with the node's agent
+key, once (a replay is refused), never without a key configured (closed by default, to local
+callers too), never for a cross-site browser; JSON only."""
 
 from __future__ import annotations
 
@@ -19,8 +21,14 @@ from podhealth.agent import health
 from podhealth.agent.agent import Agent
 from podhealth.checks.handover.report import SuiteReport
 from podhealth.config import AuthConfig, Config, ListenConfig
+from tests.harness.fakeagent import signed_headers
 
 pytestmark = pytest.mark.timeout(60)
+KEY = "agent-secret-0123456789abcdef"
+
+
+def signed(url: str, body: bytes = b"{}", key: str = KEY, node: str = "dgx01", **extra: str) -> dict[str, str]:
+    return signed_headers(key, node, "POST", url, body, **{"Content-Type": "application/json", **extra})
 
 
 class Started:
@@ -65,7 +73,7 @@ FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
 
 async def test_a_cross_origin_form_post_is_refused_and_runs_nothing(agent_factory: Any) -> None:
-    a = await agent_factory()
+    a = await agent_factory(token=KEY)
     host = f"127.0.0.1:{a.agent.port}"
     status, body = await _post(a.url, {**FORM, "Origin": "http://evil.example", "Host": host}, b"x=1")
     assert (status, a.runs) == (403, 0), body
@@ -75,28 +83,91 @@ async def test_a_cross_origin_form_post_is_refused_and_runs_nothing(agent_factor
     for ctype in ("application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x"):
         status, body = await _post(a.url, {"Content-Type": ctype})
         assert (status, a.runs) == (415, 0), (ctype, body)
-    # DNS rebinding: the socket is loopback, the Host is the attacker's name
-    status, body = await _post(a.url, {"Content-Type": "application/json", "Host": f"evil.example:{a.agent.port}"})
+    # a signed request from a cross-site page is still refused
+    status, body = await _post(a.url, signed(a.url, Origin="http://evil.example"))
     assert (status, a.runs) == (403, 0), body
-    assert "only a caller on this host" in body
-    # a local client (podhealth check, curl) with JSON and no Origin runs it
-    status, body = await _post(a.url, {"Content-Type": "application/json"})
+    # a local client (podhealth check) with the key signs it: it runs
+    status, body = await _post(a.url, signed(a.url))
     assert (status, a.runs) == (200, 1), body
-    status, _ = await _post(a.url, {"Content-Type": "application/json", "Origin": f"http://{host}"})
+    status, _ = await _post(a.url, signed(a.url, Origin=f"http://{host}"))
     assert (status, a.runs) == (200, 2)
 
 
-async def test_with_a_token_the_token_is_required(agent_factory: Any) -> None:
-    a = await agent_factory(token="agent-secret")
-    json_ct = {"Content-Type": "application/json"}
-    assert (await _post(a.url, json_ct))[0] == 401
-    assert (await _post(a.url, {**json_ct, "Authorization": "Bearer wrong"}))[0] == 401
-    assert (await _post(a.url, {**json_ct, "Authorization": "Bearer agent-secret", "Origin": "http://evil.example"}))[0] == 403
-    assert (await _post(a.url, {**FORM, "Authorization": "Bearer agent-secret"}))[0] == 415
+@pytest.mark.parametrize("path", ["/v1/handover", "/v1/gpu-reset", "/v1/bundle"])
+async def test_without_a_key_every_protected_route_is_closed_to_local_callers_too(agent_factory: Any,
+                                                                                  path: str) -> None:
+    """Closed by default: a local user must not run the suite, reset an idle GPU, or take the
+    bundle (kernel log lines that user cannot read). It was open to any caller on loopback."""
+    a = await agent_factory()
+    url = a.url.rsplit("/", 2)[0] + path
+    body = b'{"gpu": 0}'
+    for headers in ({"Content-Type": "application/json"}, signed(url, body), signed(url, body, key="")):
+        status, text = await _post(url, headers, body)
+        assert status == 403 and "holds no key" in json.loads(text)["error"], (headers, text)
     assert a.runs == 0
-    assert (await _post(a.url, {**json_ct, "Authorization": "Bearer agent-secret"}))[0] == 200
+
+
+async def test_a_request_not_signed_with_the_nodes_key_is_refused(agent_factory: Any) -> None:
+    a = await agent_factory(token=KEY)
+    json_ct = {"Content-Type": "application/json"}
+    refused = [
+        json_ct,  # unsigned, from this host
+        {**json_ct, "Authorization": f"Bearer {KEY}"},  # the key itself as a bearer token: never accepted
+        signed(a.url, key="another-nodes-key-0123456789"),
+        signed(a.url, node="dgx02"),  # signed for another node
+        signed(a.url, body=b'{"reason": "other"}'),  # the body changed after signing
+        signed(a.url.replace("/v1/handover", "/v1/bundle")),  # signed for another route
+    ]
+    for headers in refused:
+        status, text = await _post(a.url, headers)
+        assert status == 401, (headers, text)
+    assert (await _post(a.url, {**signed(a.url), **FORM}))[0] == 415
+    assert a.runs == 0
+    assert (await _post(a.url, signed(a.url)))[0] == 200
     assert a.runs == 1
 
+
+@pytest.mark.parametrize("path", ["/v1/handover", "/v1/gpu-reset"])
+async def test_a_signed_request_replayed_byte_for_byte_is_refused(agent_factory: Any, path: str) -> None:
+    """A GPU reset captured on the wire and sent again was carried out twice."""
+    import asyncio
+
+    a = await agent_factory(token=KEY)
+    url = a.url.rsplit("/", 2)[0] + path
+    body = b'{"gpu": 0, "reason": "test"}'
+    head = "".join(f"{k}: {v}\r\n" for k, v in signed(url, body).items())
+    raw = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{a.agent.port}\r\n{head}Content-Length: {len(body)}\r\n"
+           "Connection: close\r\n\r\n").encode() + body
+    answers = []
+    for _ in range(2):
+        reader, writer = await asyncio.open_connection("127.0.0.1", a.agent.port)
+        try:
+            writer.write(raw)
+            await writer.drain()
+            answers.append(await asyncio.wait_for(reader.read(), 30))
+        finally:
+            writer.close()
+    assert not answers[0].startswith((b"HTTP/1.1 401", b"HTTP/1.1 409")), answers[0][:200]
+    assert answers[1].startswith(b"HTTP/1.1 409") and b"already carried out" in answers[1], answers[1][:300]
+    if path == "/v1/handover":
+        assert a.runs == 1
+
+
+async def test_answers_carry_the_proof_of_the_nodes_key(agent_factory: Any) -> None:
+    """What the aggregator and the hooks check: the proof is over the node, their nonce and the body."""
+    from podhealth import agentclient
+
+    a = await agent_factory(token=KEY)
+    base = a.url.rsplit("/", 2)[0]
+    async with aiohttp.ClientSession() as s:
+        r = await agentclient.ask_async(s, base + "/health", "dgx01", KEY, deadline_s=10, signed=False)
+        assert r.status in (200, 503) and json.loads(r.body)["node"] == "dgx01"
+        r = await agentclient.ask_async(s, a.url, "dgx01", KEY, "POST", deadline_s=10, body=b"{}",
+                                        headers={"Content-Type": "application/json"})
+        assert r.status == 200 and a.runs == 1
+        with pytest.raises(agentclient.Unproven):
+            await agentclient.ask_async(s, base + "/health", "dgx01", "not-the-key-0123456789", deadline_s=10,
+                                        signed=False)
 
 @pytest.mark.parametrize(("peer", "host", "ok"), [
     ("127.0.0.1", "127.0.0.1:9410", True),
@@ -130,30 +201,31 @@ async def test_a_content_encoding_not_decoded_here_is_a_json_415_on_every_post(a
     """`Content-Encoding: br` was aiohttp's plain-text 400 before any handler ran (zstd the same;
     xz passed on undecoded): on each POST route it is the JSON 415 naming what is decoded, after
     the token is checked, and nothing runs."""
-    a = await agent_factory(token="agent-secret")
+    a = await agent_factory(token=KEY)
     base = a.url.rsplit("/", 2)[0]
-    ok = {"Content-Type": "application/json", "Authorization": "Bearer agent-secret"}
     for path in ("/v1/handover", "/v1/gpu-reset", "/v1/bundle"):
         for coding in ("br", "zstd", "xz", "gzip, br"):
+            ok = signed(base + path, b'{"gpu": 0}')
             status, body = await _post(base + path, {**ok, "Content-Encoding": coding}, b'{"gpu": 0}')
             assert status == 415, (path, coding, body)
             out = json.loads(body)
             assert repr(coding) in out["error"] and "gzip, deflate, identity" in out["error"], out
-        status, _ = await _post(base + path, {**ok, "Authorization": "Bearer wrong", "Content-Encoding": "br"})
+        bad = signed(base + path, b'{"gpu": 0}', key="wrong-key-0123456789")
+        status, _ = await _post(base + path, bad, b'{"gpu": 0}')
         assert status == 401
     assert a.runs == 0
 
 
 async def test_a_gzip_body_is_decoded_on_the_agent(agent_factory: Any) -> None:
-    a = await agent_factory(token="agent-secret")
+    a = await agent_factory(token=KEY)
     url = a.url.rsplit("/", 2)[0] + "/v1/gpu-reset"
-    ok = {"Content-Type": "application/json", "Authorization": "Bearer agent-secret",
-          "Content-Encoding": "gzip"}
-    # read and judged: a GPU index out of range (nothing is reset)
-    status, body = await _post(url, ok, gzip.compress(b'{"gpu": 99, "reason": "test"}'))
+    # read and judged: a GPU index out of range (nothing is reset); the signature covers the decoded body
+    plain = b'{"gpu": 99, "reason": "test"}'
+    status, body = await _post(url, signed(url, plain, **{"Content-Encoding": "gzip"}), gzip.compress(plain))
     assert status == 400 and "expected" in json.loads(body)["error"], body
-    status, body = await _post(url, ok, b'{"gpu": 0}')  # says gzip, is not
-    assert status == 400 and "content-encoding: gzip" in json.loads(body)["error"], body
+    status, body = await _post(url, signed(url, b'{"gpu": 0}', **{"Content-Encoding": "gzip"}), b'{"gpu": 0}')
+    assert status == 400 and "content-encoding: gzip" in json.loads(body)["error"], body  # says gzip, is not
+    ok = signed(url, b" " * (1024 * 1024), **{"Content-Encoding": "gzip"})
     status, body = await _post(url, ok, gzip.compress(b" " * (1024 * 1024)))
     assert status == 413 and "once decoded" in json.loads(body)["error"], body
 
@@ -165,15 +237,14 @@ async def test_a_gpu_reset_body_too_large_or_too_slow_is_a_json_error(agent_fact
     import asyncio
     from podhealth.agent import gpureset
     monkeypatch.setattr(gpureset, "BODY_TIMEOUT_S", 0.5)
-    a = await agent_factory(token="agent-secret")
+    a = await agent_factory(token=KEY)
     url = a.url.rsplit("/", 2)[0] + "/v1/gpu-reset"
-    ok = {"Content-Type": "application/json", "Authorization": "Bearer agent-secret"}
-    status, body = await _post(url, ok, b" " * (2 * 1024 * 1024))
+    status, body = await _post(url, signed(url, b" " * (2 * 1024 * 1024)), b" " * (2 * 1024 * 1024))
     assert status == 413 and "exceeds" in json.loads(body)["error"], body
     reader, writer = await asyncio.open_connection("127.0.0.1", a.agent.port)
     try:
-        writer.write(b"POST /v1/gpu-reset HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     b"Authorization: Bearer agent-secret\r\nContent-Length: 100\r\n\r\n{")
+        head = "".join(f"{k}: {v}\r\n" for k, v in signed(url, b"{" + b" " * 99).items()).encode()
+        writer.write(b"POST /v1/gpu-reset HTTP/1.1\r\nHost: 127.0.0.1\r\n" + head + b"Content-Length: 100\r\n\r\n{")
         await writer.drain()
         answer = await asyncio.wait_for(reader.read(65536), 10)
     finally:

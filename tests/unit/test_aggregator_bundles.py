@@ -18,11 +18,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from podhealth import nodeproof
 from podhealth.agent.bundle import Part, pack
 from podhealth.aggregator import bundles
 from podhealth.config_aggregator import AggAuthConfig, BundlesConfig, NodeEntry
 from podhealth.aggregator.model import FenceMode
 from tests.harness.agg import MemFencer, config, running
+from tests.harness.fakeagent import proving_middleware
 from tests.harness.proc import free_port
 from tests.unit.test_aggregator_service import fail_report, until
 
@@ -35,8 +37,9 @@ H = {"Authorization": f"Bearer {ADMIN}"}
 class BundleAgent:
     """An agent's /health (failing) and /v1/bundle (a real pack() archive, or what the test says)."""
 
-    def __init__(self, node: str) -> None:
+    def __init__(self, node: str, key: str = AGENT) -> None:
         self.node = node
+        self.key = key  # "" = an impostor on the port: no key to check requests or prove answers with
         self.calls: list[str] = []
         self.answer: tuple[int, bytes] | None = None
         self.delay = 0.0
@@ -45,10 +48,12 @@ class BundleAgent:
         return web.json_response(fail_report(self.node, time.time()), status=503)
 
     async def bundle(self, request: web.Request) -> web.Response:
-        self.calls.append(request.headers.get("Authorization", ""))
+        problem = nodeproof.request_problem(AGENT, self.node, request.method, request.raw_path, request.headers,
+                                            await request.read(), time.time())
+        self.calls.append(request.headers.get("Authorization", "") or problem or "signed")
         await asyncio.sleep(self.delay)
-        if request.headers.get("Authorization") != f"Bearer {AGENT}":
-            return web.json_response({"error": "missing or wrong bearer token"}, status=401)
+        if problem and self.key:
+            return web.json_response({"error": problem}, status=401)
         if self.answer is not None:
             return web.Response(status=self.answer[0], body=self.answer[1])
         blob, _ = pack([Part("health.json", b'{"node": "%s"}' % self.node.encode())],
@@ -56,7 +61,7 @@ class BundleAgent:
         return web.Response(body=blob, content_type="application/gzip")
 
     async def serve(self) -> tuple[web.AppRunner, str]:
-        app = web.Application()
+        app = web.Application(middlewares=[proving_middleware(lambda: self.key, self.node)])
         app.router.add_get("/health", self.health)
         app.router.add_post("/v1/bundle", self.bundle)
         runner = web.AppRunner(app, access_log=None)
@@ -84,7 +89,7 @@ async def test_a_fence_fetches_stores_and_serves_the_bundle(tmp_path: Path) -> N
     try:
         async with running(cfg(tmp_path, agent_url), [fencer]) as (agg, url), aiohttp.ClientSession() as s:
             await until(lambda: agg.store.bundles_of("dgx01"))
-            assert agg.mem.nodes["dgx01"].fence is FenceMode.FENCED and agent.calls == [f"Bearer {AGENT}"]
+            assert agg.mem.nodes["dgx01"].fence is FenceMode.FENCED and agent.calls == ["signed"]
             [row] = agg.store.bundles_of("dgx01")
             fence_id = next(a.id for a in agg.store.actions_of("dgx01") if a.kind == "fence")
             path = tmp_path / "bundles" / "dgx01" / f"{fence_id}.tar.gz"
@@ -163,6 +168,24 @@ async def test_a_failed_fetch_is_an_audit_note_and_the_fence_stands(tmp_path: Pa
         await runner.cleanup()
 
 
+async def test_an_impostor_gets_no_credential_and_its_bundle_is_not_stored(tmp_path: Path) -> None:
+    """The agent token used to go, as a bearer token, to whatever listened on the agent's port."""
+    agent = BundleAgent("dgx01")
+    runner, agent_url = await agent.serve()
+    try:
+        async with running(cfg(tmp_path, agent_url), [MemFencer()]) as (agg, _):
+            await until(lambda: agg.store.bundles_of("dgx01"))  # fenced, its bundle fetched from the agent
+            agent.key = ""  # the agent is gone; something else answers on its port
+            assert await bundles.fetch(agg, "dgx01", 999) is None
+            await until(lambda: any(a["what"] == "bundle failed" for a in audit(agg, "dgx01")))
+            note = next(a for a in audit(agg, "dgx01") if a["what"] == "bundle failed")
+            assert "not this node's agent" in note["output"] and len(agg.store.bundles_of("dgx01")) == 1
+            # what reached it proves the key without revealing it: a signature, no bearer token
+            assert agent.calls == ["signed", "signed"]
+    finally:
+        await runner.cleanup()
+
+
 async def test_a_slow_agent_times_out_without_holding_up_fencing(tmp_path: Path) -> None:
     agent = BundleAgent("dgx01")
     agent.delay = 5.0  # past bundles.timeout
@@ -177,7 +200,8 @@ async def test_a_slow_agent_times_out_without_holding_up_fencing(tmp_path: Path)
             await until(lambda: "dgx02" in fencer.fenced)  # decide and act go on while the fetch waits
             assert not any(a["what"].startswith("bundle") for a in audit(agg, "dgx01"))
             await until(lambda: any(a["what"] == "bundle failed" for a in audit(agg, "dgx01")))
-            assert "Timeout" in next(a for a in audit(agg, "dgx01") if a["what"] == "bundle failed")["output"]
+            assert "no complete answer within 3s" in next(a for a in audit(agg, "dgx01")
+                                                          if a["what"] == "bundle failed")["output"]
     finally:
         await runner.cleanup()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from podhealth import nodeproof
 from podhealth.config_aggregator import AggAuthConfig, LadderConfig, NodeEntry, RetryConfig
 from podhealth.fencing.fence import FenceReason, render_reason
 from podhealth.aggregator.model import BreakerState, FenceMode
 from podhealth.aggregator.store import NodeRow, Store
 from tests.harness.agg import MemFencer, config, running
+from tests.harness.fakeagent import proving_middleware
 from tests.harness.proc import free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -40,8 +43,9 @@ async def until(pred: Any, timeout: float = 20.0) -> None:
 class Agent:
     """/health (FAIL xid gpu3 RESET_GPU until told OK), /v1/handover and /v1/gpu-reset."""
 
-    def __init__(self, node: str) -> None:
+    def __init__(self, node: str, key: str = "agent-secret") -> None:
         self.node = node
+        self.key = key  # the node's agent key: requests must be signed with it, answers are proven with it
         self.status = "FAIL"
         self.action = "RESET_GPU"
         self.reset: tuple[int, dict[str, Any]] = (200, {"ok": True})
@@ -57,18 +61,26 @@ class Agent:
         return web.json_response({"node": self.node, "time": self.t, "results": res},
                                  status=200 if self.status == "OK" else 503)
 
+    async def _credential(self, request: web.Request) -> str:
+        """What the caller presented: "signed" (by this node's key), or what else it sent."""
+        if request.headers.get("Authorization"):
+            return request.headers["Authorization"]
+        problem = nodeproof.request_problem(self.key, self.node, request.method, request.raw_path, request.headers,
+                                            await request.read(), time.time())
+        return problem or "signed"
+
     async def handover(self, request: web.Request) -> web.Response:
-        self.auth.append(request.headers.get("Authorization", ""))
+        self.auth.append(await self._credential(request))
         return web.json_response({"status": self.handover_status})
 
     async def gpu_reset(self, request: web.Request) -> web.Response:
         self.resets.append(await request.json())
-        self.auth.append(request.headers.get("Authorization", ""))
+        self.auth.append(await self._credential(request))
         code, body = self.reset
         return web.json_response(body, status=code)
 
     async def serve(self) -> tuple[web.AppRunner, str]:
-        app = web.Application()
+        app = web.Application(middlewares=[proving_middleware(lambda: self.key, self.node)])
         app.router.add_get("/health", self.health)
         app.router.add_post("/v1/handover", self.handover)
         app.router.add_post("/v1/gpu-reset", self.gpu_reset)
@@ -101,7 +113,7 @@ async def test_reset_fails_then_reboot_does_not_help_then_repair(tmp_path: Path)
             rec = agg.mem.nodes["dgx01"]
             # rung 1: the agent was asked to reset GPU 3 with the aggregator's agent token, and failed
             assert agent.resets == [{"gpu": 3, "reason": agent.resets[0]["reason"]}]
-            assert agent.auth == ["Bearer agent-secret"]
+            assert agent.auth == ["signed"]  # signed with the key; no bearer token crosses the wire
             # rung 2: a reboot through the scheduler; the node stayed FAIL past verify_within
             assert fencer.count("reboot", "dgx01") == 1
             # memory leads; the writer stores the last rows a moment later
@@ -159,7 +171,7 @@ async def test_without_a_shared_agent_token_each_agent_gets_its_own_derived_one(
     """Root on dgx02 holds dgx02's agent token: what the aggregator sends dgx01 is not it."""
     from podhealth.credentials import derive_agent_token
     secret = "cluster-secret-" + "x" * 20
-    agent = Agent("dgx01")
+    agent = Agent("dgx01", key=derive_agent_token(secret, "dgx01"))
     runner, url = await agent.serve()
     fencer = MemFencer()
     try:
@@ -170,7 +182,8 @@ async def test_without_a_shared_agent_token_each_agent_gets_its_own_derived_one(
             await until(lambda: agg.mem.nodes["dgx01"].fence is FenceMode.NONE and not agg.pending)
         mine = derive_agent_token(secret, "dgx01")
         assert mine not in (derive_agent_token(secret, "dgx02"), secret)
-        assert len(agent.auth) >= 2 and set(agent.auth) == {f"Bearer {mine}"}, agent.auth  # the reset, then the handover
+        # the reset, then the handover: each signed with dgx01's own key (dgx02's would not verify)
+        assert len(agent.auth) >= 2 and set(agent.auth) == {"signed"}, agent.auth
     finally:
         await runner.cleanup()
 

@@ -17,6 +17,7 @@ from podhealth.aggregator.model import FenceMode
 from podhealth.aggregator.store import NodeRow, Store
 from podhealth.vocab import Status
 from tests.harness.agg import MemFencer, config, running
+from tests.harness.fakeagent import proving_middleware
 from tests.harness.proc import free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -41,8 +42,9 @@ def fail_report(node: str, t: float, status: str = "FAIL") -> dict[str, Any]:
 class FakeAgent:
     """An agent's /health and /v1/handover, answering what the test says."""
 
-    def __init__(self, node: str) -> None:
+    def __init__(self, node: str, key: str = "agent-secret") -> None:
         self.node = node
+        self.key = key  # the node's agent key: it proves its answers with it (an impostor has none)
         self.status = "OK"
         self.handover: tuple[int, dict[str, Any]] = (200, {"status": "OK"})
         self.handovers: list[str] = []
@@ -56,12 +58,14 @@ class FakeAgent:
                                  status=200 if self.status == "OK" else 503)
 
     async def do_handover(self, request: web.Request) -> web.Response:
-        self.handovers.append(request.headers.get("Authorization", ""))
+        # What crossed the wire: a bearer token (never, now) and the request's signature.
+        self.handovers.append(request.headers.get("Authorization", "") or
+                              ("signed" if request.headers.get("X-Podhealth-Signature") else ""))
         code, body = self.handover
         return web.json_response(body, status=code)
 
     async def serve(self) -> tuple[web.AppRunner, str]:
-        app = web.Application()
+        app = web.Application(middlewares=[proving_middleware(lambda: self.key, self.node)])
         app.router.add_get("/health", self.health)
         app.router.add_post("/v1/handover", self.do_handover)
         runner = web.AppRunner(app, access_log=None)
@@ -160,7 +164,7 @@ async def test_return_to_service_only_on_a_passed_handover(tmp_path: Path, answe
             await until(lambda: "dgx01" in fencer.fenced)
             agent.status = "OK"
             await until(lambda: agent.handovers)
-            assert agent.handovers[0] == "Bearer agent-secret"
+            assert agent.handovers[0] == "signed"  # signed with the key, which never crosses the wire
             # the agent token goes only where it is needed: never with a pull of the open /health
             assert agent.pulled_with and set(agent.pulled_with) == {""}
             if released:
@@ -177,12 +181,40 @@ async def test_return_to_service_only_on_a_passed_handover(tmp_path: Path, answe
         await arunner.cleanup()
 
 
+async def test_an_impostor_on_the_agents_port_releases_nothing(tmp_path: Path) -> None:
+    """The agent of a node fenced for a real failure is down; a local user binds its port and
+    answers {"status": "OK"} to every pull and to the handover. That released the node in 5 s."""
+    agent = FakeAgent("dgx01")
+    arunner, aurl = await agent.serve()
+    fencer = MemFencer()
+    cfg = dataclasses.replace(config(tmp_path, healthy_for=0.2, pull_interval=0.1,
+                                     auth=AggAuthConfig(agent_token="agent-secret")),
+                              nodes=(NodeEntry(name="dgx01", agent_url=aurl),))
+    try:
+        agent.status = "FAIL"
+        async with running(cfg, [fencer]) as (agg, _):
+            await until(lambda: "dgx01" in fencer.fenced)
+            agent.key = ""  # the impostor: same port, same answers, no key to prove them with
+            agent.status = "OK"
+            agent.handover = (200, {"status": "OK", "exit_code": 0})
+            # Its answers are "could not tell" (as if no one answered), never OK.
+            await until(lambda: agg.mem.nodes["dgx01"].unreachable_since is not None)
+            pulled = len(agent.pulled_with)
+            await until(lambda: len(agent.pulled_with) >= pulled + 5)  # > healthy_for of "OK" answers
+            assert "dgx01" in fencer.fenced and agg.mem.nodes["dgx01"].fence is FenceMode.FENCED
+            assert agg.mem.nodes["dgx01"].handover != "passed"
+            # and no credential ever went to it (a pull carries none; a handover only a signature)
+            assert not any(a.startswith("Bearer") for a in agent.pulled_with + agent.handovers)
+    finally:
+        await arunner.cleanup()
+
+
 async def test_manual_release_waits_for_the_operator(tmp_path: Path) -> None:
     agent = FakeAgent("dgx01")
     arunner, aurl = await agent.serve()
     fencer = MemFencer()
     cfg = dataclasses.replace(config(tmp_path, healthy_for=0.1, pull_interval=0.1, manual_release=True,
-                                     auth=AggAuthConfig(admin_token="atok")),
+                                     auth=AggAuthConfig(admin_token="atok", agent_token="agent-secret")),
                               nodes=(NodeEntry(name="dgx01", agent_url=aurl),))
     try:
         agent.status = "FAIL"

@@ -22,6 +22,7 @@ from typing import Iterator
 
 import pytest
 
+from podhealth import nodeproof
 from podhealth.checks.cli.bcm import answer
 from podhealth.vocab import Action, CheckResult, NodeReport, Status
 
@@ -78,11 +79,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+KEY = "b" * 64  # the node's agent key: the config names it, the stand-in agent proves with it
+
+
 class _Agent(BaseHTTPRequestHandler):
     body = b""
+    key = KEY
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         self.send_response(200)
+        nonce = nodeproof.nonce_of(self.headers)  # type: ignore[arg-type]
+        if self.key and nonce:
+            for k, v in nodeproof.prove(self.key, "dgx01", "GET", self.path, nonce, 200, self.body, time.time()).items():
+                self.send_header(k, v)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(self.body)))
         self.end_headers()
@@ -107,7 +116,7 @@ def agent() -> Iterator[tuple[int, type[_Agent]]]:
 
 def run(port: int, tmp: Path, *args: str, via: str = "script", timeout: float = 20.0) -> tuple[subprocess.CompletedProcess[str], float]:
     cfg = tmp / "podhealth.yaml"
-    cfg.write_text(f"listen:\n  port: {port}\n")
+    cfg.write_text(f"node:\n  name: dgx01\nlisten:\n  port: {port}\nauth:\n  token: {KEY}\n")
     if via == "script":
         argv = [sys.executable, "-c", "import sys; from podhealth.checks.cli.bcm import main; sys.exit(main())",
                 "--config", str(cfg), *args]
@@ -142,6 +151,20 @@ def test_garbled_agent_is_unknown(agent: tuple[int, type[_Agent]], tmp_path: Pat
     handler.body = b"<html>not podhealth</html>"
     proc, _ = run(port, tmp_path)
     assert proc.stdout == "UNKNOWN\n"
+
+
+@pytest.mark.parametrize("verdict", [(), (Status.FAIL,)], ids=["forged-ok", "forged-fail"])
+def test_an_impostor_on_the_port_is_unknown(agent: tuple[int, type[_Agent]], tmp_path: Path,
+                                            verdict: tuple[Status, ...]) -> None:
+    """Whatever took the agent's port while it was down holds no key: its verdict is not believed."""
+    port, handler = agent
+    handler.key = ""  # answers like the agent, proves nothing
+    handler.body = json.dumps(report(*verdict).to_json()).encode()
+    proc, _ = run(port, tmp_path)
+    assert proc.stdout == "UNKNOWN\n" and "not proven" in proc.stderr
+    handler.key = "c" * 64  # an agent with another node's key
+    proc, _ = run(port, tmp_path)
+    assert proc.stdout == "UNKNOWN\n" and "not proven" in proc.stderr
 
 
 def test_bad_config_is_unknown(tmp_path: Path) -> None:
@@ -181,7 +204,7 @@ def test_silent_agent_never_stretches_the_budget(tmp_path: Path, via: str) -> No
             c.close()
         lsock.close()
     assert proc.stdout == "UNKNOWN\n"
-    assert "did not answer within 1s" in proc.stderr or "timed out" in proc.stderr
+    assert "no complete answer within 1s" in proc.stderr or "timed out" in proc.stderr
     assert held, "the command never connected: the test would prove nothing"
     # The budget plus interpreter start-up (imports take ~1 s on this shared machine).
     assert took < budget + 4.0, took
@@ -215,7 +238,7 @@ def test_trickling_agent_is_cut_at_the_budget(tmp_path: Path) -> None:
         stop.set()
         t.join(5)
         lsock.close()
-    assert proc.stdout == "UNKNOWN\n" and "did not answer within 1.5s" in proc.stderr
+    assert proc.stdout == "UNKNOWN\n" and "no complete answer within 1.5s" in proc.stderr
     assert took < 1.5 + 4.0, took
 
 
@@ -223,7 +246,7 @@ def test_information_goes_to_fd3_when_bcm_opens_a_pipe(agent: tuple[int, type[_A
     port, handler = agent
     handler.body = json.dumps(report(Status.FAIL).to_json()).encode()
     cfg = tmp_path / "podhealth.yaml"
-    cfg.write_text(f"listen:\n  port: {port}\n")
+    cfg.write_text(f"node:\n  name: dgx01\nlisten:\n  port: {port}\nauth:\n  token: {KEY}\n")
     code = ("import os, sys\n"
             "r, w = os.pipe()\n"
             "r = os.dup(r) if r == 3 else r  # dup2 onto 3 must not close our read end\n"
@@ -243,7 +266,7 @@ def test_fd3_that_is_a_file_is_left_alone(agent: tuple[int, type[_Agent]], tmp_p
     port, handler = agent
     handler.body = json.dumps(report().to_json()).encode()
     cfg = tmp_path / "podhealth.yaml"
-    cfg.write_text(f"listen:\n  port: {port}\n")
+    cfg.write_text(f"node:\n  name: dgx01\nlisten:\n  port: {port}\nauth:\n  token: {KEY}\n")
     victim = tmp_path / "inherited.log"
     victim.write_text("keep me\n")
     code = ("import os, sys\n"

@@ -1,15 +1,19 @@
 """core/httpclient.py: the whole exchange has a deadline, against a loopback server that sends one
-byte at a time (the trickling agent that kept the prolog running for 90 s); bodies are bounded."""
+byte at a time (the trickling agent that kept the prolog running for 90 s); bodies are bounded;
+and no module of podhealth opens HTTP any other way."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
+from pathlib import Path
 
 import aiohttp
 import pytest
 
 from podhealth import httpclient
+from tests.conftest import REPO
 from tests.harness.fakeagent import Impostor, Trickler
 
 pytestmark = pytest.mark.timeout(30)
@@ -68,3 +72,15 @@ async def test_the_async_face_has_the_same_deadline() -> None:
                 await httpclient.exchange_async(s, "GET", srv.url, deadline_s=5, max_bytes=3)
     assert not asyncio.current_task().cancelled()  # type: ignore[union-attr]
 
+
+def test_no_module_opens_http_another_way() -> None:
+    """urlopen's timeout bounds each read, not the exchange: every client goes through httpclient."""
+    offenders = []
+    for folder in ("core", "agent", "aggregator", "checks", "collectors", "fencing", "sim"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Attribute) and node.attr in ("urlopen", "HTTPConnection", "HTTPSConnection"):
+                    if Path(path).name != "httpclient.py":
+                        offenders.append(f"{path.relative_to(REPO)}:{node.lineno} {node.attr}")
+    assert offenders == []
