@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from podhealth import cliconfig, config
+from podhealth import cliconfig, config, credentials
 from podhealth.credentials import CredentialError
 from podhealth.exitcodes import EXIT_USAGE
 from podhealth.hostnames import node_name_problem
@@ -147,11 +147,23 @@ async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None) 
         except (ValueError, OSError) as e:
             return _fail(f"--simulate: {e}")
         cfg, seams = sim.cfg, sim.seams
+        if not cfg.auth.token:
+            # The simulated node gets its own agent key in this user's key ring, where `podhealth
+            # check` (and the hooks) run by the same user find it: no step for a newcomer.
+            try:
+                cfg = replace(cfg, auth=replace(cfg.auth, token=credentials.ensure_user_key(node)))
+            except (CredentialError, OSError) as e:
+                return _fail(f"--simulate: no agent key for {node}: {e}")
+            _log.info("agent key of the simulated node", node=node, file=str(credentials.user_key_dir() / f"{node}.key"))
         refresher = asyncio.get_running_loop().create_task(simmode.refresher(sim.node), name="sim-refresh")
     try:
         agent = Agent(cfg, node=node, seams=seams)
     except ValueError as e:
         return _fail(str(e))
+    if not cfg.auth.token:
+        _log.warning("no agent key (auth.token_file, /etc/podhealth/agent.key): the handover, GPU-reset and bundle "
+                     "routes are closed and no caller can trust this agent's answers; `podhealth install-units` "
+                     "provisions the key (docs/security.md)", node=agent.node)
     # exporters.compat in the config, or --compat on the command line (either turns a mode on).
     for mode in dict.fromkeys((*cfg.exporters.compat, *([args.compat] if args.compat else []))):
         agent.add_metric_source(compat.source(mode, agent.node))

@@ -128,8 +128,19 @@ def ensure_user_key(node: str) -> str:
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not (_private_to_me(d, True) and _private_to_me(d.parent, True)):
         raise CredentialError(f"{d} (or its parent) is not this user's own private directory: no key written there")
-    key = secrets.token_hex(32)
-    write_private(d / f"{node}.key", key + "\n")
+    # Made beside it, then linked into place only if no one else made it meanwhile (two simulated
+    # agents starting at once): every process ends up with the one key the file holds.
+    tmp = d / f".{node}.key.{os.getpid()}"
+    write_private(tmp, secrets.token_hex(32) + "\n")
+    try:
+        os.link(tmp, d / f"{node}.key")
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    key = user_key(node)
+    if not key:
+        raise CredentialError(f"{d / (node + '.key')} is not a private file of this user's")
     return key
 
 

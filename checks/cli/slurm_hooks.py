@@ -34,6 +34,7 @@ import time
 from typing import Callable, Iterable, Sequence
 
 from podhealth.checks.handover.report import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN
+from podhealth.exitcodes import EXIT_USAGE
 from podhealth.checks.cli.slurm_health import agent_key, agent_report, line
 from podhealth.config import Config
 from podhealth.vocab import CheckResult, NodeReport, Status
@@ -219,10 +220,40 @@ def _note(msg: str) -> None:
 Hook = Callable[["os._Environ[str] | dict[str, str]"], int]
 
 
-def _entry(fn: Hook, on_error: int) -> int:
-    from podhealth import log
+USAGE = {
+    "healthcheck": "Slurm HealthCheckProgram: reads this node's verdict from its agent (proven with the node's agent\n"
+                   "key) and, when checks.slurm_drain says so, drains the node or resumes podhealth's own drain.",
+    "prolog": "Slurm Prolog: passive checks on the job's GPUs ($SLURM_JOB_GPUS) within checks.prolog_budget; a FAIL\n"
+              "drains the node and exits 1 (Slurm requeues the job).",
+    "epilog": "Slurm Epilog: the same judgement after the job; a GPU the job broke drains the node.",
+}
 
-    log.setup("warning", "auto", sys.stderr)  # slurmd keeps stderr; stdout is no place for logs
+
+def _arguments(hook: str, argv: Sequence[str]) -> int | None:
+    """slurmd passes no arguments. -h/--help and --version print and exit 0; anything else is a
+    usage error (64). Either way nothing is judged and nothing drained: a person typing
+    `podhealth-slurm-healthcheck --help` on a node must not drain it. None: go ahead."""
+    if not argv:
+        return None
+    if list(argv) in (["-h"], ["--help"]):
+        print(f"usage: podhealth-slurm-{hook}\n\n{USAGE[hook]}\n\nslurmd runs it as root with no arguments; the "
+              "config is $PODHEALTH_CONFIG, else /etc/podhealth/podhealth.yaml.\nExit codes: 0 pass, 1 fail, "
+              "2 could not decide (healthcheck), 64 usage.")
+        return EXIT_PASS
+    if list(argv) == ["--version"]:
+        from podhealth import __version__
+
+        print(f"podhealth-slurm-{hook} {__version__}")
+        return EXIT_PASS
+    print(f"podhealth-slurm-{hook}: unexpected argument {argv[0]!r}: slurmd passes none; nothing was judged "
+          f"or changed (see --help)", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _entry(hook: str, fn: Hook, on_error: int, argv: Sequence[str] | None = None) -> int:
+    usage = _arguments(hook, sys.argv[1:] if argv is None else argv)
+    if usage is not None:
+        return usage
     try:
         return int(fn(os.environ))
     except Exception as e:  # noqa: BLE001 - slurmd only logs our exit code and stderr
@@ -230,14 +261,14 @@ def _entry(fn: Hook, on_error: int) -> int:
         return on_error
 
 
-def healthcheck_main() -> int:
-    return _entry(healthcheck, EXIT_UNKNOWN)
+def healthcheck_main(argv: Sequence[str] | None = None) -> int:
+    return _entry("healthcheck", healthcheck, EXIT_UNKNOWN, argv)
 
 
 # A prolog or epilog that exits non-zero drains the node: our own failure to judge must not.
-def prolog_main() -> int:
-    return _entry(lambda env: _job_hook(env, "prolog"), EXIT_PASS)
+def prolog_main(argv: Sequence[str] | None = None) -> int:
+    return _entry("prolog", lambda env: _job_hook(env, "prolog"), EXIT_PASS, argv)
 
 
-def epilog_main() -> int:
-    return _entry(lambda env: _job_hook(env, "epilog"), EXIT_PASS)
+def epilog_main(argv: Sequence[str] | None = None) -> int:
+    return _entry("epilog", lambda env: _job_hook(env, "epilog"), EXIT_PASS, argv)

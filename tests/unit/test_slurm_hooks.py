@@ -64,7 +64,7 @@ def test_a_prolog_that_cannot_judge_lets_the_job_run(monkeypatch: pytest.MonkeyP
     bad = tmp_path / "podhealth.yaml"
     bad.write_text("checks: {prolog_budget: -1}\n")
     monkeypatch.setenv("PODHEALTH_CONFIG", str(bad))
-    assert prolog_main() == 0
+    assert prolog_main([]) == 0
     assert "could not judge" in capsys.readouterr().err
 
 
@@ -99,3 +99,33 @@ def test_an_index_beyond_the_nodes_profile_is_out_of_bounds() -> None:
     with pytest.raises(GpuListOutOfBounds, match="0 to 7"):
         job_gpus({"SLURM_JOB_GPUS": "6-8"}, node_gpus=8)  # a DGX H100 has no GPU 8
     assert job_gpus({"SLURM_JOB_GPUS": "40"}, node_gpus=0) == frozenset({40})  # a profile without a count
+
+
+@pytest.mark.parametrize("hook", ["healthcheck", "prolog", "epilog"])
+def test_help_version_and_stray_arguments_judge_and_change_nothing(tmp_path, hook: str) -> None:  # type: ignore[no-untyped-def]
+    """`podhealth-slurm-healthcheck --help` judged the host and tried to drain it."""
+    import subprocess
+    import sys
+
+    from tests.harness.fakeagent import Impostor
+
+    with Impostor({"node": "dgx01", "results": [{"check": "xid", "entity": "gpu0", "status": "FAIL",
+                                                 "action": "DRAIN"}]}) as agent:
+        cfg = tmp_path / "podhealth.yaml"
+        cfg.write_text(f"node: {{name: dgx01}}\nchecks: {{slurm_drain: always, agents: {{dgx01: '{agent.url}'}}}}\n")
+        code = f"import sys; from podhealth.checks.cli.slurm_hooks import {hook}_main as m; sys.exit(m())"
+        env = {"PATH": "/nonexistent", "PODHEALTH_CONFIG": str(cfg), "SLURM_JOB_ID": "7", "SLURMD_NODENAME": "dgx01"}
+
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60,
+                                  env=env, cwd=tmp_path)
+        for args in (["--help"], ["-h"]):
+            p = run(*args)
+            assert p.returncode == 0 and f"usage: podhealth-slurm-{hook}" in p.stdout, p
+        p = run("--version")
+        assert p.returncode == 0 and p.stdout.startswith(f"podhealth-slurm-{hook} "), p
+        for args in (["--drain"], ["now"], ["--help", "x"]):
+            p = run(*args)
+            assert p.returncode == 64 and "nothing was judged" in p.stderr, p
+        assert agent.requests == []  # the agent was never asked: nothing judged, nothing drained
+        assert not (tmp_path / "jobs").exists()
