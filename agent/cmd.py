@@ -22,7 +22,7 @@ from typing import Any
 
 from podhealth import cliconfig, config, credentials
 from podhealth.credentials import CredentialError
-from podhealth.exitcodes import EXIT_USAGE
+from podhealth.exitcodes import EXIT_CANNOT_BIND, EXIT_USAGE
 from podhealth.hostnames import node_name_problem
 from podhealth.netaddr import parse_listen
 
@@ -84,6 +84,48 @@ def _fail(msg: str) -> int:
 def _usage(msg: str) -> int:
     print(f"podhealth agent: {msg}", file=sys.stderr)
     return EXIT_USAGE
+
+
+def port_holder(port: int, procfs_root: Path = Path("/proc")) -> str:
+    """Who listens on TCP `port` here, from /proc/net/tcp{,6} (readable by any user, unlike the
+    owner's /proc/PID/fd): "uid 1000 (alice)", or "" when it cannot be told."""
+    import pwd
+
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = (procfs_root / "net" / name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 7 and f[3] == "0A" and f[1].rsplit(":", 1)[-1] == f"{port:04X}":  # 0A: LISTEN
+                uid = int(f[7])
+                try:
+                    return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+                except KeyError:
+                    return f"uid {uid}"
+    return ""
+
+
+def _cannot_bind(agent: Any, cfg: config.Config, e: OSError) -> int:
+    """The agent cannot listen: say why, and who holds the port. A port taken while the agent was
+    down may be a process waiting to answer in its place (it cannot prove it is the agent, so
+    nothing believes it, but nothing hears the node either): exit EXIT_CANNOT_BIND, which the
+    unit's RestartPreventExitStatus= keeps from looping, so `systemctl status` shows it and
+    PodhealthAgentDown pages, instead of a restart every 5 s forever."""
+    from podhealth import log
+
+    listen = f"{cfg.listen.address}:{cfg.listen.port}"
+    in_use = e.errno == errno.EADDRINUSE
+    holder = port_holder(cfg.listen.port) if in_use and cfg.listen.port else ""
+    why = f"cannot listen on {listen}: {e.strerror or e}" + (f"; the port is held by {holder}" if holder else "")
+    log.get("podhealth.agent.cmd").error(
+        "cannot start the HTTP server", error=str(e), listen=listen, holder=holder,
+        **({"hint": "another process listens there: stop it (or find out why it took the agent's port), or choose "
+                    "another port with --listen ADDR:PORT (listen.port in the config)"} if in_use else {}))
+    agent.notifier.send(f"STATUS={why}", f"ERRNO={e.errno or 0}")
+    print(f"podhealth agent: {why}", file=sys.stderr)
+    return EXIT_CANNOT_BIND
 
 
 def run(args: argparse.Namespace) -> int:
@@ -178,15 +220,8 @@ async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None) 
     try:
         await agent.start()
     except OSError as e:
-        # A port in use is the usual cause (a second agent, e.g. `agent --simulate` run twice):
-        # say how to pick another one. Exit 1, not 2: under systemd a restart may find it free.
-        in_use = e.errno == errno.EADDRINUSE
-        _log.error("cannot start the HTTP server", error=str(e),
-                   listen=f"{cfg.listen.address}:{cfg.listen.port}",
-                   **({"hint": "another process listens there: stop it, or choose another port with "
-                               "--listen ADDR:PORT (listen.port in the config)"} if in_use else {}))
         await agent.stop()
-        return 1
+        return _cannot_bind(agent, cfg, e)
     # Everything built so far (modules, config, collectors) lives as long as the process: keep
     # it out of the cyclic GC's view, or every full collection walks all of it again (~40 ms
     # each on a DGX agent, several per minute). The thresholds stay as they are: raising the

@@ -24,9 +24,14 @@ if TYPE_CHECKING:
 
 
 class Unproven(ExchangeError):
-    """Something answered, but not provably the node's agent."""
+    """Something answered, but not provably the node's agent. `status`: the HTTP status it
+    answered (0: no answer was asked for), for a message only: an unproven status means nothing."""
 
     kind = "unproven"
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def _prepare(node: str, key: str, method: str, url: str, body: bytes, signed: bool,
@@ -45,7 +50,7 @@ def _check(node: str, key: str, method: str, path: str, nonce: str, reply: Reply
     else:
         problem = nodeproof.answer_problem(key, node, method, path, nonce, reply.status, reply.headers, reply.body)
     if problem:
-        raise Unproven(f"{url}: {problem}")
+        raise Unproven(f"{url}: {problem}", reply.status)
     return reply
 
 

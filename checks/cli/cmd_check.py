@@ -158,6 +158,9 @@ def fetch_handover(url: str, node: str, key: str, timeout: float,
                              "(`podhealth token derive --agent --node NAME`), run it as root on the node "
                              f"(/etc/podhealth/agent.key), or where the aggregator's config can be read "
                              f"({AGGREGATOR_CONFIG}, or --config FILE)") from None
+        if e.status == 401:  # most likely our key is not the node's (the agent cannot prove to a wrong key either)
+            raise CheckError(f"{url} refused the request (HTTP 401, unproven): the key is not {node}'s agent key: pass "
+                             f"--token or set PODHEALTH_TOKEN to `podhealth token derive --agent --node {node}`") from None
         raise CheckError(f"the answer is not proven to come from {node}'s agent, ignored: {e}") from None
     except httpclient.ExchangeError as e:
         if "cannot resolve" in str(e):

@@ -414,6 +414,22 @@ def agent_config(*, interval: float = 2.0, kmsg_interval: float = 1.0, nfs_inter
     return text
 
 
+DEFAULT_CLUSTER_SECRET = "test-cluster-secret-0123456789"  # aggregator()'s, unless a test names another
+
+
+def with_agent_key(text: str, node: str, cluster_secret: str = DEFAULT_CLUSTER_SECRET) -> str:
+    """`text` with the node's agent key derived from `cluster_secret` (auth.token), as a site
+    provisions it (`podhealth token derive --agent`), unless the config sets auth itself: the
+    aggregator's pulls, handovers, resets and bundle fetches need the agent to prove itself."""
+    from podhealth.credentials import derive_agent_token
+
+    doc = yaml.safe_load(text) or {}
+    if "auth" in doc:
+        return text
+    doc["auth"] = {"token": derive_agent_token(cluster_secret, node)}
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
 @dataclass
 class Agents:
     services: dict[str, Service]
@@ -437,7 +453,7 @@ def agents(workdir: Path, sim_root: Path, configs: Mapping[str, str], profile: s
         services: dict[str, Service] = {}
         for node, text in configs.items():
             conf = workdir / f"{node}.yml"
-            conf.write_text(text)
+            conf.write_text(with_agent_key(text, node))
             port = (ports or {}).get(node) or free_port()
             argv = [sys.executable, "-m", "podhealth", "agent", "--simulate", profile, "--node", node,
                     "--sim-root", str(sim_root), "--listen", f"{LOOPBACK}:{port}", "--config", str(conf)]
@@ -541,7 +557,7 @@ class AggregatorProc:
 @contextlib.contextmanager
 def aggregator(workdir: Path, section: Mapping[str, Any], cluster_token: str = "cluster-token",
                admin_token: str = "admin-token",
-               cluster_secret: str = "test-cluster-secret-0123456789") -> Iterator[AggregatorProc]:
+               cluster_secret: str = DEFAULT_CLUSTER_SECRET) -> Iterator[AggregatorProc]:
     """`podhealth aggregator --config FILE` with `section` as its `aggregator:` section; listen,
     db and auth are filled in (loopback port, a database under `workdir`, the cluster secret that
     node tokens derive from (`AggregatorProc.node_token`), the cluster token for Alertmanager and

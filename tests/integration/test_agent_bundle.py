@@ -19,6 +19,7 @@ from typing import Iterator
 import pytest
 
 from podhealth.agent.bundle import MAX_BYTES
+from tests.harness.fakeagent import signed_headers
 from tests.harness.proc import Service, free_port, http_get, service, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -55,9 +56,10 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 
 def post(svc: Service, token: str | None = TOKEN, headers: dict[str, str] | None = None,
          body: bytes = b"{}") -> tuple[int, bytes, dict[str, str]]:
-    h = {"Content-Type": "application/json", **(headers or {})}
-    if token:
-        h["Authorization"] = f"Bearer {token}"
+    h = {"Content-Type": "application/json"}
+    if token:  # signed with the node's agent key, as the aggregator does (core/nodeproof.py)
+        h = signed_headers(token, "dgx01", "POST", f"{svc.url}/v1/bundle", body, **h)
+    h.update(headers or {})
     req = urllib.request.Request(f"{svc.url}/v1/bundle", data=body, method="POST", headers=h)
     try:
         with urllib.request.urlopen(req, timeout=90) as r:

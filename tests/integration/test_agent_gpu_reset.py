@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from tests.harness.fakeagent import signed_headers
 from tests.harness.proc import Service, free_port, http_get, service, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -60,10 +61,10 @@ def faults(svc: Service) -> list[tuple[str, Any]]:
 
 
 def reset(svc: Service, body: Any, token: str | None = TOKEN) -> tuple[int, dict[str, Any]]:
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if token:  # signed with the node's agent key, as the aggregator does (core/nodeproof.py)
+        headers = signed_headers(token, "dgx01", "POST", f"{svc.url}/v1/gpu-reset", data, **headers)
     req = urllib.request.Request(f"{svc.url}/v1/gpu-reset", data=data, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=60) as r:

@@ -64,3 +64,26 @@ def test_real_mode_on_this_machine(tmp_path: Path) -> None:
         assert svc.proc.wait(10) == 0
         # README's Try it: the line names both URLs an operator curls first.
         assert f"podhealth agent serving {svc.url}/metrics and {svc.url}/health (node ci01)" in svc.log.read_text()
+
+
+def test_a_taken_port_is_said_with_its_holder_and_a_code_that_stops_the_restart_loop(tmp_path: Path) -> None:
+    """The real agent, finding its port taken (a user bound it while the agent was down), exited 1
+    and systemd restarted it every 5 s forever. Now: who holds it, and 69, which the unit's
+    RestartPreventExitStatus= names."""
+    import os
+    import pwd
+
+    from podhealth.exitcodes import EXIT_CANNOT_BIND
+    from tests.harness.fakeagent import Impostor
+
+    env = {**os.environ, "PODHEALTH_SIM_DIR": str(tmp_path / "sim")}
+    with Impostor({"status": "OK"}) as imp:
+        p = subprocess.run([sys.executable, "-m", "podhealth", "agent", "--simulate", "dgx-h100", "--listen",
+                            f"127.0.0.1:{imp.port}", "--sim-root", str(tmp_path / "sim")],
+                           capture_output=True, text=True, timeout=60, env=env)
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert p.returncode == EXIT_CANNOT_BIND == 69, p.stderr
+    assert f"cannot listen on 127.0.0.1:{imp.port}" in p.stderr and f"held by uid {os.getuid()} ({me})" in p.stderr
+    unit = (Path(__file__).resolve().parents[2] / "systemd" / "podhealth-agent.service").read_text()
+    prevent = next(line for line in unit.splitlines() if line.startswith("RestartPreventExitStatus="))
+    assert "69" in prevent.split("=", 1)[1].split()

@@ -47,6 +47,26 @@ def test_install_units_writes_config_and_environment_files_private(tmp_path: Pat
     assert _mode(tmp_path / "etc/systemd/system/podhealth-agent.service") == 0o644  # no secrets in units
 
 
+def test_install_units_provisions_the_agent_key_closed_by_default(tmp_path: Path, monkeypatch: Any,
+                                                                  capsys: Any) -> None:
+    """Without a key the agent's handover, reset and bundle routes are closed and no hook can tell
+    it from an impostor: install-units puts one in place, derived when the cluster secret is at
+    hand, and keeps an existing one."""
+    monkeypatch.delenv("PODHEALTH_CLUSTER_SECRET", raising=False)
+    key = tmp_path / "a" / "etc/podhealth/agent.key"
+    assert main(["install-units", "--root", str(tmp_path / "a"), "--exe", "/usr/bin/podhealth"]) == 0
+    random_key = key.read_text().strip()
+    assert _private(key) and len(random_key) == 64 and "token derive --agent" in capsys.readouterr().out
+    assert main(["install-units", "--root", str(tmp_path / "a"), "--exe", "/usr/bin/podhealth"]) == 0
+    assert key.read_text().strip() == random_key  # kept: replacing it would lock the aggregator out
+    f = tmp_path / "secret"
+    f.write_text(SECRET + "\n")
+    key = tmp_path / "b" / "etc/podhealth/agent.key"
+    assert main(["install-units", "--root", str(tmp_path / "b"), "--exe", "/usr/bin/podhealth",
+                 "--node", "dgx07", "--secret-file", str(f)]) == 0
+    assert key.read_text().strip() == credentials.derive_agent_token(SECRET, "dgx07") and _private(key)
+
+
 def test_token_derive_prints_the_hmac_of_the_node(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
     want = hmac.new(SECRET.encode(), b"podhealth-node:dgx01", hashlib.sha256).hexdigest()
     f = tmp_path / "secret"
@@ -111,3 +131,25 @@ def test_token_derive_bad_input(argv: list[str], err: str, code: int, tmp_path: 
     assert main(["token", "derive", *argv]) == code
     captured = capsys.readouterr()
     assert err in captured.err and captured.out == ""
+
+
+def test_a_users_key_ring_is_trusted_only_when_private(tmp_path: Path, monkeypatch: Any) -> None:
+    """`agent --simulate` keeps its node's key where `podhealth check` finds it; a key someone else
+    could have planted (a directory others may write, a file others may read) vouches for nothing."""
+    root = tmp_path / "sim"
+    root.mkdir(mode=0o700)
+    monkeypatch.setenv("PODHEALTH_SIM_DIR", str(root))
+    key = credentials.ensure_user_key("dgx01")
+    assert len(key) == 64 and credentials.user_key("dgx01") == key == credentials.ensure_user_key("dgx01")
+    assert credentials.user_key("dgx02") == ""
+    f = root / "_keys" / "dgx01.key"
+    f.chmod(0o644)
+    assert credentials.user_key("dgx01") == ""
+    f.chmod(0o600)
+    (root / "_keys").chmod(0o777)
+    assert credentials.user_key("dgx01") == ""
+    (root / "_keys").chmod(0o700)
+    root.chmod(0o777)
+    assert credentials.user_key("dgx01") == ""
+    root.chmod(0o700)
+    assert credentials.user_key("dgx01") == key

@@ -129,3 +129,26 @@ def test_help_version_and_stray_arguments_judge_and_change_nothing(tmp_path, hoo
             assert p.returncode == 64 and "nothing was judged" in p.stderr, p
         assert agent.requests == []  # the agent was never asked: nothing judged, nothing drained
         assert not (tmp_path / "jobs").exists()
+
+
+@pytest.mark.parametrize("hook", ["healthcheck", "prolog"])
+def test_a_trickling_agent_does_not_hold_a_hook_past_its_budget(tmp_path, hook: str) -> None:  # type: ignore[no-untyped-def]
+    """An agent sending 1 byte every 1.5 s kept the prolog (budget 5 s) and the health check (10 s)
+    running for more than 90 s: each read was within urlopen's timeout, the exchange never ended.
+    Here the stand-in would take hours; the hook must be done long before the test's timeout."""
+    import subprocess
+    import sys
+
+    from tests.harness.fakeagent import Trickler
+
+    with Trickler(every=0.3, in_head=True) as agent:
+        cfg = tmp_path / "podhealth.yaml"
+        cfg.write_text(f"node: {{name: dgx01}}\nauth: {{token: {'k' * 64}}}\n"
+                       f"checks: {{slurm_drain: never, healthcheck_budget: 1, prolog_budget: 1, "
+                       f"agents: {{dgx01: '{agent.url}'}}}}\ncollectors: {{jobs: {{state_dir: {tmp_path / 'jobs'}}}}}\n")
+        code = f"import sys; from podhealth.checks.cli.slurm_hooks import {hook}_main as m; sys.exit(m([]))"
+        env = {"PATH": "/usr/bin:/bin", "PODHEALTH_CONFIG": str(cfg), "SLURMD_NODENAME": "dgx01", "SLURM_JOB_ID": "9"}
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env,
+                           cwd=tmp_path)
+        assert agent.requests, "the hook never asked the agent: the test would prove nothing"
+    assert p.returncode in (0, 1, 2), p  # judged from local sources, or undecided: it ended
