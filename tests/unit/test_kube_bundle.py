@@ -211,14 +211,27 @@ def _report(status: Status) -> bytes:
     return json.dumps(NodeReport("dgx01", "0.1.0", "dgx-h100", tuple(results)).to_json()).encode()
 
 
+NPD_KEY = "9f" * 32  # the node's agent key, as `token derive --agent` prints one
+
+
 @pytest.fixture()
 def fake_agent() -> Iterator[tuple[int, dict[str, bytes]]]:
-    state = {"body": b""}
+    state = {"body": b"", "key": NPD_KEY.encode()}  # key b"": an impostor, which proves nothing
 
     class H(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            import time as _time
+
+            from podhealth import nodeproof
+
             body = state["body"]
-            self.send_response(200 if self.path == "/health" else 404)
+            code = 200 if self.path == "/health" else 404
+            self.send_response(code)
+            nonce = nodeproof.nonce_of(self.headers)  # type: ignore[arg-type]
+            if state["key"] and nonce and self.headers.get("X-Podhealth-Node") == "dgx01":
+                for k, v in nodeproof.prove(state["key"].decode(), "dgx01", "GET", self.path, nonce, code, body,
+                                            _time.time()).items():
+                    self.send_header(k, v)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -238,9 +251,15 @@ def fake_agent() -> Iterator[tuple[int, dict[str, bytes]]]:
         t.join(5)
 
 
-def _plugin(port: int) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(BUNDLE / "npd" / "podhealth-plugin.sh")], capture_output=True, text=True,
-                          timeout=20, env={"PATH": "/usr/bin:/bin", "HOST_IP": "127.0.0.1", "PODHEALTH_PORT": str(port)})
+def _plugin(port: int, key: str = NPD_KEY) -> subprocess.CompletedProcess[str]:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".key") as f:
+        f.write(key + "\n")
+        f.flush()
+        return subprocess.run(["bash", str(BUNDLE / "npd" / "podhealth-plugin.sh")], capture_output=True, text=True,
+                              timeout=20, env={"PATH": "/usr/bin:/bin", "HOST_IP": "127.0.0.1", "PODHEALTH_PORT": str(port),
+                                               "NODE_NAME": "dgx01", "PODHEALTH_KEY_FILE": f.name})
 
 
 @pytest.mark.parametrize("status,code", [(Status.OK, 0), (Status.WARN, 0), (Status.FAIL, 1), (Status.UNKNOWN, 2)])
@@ -254,6 +273,27 @@ def test_npd_plugin_exit_codes_follow_the_verdict(fake_agent: tuple[int, dict[st
     assert len(line) <= 80 and status.value in line
     if status is Status.FAIL:
         assert "REBOOT" in line
+
+
+@pytest.mark.parametrize("status", [Status.OK, Status.FAIL])
+def test_npd_plugin_believes_only_an_answer_proven_by_the_nodes_key(fake_agent: tuple[int, dict[str, bytes]],
+                                                                     status: Status) -> None:
+    """An impostor on the agent's port (or an agent with another node's key) set the condition."""
+    port, state = fake_agent
+    state["body"] = _report(status)
+    r = _plugin(port)
+    assert r.returncode == (0 if status is Status.OK else 1), (r.stdout, r.stderr)
+    state["key"] = b""  # whatever took the port while the agent was down
+    r = _plugin(port)
+    assert r.returncode == 2 and "no proof" in r.stdout, (r.stdout, r.stderr)
+    state["key"] = ("ab" * 32).encode()  # another node's key
+    r = _plugin(port)
+    assert r.returncode == 2 and "not proven" in r.stdout, (r.stdout, r.stderr)
+    state["key"] = NPD_KEY.encode()
+    assert _plugin(port, key="").returncode == 2  # no key here: cannot tell, never OK or NonOK
+    long_key = "k" * 80  # over HMAC's 64-byte block (a shared agent_token): hashed first, RFC 2104
+    state["key"] = long_key.encode()
+    assert _plugin(port, key=long_key).returncode == (0 if status is Status.OK else 1)
 
 
 def test_npd_plugin_is_unknown_when_the_agent_is_away() -> None:
