@@ -125,6 +125,13 @@ def _agent_url_from_aggregator(base: str, node: str, token: str, cfg: Config | N
         raise CheckError(f"cannot ask the aggregator {base} for {node}'s agent: {e}") from None
 
 
+def _unreachable(url: str, e: Exception) -> str:
+    if "cannot resolve" in str(e):
+        return (f"{e}: pass --url, list the node under checks.agents in the config, or name the aggregator with "
+                "--aggregator")
+    return f"cannot reach the agent at {url}: {e}"
+
+
 def node_at(url: str) -> str:
     """The node the agent at `url` says it is (GET /healthz): only to pick the key to check its
     answers with, which then proves or disproves the claim."""
@@ -132,7 +139,7 @@ def node_at(url: str) -> str:
         r = httpclient.exchange("GET", url.rstrip("/") + "/healthz", deadline_s=5.0, max_bytes=64 * 1024)
         node = json.loads(r.body).get("node") if r.status == 200 else None
     except (httpclient.ExchangeError, ValueError, AttributeError) as e:
-        raise CheckError(f"cannot reach the agent at {url}: {e}") from None
+        raise CheckError(_unreachable(url, e)) from None
     if not isinstance(node, str) or node_name_problem(node):
         raise CheckError(f"{url} does not say which node it is (GET /healthz): not a podhealth agent?")
     return node
@@ -154,6 +161,7 @@ def fetch_handover(url: str, node: str, key: str, timeout: float,
                             max_bytes=16 << 20, on_line=on_line)
     except agentclient.Unproven as e:
         if not key:
+            node_at(url)  # unreachable (an unresolvable name) says so first: the key is the next thing
             raise CheckError(f"no agent key for {node}: pass --token or set PODHEALTH_TOKEN to the node's agent key "
                              "(`podhealth token derive --agent --node NAME`), run it as root on the node "
                              f"(/etc/podhealth/agent.key), or where the aggregator's config can be read "
@@ -163,10 +171,7 @@ def fetch_handover(url: str, node: str, key: str, timeout: float,
                              f"--token or set PODHEALTH_TOKEN to `podhealth token derive --agent --node {node}`") from None
         raise CheckError(f"the answer is not proven to come from {node}'s agent, ignored: {e}") from None
     except httpclient.ExchangeError as e:
-        if "cannot resolve" in str(e):
-            raise CheckError(f"{e}: pass --url, list the node under checks.agents in the config, or name the "
-                             "aggregator with --aggregator") from None
-        raise CheckError(f"cannot reach the agent at {url}: {e}") from None
+        raise CheckError(_unreachable(url, e)) from None
     if r.status == 401:
         raise CheckError(f"{url} refused the signature (HTTP 401: {r.body[:300].decode(errors='replace')}): the key "
                          f"is not {node}'s agent key (`podhealth token derive --agent --node {node}`)")

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from podhealth.credentials import derive_node_token
+from podhealth.credentials import derive_agent_token, derive_node_token
 from tests.harness.agg import post
 from tests.harness.proc import Service, free_port, http_get, need, service, wait_until
 from tests.harness.slurm import SlurmCluster, slurm_fixture
@@ -330,7 +330,9 @@ def test_ui_with_simulated_agents(tmp_path: Path, slurm: SlurmCluster, browser: 
             url = f"http://127.0.0.1:{port}"
             agent_cfg = tmp_path / f"agent-{n}.yaml"  # the agent pushes its XID events to the aggregator
             agent_cfg.write_text(json.dumps({"publish": {"aggregator_url": f"http://127.0.0.1:{agg_port}",
-                                                         "token": tok(n), "spool_dir": str(tmp_path / f"spool-{n}")}}))
+                                                         "token": tok(n), "spool_dir": str(tmp_path / f"spool-{n}")},
+                                             # its agent key, derived as the aggregator derives it: it proves its answers
+                                             "auth": {"token": derive_agent_token(SECRET, n)}}))
             stack.enter_context(service(
                 f"agent-{n}", podhealth("agent", "--config", str(agent_cfg), "--simulate", "dgx-h100", "--node", n,
                                         "--sim-root", str(sim), "--listen", f"127.0.0.1:{port}"),
