@@ -218,7 +218,7 @@ def test_check_outputs_and_exit_codes(agent: Service, tmp_path: Path) -> None:
     n = _podhealth("check", "--node", "dgx01", "--config", str(site), "--token", TOKEN, "--format", "json")
     assert n.returncode == 1 and json.loads(n.stdout)["node"] == "dgx01"
     bad = _podhealth("check", "--node", "dgx01", "--config", str(site), "--token", "wrong")
-    assert bad.returncode == 2 and "rejected the token (HTTP 401)" in bad.stderr
+    assert bad.returncode == 2 and "HTTP 401" in bad.stderr and "token derive --agent" in bad.stderr
     gone = _podhealth("check", "--url", f"http://127.0.0.1:{free_port()}", "--token", TOKEN)
     assert gone.returncode == 2 and "cannot reach the agent" in gone.stderr
     clear(agent)
@@ -229,7 +229,8 @@ def test_check_outputs_and_exit_codes(agent: Service, tmp_path: Path) -> None:
 
 def test_slurm_health_mode_reads_the_local_agent(agent: Service, tmp_path: Path) -> None:
     cfg = tmp_path / "local.yaml"
-    cfg.write_text(f"listen: {{port: {agent.port}}}\n")
+    # the node's own config: its name and its agent key, with which the agent proves its answers
+    cfg.write_text(f"node: {{name: dgx01}}\nlisten: {{port: {agent.port}}}\nauth: {{token: {TOKEN}}}\n")
     ok = _podhealth("check", "--slurm-health", "--config", str(cfg), timeout=20)
     assert ok.returncode == 0 and ok.stdout.startswith("OK: podhealth:"), ok.stdout + ok.stderr
     inject(agent, "fault=ib-down", "device=mlx5_1")
