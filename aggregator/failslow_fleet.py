@@ -43,6 +43,9 @@ MAX_JOBS = 10_000
 MAX_WINDOWS = 16  # per job
 JOB_GONE_S = 600.0  # a job no node has mentioned for this long has ended
 CHECK_PREFIX = "failslow_"
+# Probe rounds come every few hours per node: the fleet is scored again when figures arrived, and
+# at least this often (figures age out of their cohorts; each scoring of 10,000 nodes costs seconds).
+RESCORE_S = 3600.0
 
 
 class BadPerf(ValueError):
@@ -165,12 +168,14 @@ class FailslowFleet:
         self.stragglers: tuple[Straggler, ...] = ()
         self.open: set[tuple[str, str, str]] = set()  # (node, check, entity) this opened
         self.passive: dict[str, tuple[float, tuple[tuple[str, str, float], ...]]] = {}  # node -> (at, summary)
+        self.dirty = False  # figures arrived since the last scoring
 
     def take(self, post: PerfPost, now: float) -> int:
         """Store one node's post (probes timed by our clock); returns how many items it held."""
         for p in post.probes:
             s = Sample(post.node, p.entity, p.metric, p.value, now, post.profile, post.driver, p.firmware)
             self.samples[s.key] = s
+            self.dirty = True
         if post.passive:
             self.passive[post.node] = (now, post.passive)
         if post.job is not None:
@@ -202,16 +207,37 @@ class FailslowFleet:
             self.histories.pop(k, None)
 
     def judge(self, mem: Memory, now: float) -> list[Op]:
-        """Score the fleet, name the stragglers, and open/close the findings' conditions."""
-        cfg = self.cfg
+        """Score the fleet, name the stragglers, and open/close the findings' conditions (all at
+        once; the service runs `compute` off the loop: judge_once in failslow_api.py)."""
+        return self.apply(mem, now, *self.compute(*self.inputs(now), self.cfg, now))
+
+    def inputs(self, now: float) -> tuple[list[Sample] | None, dict[Key, tuple[Point, ...]], list[list[JobWindow]]]:
+        """Copies of what the judges read, taken on the loop (ingest goes on while they run);
+        no samples (None) when nothing arrived and the last scoring is recent: it stands."""
         for job in [j for j, t in self.job_seen.items() if now - t > JOB_GONE_S]:
             self._drop_job(job)
-        self.stragglers = tuple(self._stragglers(now)) if cfg.stragglers.enabled else ()
-        if not cfg.judge.enabled:
-            self.scored = Scored((), {}, {}, {})
+        rescore = self.dirty or now - self.scored_at >= RESCORE_S or not self.cfg.judge.enabled
+        self.dirty = self.dirty and not rescore
+        return (list(self.samples.values()) if rescore else None), dict(self.histories), self._windows(now)
+
+    @staticmethod
+    def compute(samples: list[Sample] | None, histories: dict[Key, tuple[Point, ...]], windows: list[list[JobWindow]],
+                cfg: FailslowAggConfig, now: float) -> tuple[Scored | None, tuple[Straggler, ...]]:
+        """The pure judgements (seconds at 10,000 nodes: the service runs this off the event loop)."""
+        strag = tuple(s for w in windows for s in stragglers.judge(w, cfg.stragglers)) if cfg.stragglers.enabled else ()
+        if samples is None:
+            return None, strag
+        scored = failslow.score(samples, histories, cfg.judge, now) if cfg.judge.enabled else Scored((), {}, {}, {})
+        return scored, strag
+
+    def apply(self, mem: Memory, now: float, scored: Scored | None, strag: tuple[Straggler, ...]) -> list[Op]:
+        self.stragglers = strag
+        if scored is None:
+            return []  # the last scoring stands: its conditions are open already
+        self.scored = scored
+        if not self.cfg.judge.enabled:
             return self._sync(mem, {}, now)
-        self.scored = failslow.score(self.samples.values(), self.histories, cfg.judge, now)
-        self.histories = failslow.forget(self.scored.histories, self.samples)
+        self.histories = failslow.forget(scored.histories, self.samples)
         self.scored_at = now
         want: dict[tuple[str, str, str], Finding] = {}
         for f in self.scored.findings:
@@ -229,12 +255,18 @@ class FailslowFleet:
             v = Verdict(check, entity, f.status, f.action, now, f.text(now))
             ops += mem.apply_verdict(node, v, now, source="aggregator")[1]
             self.open.add((node, check, entity))
-        # Close what this opened and no longer finds: a part judged OK again, and one whose
-        # results aged out of its cohort (no news is no finding).
+        # Close what no longer holds: a part judged again and found at its cohort, or one with no
+        # figure for `max_age` (it aged out of its cohort). A part not judged yet (the aggregator
+        # restarted and has no figures, or its cohort is too small now) keeps its condition.
+        judged = {(n, failslow.check_name(m), e) for (n, e, m) in self.scored.z}
         for key in sorted(self.open - set(want)):
             node, check, entity = key
-            self.open.discard(key)
-            if node in mem.nodes and key in mem.conditions:
+            cond = mem.conditions.get(key)
+            if cond is None or node not in mem.nodes:
+                self.open.discard(key)
+                continue
+            if key in judged or now - cond.observed > self.cfg.judge.max_age:
+                self.open.discard(key)
                 ops += mem.apply_verdict(node, Verdict(check, entity, Status.OK, Action.NONE, now, ""), now,
                                          source="aggregator")[1]
         return ops
@@ -243,12 +275,11 @@ class FailslowFleet:
         """At start: the fail-slow conditions the store holds are this module's to close."""
         self.open |= {k for k in conditions if k[1].startswith(CHECK_PREFIX)}
 
-    def _stragglers(self, now: float) -> Iterator[Straggler]:
+    def _windows(self, now: float) -> list[list[JobWindow]]:
+        """Each running job's complete windows, oldest first (the current one is still filling)."""
         cur = int(now // self.cfg.window)
-        for job, windows in sorted(self.jobs.items()):
-            done = [JobWindow(job, self.owners.get(job, ""), b * self.cfg.window, tuple(w.values()))
-                    for b, w in sorted(windows.items()) if b < cur]  # the current window is still filling
-            yield from stragglers.judge(done, self.cfg.stragglers)
+        return [[JobWindow(job, self.owners.get(job, ""), b * self.cfg.window, tuple(w.values()))
+                 for b, w in sorted(windows.items()) if b < cur] for job, windows in sorted(self.jobs.items())]
 
     # ---- views ----------------------------------------------------------------------------------
 

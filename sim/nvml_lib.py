@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import pynvml
 
 from podhealth.sim.faults import climbed
+from podhealth.sim.perfmodel import throttled
 from podhealth.sim.state import ARCHITECTURES, GpuSpec, NodeState
 
 if TYPE_CHECKING:
@@ -140,6 +141,14 @@ def gpu_view(state: NodeState, index: int, now: float) -> GpuView:
         reasons = (reasons & ~REASON_IDLE) | REASON_HW_SLOWDOWN | REASON_HW_THERMAL | REASON_SW_THERMAL
         half = g.max_sm_clock_mhz // 2
         clocks = (half, half, clocks[2], clocks[3])
+    hot = throttled(state, index, now)
+    if hot and "thermal" not in kinds:
+        # fault=thermal-throttle-intermittent, in its hot half-period (sim/perfmodel.py): busy and
+        # held pct % below its maximum SM clock by a thermal slowdown.
+        temp = THERMAL_FAULT_TEMP_C
+        reasons = (reasons & ~REASON_IDLE) | REASON_HW_THERMAL | REASON_SW_THERMAL
+        held = int(g.max_sm_clock_mhz * (1.0 - hot))
+        clocks = (held, held, clocks[2], clocks[3])
     if "power-brake" in kinds:
         reasons |= REASON_HW_SLOWDOWN | REASON_HW_POWER_BRAKE
     gen, width = g.pcie_gen_max, g.pcie_width_max

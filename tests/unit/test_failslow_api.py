@@ -188,3 +188,18 @@ async def test_straggler_named_on_metrics_and_api(tmp_path: Path) -> None:
         st, text = await call(s, "GET", f"{url}/metrics")
         assert 'podhealth_job_straggler{gpu="2",job="4242",job_id="4242",node="dgx11",owner="alice",reason="thermal"} 1.0' in text
         assert not [k for k in agg.mem.conditions if k[0] == "dgx11"]  # WARN only: never a condition
+
+
+async def test_a_restart_keeps_the_finding_until_the_part_is_judged_again(tmp_path: Path) -> None:
+    key = ("dgx05", "failslow_gemm", "gpu3")
+    async with running(fs_config(tmp_path, action="warn"), [MemFencer()]) as (agg, url), aiohttp.ClientSession() as s:
+        await post_all(s, url, fleet(slow=5))
+        await until(lambda: key in agg.mem.conditions, "the finding")
+    # a new aggregator on the same store: no figures in memory yet
+    async with running(fs_config(tmp_path, action="warn"), [MemFencer()]) as (agg, url), aiohttp.ClientSession() as s:
+        assert key in agg.mem.conditions
+        started = agg.clock()
+        await until(lambda: judged_after(s, url, started), "a judgement with no figures")
+        assert key in agg.mem.conditions  # not judged: kept
+        await post_all(s, url, fleet())  # the part at its cohort again
+        await until(lambda: key not in agg.mem.conditions, "the condition closed once judged")

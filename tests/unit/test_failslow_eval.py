@@ -114,3 +114,14 @@ def test_slow_hca_must_name_an_hca_of_the_node() -> None:
     st = default_state("dgx01", "dgx-h100", now=T0)
     with pytest.raises(ValueError, match="has HCAs"):
         faults.validate(faults.parse(["fault=slow-hca", "device=mlx5_99"], T0), st)
+
+
+def test_intermittent_throttle_shows_in_the_simulated_nvml() -> None:
+    from podhealth.sim import nvml_lib
+
+    st = default_state("dgx01", "dgx-h100", now=T0)
+    st = st.with_fault(faults.parse(["fault=thermal-throttle-intermittent", "gpu=4", "period=100", "pct=20"], T0))
+    hot, cool = nvml_lib.gpu_view(st, 4, T0 + 10), nvml_lib.gpu_view(st, 4, T0 + 60)
+    assert hot.clocks[1] == int(1980 * 0.8) and hot.reasons & nvml_lib.REASON_HW_THERMAL
+    assert not cool.reasons & nvml_lib.REASON_HW_THERMAL and cool.clocks[1] < hot.clocks[1]
+    assert not nvml_lib.gpu_view(st, 3, T0 + 10).reasons & nvml_lib.REASON_HW_THERMAL
