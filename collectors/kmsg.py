@@ -144,6 +144,9 @@ class KmsgCollector:
                 # both. Either way this line is the one event reported.
                 self._matches_pending(ev, source="nvml")
             new.append(ev)
+        # SXid records seen only through their continuation lines: one event each (the batch is
+        # where a late header could still have claimed them)
+        new.extend(self._event(p, now, boot, year) for p in self._assembler.drain())
         if nvml is not None:
             new.extend(self._nvml_events(nvml, now, errors))
         for ev in new:

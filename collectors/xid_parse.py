@@ -37,7 +37,16 @@ MAX_TEXT = 512  # an Xid 119 line with its RPC payload is ~200 chars; a runaway 
 # without a ")" is not read to its end again from every "Xid (" (64 KiB of them took seconds).
 _XID = re.compile(r"(?:NVRM:\s*)?(?<![A-Za-z])Xid\s*\((?P<pci>[^)]{0,64})\)\s*:?\s*(?P<rest>.*)$")
 _SXID = re.compile(r"(?:(?P<dev>nvidia-nvswitch\d*)\s*:\s*)?SXid\s*\((?P<pci>[^)]{0,64})\)\s*:?\s*(?P<rest>.*)$")
-_FALLEN = re.compile(r"fallen\s+off\s+the\s+bus", re.IGNORECASE)
+# A GPU the driver lost, in the resource manager's words (none of them an Xid line; the kernel-log
+# path exists for when NVML hangs, so each fails the GPU as XID 79 does):
+#   "GPU has fallen off the bus" (Xid 79's own text; the 570 open module prints it alone),
+#   "Check failed: GPU lost from the bus [NV_ERR_GPU_IS_LOST]" (GSP-RM's RPC path, 535+; seen with
+#     no Xid line in ../shared/fixtures/xid_kernel_logs/dmesg_nv_err_gpu_is_lost_*),
+#   "RmInitAdapter failed!" / "rm_init_adapter failed" (the GPU could not be brought up: a Titan V
+#     that "keeps disappearing", dmesg_ctime_titanv_rminitadapter_failed_*; only a reboot helps).
+_FALLEN = re.compile(r"fallen\s+off\s+the\s+bus|GPU\s+lost\s+from\s+the\s+bus|NV_ERR_GPU_IS_LOST"
+                     r"|\bRmInitAdapter\s+failed|\brm_init_adapter\s+failed", re.IGNORECASE)
+_GSP_LOST = re.compile(r"GPU\s+lost\s+from\s+the\s+bus|NV_ERR_GPU_IS_LOST", re.IGNORECASE)
 # Numbers are matched as ASCII digits of a bounded length: regex \d also takes other scripts'
 # digits and int() refuses more than 4,300 digits; what no driver prints is "not a number".
 _CODE = re.compile(r"^(?P<code>[0-9]{1,10})(?![\w])\s*(?P<rest>.*)$")
@@ -399,9 +408,11 @@ class LineAssembler:
 
     - "The NVIDIA GPU 0000:b3:00.0" / "(PCI ID ...) installed in this system has" / "fallen off the
       bus ...": the PCI address of the first line is given to the fallen-off-bus line.
-    - NVSwitch "Severity ..." / "Data {...}" lines repeat the header's code: when a header for the
-      same switch and code was seen within the last few lines they are absorbed (None); alone (the
-      header was lost), they stand for the SXid themselves so it is not missed.
+    - NVSwitch "Severity ..." / "Data {...}" lines repeat the header's code: one record is one
+      event. Near a header for the same switch and code (within LOOKBACK lines, or PAIR_S by their
+      stamps) they are absorbed (None), before it or after it; alone (the header was lost), the
+      record's continuation lines stand for the SXid once, from `drain()` at the end of the batch,
+      so it is not missed.
     - A GPU falling off the bus is printed twice: the Xid 79 record, then the driver's own
       "NVRM: GPU 0000:91:00.0: GPU has fallen off the bus." (both real captures in
       ../shared/fixtures/xid_kernel_logs: the next line, 4 us later, same address). That second
@@ -414,12 +425,17 @@ class LineAssembler:
 
     LOOKBACK = 16  # lines; NVSwitch interleaves several switches' lines within a few records
     PAIR_S = 2.0  # an Xid 79 and a bus line of the same GPU stamped further apart are two faults
+    LOST_ECHO_S = 60.0  # GSP-RM's address-less "GPU lost" lines this soon after a lost GPU are its echo
 
     def __init__(self) -> None:
         self._n = 0
         self._gpu_at: tuple[int, str, float | None, float | None, bool] | None = None
-        self._headers: dict[tuple[str, int], int] = {}
+        self._headers: dict[tuple[str, int], tuple[int, float | None, float | None]] = {}  # (line, wall, mono)
+        # continuation lines still waiting for their header: key -> [(where, first line, kinds seen)]
+        self._orphans: dict[tuple[str, int], list[tuple[tuple[int, float | None, float | None], ParsedLine,
+                                                        frozenset[str]]]] = {}
         self._xid79: dict[str, tuple[int, float | None, float | None]] = {}  # pci -> (line, wall, mono)
+        self._lost_at: tuple[int, float | None, float | None] | None = None  # the last GPU lost with its address
 
     def feed(self, line: str, *, year: int | None = None) -> ParsedLine | Malformed | None:
         self._n += 1
@@ -441,24 +457,86 @@ class LineAssembler:
             else:
                 p = replace(p, pci_bus_id=pci)
         if p.kind == "fallen_off_bus":
-            return None if self._follows_its_xid79(p) else p
+            if not p.pci_bus_id and self._after_a_lost_gpu(p):
+                return None
+            if self._follows_its_xid79(p):
+                return None
+            if p.pci_bus_id:
+                self._lost_at = (self._n, p.wall_time, p.mono_time)
+            return p
+        if p.kind == "xid" and p.code == 79:
+            self._lost_at = (self._n, p.wall_time, p.mono_time)
         if p.kind == "xid" and p.code == 79 and p.pci_bus_id:
             self._xid79[p.pci_bus_id] = (self._n, p.wall_time, p.mono_time)
             if len(self._xid79) > 256:  # bounded: forget the oldest
                 for addr in sorted(self._xid79, key=lambda a: self._xid79[a][0])[:128]:
                     del self._xid79[addr]
         if p.kind == "sxid":
-            key = (p.device, p.code)
-            if p.continuation:
-                seen = self._headers.get(key)
-                if seen is not None and self._n - seen <= self.LOOKBACK:
-                    return None
-            else:
-                self._headers[key] = self._n
-                if len(self._headers) > 256:  # bounded: forget the oldest headers
-                    for k in sorted(self._headers, key=self._headers.__getitem__)[:128]:
-                        del self._headers[k]
+            return self._sxid_record(p)
         return p
+
+    def drain(self) -> list[ParsedLine]:
+        """The SXid records seen only through their continuation lines, one per record: call it
+        after each batch of lines (a header that comes later in the same batch has claimed its
+        own). Order of first appearance."""
+        out = [rec[1] for recs in self._orphans.values() for rec in recs]
+        self._orphans.clear()
+        return out
+
+    def _near(self, then: tuple[int, float | None, float | None], p: ParsedLine) -> bool:
+        """Do two lines belong to one record: within LOOKBACK lines, or stamped within PAIR_S
+        (switches interleave: 8 NVSwitches' records can put a header 30 lines before its Data)."""
+        n, wall, mono = then
+        stamped = [(a, b) for a, b in ((wall, p.wall_time), (mono, p.mono_time)) if a is not None and b is not None]
+        if stamped:
+            return all(abs(b - a) <= self.PAIR_S for a, b in stamped)
+        return self._n - n <= self.LOOKBACK
+
+    def _sxid_record(self, p: ParsedLine) -> ParsedLine | None:
+        """One event per SXid record (header + "Severity" + "Data" lines, all carrying the code),
+        whatever order its lines arrive in."""
+        key = (p.device, p.code)
+        at = (self._n, p.wall_time, p.mono_time)
+        if p.continuation:
+            seen = self._headers.get(key)
+            if seen is not None and self._near(seen, p):
+                return None
+            # No header yet: it may follow (lines of one record out of order). Held until the
+            # batch ends (drain); another continuation of the same record joins it.
+            recs = self._orphans.setdefault(key, [])
+            kind = p.detail.split(None, 1)[0].lower() if p.detail else ""
+            if recs and self._near(recs[-1][0], p) and kind not in recs[-1][2]:
+                recs[-1] = (at, recs[-1][1], recs[-1][2] | {kind})
+            else:
+                recs.append((at, p, frozenset({kind})))
+            if sum(len(r) for r in self._orphans.values()) > 256:  # bounded: let the oldest stand now
+                self._orphans.pop(next(iter(self._orphans)))
+            return None
+        self._headers[key] = at
+        if len(self._headers) > 256:  # bounded: forget the oldest headers
+            for k in sorted(self._headers, key=lambda k: self._headers[k][0])[:128]:
+                del self._headers[k]
+        recs = self._orphans.get(key)
+        if recs and self._near(recs[-1][0], p):
+            # the header of a record whose continuation came first: the record is this header
+            recs.pop()
+            if not recs:
+                del self._orphans[key]
+        return p
+
+    def _after_a_lost_gpu(self, p: ParsedLine) -> bool:
+        """Is this address-less lost-GPU line ("Check failed: GPU lost from the bus
+        [NV_ERR_GPU_IS_LOST]", which GSP-RM repeats for every RPC still in flight) the echo of a GPU
+        already reported lost with its address (an Xid 79, a bus line) just before? Then it is that
+        fault, not another one on an unknown GPU. Alone, it stands: the node lost a GPU."""
+        if self._lost_at is None or not _GSP_LOST.search(p.message):
+            return False  # the driver's own "fallen off the bus" line without an address stands
+        n, wall, mono = self._lost_at
+        stamped = [(then, now) for then, now in ((wall, p.wall_time), (mono, p.mono_time))
+                   if then is not None and now is not None]
+        if stamped:
+            return all(0 <= now - then <= self.LOST_ECHO_S for then, now in stamped)
+        return self._n - n <= self.LOOKBACK
 
     def _follows_its_xid79(self, p: ParsedLine) -> bool:
         """Is this fallen-off-the-bus line the driver's summary of an Xid 79 just read for the

@@ -6,7 +6,11 @@ runs jobs again: DRAIN, with the DIMM labels that counted it in evidence (what a
 `edac_ce`: corrected errors per hour on a memory controller over checks.rate_window above the
 profile's edac_ce_per_hour warn (a DIMM on its way out; rules.yaml holds it for a few readings).
 `kernel_ras`: the same facts from the kernel log, for nodes whose EDAC sysfs is missing or late:
-an `EDAC ... UE` summary line or an MCE record whose MCi_STATUS has UC set, within the window.
+an `EDAC ... UE` summary line or an MCE record whose MCi_STATUS has UC set, within the window, and
+the corrected errors that `EDAC MCn: <count> CE ...` lines report, judged per memory controller by
+the same rate rule as edac_ce (`ce_rate_verdict`). The lines carry their own times, so the rate is
+over the span they cover (at least the profile's edac_ce_min_span_s): a DIMM that logs 16 corrected
+errors in 8 s (a site's "faulty RAM") is 16 per 5 minutes, ~2x the hourly limit, not 16 an hour.
 """
 
 from __future__ import annotations
@@ -65,12 +69,35 @@ def edac_ce(ctx: Context) -> list[CheckResult]:
         if s.label("type") != "ce":
             continue
         mc = s.label("mc")
-        rate = ctx.rate_per_hour(s)
-        if rate is not None and rate > limit:
-            out.append(warn("edac_ce", mc, f"corrected memory errors at {rate:.0f}/h on {mc}",
-                            per_hour=round(rate, 1), limit=limit, ce=int(s.value), dimms=_dimms(ctx, mc, "ce", True)))
-        else:
-            out.append(ok("edac_ce", mc, ce=int(s.value)))
+        out.append(ce_rate_verdict("edac_ce", mc, ctx.rate_per_hour(s), limit, "edac sysfs ce_count",
+                                   ce=int(s.value), dimms=_dimms(ctx, mc, "ce", True)))
+    return out
+
+
+def ce_rate_verdict(check: str, mc: str, rate: float | None, limit: float, source: str,
+                    **evidence: object) -> CheckResult:
+    """THE corrected-memory-error rate rule, whichever source counted the errors: above the
+    profile's edac_ce_per_hour it WARNs (a DIMM on its way out; replace it at the next window)."""
+    if rate is not None and rate > limit:
+        return warn(check, mc, f"corrected memory errors at {rate:.0f}/h on {mc} ({source})",
+                    per_hour=round(rate, 1), limit=limit, source=source, **evidence)
+    return ok(check, mc, **evidence)
+
+
+def kernel_ce_rates(ctx: Context) -> dict[str, tuple[float, int, str]]:
+    """mc -> (corrected errors per hour, errors, the DIMM labels) from the EDAC lines in the
+    window, over the span they cover but at least edac_ce_min_span_s (one line reporting 16384 is
+    a rate; one error alone is not an hour's worth)."""
+    floor = ctx.profile.threshold("edac_ce_min_span_s")
+    by_mc: dict[str, list[tuple[float, int, str]]] = {}
+    for e in ctx.events:
+        if e.kind == "edac" and e.subcode == 0 and e.time >= ctx.now - ctx.window:
+            by_mc.setdefault(e.device or "mc?", []).append((e.time, e.code, e.text))
+    out: dict[str, tuple[float, int, str]] = {}
+    for mc, evs in sorted(by_mc.items()):
+        n = sum(c for _, c, _ in evs)
+        span = max(max(t for t, _, _ in evs) - min(t for t, _, _ in evs), floor, 1.0)
+        out[mc] = (n / span * 3600.0, n, max(evs)[2])
     return out
 
 
@@ -80,7 +107,10 @@ def kernel_ras(ctx: Context) -> list[CheckResult]:
     if bad:
         last = max(bad, key=lambda e: e.time)
         return [fail("kernel_ras", "node", f"{len(bad)} uncorrectable memory / machine-check errors in the kernel log",
-                     Action.DRAIN, lines=len(bad), last=last.text, source=last.device)]
+                     Action.DRAIN, lines=len(bad), last=last.text, source=last.device)]  # the DRAIN covers the CEs
     corrected = sum(e.code for e in recent if e.kind == "edac")
+    limit = ctx.profile.threshold("edac_ce_per_hour")
+    per_mc = [ce_rate_verdict("kernel_ras", mc, rate, limit, "kernel log EDAC lines", ce_in_window=n, last=last)
+              for mc, (rate, n, last) in kernel_ce_rates(ctx).items()]
     return [ok("kernel_ras", "node", "no uncorrectable memory or machine-check error in the kernel log",
-               corrected_in_window=corrected, mce_lines=sum(1 for e in recent if e.kind == "mce"))]
+               corrected_in_window=corrected, mce_lines=sum(1 for e in recent if e.kind == "mce")), *per_mc]

@@ -510,9 +510,11 @@ def _entity_order(ent: str) -> tuple[int, int, str]:
 def _gpu_findings(evs: list[Event], cat: XidCatalog, spread: Mapping[int, int]) -> list[Finding]:
     xid_evs = [e for e in evs if e.kind == "xid"]
     codes = {e.code for e in xid_evs}
-    if 79 not in codes and any(e.kind == "kernel" for e in evs):
-        # The driver said "fallen off the bus" without an Xid line (seen with open modules 570):
-        # the same condition as XID 79.
+    lost_without_xid = 79 not in codes and any(e.kind == "kernel" for e in evs)
+    if lost_without_xid:
+        # The driver said it lost the GPU without an Xid line ("fallen off the bus" from the 570
+        # open module, GSP-RM's NV_ERR_GPU_IS_LOST, RmInitAdapter failed): the same condition as
+        # XID 79, and the kernel log is the path that must see it when NVML hangs.
         xid_evs = xid_evs + [e for e in evs if e.kind == "kernel"]
         codes.add(79)
     findings: list[Finding] = []
@@ -546,6 +548,9 @@ def _gpu_findings(evs: list[Event], cat: XidCatalog, spread: Mapping[int, int]) 
             others = codes - {45}
             why = f"follow XID {'/'.join(map(str, sorted(others)))}" if others else "solo: job aborted or restart fabric manager"
             findings.append(Finding(code, info.rule, why))
+        elif code == 79 and lost_without_xid:
+            findings.append(Finding(code, info.rule, "the driver lost the GPU (no Xid line): "
+                                                     f"{info.description or info.mnemonic}"))
         else:
             findings.append(Finding(code, info.rule, info.description or info.mnemonic))
         if info.escalate and n >= info.escalate.incidents:

@@ -91,12 +91,39 @@ def judge_kernel_log(path: Path) -> Fails:
     asm = LineAssembler()
     kinds = {"xid": "xid", "sxid": "sxid", "fallen_off_bus": "kernel"}
     events = []
+    parsed: list[ParsedLine] = []
     for line in path.read_text(errors="replace").splitlines():
         p = asm.feed(line, year=2024)
-        if isinstance(p, ParsedLine) and p.kind in kinds:
+        parsed.extend([p] if isinstance(p, ParsedLine) else [])
+    for p in parsed + asm.drain():
+        if p.kind in kinds:
             events.append(Event(kind=kinds[p.kind], code=p.code, time=T - 10, text=p.message,  # type: ignore[arg-type]
                                 pci_bus_id=p.pci_bus_id if p.kind != "sxid" else "", device=p.device))
     return _fails(evaluate_xids(events, load_catalog(), T, 3600.0, {}))
+
+
+def judge_host_log(path: Path) -> Fails:
+    """Host RAS lines (EDAC summaries, mce records) as the kmsg collector turns them into events,
+    judged by kernel_ras: FAILs by their action, WARNs as "WARN" (a failing DIMM warns)."""
+    from podhealth.checks.passive import memory_ecc
+    from podhealth.collectors import ras_parse
+    from podhealth.collectors.xid_parse import line_timestamps
+
+    events = []
+    for i, line in enumerate(path.read_text(errors="replace").splitlines()):
+        r = ras_parse.parse(line)
+        if r is None:
+            continue
+        wall, mono = line_timestamps(line[:r.start], 2024)
+        at = wall if wall is not None else (mono if mono is not None else float(i))
+        events.append(Event(kind=r.kind, code=r.count, time=at, text=r.message, device=r.source,
+                            subcode=None if r.uncorrected is None else int(r.uncorrected)))
+    now = max((e.time for e in events), default=T) + 10
+    ctx = Context(snapshot=Snapshot(now, {}), profile=profiles.load("generic"), now=now, rates=RateTracker(3600),
+                  events=tuple(events), window=3600.0)
+    res = memory_ecc.kernel_ras(ctx)
+    return frozenset((r.check, r.entity, r.action.value if r.status is Status.FAIL else "WARN")
+                     for r in res if r.status in (Status.FAIL, Status.WARN))
 
 
 def judge_dcgmi(path: Path) -> Fails:
@@ -209,6 +236,22 @@ CASES = [
     Case("xid_kernel_logs/kmsg_gb200_xid145_149_nvlink5_rlw_netir.log", "GB200 NVLink5 errors (XID 145, 149)",
          frozenset({("xid", "pci:0008:01:00.0", "RESET_GPU"), ("xid", "pci:0018:01:00.0", "RESET_GPU"),
                     ("xid", "pci:0019:01:00.0", "RESET_GPU")}), lambda p, t: judge_kernel_log(p)),
+    Case("xid_kernel_logs/dmesg_nv_err_gpu_is_lost_rpc_fn78_no_xid_john5835_excerpt.log",
+         "GPU lost during a CUDA job, GSP-RM's NV_ERR_GPU_IS_LOST lines, no Xid line (no address either)",
+         frozenset({("xid", "node", "REBOOT")}), lambda p, t: judge_kernel_log(p)),
+    Case("xid_kernel_logs/dmesg_ctime_titanv_rminitadapter_failed_0x25_illinois76.log",
+         "GPU that keeps disappearing: RmInitAdapter failed, no Xid line (only a reboot helps)",
+         frozenset({("xid", "pci:0000:81:00.0", "REBOOT")}), lambda p, t: judge_kernel_log(p)),
+    # host RAS lines in the kernel log (WARN: a DIMM to replace; FAIL: an uncorrectable error)
+    Case("host_errors/dmesg_T_edac_sbridge_262_ce_overflow_illinois66.log",
+         "failing DIMM: 262 corrected errors in one EDAC line, repeating (host later failed)",
+         frozenset({("kernel_ras", "mc1", "WARN")}), lambda p, t: judge_host_log(p)),
+    Case("host_errors/dmesg_T_edac_skx_ce_read_and_scrub_overflow_retry_rd_err_log.log",
+         "failing DIMM: 16384 + 78 corrected errors (OVERFLOW) on one DIMM",
+         frozenset({("kernel_ras", "mc0", "WARN")}), lambda p, t: judge_host_log(p)),
+    Case("host_errors/journal_kernel_edac_sbridge_mce_ce_scrubbing_radiasoft134.log",
+         "one corrected scrubbing error (below any rate: no verdict from one line)", NONE,
+         lambda p, t: judge_host_log(p)),
     # dcgmi diag
     Case("dcgm/dcgmi_diag_r3_v_pass_v100_dcgm3.3.9.txt", "healthy V100 node, dcgmi diag -r 3 pass", NONE,
          lambda p, t: judge_dcgmi(p)),

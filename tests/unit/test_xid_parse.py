@@ -106,13 +106,82 @@ def test_assembler_joins_split_fallen_off_bus_and_absorbs_sxid_continuations() -
         "[2.0] nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Data {0x1, 0x2}",
         "[2.1] nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 20034, Severity 1 Engine instance 60 Sub-engine instance 00",
     ]
-    out = [p for p in (a.feed(x) for x in lines) if p is not None]
+    out = [p for p in (a.feed(x) for x in lines) if p is not None] + a.drain()
     assert isinstance(out[0], ParsedLine) and out[0].mono_time == pytest.approx(1843.308145)
     assert [(p.kind, p.code, p.device or p.pci_bus_id) for p in out if isinstance(p, ParsedLine)] == [
         ("fallen_off_bus", 79, "0000:b3:00.0"),
         ("sxid", 20034, "nvswitch1"),
         ("sxid", 20034, "nvswitch2"),  # its header was never seen: the continuation stands for it
     ]
+
+
+# The record shape of NVSwitch SXids as printed by `dmesg | grep SXid` (Lambda's troubleshooting
+# guide, docs.lambdalabs.com "Troubleshooting and debugging", four 22013 records on nvswitch3):
+# header, "Severity ... Engine instance <link>", "Data {...}". Here the three lines of one record
+# arrive out of order and another switch's records interleave, as journald relays them.
+_SXID_22013 = [
+    "[   60.006338] kernel: nvidia-nvswitch3: SXid (PCI:0000:0a:00.0): 22013, Non-fatal, Link 55 Minion Link DLREQ interrupt",
+    "[   60.008040] kernel: nvidia-nvswitch3: SXid (PCI:0000:0a:00.0): 22013, Severity 0 Engine instance 55 Sub-engine instance 00",
+    "[   60.010058] kernel: nvidia-nvswitch3: SXid (PCI:0000:0a:00.0): 22013, Data {0x00000037, 0x00000037, 0x00000000, 0x00000037, 0x80005302, 0x00000000, 0x00000000, 0x00000000, 0x00000000}",
+    "[   60.015379] kernel: nvidia-nvswitch3: SXid (PCI:0000:0a:00.0): 22013, Severity 0 Engine instance 54 Sub-engine instance 00",
+    "[   60.017388] kernel: nvidia-nvswitch3: SXid (PCI:0000:0a:00.0): 22013, Data {0x00000036, 0x00000036, 0x00000000, 0x00000036, 0x80005302, 0x00000000, 0x00000000, 0x00000000, 0x00000000}",
+    "[   60.013283] kernel: nvidia-nvswitch3: SXid (PCI:0000:0a:00.0): 22013, Non-fatal, Link 54 Minion Link DLREQ interrupt",
+    *[f"[   60.0{19 + i}000] kernel: nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20009, Non-fatal, Link {i:02d} RX Short Error Rate"
+      for i in range(20)],
+    "[   60.020455] kernel: nvidia-nvswitch3: SXid (PCI:0000:0a:00.0): 22013, Non-fatal, Link 51 Minion Link DLREQ interrupt",
+    *[f"[   60.0{40 + i}000] kernel: nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20009, Data {{0x{i:08x}}}" for i in range(20)],
+    "[   60.022557] kernel: nvidia-nvswitch3: SXid (PCI:0000:0a:00.0): 22013, Severity 0 Engine instance 51 Sub-engine instance 00",
+    "[   60.024563] kernel: nvidia-nvswitch3: SXid (PCI:0000:0a:00.0): 22013, Data {0x00000033, 0x00000033, 0x00000000, 0x00000033, 0x80005302, 0x00000000, 0x00000000, 0x00000000, 0x00000000}",
+]
+
+
+def test_sxid_one_event_per_record_whatever_the_line_order() -> None:
+    a = LineAssembler()
+    out = [p for p in (a.feed(x) for x in _SXID_22013) if isinstance(p, ParsedLine)] + a.drain()
+    by = [(p.device, p.code) for p in out]
+    # three records of 22013 (links 55, 54, 51), twenty of 20009 whose Data lines came 20 lines late
+    assert by.count(("nvswitch3", 22013)) == 3, out
+    assert by.count(("nvswitch1", 20009)) == 20
+    assert all(p.fatal is False for p in out), "every record is its header (Non-fatal), not a bare continuation"
+
+
+def test_sxid_record_without_its_header_counts_once() -> None:
+    a = LineAssembler()
+    lines = [x for x in _SXID_22013[:3] if "Non-fatal" not in x]  # Severity + Data of one record, header lost
+    assert [a.feed(x) for x in lines] == [None, None]
+    out = a.drain()
+    assert [(p.device, p.code) for p in out] == [("nvswitch3", 22013)]
+    assert a.drain() == []
+
+
+@pytest.mark.parametrize("line", [
+    # GSP-RM's wording on the RPC path (../shared/fixtures/xid_kernel_logs/dmesg_nv_err_gpu_is_lost_*)
+    "[   35.564060] NVRM: nvCheckOkFailedNoLog: Check failed: GPU lost from the bus [NV_ERR_GPU_IS_LOST] "
+    "(0x0000000F) returned from nvdEngineDumpCallbackHelper(pGpu, pPrbEnc, pNvDumpState, pEngineCallback) @ nv_debug_dump.c:274",
+    "NVRM: GPU5 rpcRmApiFree_GSP: GspRmFree failed status=NV_ERR_GPU_IS_LOST",
+    "[Sun Apr 14 12:48:42 2024] NVRM: GPU 0000:81:00.0: RmInitAdapter failed! (0x25:0x40:1470)",
+    "[Sun Apr 14 12:48:42 2024] NVRM: GPU 0000:81:00.0: rm_init_adapter failed, device minor number 0",
+])
+def test_lost_gpu_phrasings_without_xid_are_xid79(line: str) -> None:
+    p = parse_line(line, year=2024)
+    assert p is not None and (p.kind, p.code) == ("fallen_off_bus", 79)
+    if "0000:81:00.0" in line:
+        assert p.pci_bus_id == "0000:81:00.0"
+
+
+def test_address_less_lost_lines_after_an_xid79_are_its_echo() -> None:
+    a = LineAssembler()
+    lines = [
+        "[  100.000000] NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+        "[  100.000004] NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.",
+        "[  100.200000] NVRM: nvCheckOkFailedNoLog: Check failed: GPU lost from the bus [NV_ERR_GPU_IS_LOST] (0x0000000F)",
+        "[  100.300000] NVRM: nvCheckOkFailedNoLog: Check failed: GPU lost from the bus [NV_ERR_GPU_IS_LOST] (0x0000000F)",
+    ]
+    out = [p for p in (a.feed(x) for x in lines) if isinstance(p, ParsedLine)]
+    assert [(p.kind, p.code, p.pci_bus_id) for p in out] == [("xid", 79, "0000:91:00.0")]
+    # the same line an hour later, with no Xid near it, is a GPU lost again
+    later = a.feed("[ 3700.000000] NVRM: nvCheckOkFailedNoLog: Check failed: GPU lost from the bus [NV_ERR_GPU_IS_LOST]")
+    assert isinstance(later, ParsedLine) and later.code == 79
 
 
 # ---- real captures (../shared/fixtures) -----------------------------------------------------
@@ -126,7 +195,8 @@ def _oracle(line: str) -> tuple[str, int | None] | None:
     if m:
         tok = m.group(2)
         return ("sxid" if m.group(1) else "xid", int(tok) if tok.isdigit() else None)
-    if "fallen off the bus" in line:
+    if re.search(r"fallen off the bus|GPU lost from the bus|NV_ERR_GPU_IS_LOST|RmInitAdapter failed|rm_init_adapter failed",
+                 line):
         return ("fallen_off_bus", 79)
     return None
 
