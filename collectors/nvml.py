@@ -76,6 +76,10 @@ METRICS: Mapping[str, MetricSpec] = specs(
     _spec("gpu_memory_total_bytes", "gauge", "Framebuffer memory installed.", "bytes"),
     _spec("gpu_temperature_celsius", "gauge", "GPU core temperature.", "celsius"),
     _spec("gpu_memory_temperature_celsius", "gauge", "HBM temperature (NVML field NVML_FI_DEV_MEMORY_TEMP).", "celsius"),
+    _spec("gpu_thermal_margin_celsius", "gauge",
+          "Degrees below T.Limit, the GPU's max operating temperature (nvidia-smi 'GPU T.Limit Temp'; "
+          "nvmlDeviceGetMarginTemperature, else the GPU_MAX threshold minus the temperature). Negative: above it.",
+          "celsius"),
     _spec("gpu_power_watts", "gauge", "Power draw.", "watts"),
     _spec("gpu_power_limit_watts", "gauge", "Power limit the driver enforces.", "watts"),
     _spec("gpu_energy_joules", "counter", "Energy consumed since the driver was loaded.", "joules"),
@@ -95,6 +99,9 @@ METRICS: Mapping[str, MetricSpec] = specs(
     _spec("gpu_remapped_rows", "gauge", "Remapped HBM rows by `type` (correctable, uncorrectable)."),
     _spec("gpu_remapped_rows_pending", "gauge", "1 when a row remap waits for a GPU reset."),
     _spec("gpu_remapped_rows_failure", "gauge", "1 when row remapping failed (bank out of spare rows)."),
+    _spec("gpu_row_remap_banks", "gauge",
+          "Memory banks by spare-row `availability` (max, high, partial, low, none): "
+          "nvmlDeviceGetRowRemapperHistogram, nvidia-smi's 'Bank Remap Availability Histogram'."),
     _spec("gpu_persistence_mode", "gauge", "1 when persistence mode is enabled."),
     _spec("gpu_mig_mode", "gauge", "1 when MIG mode is enabled (current mode), 0 when disabled; absent where MIG is not supported."),
     _spec("gpu_fabric_state", "gauge", "NVSwitch fabric state: 0 not supported, 1 not started, 2 in progress, 3 completed."),
@@ -114,6 +121,13 @@ class StaticInfo:
     pcie_gen_max: int | None
     pcie_width_max: int | None
     supported_reasons: int | None
+    # T.Limit (the max operating temperature, C): fixed per GPU, so the margin NVML reports is
+    # read once and every later margin is T.Limit minus the temperature (no extra call per cycle)
+    t_limit_c: int | None = None
+
+
+# nvmlRowRemapperHistogramValues_t's members: banks by how many spare rows they have left
+REMAP_AVAILABILITY = ("max", "high", "partial", "low", "none")
 
 
 @dataclass
@@ -121,6 +135,26 @@ class _DeviceState:
     generation: int
     unsupported: set[str] = field(default_factory=set)
     static: StaticInfo | None = None
+    remap_seen: object = None  # the remapped-rows reading the histogram below was read at
+    remap_hist: tuple[int, ...] | None = None
+
+
+def _temperature(h: object) -> int:
+    return int(_first(  # type: ignore[call-overload]
+        lambda: pynvml.nvmlDeviceGetTemperatureV(h, pynvml.NVML_TEMPERATURE_GPU),
+        lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)))
+
+
+def _t_limit(h: object) -> int:
+    """T.Limit in C: temperature + the margin R530+ drivers report (nvidia-smi "GPU T.Limit Temp"),
+    else the GPU_MAX threshold older ones give (the same temperature: "GPU Max Operating Temp")."""
+    try:
+        margin = pynvml.nvmlDeviceGetMarginTemperature(h)
+    except pynvml.NVMLError as e:
+        if e.value not in _FALLBACK:
+            raise
+        return int(pynvml.nvmlDeviceGetTemperatureThreshold(h, pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX))
+    return _temperature(h) + int(margin)
 
 
 _VALUE_MEMBER = {
@@ -231,8 +265,10 @@ class NvmlCollector:
             put("gpu_memory_used_bytes", mem.used)
             put("gpu_memory_free_bytes", mem.free)
             put("gpu_memory_total_bytes", mem.total)
-        put("gpu_temperature_celsius", calls.get(
-            "temperature", lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)))
+        temp = calls.get("temperature", lambda: _temperature(h))
+        put("gpu_temperature_celsius", temp)
+        if temp is not None and static.t_limit_c is not None:
+            put("gpu_thermal_margin_celsius", static.t_limit_c - temp)
         put("gpu_memory_temperature_celsius", self._field(calls, h, "memory_temperature",
                                                           pynvml.NVML_FI_DEV_MEMORY_TEMP))
         power = calls.get("power", lambda: pynvml.nvmlDeviceGetPowerUsage(h))
@@ -287,6 +323,14 @@ class NvmlCollector:
             put("gpu_remapped_rows", unc, type="uncorrectable")
             put("gpu_remapped_rows_pending", 1 if pending else 0)
             put("gpu_remapped_rows_failure", 1 if failure else 0)
+            # The histogram moves only when a row is remapped: read again only when the counts do.
+            if st.remap_seen != rows:
+                got = calls.get("row_remap_histogram", lambda: pynvml.nvmlDeviceGetRowRemapperHistogram(h))
+                st.remap_hist = None if got is None else tuple(
+                    int(getattr(got, a)) for a in REMAP_AVAILABILITY)
+                st.remap_seen = rows if got is not None or "row_remap_histogram" in st.unsupported else None
+            for avail, banks in zip(REMAP_AVAILABILITY, st.remap_hist or ()):
+                put("gpu_row_remap_banks", banks, availability=avail)
 
         pm = calls.get("persistence_mode", lambda: pynvml.nvmlDeviceGetPersistenceMode(h))
         put("gpu_persistence_mode", None if pm is None else int(pm == pynvml.NVML_FEATURE_ENABLED))
@@ -334,6 +378,7 @@ class NvmlCollector:
             supported_reasons=num("supported_reasons", lambda: _first(
                 lambda: pynvml.nvmlDeviceGetSupportedClocksEventReasons(h),
                 lambda: pynvml.nvmlDeviceGetSupportedClocksThrottleReasons(h))),
+            t_limit_c=num("t_limit", lambda: _t_limit(h)),
         )
 
     @staticmethod

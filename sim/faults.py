@@ -35,6 +35,8 @@ KINDS: Mapping[str, KindSpec] = {
     "dbe": KindSpec(("gpu",), {}, "uncorrectable (double-bit) ECC error"),
     "row-remap-pending": KindSpec(("gpu",), {}, "row remap pending (needs GPU reset)"),
     "row-remap-failure": KindSpec(("gpu",), {}, "row remapping failed (bank exhausted)"),
+    "row-remap-low": KindSpec(("gpu",), {"count": 1}, "`count` memory banks low on spare rows "
+                                                      "(remap histogram Low): a warning before the XID 64"),
     "nvlink-down": KindSpec(("gpu", "link"), {}, "one NVLink link inactive"),
     "nvlink-crc": KindSpec(("gpu", "link"), {"rate": 10.0}, "NVLink CRC errors climbing (errors/s)"),
     "pcie-degraded": KindSpec(("gpu",), {"width": 8, "gen": 4}, "PCIe link trained below max"),
@@ -77,9 +79,9 @@ KINDS: Mapping[str, KindSpec] = {
 
 _INT_PARAMS = ("gpu", "link", "width", "gen", "code", "port", "count", "persist")
 # Every kind but reboot also takes persist=1: the fault survives a reboot (a part that is broken,
-# not a state the driver can leave). Kinds that survive one by nature: a failed row remap is
-# recorded in the GPU's InfoROM and stays until the GPU is replaced.
-PERSISTENT_KINDS = frozenset({"row-remap-failure"})
+# not a state the driver can leave). Kinds that survive one by nature: a failed row remap, and a
+# bank's used spare rows, are recorded in the GPU's InfoROM and stay until the GPU is replaced.
+PERSISTENT_KINDS = frozenset({"row-remap-failure", "row-remap-low"})
 # What a GPU reset (`nvidia-smi -r`) clears on that GPU: volatile state the driver rebuilds when
 # the GPU re-initialises (pending remaps are applied, volatile ECC counts and XID state cleared).
 RESETTABLE_KINDS = frozenset({"xid", "dbe", "row-remap-pending", "nvlink-down", "nvlink-crc", "fabric-incomplete"})

@@ -89,7 +89,28 @@ class CapturedGpu:
     temp_slowdown_c: int | None = None
     temp_max_operating_c: int | None = None
     mem_temp_max_c: int | None = None
+    # R530+ drivers print thresholds relative to T.Limit (the max operating temperature) instead:
+    # "GPU T.Limit Temp" is the margin below it, "GPU Shutdown T.Limit Temp : -8 C" means 8 C past it.
+    t_limit_margin_c: int | None = None
+    shutdown_t_limit_c: int | None = None
+    slowdown_t_limit_c: int | None = None
+    max_operating_t_limit_c: int | None = None
+    remap_histogram: tuple[int, int, int, int, int] | None = None  # banks: max, high, partial, low, none
     fabric_state: str | None = None  # None = no Fabric section; "N/A" = not on a fabric
+
+    def absolute_thresholds(self) -> tuple[int | None, int | None, int | None]:
+        """(shutdown, slowdown, max operating) in C: as printed by older drivers, else from the
+        T.Limit margin and the current temperature (T.Limit = current + margin)."""
+        limit = (self.temperature_c + self.t_limit_margin_c
+                 if self.temperature_c is not None and self.t_limit_margin_c is not None else None)
+
+        def past(offset: int | None) -> int | None:
+            return None if limit is None or offset is None else limit - offset
+
+        return (self.temp_shutdown_c if self.temp_shutdown_c is not None else past(self.shutdown_t_limit_c),
+                self.temp_slowdown_c if self.temp_slowdown_c is not None else past(self.slowdown_t_limit_c),
+                self.temp_max_operating_c if self.temp_max_operating_c is not None
+                else past(self.max_operating_t_limit_c))
 
 
 @dataclass(frozen=True)
@@ -223,6 +244,17 @@ def _walk(node: _Node) -> Iterator[_Node]:
         stack.extend(reversed(c.children))
 
 
+def _histogram(remap: _Node | None) -> tuple[int, int, int, int, int] | None:
+    """"Bank Remap Availability Histogram" (Max/High/Partial/Low/None bank(s)); None unless whole."""
+    h = remap.get("Bank Remap Availability Histogram") if remap is not None else None
+    if h is None:
+        return None
+    vals = [_int(h.value_of(k)) for k in ("Max", "High", "Partial", "Low", "None")]
+    if any(v is None for v in vals):
+        return None
+    return (vals[0], vals[1], vals[2], vals[3], vals[4])  # type: ignore[return-value]
+
+
 def _parse_gpu(bus: str, root: _Node, warnings: list[str]) -> CapturedGpu:
     pci = root.get("PCI")
     link = pci.get("GPU Link Info") if pci else None
@@ -274,11 +306,16 @@ def _parse_gpu(bus: str, root: _Node, warnings: list[str]) -> CapturedGpu:
                                       warnings, bus),
         temperature_c=_int(temp.value_of("GPU Current Temp")) if temp else None,
         mem_temperature_c=_int(temp.value_of("Memory Current Temp")) if temp else None,
-        # Absolute thresholds (older drivers); newer ones print T.Limit offsets, which we skip.
+        # Absolute thresholds (older drivers); newer ones print T.Limit offsets (absolute_thresholds).
         temp_shutdown_c=_int(temp.value_of("GPU Shutdown Temp")) if temp else None,
         temp_slowdown_c=_int(temp.value_of("GPU Slowdown Temp")) if temp else None,
         temp_max_operating_c=_int(temp.value_of("GPU Max Operating Temp")) if temp else None,
         mem_temp_max_c=_int(temp.value_of("Memory Max Operating Temp")) if temp else None,
+        t_limit_margin_c=_int(temp.value_of("GPU T.Limit Temp")) if temp else None,
+        shutdown_t_limit_c=_int(temp.value_of("GPU Shutdown T.Limit Temp")) if temp else None,
+        slowdown_t_limit_c=_int(temp.value_of("GPU Slowdown T.Limit Temp")) if temp else None,
+        max_operating_t_limit_c=_int(temp.value_of("GPU Max Operating T.Limit Temp")) if temp else None,
+        remap_histogram=_histogram(remap_node),
         # Kept raw: "N/A" (no NVSwitch fabric) differs from an absent section (older driver).
         fabric_state=root.value_of("Fabric", "State"),
     )
@@ -333,6 +370,7 @@ def to_state(capture: Capture, name: str, profile: str | None = None,
         if arch not in ARCHITECTURES:
             arch = tmpl.architecture if tmpl else sku.architecture
         retires = ARCHITECTURES[arch] < ARCHITECTURES["ampere"]
+        shutdown, slowdown, max_op = c.absolute_thresholds()
         idle = tmpl or GpuSpec(i, "", "", "", "", 0, 0, 0, "", 0, 0, 0, 0, 0, 0, 0, 0, arch)
         g = GpuSpec(
             index=i,
@@ -373,10 +411,11 @@ def to_state(capture: Capture, name: str, profile: str | None = None,
             temperature_c=idle.temperature_c if c.temperature_c is None else c.temperature_c,
             mem_temperature_c=idle.mem_temperature_c if c.mem_temperature_c is None else c.mem_temperature_c,
             power_w=idle.power_w if c.power_draw_w is None else c.power_draw_w,
-            temp_shutdown_c=c.temp_shutdown_c or 92,
-            temp_slowdown_c=c.temp_slowdown_c or 89,
-            temp_max_operating_c=c.temp_max_operating_c or 87,
+            temp_shutdown_c=shutdown if shutdown is not None else 92,
+            temp_slowdown_c=slowdown if slowdown is not None else 89,
+            temp_max_operating_c=max_op if max_op is not None else 87,
             mem_temp_max_c=c.mem_temp_max_c or 95,
+            remap_histogram=c.remap_histogram,
             has_fabric=(prof.has_nvswitch_fabric if c.fabric_state is None
                         else _na(c.fabric_state) is not None),
         )

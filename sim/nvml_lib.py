@@ -113,9 +113,15 @@ class GpuView:
     ecc_sbe: tuple[int, int]  # volatile, aggregate
     ecc_dbe: tuple[int, int]
     remap: tuple[int, int, int, int] | None  # correctable, uncorrectable, pending, failure
+    remap_histogram: tuple[int, int, int, int, int] | None  # banks: max, high, partial, low, none
     fabric_state: int
     persistence: bool
     links: tuple[NvLinkView, ...]
+
+
+# Banks an H100 80GB HBM3 reports in its remap histogram (nvidia-smi -q, 565.57.01 capture:
+# "Max : 2560 bank(s)"); a node seeded from a capture keeps its own count (H200: 3072).
+REMAP_BANKS = 2560
 
 
 def _idle_clocks(g: GpuSpec) -> tuple[int, int, int, int]:
@@ -159,9 +165,19 @@ def gpu_view(state: NodeState, index: int, now: float) -> GpuView:
     remap: tuple[int, int, int, int] | None = None
     if g.remap_uncorrectable is not None and g.remap_correctable is not None:
         pending = sum(1 for f in mine if f.kind == "row-remap-pending")
-        remap = (g.remap_correctable, g.remap_uncorrectable + pending,
+        # banks run low on spare rows by remapping rows: each row-remap-low bank used some
+        used = sum(f.count or 1 for f in mine if f.kind == "row-remap-low")
+        remap = (g.remap_correctable + used, g.remap_uncorrectable + pending,
                  int(g.remap_pending or pending > 0),
                  int(g.remap_failure or "row-remap-failure" in kinds))
+    hist: tuple[int, int, int, int, int] | None = None
+    if remap is not None:
+        hist = g.remap_histogram or (REMAP_BANKS, 0, 0, 0, 0)
+        # a failed remap means a bank ran out of spare rows; row-remap-low faults take banks to Low
+        low = sum(f.count or 1 for f in mine if f.kind == "row-remap-low")
+        none = max(hist[4], 1 if remap[3] else 0)
+        moved = min(hist[0], low + (none - hist[4]))
+        hist = (hist[0] - moved, hist[1], hist[2], hist[3] + low, none)
     fabric = pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
     if g.has_fabric:
         fabric = (pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS if "fabric-incomplete" in kinds
@@ -190,6 +206,7 @@ def gpu_view(state: NodeState, index: int, now: float) -> GpuView:
         ecc_sbe=(g.ecc_sbe_volatile, g.ecc_sbe_aggregate),
         ecc_dbe=(g.ecc_dbe_volatile + dbe, g.ecc_dbe_aggregate + dbe),
         remap=remap,
+        remap_histogram=hist,
         fabric_state=fabric,
         persistence=g.persistence_mode and "persistence-off" not in kinds,
         links=tuple(links),
@@ -598,6 +615,17 @@ def _temp_v(h: int, ptr: int) -> None:
     t.temperature = _temperature(v, t.sensorType)
 
 
+@_impl("nvmlDeviceGetMarginTemperature", args=[P, P])
+def _margin(h: int, ptr: int) -> None:
+    # nvml.h: nvmlMarginTemperature_v1_t {version, marginTemperature}; the margin is signed (a GPU
+    # above T.Limit reads negative), nvidia-smi prints it as "GPU T.Limit Temp".
+    v = _b().device(h)
+    m = _struct(ptr, pynvml.c_nvmlMarginTemperature_v1_t)
+    if m.version != pynvml.nvmlMarginTemperature_v1:
+        raise _Fail(VERSION_MISMATCH)
+    m.marginTemperature = v.spec.temp_max_operating_c - v.temperature_c
+
+
 @_impl("nvmlDeviceGetTemperatureThreshold", args=[P, c_uint, P])
 def _temp_threshold(h: int, kind: int, ptr: int) -> None:
     g = _b().device(h).spec
@@ -777,6 +805,17 @@ def _remapped(h: int, corr: int, unc: int, pending: int, failure: int) -> None:
         raise _Fail(NOT_SUPPORTED)
     for ptr, value in zip((corr, unc, pending, failure), v.remap):
         _put(ptr, c_uint, value)
+
+
+@_impl("nvmlDeviceGetRowRemapperHistogram", args=[P, P])
+def _remap_histogram(h: int, ptr: int) -> None:
+    # nvml.h: nvmlRowRemapperHistogramValues_t {max, high, partial, low, none}: banks by how many
+    # spare rows they have left. NOT_SUPPORTED where rows do not remap (pre-Ampere), as the rows call.
+    v = _b().device(h)
+    if v.remap is None or v.remap_histogram is None:
+        raise _Fail(NOT_SUPPORTED)
+    out = _struct(ptr, pynvml.c_nvmlRowRemapperHistogramValues)
+    out.max, out.high, out.partial, out.low, out.none = v.remap_histogram
 
 
 # NVLink

@@ -65,6 +65,9 @@ class GpuSpec:
     remap_uncorrectable: int | None = 0
     remap_pending: bool = False
     remap_failure: bool = False
+    # Banks by spare-row availability (max, high, partial, low, none), as nvidia-smi's "Bank Remap
+    # Availability Histogram"; None = every bank at max (REMAP_BANKS of them) where rows remap.
+    remap_histogram: tuple[int, int, int, int, int] | None = None
     retired_pages_sbe: int | None = None  # None on Ampere+ (page retirement replaced by remapping)
     retired_pages_dbe: int | None = None
     retired_pages_pending: bool = False
@@ -79,7 +82,8 @@ class GpuSpec:
     temperature_c: int = 33
     mem_temperature_c: int = 38
     power_w: float = 72.0
-    # NVML temperature thresholds (absolute C; H100 SXM values from a 535 driver capture).
+    # NVML temperature thresholds (absolute C; H100 SXM values from a 535 driver capture). The T.Limit
+    # margin NVML reports (nvmlDeviceGetMarginTemperature) is temp_max_operating_c - the temperature.
     temp_shutdown_c: int = 92
     temp_slowdown_c: int = 89
     temp_max_operating_c: int = 87
@@ -101,7 +105,9 @@ class GpuSpec:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "GpuSpec":
+        hist = d.get("remap_histogram")
         return cls(**{**d, "mig_devices": tuple(d.get("mig_devices") or ()),
+                      "remap_histogram": tuple(int(x) for x in hist) if hist is not None else None,
                       "nvml_errors": {str(k): int(v) for k, v in (d.get("nvml_errors") or {}).items()}})
 
     @property

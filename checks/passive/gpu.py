@@ -135,6 +135,7 @@ def row_remap(ctx: Context) -> list[CheckResult]:
     failure = ctx.per_gpu("gpu_remapped_rows_failure")
     unc = ctx.per_gpu("gpu_remapped_rows", type="uncorrectable")
     limit = ctx.profile.thresholds["remap_uncorrectable_max"]
+    banks = _remap_banks(ctx)
     for g in up:
         i, e = g.label("gpu"), gpu_entity(g)
         if i not in pending and i not in failure:
@@ -148,9 +149,25 @@ def row_remap(ctx: Context) -> list[CheckResult]:
             out.append(fail("row_remap", e, "row remap pending: reset the GPU to apply it", Action.RESET_GPU, **ev))
         elif u is not None and u.value > limit:
             out.append(warn("row_remap", e, f"{int(u.value)} uncorrectable row remaps", limit=limit, **ev))
+        elif banks.get(i, {}).get("none", 0) >= 1 or banks.get(i, {}).get("low", 0) >= 1:
+            # Before the XID: a bank with no (or few) spare rows left cannot remap its next
+            # uncorrectable error, which then becomes XID 64 (remap failure) and a REPLACE.
+            b = banks[i]
+            what = (f"{int(b['none'])} memory bank(s) with no spare rows left" if b.get("none", 0) >= 1
+                    else f"{int(b['low'])} memory bank(s) low on spare rows")
+            out.append(warn("row_remap", e, f"{what}: plan the GPU's replacement", **ev,
+                            banks=" ".join(f"{k}={int(v)}" for k, v in b.items())))
         else:
             out.append(ok("row_remap", e, **ev))
     return _settle(ctx, "row_remap", out)
+
+
+def _remap_banks(ctx: Context) -> dict[str, dict[str, float]]:
+    """GPU -> {availability: banks} from nvmlDeviceGetRowRemapperHistogram (absent: not read)."""
+    out: dict[str, dict[str, float]] = {}
+    for s in ctx.samples("gpu_row_remap_banks"):
+        out.setdefault(s.label("gpu"), {})[s.label("availability")] = s.value
+    return out
 
 
 def retired_pages(ctx: Context) -> list[CheckResult]:
@@ -260,14 +277,21 @@ def temperature(ctx: Context) -> list[CheckResult]:
     out, up = _each_gpu(ctx, "temperature")
     t = ctx.profile.thresholds
     core, mem = ctx.per_gpu("gpu_temperature_celsius"), ctx.per_gpu("gpu_memory_temperature_celsius")
+    margin = ctx.per_gpu("gpu_thermal_margin_celsius")
     for g in up:
         i, e = g.label("gpu"), gpu_entity(g)
-        c, m = core.get(i), mem.get(i)
+        c, m, tl = core.get(i), mem.get(i), margin.get(i)
         ev = {"gpu_c": c.value if c else "n/a", "memory_c": m.value if m else "n/a"}
+        if tl is not None:
+            ev["t_limit_margin_c"] = tl.value
         if (c and c.value >= t["gpu_temp_fail_c"]) or (m and m.value >= t["mem_temp_fail_c"]):
             out.append(fail("temperature", e, "GPU above its temperature limit", Action.DRAIN, **ev))
         elif (c and c.value >= t["gpu_temp_warn_c"]) or (m and m.value >= t["mem_temp_warn_c"]):
             out.append(warn("temperature", e, "GPU running hot", **ev))
+        elif tl is not None and tl.value <= t["thermal_margin_warn_c"]:
+            # Before the slowdown (and its XID-free lost throughput): the GPU's own T.Limit, which
+            # differs per SKU (an L4's is ~86 C, an H100 SXM's ~87 C), is what it throttles at.
+            out.append(warn("temperature", e, f"GPU {tl.value:g} C from its T.Limit (thermal slowdown near)", **ev))
         else:
             out.append(ok("temperature", e, **ev))
     return _settle(ctx, "temperature", out)

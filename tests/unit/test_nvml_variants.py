@@ -192,7 +192,7 @@ READINGS = [
     ("nvmlDeviceGetTotalEccErrors", "ecc"),
     ("nvmlDeviceGetRemappedRows", "row_remap"),
     ("nvmlDeviceGetCurrPcieLinkWidth", "pcie"),
-    ("nvmlDeviceGetTemperature", "temperature"),
+    ("nvmlDeviceGetTemperatureV", "temperature"),  # the current call; older drivers: nvmlDeviceGetTemperature
     (f"field:{pynvml.NVML_FI_DEV_MEMORY_TEMP}", "temperature"),
     ("nvmlDeviceGetGpuFabricInfoV", "fabric"),
     ("nvmlDeviceGetPersistenceMode", "persistence"),
@@ -261,7 +261,7 @@ def test_a_gpu_that_answers_nothing_but_errors_is_unknown(build: Callable[..., R
     assert status(res, "gpu_lost", "gpu6") is Status.UNKNOWN
 
 
-@pytest.mark.parametrize("call", ["nvmlDeviceGetTemperature", "nvmlDeviceGetRemappedRows",
+@pytest.mark.parametrize("call", ["nvmlDeviceGetTemperatureV", "nvmlDeviceGetRemappedRows",
                                   f"field:{pynvml.NVML_FI_DEV_MEMORY_TEMP}"])
 def test_gpu_is_lost_still_fails_the_gpu(build: Callable[..., Run], call: str) -> None:
     run = build("dgx-h100", edit={2: errors(GPU_IS_LOST, call)})
@@ -287,12 +287,15 @@ def test_fabric_on_a_driver_without_the_versioned_call_or_struct(build: Callable
 
 # What older driver generations lack next to the binding (nvidia-ml-py 13): the call's symbol
 # (FUNCTION_NOT_FOUND) or the struct version the binding asks for (ARGUMENT_VERSION_MISMATCH).
+# nvmlDeviceGetTemperatureV and nvmlDeviceGetMarginTemperature are the newest temperature calls:
+# drivers without them answer with nvmlDeviceGetTemperature and the GPU_MAX threshold.
+_OLD_TEMPERATURE = {"nvmlDeviceGetTemperatureV": FUNCTION_NOT_FOUND, "nvmlDeviceGetMarginTemperature": FUNCTION_NOT_FOUND}
 DRIVER_GENERATIONS: dict[str, dict[str, int]] = {
     "R525": {"nvmlDeviceGetCurrentClocksEventReasons": FUNCTION_NOT_FOUND,
              "nvmlDeviceGetSupportedClocksEventReasons": FUNCTION_NOT_FOUND,
-             "nvmlDeviceGetGpuFabricInfoV": FUNCTION_NOT_FOUND},
-    "R535": {"nvmlDeviceGetGpuFabricInfoV": FUNCTION_NOT_FOUND},
-    "R550": {"nvmlDeviceGetGpuFabricInfoV": VERSION_MISMATCH},
+             "nvmlDeviceGetGpuFabricInfoV": FUNCTION_NOT_FOUND, **_OLD_TEMPERATURE},
+    "R535": {"nvmlDeviceGetGpuFabricInfoV": FUNCTION_NOT_FOUND, **_OLD_TEMPERATURE},
+    "R550": {"nvmlDeviceGetGpuFabricInfoV": VERSION_MISMATCH, "nvmlDeviceGetTemperatureV": FUNCTION_NOT_FOUND},
     "R570": {},
 }
 
@@ -306,6 +309,9 @@ def test_driver_generations_read_the_same_verdicts(build: Callable[..., Run], ge
     for i in range(8):
         assert status(res, "fabric", f"gpu{i}") is Status.OK
         assert run.value("gpu_clocks_event_active", i, reason="gpu_idle") == 1
+        g = run.node.state.gpu(i)
+        assert run.value("gpu_temperature_celsius", i) == g.temperature_c
+        assert run.value("gpu_thermal_margin_celsius", i) == g.temp_max_operating_c - g.temperature_c
     assert status(res, "clocks", "node") is Status.OK
 
 
@@ -555,3 +561,86 @@ def test_variant_state_survives_the_state_file() -> None:
     back = NodeState.loads(state.dumps())
     assert back.gpus[0] == g0 and back.gpus[1] == base.gpus[1]
     assert isinstance(back.gpus[0].mig_devices, tuple)
+
+
+# --- 6. warnings before the XID: T.Limit margin, spare-row availability ----------------------------
+
+# The Temperature section of an R550 `nvidia-smi -q` (1x L4, driver 550.90.07: the capture
+# ../shared/fixtures/nvidia_smi/nvidia-smi-q_l4_1gpu_550.90.07_thamada.txt), where thresholds are
+# offsets from T.Limit and no absolute threshold is printed.
+L4_TEMPERATURE = """\
+==============NVSMI LOG==============
+
+Driver Version                            : 550.90.07
+CUDA Version                              : 12.4
+
+Attached GPUs                             : 1
+GPU 00000000:01:00.0
+    Product Name                          : NVIDIA L4
+    Product Architecture                  : Ada Lovelace
+    Remapped Rows
+        Correctable Error                 : 0
+        Uncorrectable Error               : 0
+        Pending                           : No
+        Remapping Failure Occurred        : No
+        Bank Remap Availability Histogram
+            Max                           : 96 bank(s)
+            High                          : 0 bank(s)
+            Partial                       : 0 bank(s)
+            Low                           : 0 bank(s)
+            None                          : 0 bank(s)
+    Temperature
+        GPU Current Temp                  : 33 C
+        GPU T.Limit Temp                  : 53 C
+        GPU Shutdown T.Limit Temp         : -5 C
+        GPU Slowdown T.Limit Temp         : -2 C
+        GPU Max Operating T.Limit Temp    : 0 C
+        GPU Target Temperature            : N/A
+        Memory Current Temp               : N/A
+        Memory Max Operating T.Limit Temp : N/A
+"""
+
+
+def test_t_limit_thresholds_are_seeded_and_read_back_through_nvml(build: Callable[..., Run]) -> None:
+    state = nvidia_smi.to_state(nvidia_smi.parse(L4_TEMPERATURE), "var01", "generic")
+    g = state.gpu(0)
+    # T.Limit = 33 + 53 = 86 C; shutdown 5 C past it, slowdown 2 C past it
+    assert (g.temp_max_operating_c, g.temp_slowdown_c, g.temp_shutdown_c) == (86, 88, 91)
+    assert g.remap_histogram == (96, 0, 0, 0, 0)
+    run = build(state=state)
+    res = run.judge()
+    assert run.value("gpu_thermal_margin_celsius", 0) == 53
+    assert run.value("gpu_row_remap_banks", 0, availability="max") == 96
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert pynvml.nvmlDeviceGetMarginTemperature(h) == 53
+    assert pynvml.nvmlDeviceGetTemperatureV(h, pynvml.NVML_TEMPERATURE_GPU) == 33
+    assert pynvml.nvmlDeviceGetTemperatureThreshold(h, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN) == 88
+    assert status(res, "temperature", "gpu0") is Status.OK and status(res, "row_remap", "gpu0") is Status.OK
+
+
+def test_a_gpu_near_its_t_limit_warns_before_any_absolute_threshold(build: Callable[..., Run]) -> None:
+    # 84 C is below the profile's 85 C warn, but 2 C from this GPU's own T.Limit (86 C, an L4's)
+    run = build("dgx-h100", edit={3: lambda g: replace(g, temperature_c=84, temp_max_operating_c=86)})
+    res = run.judge()
+    r = res[("temperature", "gpu3")]
+    assert r.status is Status.WARN and "T.Limit" in r.summary, r
+    assert dict(r.evidence)["t_limit_margin_c"] == "2.0"
+    assert status(res, "temperature", "gpu2") is Status.OK
+    assert fails(res) == []
+
+
+def test_banks_low_on_spare_rows_warn_before_the_remap_fails(build: Callable[..., Run]) -> None:
+    run = build("dgx-h100")
+    assert status(run.judge(), "row_remap", "gpu5") is Status.OK  # read once healthy: the agent's case
+    run.node.inject(faults.parse("fault=row-remap-low gpu=5 count=2".split(), time.time()))
+    run.node.inject(faults.parse("fault=row-remap-failure gpu=6".split(), time.time()))
+    res = run.judge()
+    assert run.value("gpu_row_remap_banks", 5, availability="low") == 2
+    assert run.value("gpu_row_remap_banks", 6, availability="none") == 1
+    r = res[("row_remap", "gpu5")]
+    assert r.status is Status.WARN and "low on spare rows" in r.summary, r
+    assert res[("row_remap", "gpu6")].status is Status.FAIL  # the failure itself still fails
+    assert status(res, "row_remap", "gpu4") is Status.OK
+    h = pynvml.nvmlDeviceGetHandleByIndex(5)
+    hist = pynvml.nvmlDeviceGetRowRemapperHistogram(h)
+    assert (hist.max, hist.low, hist.none) == (2558, 2, 0)

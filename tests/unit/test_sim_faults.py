@@ -66,7 +66,7 @@ def test_parse_every_kind(tokens: str, expect: dict[str, object]) -> None:
 def test_every_kind_has_a_parse_case() -> None:
     covered = {faults.parse(t.split(), NOW).kind for t in [
         "xid=1 gpu=0", "fault=fallen-off-bus gpu=0", "fault=dbe gpu=0", "fault=row-remap-pending gpu=0",
-        "fault=row-remap-failure gpu=0", "fault=nvlink-down gpu=0 link=0", "fault=nvlink-crc gpu=0 link=0",
+        "fault=row-remap-failure gpu=0", "fault=row-remap-low gpu=0", "fault=nvlink-down gpu=0 link=0", "fault=nvlink-crc gpu=0 link=0",
         "fault=pcie-degraded gpu=0", "fault=thermal gpu=0", "fault=power-brake gpu=0",
         "fault=fabric-incomplete gpu=0", "fault=persistence-off gpu=0", "fault=nvml-hang seconds=1",
         "fault=ib-down device=mlx5_0", "fault=ib-rate device=mlx5_0", "fault=ib-symbol-errors device=mlx5_0",
