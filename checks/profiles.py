@@ -39,6 +39,8 @@ class Profile:
     drift: Mapping[str, str] = field(default_factory=dict)
     # network adapters by role (checks/ib_profile.py); see profiles.yaml `network`
     network: NetworkProfile = field(default_factory=lambda: ib_profile.parse({}))
+    units: tuple[str, ...] = ()  # systemd units this kind of node needs (with checks.required_units)
+    nvlink_domain: "NvlinkDomain" = field(default_factory=lambda: NvlinkDomain())
 
     def threshold(self, key: str) -> float:
         return float(self.thresholds[key])
@@ -63,6 +65,14 @@ class Profile:
     def ib_link_layer(self) -> str:
         r = self.network.roles.get("compute")
         return r.link_layers[0] if r and r.link_layers else "InfiniBand"
+
+
+@dataclass(frozen=True)
+class NvlinkDomain:
+    """A multi-node NVLink domain the node belongs to (GB200 NVL72: 72 GPUs); 0 = none."""
+
+    gpus: int = 0
+    imex: bool = False  # the IMEX service must hold the domain up (nvidia-imex-ctl)
 
 
 class ProfileError(ValueError):
@@ -128,6 +138,8 @@ def load(name: str, overrides: Mapping[str, Any] | None = None) -> Profile:
         else:
             _apply_override(d, str(k), v)
     d["nfs_mounts"] = tuple(d["nfs_mounts"])
+    d["units"] = tuple(str(u) for u in d.get("units") or ())
+    d["nvlink_domain"] = NvlinkDomain(**(d.get("nvlink_domain") or {}))
     try:
         d["network"] = ib_profile.parse(d.get("network"))
     except ib_profile.NetworkError as e:
@@ -145,7 +157,10 @@ DRIFT_VERDICTS = ("OK", "WARN", "FAIL")
 def collector_seams(cfg: "Config", seams: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """The profile facts collectors need, as factory seams, under the builder's own `seams` (which
     win key by key). Collectors sit below checks and never read a profile themselves."""
-    out: dict[str, dict[str, Any]] = {"nvlink": {"links_expected": of_config(cfg).nvlink_links}}
+    prof = of_config(cfg)
+    out: dict[str, dict[str, Any]] = {"nvlink": {"links_expected": prof.nvlink_links}}
+    if prof.units:
+        out["host"] = {"extra_units": prof.units}
     for name, kw in (seams or {}).items():
         out[name] = {**out.get(name, {}), **kw}
     return out

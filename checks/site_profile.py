@@ -29,7 +29,7 @@ from podhealth.configload import ConfigError, load_file, load_text
 # Mappings whose keys are the site's own (HCA board ids): their type.
 _OPEN_MAPPINGS: dict[str, Any] = {"versions.hca_fw": Mapping[str, str]}
 # Lists of strings whose shipped default is empty.
-_STR_LISTS = {"nfs_mounts"}
+_STR_LISTS = {"nfs_mounts", "units"}
 # Keys whose values are words from a fixed set.
 _WORDS: dict[str, Any] = {"drift": Literal["OK", "WARN", "FAIL"]}
 

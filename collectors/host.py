@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, ClassVar, Mapping, Sequence
 
@@ -183,8 +183,13 @@ class HostCollector:
         pass
 
 
-def create(cfg: Config, units_source: Path | None = None) -> HostCollector:
-    """`units_source`: a JSON file unit -> state (the simulator's) instead of asking systemd."""
+def create(cfg: Config, units_source: Path | None = None, extra_units: Sequence[str] = ()) -> HostCollector:
+    """`units_source`: a JSON file unit -> state (the simulator's) instead of asking systemd.
+    `extra_units`: units the node's hardware profile needs (checks/profiles.collector_seams), read
+    beside the configured ones."""
     reader = file_reader(units_source) if units_source is not None else systemctl_reader()
-    return HostCollector(cfg.collectors.host, reader, VersionReader(cfg.paths.procfs_root, cfg.paths.sysfs_root),
+    host = cfg.collectors.host
+    if extra_units:
+        host = replace(host, units=tuple(dict.fromkeys([*host.units, *extra_units])))
+    return HostCollector(host, reader, VersionReader(cfg.paths.procfs_root, cfg.paths.sysfs_root),
                          procfs_root=cfg.paths.procfs_root)

@@ -83,6 +83,9 @@ def _cmd_node(args: argparse.Namespace) -> int:
             raise _BadInput(f"{args.from_nvidia_smi}: {e}") from None
         for w in capture.warnings:
             print(f"warning: {args.from_nvidia_smi}: {w}", file=sys.stderr)
+        if args.profile is None:
+            g = nvidia_smi.guess(capture)
+            print(f"{'profile' if g.exact else 'warning'}: {args.from_nvidia_smi}: {g.why}", file=sys.stderr)
         seed = nvidia_smi.to_state(capture, args.name, args.profile, storage=args.storage)
     elif args.storage is not None:
         seed = default_state(args.name, args.profile or "dgx-h100", storage=args.storage)

@@ -11,6 +11,7 @@ from the matching hardware profile.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Mapping
 
@@ -18,7 +19,7 @@ from podhealth.checks import profiles
 from podhealth.sim.state import (ARCHITECTURES, GENERIC_SKU, SKUS, GpuSpec, NodeState, default_state,
                                  gpu_serial, gpu_uuid)
 
-_GPU_HEADER = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
+_GPU_HEADER = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$", re.M)
 _LINE = re.compile(r"^(\s*)([^:]+?)\s*(?::\s*(.*?))?\s*$")
 
 # nvidia-smi's names for clocks-event (throttle) reasons -> nvmlClocksEventReason bits.
@@ -119,6 +120,28 @@ class Capture:
     cuda_version: int | None  # NVML form, 12040
     gpus: tuple[CapturedGpu, ...]
     warnings: tuple[str, ...] = ()
+    attached: int | None = None  # "Attached GPUs" of the header: the node's count, even when cut short
+
+    @property
+    def gpu_count(self) -> int:
+        """The GPUs the capture holds: a capture cut short is judged on what it holds (the node
+        seeded from it has these GPUs; the header's "Attached GPUs" is in the warnings)."""
+        return len(self.gpus)
+
+    @property
+    def model(self) -> str:
+        names = Counter(g.name for g in self.gpus if g.name)
+        return names.most_common(1)[0][0] if names else ""
+
+
+@dataclass(frozen=True)
+class Guess:
+    """The shipped profile a capture's node is, and why (one line for the operator)."""
+
+    profile: str
+    why: str
+    exact: bool  # the profile states this model and this count (or states no count)
+    facts: str = "generic"  # the profile whose GPU facts fill what the capture leaves out (same model)
 
 
 def _tree(lines: list[str]) -> _Node:
@@ -322,7 +345,16 @@ def _parse_gpu(bus: str, root: _Node, warnings: list[str]) -> CapturedGpu:
 
 
 def parse(text: str) -> Capture:
-    """Parse `nvidia-smi -q` output. ValueError if there is no GPU section at all."""
+    """Parse `nvidia-smi -q` output (or `-q -x`, its XML form: sim/nvidia_smi_xml.py). ValueError
+    if there is no GPU section at all."""
+    if text.lstrip().startswith("<"):
+        from podhealth.sim import nvidia_smi_xml  # it builds this module's Capture
+
+        return nvidia_smi_xml.parse(text)
+    if "NVIDIA-SMI" in text and not _GPU_HEADER.search(text):
+        from podhealth.sim import nvidia_smi_table  # the summary table `nvidia-smi` prints
+
+        return nvidia_smi_table.parse(text)
     warnings: list[str] = []
     header: _Node | None = None
     gpus: list[CapturedGpu] = []
@@ -333,7 +365,7 @@ def parse(text: str) -> Capture:
             continue
         gpus.append(_parse_gpu(bus, tree, warnings))
     if not gpus:
-        raise ValueError("not an nvidia-smi -q capture: no 'GPU <bus id>' section found")
+        raise ValueError("not a node's nvidia-smi capture (-q, -q -x or the summary table): no 'GPU <bus id>' section found")
     attached = _int(header.value_of("Attached GPUs")) if header else None
     if attached is not None and attached != len(gpus):
         warnings.append(f"capture lists {attached} attached GPUs but holds {len(gpus)} GPU sections")
@@ -342,30 +374,51 @@ def parse(text: str) -> Capture:
         cuda_version=_cuda(header.value_of("CUDA Version")) if header else None,
         gpus=tuple(gpus),
         warnings=tuple(warnings),
+        attached=attached,
     )
 
 
+def guess(capture: Capture) -> Guess:
+    """The shipped profile whose GPU model AND count the node has (in the one list's order: the DGX
+    before the OEM board that reads the same in nvidia-smi); a profile that states no count (PCIe
+    cards) matches on the model. A model whose profiles all state another count is never guessed
+    from the model alone: `generic`, saying so, and asking for `podhealth profile capture`."""
+    model, count = capture.model, capture.gpu_count
+    same_model = [p for p in profiles.names() if p != "generic" and model and profiles.load(p).gpu_model == model]
+    fits = [p for p in same_model if profiles.load(p).gpu_count in (0, count)]
+    if fits:
+        also = f" (also reads as: {', '.join(fits[1:])}; pass --profile to pick one)" if fits[1:] else ""
+        return Guess(fits[0], f"{count}x {model}: profile {fits[0]}{also}", True, fits[0])
+    capture_hint = ("run `podhealth profile capture` on this node to record its build"
+                    + (f" (extends: {same_model[0]})" if same_model else ""))
+    if same_model:
+        stated = ", ".join(f"{p} ({profiles.load(p).gpu_count} GPUs)" for p in same_model)
+        return Guess("generic", f"{count}x {model}: not the GPU count of {stated}; judged as generic; "
+                                f"{capture_hint}", False, same_model[0])
+    return Guess("generic", f"{count}x {model or 'unnamed GPU'}: no shipped profile for this GPU; judged as "
+                            f"generic; {capture_hint}", False)
+
+
 def guess_profile(capture: Capture) -> str:
-    """The DGX profile whose GPU model the capture shows, else "generic"."""
-    name = next((g.name for g in capture.gpus if g.name), "") or ""
-    for prof in profiles.names():
-        model = profiles.load(prof).gpu_model
-        if model and model == name:
-            return prof
-    return "generic"
+    return guess(capture).profile
 
 
 def to_state(capture: Capture, name: str, profile: str | None = None,
              storage: str | None = None) -> NodeState:
     """A NodeState whose GPUs are the captured ones (missing facts from the profile/SKU);
     `storage` as for state.default_state."""
-    profile = profile or guess_profile(capture)
+    guessed = guess(capture)
+    profile = profile or guessed.profile
     base = default_state(name, profile, storage=storage)
-    prof = profiles.load(profile)
-    sku = SKUS.get(profile, GENERIC_SKU)
+    # What a capture leaves out about its GPUs (memory, NVLinks, ids) is the GPU model's, whatever
+    # the node's build: a 2x H100 SXM node judged as `generic` still has H100 SXM GPUs.
+    facts = profile if profile != "generic" else guessed.facts
+    prof = profiles.load(facts)
+    sku = SKUS.get(facts, GENERIC_SKU)
+    tmpls = base.gpus if facts == profile else default_state(name, facts).gpus
     gpus = []
     for i, c in enumerate(capture.gpus):
-        tmpl = base.gpus[i] if i < len(base.gpus) else None
+        tmpl = tmpls[i] if i < len(tmpls) else None
         arch = (c.architecture or "").lower()
         if arch not in ARCHITECTURES:
             arch = tmpl.architecture if tmpl else sku.architecture

@@ -285,15 +285,47 @@ SKUS: Mapping[str, Sku] = MappingProxyType({
     "dgx-a100": Sku(0x20B210DE, 0x147F10DE, "92.00.36.00.02", 1410, 1410, 1593, 1290, "ampere",
                     (0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD), "535.183.01", 12020,
                     "MT_0000000223", "20.39.1002"),
+    # HGX 8-GPU baseboards in OEM servers: the DGX's GPUs (the 565.57.01 HGX H100 capture's ids,
+    # VBIOS, clocks and bus layout; H200 as dgx-h200).
+    "hgx-h100": Sku(0x233010DE, 0x16C110DE, "96.00.74.00.01", 1980, 1980, 2619, 1545, "hopper",
+                    (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB), "565.57.01", 12070,
+                    "MT_0000000838", "28.41.1000"),
+    "hgx-h200": Sku(0x233510DE, 0x18BE10DE, "96.00.A5.00.01", 1980, 1980, 3201, 1545, "hopper",
+                    (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB), "550.90.12", 12040,
+                    "MT_0000000838", "28.41.1000"),
+    # PCIe cards: the profile states no count (the chassis decides); the simulator builds the common
+    # one (bus numbers one root port apart, as the 8-GPU RTX 6000 Ada capture: 01, 25, 41, ... E1).
+    # Device ids: H100 NVL 0x2321 (dcgmi capture of NVIDIA/DCGM#198), H100 PCIe 0x2331, L40S 0x26B9
+    # (dcgmi capture of NVIDIA/DCGM#253); subsystem ids and VBIOS strings are illustrative.
+    "h100-nvl": Sku(0x232110DE, 0x183910DE, "96.00.99.00.01", 1785, 1785, 2619, 1590, "hopper",
+                    (0x01, 0x25, 0x41, 0x61), "565.57.01", 12070, "MT_0000000838", "28.41.1000"),
+    "h100-pcie": Sku(0x233110DE, 0x162610DE, "96.00.30.00.01", 1755, 1755, 1593, 1590, "hopper",
+                     (0x01, 0x25, 0x41, 0x61, 0x81, 0xA1, 0xC1, 0xE1), "565.57.01", 12070,
+                     "MT_0000000838", "28.41.1000"),
+    "l40s": Sku(0x26B910DE, 0x185110DE, "95.02.66.00.02", 2520, 2520, 9001, 1965, "ada",
+                (0x01, 0x25, 0x41, 0x61, 0x81, 0xA1, 0xC1, 0xE1), "570.148.08", 12080,
+                "MT_0000000838", "28.41.1000"),
+    # GH200: the 550.127.05 capture's ids (0x2342, subsystem 0x1809) and its clocks.
+    "gh200": Sku(0x234210DE, 0x180910DE, "96.00.74.00.0B", 1980, 1980, 2619, 1545, "hopper",
+                 (0x01,), "550.127.05", 12040, "MT_0000000838", "28.41.1000"),
+    # GB200 compute tray: 4 GPUs, one PCI domain each on Grace (0008/0009/0018/0019, as the GB200
+    # kernel-log captures address them); device 0x2941.
+    "gb200-nvl72": Sku(0x294110DE, 0x20E610DE, "97.00.82.00.01", 2062, 2062, 3996, 1815, "blackwell",
+                       (0x01, 0x01, 0x01, 0x01), "570.124.06", 12080, "MT_0000000838", "28.43.1014"),
 })
 GENERIC_SKU = Sku(0, 0, "", 0, 0, 0, 0, "hopper", (), "565.57.01", 12070, "MT_0000000838", "28.41.1000")
+# PCI domains of a GB200 tray's GPUs (the domain, not the bus, tells them apart)
+_DOMAINS: Mapping[str, tuple[int, ...]] = MappingProxyType({"gb200-nvl72": (0x8, 0x9, 0x18, 0x19)})
 
 
 def simulated_profiles() -> tuple[str, ...]:
-    """The profiles a node can be simulated as (`--simulate`, `simulate fleet --profile`): those of
-    the one list (checks/data/profiles.yaml) the simulator has SKU facts for, in its order.
-    tests/unit/test_profile_list.py holds SKUS (and topology.LAYOUTS) to that list."""
-    return tuple(n for n in profiles.names() if n in SKUS)
+    """The profiles a node can be simulated as (`--simulate`, `simulate fleet --profile`): every one
+    of the one list (checks/data/profiles.yaml), `generic` included (a node seeded from a capture of
+    any GPU server is `generic` when no shipped profile is what it is). tests/unit/test_profile_list.py
+    holds SKUS (and topology.LAYOUTS) to that list."""
+    return profiles.names()
+
+SITE_MOUNTS = ("/home", "/cm/shared")
 
 DEFAULT_UNITS: Mapping[str, str] = MappingProxyType({
     "nvidia-fabricmanager.service": "active",
@@ -333,8 +365,11 @@ def default_state(name: str, profile: str = "dgx-h100", now: float | None = None
     # Ampere replaced dynamic page retirement with row remapping: NVML answers NOT_SUPPORTED.
     retires_pages = ARCHITECTURES[arch] < ARCHITECTURES["ampere"]
     gpus = []
-    for i in range(prof.gpu_count):
+    domains = _DOMAINS.get(profile, ())
+    # a profile that states no count (PCIe cards) is built with the SKU's common one
+    for i in range(prof.gpu_count or len(sku.bus_ids)):
         bus = sku.bus_ids[i] if i < len(sku.bus_ids) else 0x10 + 0x10 * i
+        domain = domains[i] if i < len(domains) else 0
         # Idle readings vary a little per GPU, as on a real node, but deterministically.
         jitter = _digest("idle", name, str(i))[0] % 8
         gpus.append(GpuSpec(
@@ -342,7 +377,7 @@ def default_state(name: str, profile: str = "dgx-h100", now: float | None = None
             name=prof.gpu_model,
             uuid=gpu_uuid(name, i),
             serial=gpu_serial(name, i),
-            pci_bus_id=f"00000000:{bus:02X}:00.0",
+            pci_bus_id=f"{domain:08X}:{bus:02X}:00.0",
             pci_device_id=sku.pci_device_id,
             pci_subsystem_id=sku.pci_subsystem_id,
             memory_total_mib=prof.gpu_memory_mib,
@@ -371,8 +406,12 @@ def default_state(name: str, profile: str = "dgx-h100", now: float | None = None
     hcas = topology.build(name, profile, prof.compute_hcas, prof.ib_rate_gbps, prof.ib_link_layer,
                           prof.storage_hcas, storage)
     units = dict(DEFAULT_UNITS)
-    if prof.gpu_count == 0:
+    if not gpus or not prof.nvlink_links or prof.nvlink_domain.imex:
+        # Fabric Manager runs where NVSwitches sit in the node; a GB200 tray's are in the rack's
+        # switch trays, and the tray runs the IMEX service instead
         units.pop("nvidia-fabricmanager.service")
+    for unit in prof.units:
+        units[unit] = "active"
     return NodeState(
         name=name,
         profile=profile,
@@ -381,7 +420,9 @@ def default_state(name: str, profile: str = "dgx-h100", now: float | None = None
         nvml_version=f"12.{sku.driver_version}",
         gpus=tuple(gpus),
         hcas=hcas,
-        mounts=tuple(prof.nfs_mounts) + (("/cm/shared",) if prof.gpu_count else ()),
+        # the simulated cluster's shared mounts (what the agent's default collectors.nfs.mounts
+        # needs) on every node, whatever its hardware, beside what its profile requires
+        mounts=tuple(dict.fromkeys([*prof.nfs_mounts, *SITE_MOUNTS])),
         units=MappingProxyType(units),
         t0=time.time() if now is None else now,
     )

@@ -13,7 +13,8 @@ _UNIT_ACTION = {"nvidia-fabricmanager.service": Action.REBOOT}
 def systemd_units(ctx: Context) -> list[CheckResult]:
     states = {s.label("unit"): s.label("state") for s in ctx.samples("systemd_unit_state_info")}
     out: list[CheckResult] = []
-    for unit in ctx.required_units:
+    # the config's list, then what this kind of node needs (a GB200 tray: nvidia-imex.service)
+    for unit in dict.fromkeys([*ctx.required_units, *ctx.profile.units]):
         st = states.get(unit)
         if st is None or st == "unknown":
             out.append(unknown("systemd_unit", unit, "unit state not known"))

@@ -150,6 +150,8 @@ def test_closest_profile_and_rendered_text_load_back() -> None:
     obs = profile_capture.observe(_snap())
     assert profile_capture.closest(obs)[0] == "dgx-h100"
     odd = profile_capture.Observation({"gpu_model": profile_capture.Seen("NVIDIA H100 NVL", "nvml")})
+    assert profile_capture.closest(odd) == ("h100-nvl", 'GPU model "NVIDIA H100 NVL"')
+    odd = profile_capture.Observation({"gpu_model": profile_capture.Seen("NVIDIA H100 SXM5 64GB", "nvml")})
     assert profile_capture.closest(odd) == ("dgx-h100", "H100 GPUs")
     unknown_gpu = profile_capture.Observation({"gpu_model": profile_capture.Seen("Tesla T4", "nvml")})
     assert profile_capture.closest(unknown_gpu)[0] == "generic"

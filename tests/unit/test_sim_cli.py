@@ -49,8 +49,15 @@ def test_node_from_nvidia_smi(tmp_path: Path, own_fixtures: Path, capsys: pytest
     capture = own_fixtures / "nvidia_smi" / "nvidia-smi-q_2gpu_sample.txt"
     assert run(tmp_path, "node", "dgx07", "--from-nvidia-smi", str(capture)) == 0
     st = SimNode.open(tmp_path, "dgx07").state
-    assert st.profile == "dgx-h100" and len(st.gpus) == 2
+    # 2x H100 SXM is no shipped build (the DGX and HGX have 8): generic, and the CLI says why
+    assert st.profile == "generic" and len(st.gpus) == 2
     assert st.gpus[0].uuid == "GPU-11111111-2222-3333-4444-555555555555"
+    assert st.gpus[0].nvlink_count == 18  # the H100 SXM's own facts fill what the capture leaves out
+    err = capsys.readouterr().err
+    assert "not the GPU count of dgx-h100 (8 GPUs)" in err and "podhealth profile capture" in err
+    # --profile is the operator's word: kept even where the count differs
+    assert run(tmp_path, "node", "dgx08", "--profile", "dgx-h100", "--from-nvidia-smi", str(capture)) == 0
+    assert SimNode.open(tmp_path, "dgx08").state.profile == "dgx-h100"
 
 
 @pytest.mark.parametrize("args,message", [
