@@ -59,6 +59,10 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
         sp.add_argument("--sim-node", default="dgx01", help="simulated node's name (default dgx01)")
         cliconfig.add_option(sp)
         sp.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the node (default 30)")
+        if name == "capture":
+            sp.add_argument("--nccl", metavar="FILE",
+                            help="output of a healthy multi-node all_reduce_perf run on this site's fabric: "
+                                 "states its multi-node busbw gate (80%% of what it measured)")
         sp.set_defaults(func=run)
     def usage(args: argparse.Namespace) -> int:
         p.print_help()
@@ -114,20 +118,45 @@ def _observe(snap: "Snapshot", node: str, prof: "Profile") -> "Observation":
 
 
 def _capture(args: argparse.Namespace, cfg: Config) -> int:
-    from podhealth.checks import profile_capture, profile_render, profiles
+    from podhealth.checks import profile_capture, profile_network, profile_render, profiles
 
+    gate = _nccl_gate(args.nccl, profiles.of_config(cfg)) if args.nccl else None
     snap, node, origin = _read_node(args, cfg)
     # classify ports with the rules of the profile the node resembles, then state that profile
     first = profile_capture.observe(snap, None, node)
-    extends, why = profile_capture.closest(first)
+    tied = profile_capture.candidates(first)
+    # GPUs alike (a DGX H100 and an OEM HGX H100): the one whose required adapters the node has
+    extends, why = next(((n, w) for n, w in tied if profile_capture.fits_adapters(
+        profiles.load(n), profile_network.observe_roles(snap, profiles.load(n))[0])), tied[-1])
     obs = _observe(snap, node, profiles.load(extends))
-    sys.stdout.write(profile_render.capture_yaml(obs, extends, why, origin))
+    sys.stdout.write(profile_render.capture_yaml(obs, extends, why, origin, nccl_gate=gate))
     unreadable = [k for k, v in obs.values.items() if v is None]
     if unreadable:
         # the YAML says "not readable on this node, not stated" for each: say the same here
         print(f"podhealth profile capture: not stated (not readable on this node; inherited from {extends}): "
               f"{', '.join(unreadable)}", file=sys.stderr)
     return 0
+
+
+MAX_NCCL_BYTES = 16 << 20  # an all_reduce_perf log is a few KiB; a runaway file is refused, not read
+
+
+def _nccl_gate(path: str, prof: "Profile") -> tuple[float, str]:
+    from podhealth.checks import profile_nccl
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_NCCL_BYTES + 1)
+    except OSError as e:
+        raise _Stop(f"--nccl {path}: {e.strerror or e}") from None
+    if len(raw) > MAX_NCCL_BYTES:
+        raise _Stop(f"--nccl {path}: larger than {MAX_NCCL_BYTES >> 20} MiB: not an all_reduce_perf log")
+    try:
+        g = profile_nccl.measured_gate(raw.decode("utf-8", "replace"), path,
+                                       int(prof.thresholds.get("nccl_multinode_min_bytes", 0)))
+    except ValueError as e:
+        raise _Stop(f"--nccl: {e}") from None
+    return g.gate_gbps, g.comment
 
 
 def _diff(args: argparse.Namespace, cfg: Config) -> int:

@@ -171,9 +171,15 @@ _FAMILY = re.compile(r"\b([ABH]\d{3})\b")
 def closest(obs: Observation) -> tuple[str, str]:
     """(shipped profile, why): the same GPU model, else the same GPU family (H100, B200) in the
     model name, else `generic`."""
+    return candidates(obs)[0]
+
+
+def candidates(obs: Observation) -> list[tuple[str, str]]:
+    """The shipped profiles the node's GPUs make equally close, best first, in the one list's
+    order (an HGX board reads as its DGX: the adapters tell them apart, `fits_adapters`)."""
     model = str(obs.get("gpu_model") or "")
     count = obs.get("gpu_count")
-    best: tuple[int, str, str] = (0, "generic", "no shipped profile has this GPU")
+    best: list[tuple[int, str, str]] = [(0, "generic", "no shipped profile has this GPU")]
     for name in profiles.names():
         if name == "generic":
             continue
@@ -188,9 +194,21 @@ def closest(obs: Observation) -> tuple[str, str]:
         if score and count == p.gpu_count:
             score += 10
             why += f", {count} GPUs"
-        if score > best[0]:
-            best = (score, name, why)
-    return best[1], best[2]
+        if score > best[0][0]:
+            best = [(score, name, why)]
+        elif score and score == best[0][0]:
+            best.append((score, name, why))
+    return [(name, why) for _, name, why in best]
+
+
+def fits_adapters(prof: profiles.Profile, roles: Mapping[str, "Seen | None"]) -> bool:
+    """Does the node have the adapters `prof` requires (roles whose shortfall fails)? Unread
+    roles do not rule a profile out."""
+    for name, role in prof.network.roles.items():
+        seen = roles.get(name)
+        if role.missing == "fail" and role.count and seen is not None and seen.value.get("count", 0) < role.count:
+            return False
+    return True
 
 
 # ---- diff ------------------------------------------------------------------------------------

@@ -38,7 +38,8 @@ def _role(base: profiles.Profile, role: str, seen: Seen) -> dict[str, Any]:
             "missing": spec.missing, "port_fault": spec.port_fault}
 
 
-def capture_yaml(obs: Observation, extends: str, why: str, origin: str, now: float | None = None) -> str:
+def capture_yaml(obs: Observation, extends: str, why: str, origin: str, now: float | None = None,
+                 nccl_gate: tuple[float, str] | None = None) -> str:
     """The site profile text. Values the node could not show are left out (and said so), so the
     profile inherits them from `extends` rather than stating a guess."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now if now is not None else time.time()))
@@ -87,6 +88,12 @@ def capture_yaml(obs: Observation, extends: str, why: str, origin: str, now: flo
         out.append(f"  hca_fw:                                    # {fw.source}")
         for board, version in fw.value.items():
             out.append(_line(2, board, version, Seen(version, "fw_ver", fw.detail if fw.detail else "")))
+    if nccl_gate is not None:
+        out += ["thresholds:", _line(1, "nccl_multinode_busbw_gbps", nccl_gate[0],
+                                      Seen(nccl_gate[0], f"this site's fabric: {nccl_gate[1]}"))]
+    else:
+        out.append(f"# thresholds.nccl_multinode_busbw_gbps: not measured here (inherited from {extends}; "
+                   "0 = UNKNOWN): `profile capture --nccl FILE` states this fabric's own")
     out += ["# What differs from these versions gets the drift check's verdict: WARN unless set here",
             "# (per field: OK, WARN or FAIL; an unreadable version is UNKNOWN, never FAIL).",
             "drift: {driver: WARN, vbios: WARN, hca_fw: WARN, ofed: WARN, kernel: WARN}"]

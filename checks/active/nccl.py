@@ -270,7 +270,8 @@ def no_gate_reason(run: NcclRun, gates: Gates) -> str:
     sweep that stops short of the sizes the gate is stated for (in-node too: smaller messages
     never reach the NVLink plateau, and a gate read there fails healthy nodes)."""
     if gates.required and gates.busbw_gbps <= 0:
-        return "no multi-node busbw gate for this SKU (profile thresholds.nccl_multinode_busbw_gbps)"
+        return ("no multi-node busbw gate measured for this fabric (profile thresholds.nccl_multinode_busbw_gbps; "
+                "`podhealth profile capture --nccl FILE` states the site's own from a healthy run)")
     if gates.busbw_gbps <= 0:
         return ""
     biggest = max((r.size_bytes for r in run.rows), default=0)
