@@ -92,6 +92,11 @@ def setup(cfg: Config, profile: str, root: Path, name: str) -> SimSetup:
         # The fail-slow probes read the node's performance model (spread, slow-* faults).
         "failslow": {"probe": lambda: _fingerprint(node)},
     }
+    from podhealth.checks import profiles
+
+    if profiles.load(profile).nvlink_domain.imex:
+        # a GB200 tray's IMEX service answers from the node's files (sim/tree_imex.py)
+        seams["imex"] = {"status_source": node.dir / "imex"}
     return SimSetup(node, cfg, seams)
 
 

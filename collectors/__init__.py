@@ -24,6 +24,7 @@ REGISTRY: dict[str, str] = {
     "edac": "podhealth.collectors.edac:create",
     "nvme": "podhealth.collectors.nvme:create",
     "jobs": "podhealth.collectors.jobs:create",
+    "imex": "podhealth.collectors.imex:create",
 }
 
 

@@ -9,6 +9,7 @@ not support is absent, never 0. A GPU that is lost, times out or errors is repor
 from __future__ import annotations
 
 import ctypes
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Mapping
 
@@ -106,6 +107,10 @@ METRICS: Mapping[str, MetricSpec] = specs(
     _spec("gpu_mig_mode", "gauge", "1 when MIG mode is enabled (current mode), 0 when disabled; absent where MIG is not supported."),
     _spec("gpu_fabric_state", "gauge", "NVSwitch fabric state: 0 not supported, 1 not started, 2 in progress, 3 completed."),
     _spec("gpu_fabric_healthy", "gauge", "1 when fabric registration completed with status NVML_SUCCESS."),
+    _spec("gpu_fabric_info", "info", "The multi-node NVLink domain the GPU registered in (labels cluster_uuid, "
+                                     "clique_id); absent where the cluster UUID is zero (an 8-GPU board)."),
+    _spec("gpu_fabric_degraded_bandwidth", "gauge", "1 when the fabric health mask says NVLink bandwidth is degraded "
+                                                    "(GpuFabricInfoV healthMask); absent where not reported."),
     _spec("gpu_info", "info", "GPU and driver identity: driver_version, cuda_driver_version, vbios_version, serial."),
 )
 
@@ -342,11 +347,19 @@ class NvmlCollector:
 
         fabric = calls.get("fabric", lambda: self._fabric(h))
         if fabric is not None:
-            state, status = fabric
+            state, status, cluster, clique, mask = fabric
             put("gpu_fabric_state", state)
             if state != pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED:
                 put("gpu_fabric_healthy", int(status == pynvml.NVML_SUCCESS
                                               and state == pynvml.NVML_GPU_FABRIC_STATE_COMPLETED))
+            if cluster:
+                # a multi-node NVLink domain (GB200 NVL72): which one, and which partition in it.
+                # An 8-GPU HGX/DGX reports the zero UUID: no series there.
+                put("gpu_fabric_info", 1, cluster_uuid=cluster, clique_id=str(clique))
+            bw = (mask >> pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW) \
+                & pynvml.NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_DEGRADED_BW if mask is not None else 0
+            if bw != pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_NOT_SUPPORTED:
+                put("gpu_fabric_degraded_bandwidth", int(bw == pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE))
 
         put("gpu_info", 1, driver_version=system.driver_version,
             cuda_driver_version=system.cuda_driver_version,
@@ -394,17 +407,22 @@ class NvmlCollector:
         return field_value(v)
 
     @staticmethod
-    def _fabric(h: object) -> tuple[int, int]:
-        """(state, status). The versioned call first; drivers before 550 only have the plain one."""
+    def _fabric(h: object) -> tuple[int, int, str, int, int | None]:
+        """(state, status, cluster UUID or "" when zero, clique id, health mask or None). The
+        versioned call first; drivers before 550 only have the plain one (no health mask)."""
+        mask: int | None = None
         try:
             info = pynvml.c_nvmlGpuFabricInfoV_t()
             pynvml.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(info))
+            mask = int(info.healthMask)
         except pynvml.NVMLError as e:
             if e.value not in (pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH):
                 raise
             info = pynvml.c_nvmlGpuFabricInfo_t()
             pynvml.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(info))
-        return int(info.state), int(info.status)
+        raw = bytes(info.clusterUuid)
+        cluster = str(uuid.UUID(bytes=raw)) if any(raw) else ""
+        return int(info.state), int(info.status), cluster, int(info.cliqueId), mask
 
 
 def create(cfg: Config, *, session: NvmlSession | None = None, slow_call_s: float = SLOW_CALL_S) -> NvmlCollector:

@@ -166,6 +166,9 @@ class CollectorsConfig:
                                 "when nvme-cli is installed.", factory=lambda: CollectorConfig(interval=60.0, timeout=10.0))
     jobs: JobsConfig = doc("Which Slurm job or Kubernetes pod holds each GPU (prolog records, cgroups, kubelet).",
                            factory=JobsConfig)
+    imex: CollectorConfig = doc("IMEX daemon and domain state from nvidia-imex-ctl (-q, -N -j) on multi-node NVLink\n"
+                                "systems (GB200 NVL72); disabled where the tool is not installed.",
+                                factory=lambda: CollectorConfig(interval=30.0, timeout=10.0))
 
 
 @dataclass(frozen=True)

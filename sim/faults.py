@@ -43,6 +43,8 @@ KINDS: Mapping[str, KindSpec] = {
     "thermal": KindSpec(("gpu",), {}, "HW thermal slowdown, ~92 C"),
     "power-brake": KindSpec(("gpu",), {}, "HW power brake slowdown"),
     "fabric-incomplete": KindSpec(("gpu",), {}, "NVSwitch fabric registration not completed"),
+    "fabric-degraded-bw": KindSpec(("gpu",), {}, "NVLink5 fabric health mask: bandwidth degraded (GB200)"),
+    "fabric-wrong-cluster": KindSpec(("gpu",), {}, "the GPU registered in another NVLink domain than its tray's (GB200)"),
     "persistence-off": KindSpec(("gpu",), {}, "persistence mode disabled"),
     "nvml-hang": KindSpec(("seconds",), {"gpu": None}, "device calls block for N seconds"),
     "ib-down": KindSpec(("device",), {}, "IB port down"),
@@ -75,6 +77,8 @@ KINDS: Mapping[str, KindSpec] = {
     "thermal-throttle-intermittent": KindSpec((), {"gpu": None, "pct": 15.0, "period": 600.0},
                                               "the GPU (every GPU when gpu= is unset) thermally throttled, "
                                               "SM clock pct % down, for the first half of every period s"),
+    "imex-down": KindSpec((), {}, "the tray's IMEX daemon UNAVAILABLE (nvidia-imex-ctl -q), its domain DOWN "
+                                  "(GB200 NVL72 profile)"),
 }
 
 _INT_PARAMS = ("gpu", "link", "width", "gen", "code", "port", "count", "persist")
@@ -206,7 +210,12 @@ def validate(fault: Fault, state: NodeState) -> None:
         if fault.link >= n:
             raise ValueError(f"bad token 'link={fault.link}': GPU {fault.gpu} has NVLink links "
                              f"{_range(list(range(n)))}")
-    if fault.kind in ("row-remap-pending", "row-remap-failure") and fault.gpu is not None \
+    if fault.kind == "imex-down":
+        from podhealth.checks import profiles
+
+        if not profiles.load(state.profile).nvlink_domain.imex:
+            raise ValueError(f"fault imex-down: node {state.name} ({state.profile}) runs no IMEX service")
+    if fault.kind in ("row-remap-pending", "row-remap-failure", "row-remap-low") and fault.gpu is not None \
             and gpus[fault.gpu].remap_uncorrectable is None:
         raise ValueError(f"fault {fault.kind}: GPU {fault.gpu} ({gpus[fault.gpu].name}) has no row remapping")
     if fault.kind == "pcie-degraded" and fault.gpu is not None:

@@ -51,6 +51,7 @@ from typing import Callable, Iterator
 
 from podhealth.hostnames import node_name_problem
 from podhealth.sim import faults as faults_mod
+from podhealth.sim import tree_imex
 from podhealth.sim.state import Fault, NodeState, default_state
 
 ENV_ROOT = "PODHEALTH_SIM_DIR"
@@ -339,6 +340,7 @@ class SimNode:
             if f.unit is not None:
                 units[f.unit] = "failed"
         _atomic_write(self.units_path, json.dumps(units, indent=1, sort_keys=True))
+        tree_imex.write(state, self.dir)
         self._write_boot_id(state)
         self._log_new_faults(state)
         self._log_link_events(state, now)

@@ -26,6 +26,7 @@ Pointer parameters are declared `c_void_p` and cast inside: typed POINTER argtyp
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import re
 import threading
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import pynvml
 
+from podhealth.checks import profiles
 from podhealth.sim.faults import climbed
 from podhealth.sim.perfmodel import throttled
 from podhealth.sim.state import ARCHITECTURES, GpuSpec, NodeState
@@ -117,6 +119,8 @@ class GpuView:
     fabric_state: int
     persistence: bool
     links: tuple[NvLinkView, ...]
+    nvl_domain: bool = False  # the node's GPUs are in a multi-node NVLink domain (GB200 NVL72)
+    kinds: frozenset[str] = frozenset()  # the fault kinds on this GPU
 
 
 # Banks an H100 80GB HBM3 reports in its remap histogram (nvidia-smi -q, 565.57.01 capture:
@@ -132,6 +136,11 @@ def _idle_clocks(g: GpuSpec) -> tuple[int, int, int, int]:
     seeded = (g.clock_graphics_mhz, g.clock_sm_mhz, g.clock_mem_mhz, g.clock_video_mhz)
     return (seeded[0] if seeded[0] is not None else idle[0], seeded[1] if seeded[1] is not None else idle[1],
             seeded[2] if seeded[2] is not None else idle[2], seeded[3] if seeded[3] is not None else idle[3])
+
+
+@functools.lru_cache(maxsize=64)
+def _in_nvl_domain(profile: str) -> bool:
+    return profiles.load(profile).nvlink_domain.gpus > 0
 
 
 def gpu_view(state: NodeState, index: int, now: float) -> GpuView:
@@ -210,6 +219,8 @@ def gpu_view(state: NodeState, index: int, now: float) -> GpuView:
         fabric_state=fabric,
         persistence=g.persistence_mode and "persistence-off" not in kinds,
         links=tuple(links),
+        nvl_domain=_in_nvl_domain(state.profile),
+        kinds=frozenset(kinds),
     )
 
 
@@ -973,13 +984,20 @@ def _fabric(v: GpuView, info: Any) -> None:
     # and, as the driver reports it, IN_PROGRESS states still carry SUCCESS.
     info.status = NOT_SUPPORTED if v.fabric_state == pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED else SUCCESS
     info.cliqueId = 0
-    if v.fabric_state == pynvml.NVML_GPU_FABRIC_STATE_COMPLETED:
+    if v.fabric_state == pynvml.NVML_GPU_FABRIC_STATE_COMPLETED and v.nvl_domain:
+        # A multi-node NVLink domain (GB200 NVL72): the rack's cluster UUID and clique. An 8-GPU
+        # HGX/DGX reports zeros (the 565.57.01 HGX H100 capture: ClusterUUID 00000000-..., CliqueId 0).
         ctypes.memmove(ctypes.addressof(info.clusterUuid), _cluster_uuid(v), 16)
+        info.cliqueId = NVL_CLIQUE
+
+
+NVL_CLIQUE = 32766  # illustrative: the clique (NVLink partition) every tray of the simulated rack is in
 
 
 def _cluster_uuid(v: GpuView) -> bytes:
-    # One NVLink domain per node on HGX/DGX: every GPU of the node shares the cluster UUID.
-    return hashlib.sha256(("cluster/" + _b().node.state.name).encode()).digest()[:16]
+    # One rack per simulated fleet's profile: a GPU a fault moved registers in another cluster.
+    rack = "other-rack" if "fabric-wrong-cluster" in v.kinds else "rack"
+    return hashlib.sha256(("cluster/" + rack).encode()).digest()[:16]
 
 
 @_impl("nvmlDeviceGetGpuFabricInfo", args=[P, P])
@@ -1008,6 +1026,11 @@ def _fabric_v(h: int, ptr: int) -> None:
         raise _Fail(VERSION_MISMATCH)
     _fabric(v, info)
     info.healthMask = 0
+    if v.nvl_domain:
+        # NVLink5 reports its bandwidth health (the rest of the mask: not reported here)
+        bw = (pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE if "fabric-degraded-bw" in v.kinds
+              else pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE)
+        info.healthMask = bw << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW
 
 
 # MIG

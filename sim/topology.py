@@ -93,7 +93,7 @@ LAYOUTS: Mapping[str, Layout] = {
     # GB200 NVL72 compute tray: 4x ConnectX-7 400G (one per GPU) and 2x BlueField-3 for storage /
     # in-band (DGX GB200 user guide, network ports); buses per Grace socket, illustrative.
     "gb200-nvl72": Layout(
-        compute=(("mlx5_0", 0x03, 0), ("mlx5_1", 0x04, 0), ("mlx5_2", 0x03, 1), ("mlx5_3", 0x04, 1)),
+        compute=(("mlx5_0", 0x03, 0), ("mlx5_1", 0x04, 0), ("mlx5_2", 0x13, 1), ("mlx5_3", 0x14, 1)),
         compute_rate=400, compute_fw="28.43.1014", compute_board="MT_0000000838",
         storage_devices=("mlx5_4", "mlx5_5"), storage_bus=0x01, storage_numa=0,
         storage_ib_rate=400, storage_eth_rate=200,

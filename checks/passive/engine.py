@@ -17,7 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Sequence
 
-from podhealth.checks.passive import aer, drift, gpu, host, ib, memory_ecc, nfs, nvlink, nvme, site
+from podhealth.checks.passive import aer, drift, gpu, host, ib, imex, memory_ecc, nfs, nvlink, nvme, site
 from podhealth.checks.passive.context import Context, observe_counters
 from podhealth.checks.passive.damping import Damper
 from podhealth.checks.passive.grace import GraceClock
@@ -78,6 +78,7 @@ CHECKS: dict[str, CheckDef] = {
     "edac_ce": CheckDef(memory_ecc.edac_ce, ("edac",)),
     "kernel_ras": CheckDef(memory_ecc.kernel_ras, ("kmsg",)),
     "nvme": CheckDef(nvme.nvme, ("nvme",)),
+    "imex": CheckDef(imex.imex, ("imex",)),
 }
 
 _COUNTERS = frozenset({

@@ -7,6 +7,8 @@ spare rows: the GPU needs replacing. A GPU that fell off the bus needs at least 
 
 from __future__ import annotations
 
+from collections import Counter
+
 from podhealth.checks.passive import rules
 from podhealth.checks.passive.context import Context, gpu_entity
 from podhealth.checks.passive.result import fail, ok, unknown, warn
@@ -302,6 +304,8 @@ def fabric(ctx: Context) -> list[CheckResult]:
         return []
     out, up = _each_gpu(ctx, "fabric")
     state, healthy = ctx.per_gpu("gpu_fabric_state"), ctx.per_gpu("gpu_fabric_healthy")
+    degraded = ctx.per_gpu("gpu_fabric_degraded_bandwidth")
+    domain, rack = _nvl_domain(ctx)
     names = {0: "not supported", 1: "not started", 2: "in progress", 3: "completed"}
     for g in up:
         i, e = g.label("gpu"), gpu_entity(g)
@@ -315,9 +319,30 @@ def fabric(ctx: Context) -> list[CheckResult]:
         elif s.value != 3 or (h is not None and h.value < 1):
             out.append(fail("fabric", e, f"GPU fabric {names.get(int(s.value), int(s.value))}: check nvidia-fabricmanager",
                             Action.REBOOT, state=names.get(int(s.value), str(int(s.value)))))
+        elif domain and i not in domain:
+            out.append(fail("fabric", e, "GPU registered in no multi-node NVLink domain (zero cluster UUID)",
+                            Action.REBOOT, state="completed"))
+        elif domain and domain[i] != rack:
+            out.append(fail("fabric", e, f"GPU in NVLink domain {domain[i][0]} clique {domain[i][1]}, its tray's "
+                                         f"other GPUs in {rack[0]} clique {rack[1]}", Action.REBOOT,
+                            cluster_uuid=domain[i][0], clique_id=domain[i][1]))
+        elif degraded.get(i) is not None and degraded[i].value >= 1:
+            out.append(warn("fabric", e, "NVLink bandwidth degraded (fabric health mask)", state="completed"))
         else:
-            out.append(ok("fabric", e, state="completed"))
+            out.append(ok("fabric", e, state="completed", **({"cluster_uuid": domain[i][0]} if i in domain else {})))
     return _settle(ctx, "fabric", out)
+
+
+def _nvl_domain(ctx: Context) -> tuple[dict[str, tuple[str, str]], tuple[str, str]]:
+    """GPU -> (cluster UUID, clique) where the profile's NVLink domain spans nodes (GB200 NVL72),
+    and the pair most of the node's GPUs share (what the odd one out is told apart from)."""
+    if not ctx.profile.nvlink_domain.gpus:
+        return {}, ("", "")
+    got = {s.label("gpu"): (s.label("cluster_uuid"), s.label("clique_id")) for s in ctx.samples("gpu_fabric_info")}
+    if not got:
+        return {"": ("", "")}, ("", "")  # no GPU in any domain: each GPU's own verdict says so
+    common = Counter(got.values()).most_common(1)[0][0]
+    return got, common
 
 
 def persistence(ctx: Context) -> list[CheckResult]:

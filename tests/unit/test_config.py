@@ -35,7 +35,7 @@ def test_empty_document_is_all_defaults() -> None:
         ("collectors:\n  nvml:\n    intervall: 3\n", "agent.yaml:3: collectors.nvml.intervall: unknown key (known: detail, enabled, families, interval, timeout)"),
         ("listen:\n  port: 70000\n", "agent.yaml:2: listen.port: expected a port <= 65535, got 70000"),
         ("log:\n  level: loud\n", "agent.yaml:2: log.level: expected one of 'debug', 'info', 'warning', 'error', got \"loud\""),
-        ("node:\n  profile: dgx-z9\n", "agent.yaml:2: node.profile: expected one of 'generic', 'dgx-a100', 'dgx-h100', 'dgx-h200', 'dgx-b200', got \"dgx-z9\""),  # profiles.yaml's order
+        ("node:\n  profile: dgx-z9\n", "agent.yaml:2: node.profile: expected one of 'generic', 'dgx-a100', 'dgx-h100', 'dgx-h200', 'dgx-b200', 'hgx-h100', 'hgx-h200', 'h100-nvl', 'h100-pcie', 'l40s', 'gh200', 'gb200-nvl72', got \"dgx-z9\""),  # profiles.yaml's order
         ("paths:\n  sysfs_root: relative/sys\n", 'agent.yaml:2: paths.sysfs_root: expected an absolute path, got "relative/sys"'),
         ("collectors:\n  host:\n    enabled: maybe\n", 'agent.yaml:3: collectors.host.enabled: expected true or false, got "maybe"'),
         ("collectors:\n  nfs:\n    mounts: /home\n", 'agent.yaml:3: collectors.nfs.mounts: expected a list, got "/home"'),

@@ -644,3 +644,33 @@ def test_banks_low_on_spare_rows_warn_before_the_remap_fails(build: Callable[...
     h = pynvml.nvmlDeviceGetHandleByIndex(5)
     hist = pynvml.nvmlDeviceGetRowRemapperHistogram(h)
     assert (hist.max, hist.low, hist.none) == (2558, 2, 0)
+
+
+# --- 7. GB200 NVL72: NVLink5 fabric state per GPU and the rack's NVLink domain ---------------------
+
+
+def test_gb200_gpus_register_in_the_racks_domain(build: Callable[..., Run]) -> None:
+    run = build("gb200-nvl72")
+    res = run.judge()
+    infos = run.samples("gpu_fabric_info")
+    assert len(infos) == 4 and len({(s.label("cluster_uuid"), s.label("clique_id")) for s in infos}) == 1
+    assert all(run.value("gpu_fabric_degraded_bandwidth", i) == 0 for i in range(4))
+    assert [status(res, "fabric", f"gpu{i}") for i in range(4)] == [Status.OK] * 4
+    assert fails(res) == []
+
+
+def test_an_8_gpu_board_reports_no_domain(build: Callable[..., Run]) -> None:
+    run = build("dgx-h100")
+    run.judge()
+    assert run.samples("gpu_fabric_info") == [] and run.samples("gpu_fabric_degraded_bandwidth") == []
+
+
+def test_gb200_gpu_in_another_domain_fails_and_degraded_bandwidth_warns(build: Callable[..., Run]) -> None:
+    run = build("gb200-nvl72")
+    run.node.inject(faults.parse("fault=fabric-wrong-cluster gpu=2".split(), time.time()))
+    run.node.inject(faults.parse("fault=fabric-degraded-bw gpu=1".split(), time.time()))
+    res = run.judge()
+    r = res[("fabric", "gpu2")]
+    assert r.status is Status.FAIL and r.action is Action.REBOOT and "its tray's other GPUs" in r.summary, r
+    assert res[("fabric", "gpu1")].status is Status.WARN
+    assert status(res, "fabric", "gpu0") is Status.OK and status(res, "fabric", "gpu3") is Status.OK

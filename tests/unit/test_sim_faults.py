@@ -75,7 +75,8 @@ def test_every_kind_has_a_parse_case() -> None:
         "fault=pcie-aer-fatal gpu=0", "fault=edac-ue", "fault=nvme-critical", "fault=gpu-reset-fails gpu=0",
         "fault=gpu-busy gpu=0", "fault=nvml-events-unsupported gpu=0", "fault=slow-gpu gpu=0",
         "fault=slow-hbm gpu=0", "fault=slow-nvlink gpu=0", "fault=slow-hca device=mlx5_0",
-        "fault=thermal-throttle-intermittent"]}
+        "fault=thermal-throttle-intermittent", "fault=imex-down",
+        "fault=fabric-degraded-bw gpu=0", "fault=fabric-wrong-cluster gpu=0"]}
     assert covered == set(faults.KINDS)
 
 
