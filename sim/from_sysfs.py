@@ -85,6 +85,32 @@ def _netdev(dev: Path, port: Path, warnings: list[str]) -> str:
     return names[0] if names else ""
 
 
+def _pci_of(dev: Path, warnings: list[str]) -> str:
+    """The adapter's PCI address, from whatever the capture kept of it:
+    - `device`, a symlink (`../../../0000:17:00.0`): its own text, even dangling (devices/ not copied);
+    - the class entry itself, a symlink into devices/ (`../../devices/pci0000:16/.../0000:17:00.0/
+      infiniband/mlx5_0`, how /sys/class/infiniband is laid out, kept by `cp -a` and tar);
+    - `device/uevent`'s PCI_SLOT_NAME (a copy that followed the links made `device` a directory);
+    - the real path of either."""
+    link = dev / "device"
+    candidates: list[str] = []
+    if link.is_symlink():
+        candidates.append(os.readlink(link))
+    if dev.is_symlink():
+        candidates.append(os.readlink(dev))
+    uevent = _text(link / "uevent", []) if link.is_dir() else None
+    for line in (uevent or "").splitlines():
+        if line.startswith("PCI_SLOT_NAME="):
+            candidates.append(line.split("=", 1)[1])
+    candidates += [os.path.realpath(link), os.path.realpath(dev)]
+    for c in candidates:
+        for part in reversed(c.replace("\\", "/").split("/")):
+            part = part.strip().lower()
+            if _PCI.match(part):
+                return part
+    return ""
+
+
 def _role(device: str, link_layer: str, bonded: bool) -> HcaRole:
     # The simulator only uses the role for how busy a port is; the checks classify on their own
     # from what the tree shows (checks/passive/ib_roles.py). Bonded or RoCE ports carry storage on DGX.
@@ -103,15 +129,10 @@ def read(path: Path | str) -> Capture:
         if dev.name.startswith(".") or not (dev / "ports").is_dir():
             continue
         attrs = {a: _text(dev / a, warnings) for a in DEVICE_ATTRS}
-        pci = ""
+        pci = _pci_of(dev, warnings)
         numa = -1
-        if os.path.lexists(dev / "device"):
-            # the link's own text names the PCI address even in a capture that did not copy
-            # devices/ (a dangling link); numa_node needs the target
-            link = dev / "device"
-            target = os.path.basename(os.readlink(link) if link.is_symlink() else os.path.realpath(link))
-            pci = target if _PCI.match(target) else ""
-            numa_text = _text(dev / "device" / "numa_node", warnings) if link.exists() else None
+        if (dev / "device").exists():
+            numa_text = _text(dev / "device" / "numa_node", warnings)
             numa = int(numa_text) if numa_text and re.fullmatch(r"-?\d+", numa_text) else -1
         for port in sorted((dev / "ports").iterdir(), key=lambda p: (len(p.name), p.name)):
             if not port.name.isdigit():

@@ -191,9 +191,19 @@ def ib_port(ctx: Context) -> list[CheckResult]:
             out.append(ok("ib_port", e, **ev))
         elif spec.missing == "ok":
             out.append(ok("ib_port", e, f"{rc.present} of {rc.expected} {rc.role} links present (optional)", **ev))
+        elif (not rc.decided or portless) and spec.missing == "warn":
+            # The shortfall may be real or may be the ports that could not be told apart; either
+            # way the role's verdict is a WARN that fences nothing. UNKNOWN is for where the answer
+            # could change the action: here it cannot, so the worst reading stands, and says why.
+            undecided = sorted(_entity(*k) for k, (_, a) in assigned.items() if a.undecided)
+            out.append(warn("ib_port", e, f"{rc.present} of {rc.expected} {rc.role} links told apart, "
+                            f"{rc.uncertain} uncertain (a bond of unknown size or a port not classified): "
+                            f"at worst a missing {rc.role} link, which only warns", uncertain=rc.uncertain,
+                            undecided=" ".join(undecided) or "none", devices_without_ports=portless, **ev))
         elif not rc.decided or portless:
             # Ports that could not be classified (a fact sysfs did not give, a bond of unknown
-            # size) or devices whose ports could not be listed may be the missing ones.
+            # size) or devices whose ports could not be listed may be the missing ones: a FAIL
+            # (REBOOT) or an OK hangs on them, so the role's count is UNKNOWN.
             undecided = sorted(_entity(*k) for k, (_, a) in assigned.items() if a.undecided)
             out.append(unknown("ib_port", e, f"{rc.present} of {rc.expected} {rc.role} links told apart; "
                                "the rest could not be classified", undecided=" ".join(undecided) or "none",
