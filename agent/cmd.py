@@ -208,7 +208,8 @@ async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None) 
                      "provisions the key (docs/security.md)", node=agent.node)
     # exporters.compat in the config, or --compat on the command line (either turns a mode on).
     for mode in dict.fromkeys((*cfg.exporters.compat, *([args.compat] if args.compat else []))):
-        agent.add_metric_source(compat.source(mode, agent.node))
+        agent.add_metric_source(compat.source(mode, agent.node,
+                                              hostname_label=cfg.exporters.dcgm_exporter.hostname_label))
     from podhealth.agent import wiring
 
     spool = sim.node.dir / "spool" if args.simulate else None

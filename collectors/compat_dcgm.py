@@ -8,8 +8,13 @@ NVLink error fields that file lists commented out, which DGX operators commonly 
 are dcgm-exporter's: MHz, %, MiB, mJ; counters carry no `_total` suffix and no `podhealth_`
 prefix, so the exporter renders these names as they are.
 
-Labels on every series: gpu, UUID, device ("nvidiaN"), modelName, Hostname, pci_bus_id (DCGM's
-form "00000000:18:00.0") and DCGM_FI_DRIVER_VERSION (a "label" field in default-counters.csv).
+Labels on every series: gpu, UUID, device ("nvidiaN"), modelName, Hostname (the name is the
+caller's: dcgm-exporter's main branch calls it `hostname`), pci_bus_id (DCGM's form
+"00000000:18:00.0") and DCGM_FI_DRIVER_VERSION (a "label" field in default-counters.csv); where a
+Slurm job holds the GPU (the prolog's job record, the jobs collector's gpu_job_info) `hpc_job`, as
+dcgm-exporter's --hpc-job-mapping-dir gives it; where a pod does, pod / namespace / container.
+A GPU in MIG mode also gets its framebuffer series per MIG instance, labelled GPU_I_ID and
+GPU_I_PROFILE as dcgm-exporter labels them; DCGM_FI_DEV_XID_ERRORS carries err_code and err_msg.
 """
 
 from __future__ import annotations
@@ -111,7 +116,11 @@ FIELDS: tuple[FieldMap, ...] = (
              "dcgm_nvlink_tx_bytes_per_second"),
     FieldMap("DCGM_FI_PROF_NVLINK_RX_BYTES", "gauge", "The rate of data received over NVLink, in bytes per second.",
              "dcgm_nvlink_rx_bytes_per_second"),
+    FieldMap("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "gauge", "vGPU License status", "gpu_vgpu_license_state"),
 )
+
+HOSTNAME_LABEL = "Hostname"  # dcgm-exporter 4.x releases; its main branch: "hostname"
+HOSTNAME_LABELS = ("Hostname", "hostname")
 
 FB_RESERVED = MetricSpec("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).")
 XID_ERRORS = MetricSpec("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.")
@@ -140,13 +149,13 @@ class _Gpu:
     driver_version: str
     job: Labels = ()
 
-    def labels(self, hostname: str, **extra: str) -> Labels:
+    def labels(self, hostname: str, host_label: str = HOSTNAME_LABEL, **extra: str) -> Labels:
         base = {
             "gpu": self.index,
             "UUID": self.uuid,
             "device": f"nvidia{self.index}",
             "modelName": self.model,
-            "Hostname": hostname,
+            host_label: hostname,
             "pci_bus_id": pci.dcgm_form(self.pci_bus_id) or "",
             "DCGM_FI_DRIVER_VERSION": self.driver_version,
         }
@@ -180,9 +189,21 @@ def _matches(s: Sample, match: Labels) -> bool:
 JOB_LABELS = ("pod", "namespace", "container")
 
 
+def _slurm_jobs(samples: Sequence[Sample]) -> dict[str, str]:
+    """GPU index -> hpc_job: the Slurm job ids holding it (the prolog's records, through the jobs
+    collector), comma-joined when a GPU is shared."""
+    jobs: dict[str, set[str]] = {}
+    for s in samples:
+        if s.name == "gpu_job_info" and s.label("scheduler") == "slurm" and s.label("job_id"):
+            jobs.setdefault(s.label("gpu"), set()).add(s.label("job_id"))
+    return {g: ",".join(sorted(ids, key=lambda j: (len(j), j))) for g, ids in jobs.items()}
+
+
 def to_dcgm(samples: Iterable[Sample], hostname: str,
             events: Sequence[Event] | None = None,
-            jobs: Mapping[str, Mapping[str, str]] | None = None) -> tuple[Sample, ...]:
+            jobs: Mapping[str, Mapping[str, str]] | None = None,
+            hostname_label: str = HOSTNAME_LABEL,
+            xid_texts: Mapping[int, str] | None = None) -> tuple[Sample, ...]:
     """dcgm-exporter-named samples for every GPU the nvml samples identify.
 
     A source metric that is absent stays absent. Series summed per GPU (NVLink errors over links)
@@ -191,11 +212,17 @@ def to_dcgm(samples: Iterable[Sample], hostname: str,
     `jobs` maps a GPU UUID to the pod / namespace / container using it (a hook: the mapping
     itself comes from the job source, issue 17); a GPU not in it gets none of those labels.
     """
+    if hostname_label not in HOSTNAME_LABELS:
+        raise ValueError(f"hostname label {hostname_label!r}: expected one of {', '.join(HOSTNAME_LABELS)}")
     items = tuple(samples)
     gpus = _gpus(items)
-    if jobs:
-        gpus = {idx: replace(g, job=tuple((k, v) for k, v in jobs.get(g.uuid, {}).items() if k in JOB_LABELS and v))
+    hpc = _slurm_jobs(items)
+    if jobs or hpc:
+        gpus = {idx: replace(g, job=tuple(sorted(
+                    [(k, v) for k, v in (jobs or {}).get(g.uuid, {}).items() if k in JOB_LABELS and v]
+                    + ([("hpc_job", hpc[idx])] if idx in hpc else []))))
                 for idx, g in gpus.items()}
+    hl = hostname_label
     totals: dict[tuple[str, str], float] = {}
     by_field: dict[str, list[FieldMap]] = {}
     for f in FIELDS:
@@ -208,16 +235,36 @@ def to_dcgm(samples: Iterable[Sample], hostname: str,
             if _matches(s, f.match):
                 key = (f.field, idx)
                 totals[key] = totals.get(key, 0.0) + s.value * f.scale
-    out = [Sample(name, value, gpus[idx].labels(hostname)) for (name, idx), value in totals.items()]
-    out.extend(_reserved(items, gpus, hostname))
-    out.extend(_clock_reasons(items, gpus, hostname))
+    out = [Sample(name, value, gpus[idx].labels(hostname, hl)) for (name, idx), value in totals.items()]
+    out.extend(_reserved(items, gpus, hostname, hl))
+    out.extend(_clock_reasons(items, gpus, hostname, hl))
+    out.extend(_mig(items, gpus, hostname, hl))
     if events is not None:
-        out.extend(_last_xid(events, gpus, hostname))
+        out.extend(_last_xid(events, gpus, hostname, hl, xid_texts or {}))
     out.sort(key=lambda s: (s.name, int(s.label("gpu")) if s.label("gpu").isdigit() else 0))
     return tuple(out)
 
 
-def _reserved(samples: Sequence[Sample], gpus: Mapping[str, _Gpu], hostname: str) -> list[Sample]:
+def _mig(samples: Sequence[Sample], gpus: Mapping[str, _Gpu], hostname: str, hl: str) -> list[Sample]:
+    """FB_USED / FB_FREE per MIG instance, as dcgm-exporter serves a MIG GPU: the parent's labels
+    plus GPU_I_ID and GPU_I_PROFILE."""
+    inst: dict[tuple[str, str, str], dict[str, float]] = {}
+    for s in samples:
+        if s.name in ("gpu_mig_memory_used_bytes", "gpu_mig_memory_total_bytes") and s.label("gpu") in gpus:
+            key = (s.label("gpu"), s.label("gpu_instance"), s.label("mig_profile"))
+            inst.setdefault(key, {})[s.name] = s.value
+    out = []
+    for (idx, gi, prof), m in sorted(inst.items()):
+        labels = gpus[idx].labels(hostname, hl, GPU_I_ID=gi, GPU_I_PROFILE=prof)
+        if "gpu_mig_memory_used_bytes" in m:
+            out.append(Sample("DCGM_FI_DEV_FB_USED", m["gpu_mig_memory_used_bytes"] / MIB, labels))
+            if "gpu_mig_memory_total_bytes" in m:
+                free = m["gpu_mig_memory_total_bytes"] - m["gpu_mig_memory_used_bytes"]
+                out.append(Sample("DCGM_FI_DEV_FB_FREE", max(0.0, free) / MIB, labels))
+    return out
+
+
+def _reserved(samples: Sequence[Sample], gpus: Mapping[str, _Gpu], hostname: str, hl: str) -> list[Sample]:
     # DCGM reports reserved framebuffer separately; NVML v2 memory info leaves it out of used+free.
     mem: dict[str, dict[str, float]] = {}
     for s in samples:
@@ -227,11 +274,11 @@ def _reserved(samples: Sequence[Sample], gpus: Mapping[str, _Gpu], hostname: str
     for idx, m in mem.items():
         if idx in gpus and len(m) == 3:
             reserved = m["gpu_memory_total_bytes"] - m["gpu_memory_used_bytes"] - m["gpu_memory_free_bytes"]
-            out.append(Sample(FB_RESERVED.name, max(0.0, reserved) / MIB, gpus[idx].labels(hostname)))
+            out.append(Sample(FB_RESERVED.name, max(0.0, reserved) / MIB, gpus[idx].labels(hostname, hl)))
     return out
 
 
-def _clock_reasons(samples: Sequence[Sample], gpus: Mapping[str, _Gpu], hostname: str) -> list[Sample]:
+def _clock_reasons(samples: Sequence[Sample], gpus: Mapping[str, _Gpu], hostname: str, hl: str) -> list[Sample]:
     """The NVML bitmask again, from the per-reason series (only GPUs that reported reasons)."""
     bits = dict(REASON_BITS)
     mask: dict[str, int] = {}
@@ -239,11 +286,12 @@ def _clock_reasons(samples: Sequence[Sample], gpus: Mapping[str, _Gpu], hostname
         if s.name == "gpu_clocks_event_active" and s.label("gpu") in gpus:
             idx = s.label("gpu")
             mask[idx] = mask.get(idx, 0) | (bits.get(s.label("reason"), 0) if s.value else 0)
-    return [Sample(spec.name, float(m), gpus[idx].labels(hostname))
+    return [Sample(spec.name, float(m), gpus[idx].labels(hostname, hl))
             for idx, m in mask.items() for spec in (CLOCKS_EVENT_REASONS, CLOCK_THROTTLE_REASONS)]
 
 
-def _last_xid(events: Sequence[Event], gpus: Mapping[str, _Gpu], hostname: str) -> list[Sample]:
+def _last_xid(events: Sequence[Event], gpus: Mapping[str, _Gpu], hostname: str, hl: str,
+              texts: Mapping[int, str]) -> list[Sample]:
     by_bus = {pci.normalise(g.pci_bus_id): idx for idx, g in gpus.items() if g.pci_bus_id}
     last: dict[str, Event] = {}
     for e in events:
@@ -252,5 +300,10 @@ def _last_xid(events: Sequence[Event], gpus: Mapping[str, _Gpu], hostname: str) 
         idx = str(e.gpu) if e.gpu is not None else by_bus.get(pci.normalise(e.pci_bus_id) or "", "")
         if idx in gpus and (idx not in last or e.time >= last[idx].time):
             last[idx] = e
-    return [Sample(XID_ERRORS.name, float(last[idx].code) if idx in last else 0.0, g.labels(hostname))
-            for idx, g in gpus.items()]
+    out = []
+    for idx, g in gpus.items():
+        code = last[idx].code if idx in last else 0
+        # err_code / err_msg as dcgm-exporter labels the XID series: the code and its text
+        out.append(Sample(XID_ERRORS.name, float(code), g.labels(
+            hostname, hl, err_code=str(code), err_msg=texts.get(code, "") if code else "")))
+    return out

@@ -9,6 +9,7 @@ not support is absent, never 0. A GPU that is lost, times out or errors is repor
 from __future__ import annotations
 
 import ctypes
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Mapping
@@ -105,6 +106,11 @@ METRICS: Mapping[str, MetricSpec] = specs(
           "nvmlDeviceGetRowRemapperHistogram, nvidia-smi's 'Bank Remap Availability Histogram'."),
     _spec("gpu_persistence_mode", "gauge", "1 when persistence mode is enabled."),
     _spec("gpu_mig_mode", "gauge", "1 when MIG mode is enabled (current mode), 0 when disabled; absent where MIG is not supported."),
+    _spec("gpu_mig_memory_used_bytes", "gauge", "Framebuffer in use on one MIG instance (labels gpu_instance, "
+                                                "compute_instance, mig_profile, mig_uuid beside the parent GPU's).", "bytes"),
+    _spec("gpu_mig_memory_total_bytes", "gauge", "Framebuffer of one MIG instance.", "bytes"),
+    _spec("gpu_vgpu_license_state", "gauge", "vGPU license state of a guest GPU (NVML_GRID_LICENSE_STATE_*: 5 licensed, "
+                                             "2-4 unlicensed); absent where NVML has no vGPU licensing."),
     _spec("gpu_fabric_state", "gauge", "NVSwitch fabric state: 0 not supported, 1 not started, 2 in progress, 3 completed."),
     _spec("gpu_fabric_healthy", "gauge", "1 when fabric registration completed with status NVML_SUCCESS."),
     _spec("gpu_fabric_info", "info", "The multi-node NVLink domain the GPU registered in (labels cluster_uuid, "
@@ -142,6 +148,37 @@ class _DeviceState:
     static: StaticInfo | None = None
     remap_seen: object = None  # the remapped-rows reading the histogram below was read at
     remap_hist: tuple[int, ...] | None = None
+
+
+_MIG_NAME = re.compile(r"\bMIG\s+(\S+)$")
+
+
+def _mig_samples(calls: DeviceCalls, h: object, labels: Mapping[str, str]) -> list[Sample]:
+    """One memory pair per MIG instance (dcgm-exporter's per-instance series read these): NVML
+    enumerates the physical GPU once; its instances only through their own handles."""
+    out: list[Sample] = []
+    count = calls.get("mig_count", lambda: pynvml.nvmlDeviceGetMaxMigDeviceCount(h)) or 0
+    for i in range(min(int(count), 16)):
+        try:
+            mh = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
+        except pynvml.NVMLError as e:
+            if e.value in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT):
+                continue  # no instance in this slot
+            calls.note("mig_devices", e)
+            break
+        gi = calls.get(f"mig{i}_gi", lambda: pynvml.nvmlDeviceGetGpuInstanceId(mh))
+        ci = calls.get(f"mig{i}_ci", lambda: pynvml.nvmlDeviceGetComputeInstanceId(mh))
+        name = calls.get(f"mig{i}_name", lambda: pynvml.nvmlDeviceGetName(mh))
+        uuid_ = calls.get(f"mig{i}_uuid", lambda: pynvml.nvmlDeviceGetUUID(mh))
+        mem = calls.get(f"mig{i}_memory", lambda: pynvml.nvmlDeviceGetMemoryInfo(mh))
+        if gi is None or mem is None:
+            continue
+        m = _MIG_NAME.search(str(name or ""))
+        extra = {"gpu_instance": str(gi), "compute_instance": "" if ci is None else str(ci),
+                 "mig_profile": m.group(1) if m else "", "mig_uuid": str(uuid_ or "")}
+        out.append(Sample.of("gpu_mig_memory_used_bytes", mem.used, **labels, **extra))
+        out.append(Sample.of("gpu_mig_memory_total_bytes", mem.total, **labels, **extra))
+    return out
 
 
 def _temperature(h: object) -> int:
@@ -344,6 +381,12 @@ class NvmlCollector:
         mig = calls.get("mig_mode", lambda: pynvml.nvmlDeviceGetMigMode(h))
         if isinstance(mig, (list, tuple)) and mig:
             put("gpu_mig_mode", int(mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE))
+            if mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE:
+                out.extend(_mig_samples(calls, h, labels))
+
+        lic = calls.get("vgpu_license", lambda: pynvml.nvmlDeviceGetGridLicensableFeatures_v4(h))
+        if lic is not None and lic.isGridLicenseSupported and lic.licensableFeaturesCount:
+            put("gpu_vgpu_license_state", int(lic.gridLicensableFeatures[0].featureState))
 
         fabric = calls.get("fabric", lambda: self._fabric(h))
         if fabric is not None:

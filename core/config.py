@@ -184,11 +184,21 @@ class InfluxConfig:
 
 
 @dataclass(frozen=True)
+class DcgmExporterCompatConfig:
+    hostname_label: Literal["Hostname", "hostname"] = doc(
+        "Name of the host label on the DCGM_FI_* series: `Hostname` as the released dcgm-exporter\n"
+        "(4.x) names it; `hostname` as its main branch has renamed it (set it when you upgrade).",
+        "Hostname")
+
+
+@dataclass(frozen=True)
 class ExportersConfig:
     influxdb: InfluxConfig = doc("InfluxDB v2 export.", factory=InfluxConfig)
     compat: tuple[Literal["dcgm-exporter"], ...] = doc(
         "Also expose the GPU series on /metrics under these exporters' names and labels\n"
         "(dcgm-exporter: DCGM_FI_*; the same as `podhealth agent --compat`).", ())
+    dcgm_exporter: DcgmExporterCompatConfig = doc("How the dcgm-exporter names are rendered.",
+                                                  factory=DcgmExporterCompatConfig)
 
 
 @dataclass(frozen=True)

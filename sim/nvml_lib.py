@@ -1129,6 +1129,26 @@ def _mig_ci(h: int, ptr: int) -> None:
     _put(ptr, c_uint, 0)  # one compute instance per GPU instance, id 0 (as captured)
 
 
+# vGPU licensing
+
+
+@_impl("nvmlDeviceGetGridLicensableFeatures_v4", args=[P, P])
+def _grid_license(h: int, ptr: int) -> None:
+    # nvml.h nvmlGridLicensableFeatures_v4_t: {isGridLicenseSupported, licensableFeaturesCount,
+    # gridLicensableFeatures[3] {featureCode, featureState, licenseInfo, productName, ...}}
+    g = _b().device(h).spec
+    if g.vgpu_license_state is None:
+        raise _Fail(NOT_SUPPORTED)
+    out = _struct(ptr, pynvml.c_nvmlGridLicensableFeatures_v4_t)
+    out.isGridLicenseSupported = 1
+    out.licensableFeaturesCount = 1
+    f = out.gridLicensableFeatures[0]
+    f.featureCode = pynvml.NVML_GRID_LICENSE_FEATURE_CODE_VGPU
+    f.featureState = g.vgpu_license_state
+    f.featureEnabled = 1
+    f.productName = b"NVIDIA Virtual Compute Server"
+
+
 # processes
 
 

@@ -97,6 +97,9 @@ class GpuSpec:
     # Clocks-event reason bits the driver says it can report (nvmlDeviceGetSupportedClocksEventReasons);
     # R570-era drivers add bits this project has no name for (0x200 board limit, 0x400 reliability).
     clocks_event_supported: int = 0x1FF
+    # A vGPU guest's license (NVML_GRID_LICENSE_STATE_*, 5 = licensed); None = bare metal or
+    # passthrough: nvmlDeviceGetGridLicensableFeatures answers NOT_SUPPORTED.
+    vgpu_license_state: int | None = None
     # What this SKU or driver generation answers instead of a value: NVML C function name (as the
     # simulator registers it, e.g. "nvmlDeviceGetUtilizationRates"), or "field:<id>" for one field
     # of nvmlDeviceGetFieldValues (answered in that field's nvmlReturn inside an OK call), ->

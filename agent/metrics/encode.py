@@ -46,6 +46,10 @@ def format_value(v: float) -> str:
 def header(f_name: str, sample_name: str, typ: str, help_: str, unit: str, openmetrics: bool) -> str:
     """`# HELP` / `# TYPE` (/ `# UNIT`) lines of one family."""
     if openmetrics:
+        if typ == "counter" and sample_name == f_name:
+            # a counter sample without `_total` (another exporter's verbatim name) is no
+            # OpenMetrics counter: declared unknown, which OpenMetrics allows for any sample name
+            typ = "unknown"
         out = f"# HELP {f_name} {_label_value(help_)}\n# TYPE {f_name} {typ}\n"
         return out + f"# UNIT {f_name} {unit}\n" if unit else out
     text_help = help_.replace("\\", r"\\").replace("\n", r"\n")

@@ -91,7 +91,11 @@ checked = _Checked()
 def names_of(spec: MetricSpec, prefixed: bool) -> tuple[str, str, str, str]:
     """(family name, sample name, type, unit) for a spec."""
     base = PREFIX + spec.name if prefixed else spec.name
-    if spec.kind == "counter":
+    if spec.kind == "counter" and not prefixed:
+        # another exporter's name, verbatim (dcgm-exporter's counters carry no `_total`): a
+        # counter in the text format, as that exporter serves it (encode.header: OpenMetrics)
+        sample, typ = base, "counter"
+    elif spec.kind == "counter":
         base = base.removesuffix("_total")
         sample, typ = base + "_total", "counter"
     elif spec.kind == "info":

@@ -182,8 +182,14 @@ def test_metric_sources_and_compat_names() -> None:
     assert "_total" not in "".join(ln for ln in body.splitlines() if ln.startswith("DCGM_"))
     # dcgm-exporter's own label names (UUID, modelName, Hostname) are camelCase: that is the one
     # lint finding compat mode accepts, since dashboards query exactly those names.
+    # Its counters carry no `_total` (typed counter, as dcgm-exporter serves them): the other one.
+    assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter" in body
     problems = promtool_problems(body)
-    assert problems and all(p.startswith("DCGM_FI_") and "camelCase" in p for p in problems), problems
+    assert problems and all(p.startswith("DCGM_FI_") and ("camelCase" in p or 'should have "_total" suffix' in p)
+                            for p in problems), problems
+    om = render(snap, ctx(sources=(compat.source("dcgm-exporter", "dgx01"),)), [(Format.OPENMETRICS, False)])
+    # OpenMetrics wants `_total` on a counter's samples: the verbatim name is declared unknown there
+    assert b"# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION unknown" in om[(Format.OPENMETRICS, False)]
     # Without a kernel-log collector there is no XID series at all.
     body = text(snapshot(*BASIC, gpu_up), ctx(sources=(compat.source("dcgm-exporter", "dgx01"),)))
     assert "DCGM_FI_DEV_XID_ERRORS" not in body and "DCGM_FI_DEV_GPU_TEMP{" in body

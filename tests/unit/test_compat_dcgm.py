@@ -215,3 +215,114 @@ def test_sim_answers_the_new_nvml_calls(sim_samples: list[Sample]) -> None:
     bw = [s.value for s in out if s.name == "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"]
     assert len(bw) == 8 and all(v > 0 for v in bw)  # idle fabric management traffic
     assert not [s for s in out if s.name.startswith("DCGM_FI_PROF_")]  # no DCGM on the simulator
+
+
+# ---- surviving dcgm-exporter's next release (issue 28 section 6) ---------------------------------
+
+
+def test_the_host_label_is_a_setting() -> None:
+    old = get(to_dcgm(nvml_samples(), "dgx01"), "DCGM_FI_DEV_GPU_TEMP", 0)
+    assert old.label("Hostname") == "dgx01" and old.label("hostname") == ""
+    new = get(to_dcgm(nvml_samples(), "dgx01", hostname_label="hostname"), "DCGM_FI_DEV_GPU_TEMP", 0)
+    assert new.label("hostname") == "dgx01" and new.label("Hostname") == ""
+    with pytest.raises(ValueError, match="hostname label"):
+        to_dcgm(nvml_samples(), "dgx01", hostname_label="host")
+    from podhealth import config
+
+    assert config.Config().exporters.dcgm_exporter.hostname_label == "Hostname"
+    assert config.loads("exporters: {dcgm_exporter: {hostname_label: hostname}}\n").exporters.dcgm_exporter \
+        .hostname_label == "hostname"
+
+
+def test_default_counters_are_counters(shared_fixtures: Path) -> None:
+    # every field default-counters.csv types `counter` is one here, and renders as one
+    csv = (shared_fixtures / "dcgm" / "dcgm-exporter_default-counters.csv").read_text()
+    declared = {ln.split(",")[0].strip(): ln.split(",")[1].strip() for ln in csv.splitlines()
+                if ln.strip() and not ln.startswith("#") and "," in ln}
+    counters = {n for n, k in declared.items() if k == "counter"}
+    assert len(counters) == 5
+    assert {n for n in counters if METRICS[n].kind == "counter"} == counters
+    from podhealth.agent.metrics.compat import _spec
+    from podhealth.agent.metrics.exposition import names_of
+
+    for n in counters:
+        assert names_of(_spec(n), prefixed=False)[1:3] == (n, "counter")
+
+
+def test_xid_series_carries_err_code_and_err_msg() -> None:
+    ev = Event(kind="xid", code=79, time=1.0, gpu=1)
+    out = to_dcgm(nvml_samples(), "dgx01", events=[ev], xid_texts={79: "GPU has fallen off the bus."})
+    one = get(out, "DCGM_FI_DEV_XID_ERRORS", 1)
+    assert (one.value, one.label("err_code"), one.label("err_msg")) == (79.0, "79", "GPU has fallen off the bus.")
+    zero = get(out, "DCGM_FI_DEV_XID_ERRORS", 0)
+    assert (zero.value, zero.label("err_code"), zero.label("err_msg")) == (0.0, "0", "")
+
+
+def test_xid_err_msg_comes_from_nvidias_catalog() -> None:
+    from podhealth.agent.metrics import compat
+
+    texts = compat._xid_texts()
+    assert "fallen off the bus" in texts[79].lower()
+
+
+def test_hpc_job_from_the_prologs_job_record() -> None:
+    jobs = [Sample.of("gpu_job_info", 1, gpu=0, job_id="4242", scheduler="slurm", user="alice", source="records"),
+            Sample.of("gpu_job_info", 1, gpu=0, job_id="4243", scheduler="slurm", user="bob", source="records")]
+    out = to_dcgm(nvml_samples() + jobs, "dgx01")
+    assert get(out, "DCGM_FI_DEV_GPU_TEMP", 0).label("hpc_job") == "4242,4243"
+    assert get(out, "DCGM_FI_DEV_GPU_TEMP", 1).label("hpc_job") == ""
+
+
+def test_mig_instances_get_their_own_framebuffer_series() -> None:
+    mig = [Sample.of(name, value * MIB, gpu_instance=gi, compute_instance="0", mig_profile=prof,
+                     mig_uuid=f"MIG-{gi}", **GPU0)
+           for gi, prof, used, total in (("1", "3g.40gb", 100, 40192), ("2", "1g.10gb", 5, 9728))
+           for name, value in (("gpu_mig_memory_used_bytes", used), ("gpu_mig_memory_total_bytes", total))]
+    out = to_dcgm(nvml_samples() + mig, "dgx01")
+    used = {(s.label("GPU_I_ID"), s.label("GPU_I_PROFILE")): s.value for s in out
+            if s.name == "DCGM_FI_DEV_FB_USED" and s.label("GPU_I_ID")}
+    free = {s.label("GPU_I_ID"): s.value for s in out if s.name == "DCGM_FI_DEV_FB_FREE" and s.label("GPU_I_ID")}
+    assert used == {("1", "3g.40gb"): 100.0, ("2", "1g.10gb"): 5.0}
+    assert free == {"1": 40092.0, "2": 9723.0}
+    # the whole GPU's series stay as they were
+    assert [s.value for s in out if s.name == "DCGM_FI_DEV_FB_USED" and s.label("gpu") == "0"
+            and not s.label("GPU_I_ID")] == [1000.0]
+
+
+def test_vgpu_license_status_where_nvml_has_it() -> None:
+    out = to_dcgm(nvml_samples() + [Sample.of("gpu_vgpu_license_state", 5, **GPU0)], "dgx01")
+    assert get(out, "DCGM_FI_DEV_VGPU_LICENSE_STATUS", 0).value == 5.0
+    assert [s for s in out if s.name == "DCGM_FI_DEV_VGPU_LICENSE_STATUS" and s.label("gpu") == "1"] == []
+
+
+def test_mig_and_vgpu_read_through_the_simulated_nvml(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from podhealth.collectors.nvml import NvmlCollector
+    from podhealth.collectors.nvml_session import NvmlSession
+    from podhealth.sim import nvml_lib
+    from podhealth.sim.node import SimNode
+    from podhealth.sim.state import default_state
+
+    st = default_state("mig01", "dgx-a100")
+    gpus = list(st.gpus)
+    gpus[0] = replace(gpus[0], mig_mode=True, mig_devices=("3g.40gb", "1g.10gb"))
+    gpus[1] = replace(gpus[1], vgpu_license_state=5)
+    node = SimNode.create(tmp_path, "mig01", seed=replace(st, gpus=tuple(gpus)))
+    nvml_lib.install(node)
+    session = NvmlSession()
+    col = NvmlCollector(session)
+    try:
+        got = col.collect()
+    finally:
+        col.close()
+        session.shutdown()
+        nvml_lib.uninstall()
+    mig = {(s.label("gpu_instance"), s.label("mig_profile")) for s in got.samples
+           if s.name == "gpu_mig_memory_total_bytes"}
+    assert mig == {("1", "3g.40gb"), ("2", "1g.10gb")}
+    lic = [(s.label("gpu"), s.value) for s in got.samples if s.name == "gpu_vgpu_license_state"]
+    assert lic == [("1", 5.0)]
+    out = to_dcgm(got.samples, "mig01")
+    assert {s.label("GPU_I_PROFILE") for s in out if s.name == "DCGM_FI_DEV_FB_USED" and s.label("GPU_I_ID")} \
+        == {"3g.40gb", "1g.10gb"}

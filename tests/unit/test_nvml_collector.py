@@ -58,7 +58,12 @@ def value(col: Collection, name: str, gpu: int, **labels: str) -> float:
 
 # gpu_field_unreadable appears only for a reading NVML refused (tests/unit/test_nvml_variants.py).
 PER_GPU_ALWAYS = sorted(set(METRICS) - {"gpu_devices", "gpu_retired_pages", "gpu_retired_pages_pending",
-                                        "gpu_field_unreadable"})
+                                        "gpu_field_unreadable",
+                                        # a DGX H100's GPUs are in no multi-node NVLink domain, not in
+                                        # MIG mode and no vGPU guests: these are absent there
+                                        "gpu_fabric_info", "gpu_fabric_degraded_bandwidth",
+                                        "gpu_mig_memory_used_bytes", "gpu_mig_memory_total_bytes",
+                                        "gpu_vgpu_license_state"})
 
 
 def test_every_contract_metric_for_all_eight_gpus_with_the_simulators_values(node: SimNode, collector: NvmlCollector) -> None:
