@@ -70,7 +70,8 @@ def parse_domain(text: str) -> ImexDomain:
     for key, n in sorted(raw.items(), key=lambda kv: (len(str(kv[0])), str(kv[0]))):
         if not isinstance(n, dict):
             continue
-        conns = n.get("connections") if isinstance(n.get("connections"), dict) else {}
+        raw_conns = n.get("connections")
+        conns: dict[Any, Any] = raw_conns if isinstance(raw_conns, dict) else {}
         down = tuple(sorted(_str(k, 16) for k, c in conns.items()
                             if not (isinstance(c, dict) and c.get("status") == "CONNECTED")))
         nodes.append(ImexNode(_str(key, 16), _str(n.get("host")), _str(n.get("status"), 40) or "?",

@@ -516,11 +516,11 @@ class LineAssembler:
         if len(self._headers) > 256:  # bounded: forget the oldest headers
             for k in sorted(self._headers, key=lambda k: self._headers[k][0])[:128]:
                 del self._headers[k]
-        recs = self._orphans.get(key)
-        if recs and self._near(recs[-1][0], p):
+        waiting = self._orphans.get(key)
+        if waiting and self._near(waiting[-1][0], p):
             # the header of a record whose continuation came first: the record is this header
-            recs.pop()
-            if not recs:
+            waiting.pop()
+            if not waiting:
                 del self._orphans[key]
         return p
 

@@ -40,6 +40,10 @@ CheckFn = Callable[[Context], list[CheckResult]]
 class CheckDef:
     fn: CheckFn
     sources: tuple[str, ...]
+    # Whether this kind of node has what the check judges at all (the IMEX service only on a
+    # multi-node NVLink domain): where it has not, no verdict, rather than UNKNOWN from a source
+    # that is rightly absent (the imex collector is disabled where nvidia-imex-ctl is not installed).
+    applies: Callable[[Profile], bool] | None = None
 
 
 def _xid(ctx: Context) -> list[CheckResult]:
@@ -78,7 +82,7 @@ CHECKS: dict[str, CheckDef] = {
     "edac_ce": CheckDef(memory_ecc.edac_ce, ("edac",)),
     "kernel_ras": CheckDef(memory_ecc.kernel_ras, ("kmsg",)),
     "nvme": CheckDef(nvme.nvme, ("nvme",)),
-    "imex": CheckDef(imex.imex, ("imex",)),
+    "imex": CheckDef(imex.imex, ("imex",), applies=lambda p: p.nvlink_domain.imex),
 }
 
 _COUNTERS = frozenset({
@@ -190,6 +194,8 @@ class Evaluator:
                 continue
             if self.enabled is not None and not set(d.sources) <= set(self.enabled):
                 continue  # the site turned the source off: no verdict rather than UNKNOWN forever
+            if d.applies is not None and not d.applies(self.profile):
+                continue
             # Damping counts observations, not wake-ups: a check whose sources brought nothing new
             # since its last judgement keeps that judgement (the kmsg collector ticking every
             # second must not make `fail_after: 2` mean "two seconds of GPU data").

@@ -257,3 +257,33 @@ def test_throttled_gpu_of_the_h100_capture(shared_fixtures: Path, tmp_path: Path
     finally:
         pynvml.nvmlShutdown()
         nvml_lib.uninstall()
+
+
+def test_a_4_gpu_a100_is_not_guessed_as_the_8_gpu_dgx(shared_fixtures: Path, tmp_path: Path) -> None:
+    """Issue 28: a 4-GPU A100 server was guessed as dgx-a100 and failed gpu_count with REBOOT. The
+    capture here is the real A100-SXM4-80GB `-q -x` (telegraf's fixture, which lists 4 attached
+    GPUs but holds one <gpu>), its GPU element repeated for four bus ids as nvidia-smi prints them."""
+    import re as _re
+
+    text = (shared_fixtures / "nvidia_smi" / "nvidia-smi-q-x_telegraf_a100-sxm4-v12.xml").read_text()
+    head, gpu, tail = _re.match(r"(?s)(.*?)(<gpu id=.*?</gpu>)(.*)", text).groups()  # type: ignore[union-attr]
+    gpus = "".join(gpu.replace("00000000:00:1E.0", f"00000000:{bus:02X}:00.0").replace(
+        "GPU-", f"GPU-{i}") for i, bus in enumerate((0x07, 0x0F, 0x47, 0x4E)))
+    cap = nvidia_smi.parse(head + gpus + tail)
+    assert len(cap.gpus) == 4 and cap.model == "NVIDIA A100-SXM4-80GB"
+    g = nvidia_smi.guess(cap)
+    assert g.profile == "generic" and not g.exact and "dgx-a100 (8 GPUs)" in g.why and "profile capture" in g.why
+    state = nvidia_smi.to_state(cap, "a4")
+    assert state.profile == "generic" and len(state.gpus) == 4
+    assert {x.nvlink_count for x in state.gpus} == {12}  # the A100 SXM's own facts fill the gaps
+    from podhealth.checks import profiles
+    from podhealth.checks.passive.gpu import gpu_count
+    from podhealth.checks.passive.context import Context
+    from podhealth.checks.passive.rates import RateTracker
+    from podhealth.snapshot import CollectorState, Snapshot
+    from podhealth.vocab import Sample, Status
+
+    st = CollectorState("nvml", samples=(Sample.of("gpu_devices", 4),), stale=False, last_success=1.0, last_attempt=1.0)
+    ctx = Context(snapshot=Snapshot(1.0, {"nvml": st}), profile=profiles.load(state.profile), now=1.0,
+                  rates=RateTracker(60))
+    assert [r.status for r in gpu_count(ctx)] == [Status.OK]  # judged as what it is: no REBOOT
