@@ -300,7 +300,7 @@ class FailslowSink(Sink):
             if self._ib is not None and now > self._ib.at and total >= self._ib.total:
                 ib_gbs = (total - self._ib.total) / (now - self._ib.at) / 1e9
             self._ib = IbCounter(now, total)
-        if now - self._window_at < self.cfg.job_window:
+        if not self.cfg.job_windows or now - self._window_at < self.cfg.job_window:
             return
         self._window_at = now
         for job in job_windows(snap, ib_gbs):
@@ -321,7 +321,19 @@ class FailslowSink(Sink):
                                    for k, n in self.rounds.items()))
         if self.last_round:
             yield Family(LAST, (Sample.of("failslow_probe_last_seconds", self.last_round),))
-        yield Family(WINDOW, tuple(Sample.of("failslow_window", v, entity=e, signal=s) for e, s, v in self.latest_passive))
+        # Only what is out of the ordinary (the aggregator gets all of it): a healthy DGX adds no series here.
+        yield Family(WINDOW, tuple(Sample.of("failslow_window", v, entity=e, signal=s)
+                                   for e, s, v in self.latest_passive if unusual(s, v)))
+
+
+def unusual(signal: str, value: float) -> bool:
+    """A window signal worth a series at /metrics: any throttling or error, a clock that was not
+    held near its maximum, a temperature within 10 C of the limit."""
+    if signal == "clock_residency":
+        return value < 0.95
+    if signal == "temp_margin_c":
+        return value < 10.0
+    return value > 0
 
 
 def probe_from(fn: Callable[[], Sequence[Reading]]) -> Callable[[], Any]:

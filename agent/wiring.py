@@ -72,7 +72,7 @@ def build_sinks(cfg: Config, node: str, *, report: ReportFn, specs: SpecsFn,
 
 def failslow_sink(cfg: Config, node: str, seam: Mapping[str, Any], tls: ClientTls | None = None) -> Sink | None:
     """The fail-slow sink when probes are on or job windows can be sent (an aggregator URL)."""
-    if not (cfg.failslow.enabled or cfg.publish.urls()):
+    if not (cfg.failslow.enabled or (cfg.publish.urls() and cfg.failslow.job_windows)):
         return None
     from podhealth.agent.failslow import FailslowSink, probe_from
 

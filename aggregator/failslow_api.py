@@ -40,7 +40,10 @@ async def _perf(agg: "Aggregator", request: web.Request, bound: "Speaker") -> di
     except BadPerf as e:
         raise server._Reject(400, "bad_request", str(e)) from None
     server._check_node(agg, request, post.node, bound)
-    taken = request.app[FLEET].take(post, agg.clock())
+    try:
+        taken = request.app[FLEET].take(post, agg.clock())
+    except BadPerf as e:
+        raise server._Reject(400, "bad_request", str(e)) from None
     return {"applied": taken}
 
 

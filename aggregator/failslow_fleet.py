@@ -40,7 +40,7 @@ from podhealth.vocab import Action, Status
 MAX_NAME = 64
 MAX_GPUS = 64
 MAX_JOBS = 10_000
-MAX_WINDOWS = 16  # per job
+MAX_JOBS_PER_NODE = 64  # one per GPU, MIG slices and shared GPUs included; more is not a real node
 JOB_GONE_S = 600.0  # a job no node has mentioned for this long has ended
 CHECK_PREFIX = "failslow_"
 # Probe rounds come every few hours per node: the fleet is scored again when figures arrived, and
@@ -169,9 +169,16 @@ class FailslowFleet:
         self.open: set[tuple[str, str, str]] = set()  # (node, check, entity) this opened
         self.passive: dict[str, tuple[float, tuple[tuple[str, str, float], ...]]] = {}  # node -> (at, summary)
         self.dirty = False  # figures arrived since the last scoring
+        self.node_jobs: dict[str, dict[str, float]] = {}  # node -> its jobs -> last mentioned
 
     def take(self, post: PerfPost, now: float) -> int:
-        """Store one node's post (probes timed by our clock); returns how many items it held."""
+        """Store one node's post (probes timed by our clock); returns how many items it held.
+        BadPerf, with nothing stored, for a node in more running jobs than a node can be."""
+        if post.job is not None:
+            mine = self.node_jobs.get(post.node, {})
+            live = {k for k, t in mine.items() if now - t <= JOB_GONE_S} | {post.job.id}
+            if len(live) > MAX_JOBS_PER_NODE:
+                raise BadPerf(f"body.job: {post.node} is in more than {MAX_JOBS_PER_NODE} running jobs")
         for p in post.probes:
             s = Sample(post.node, p.entity, p.metric, p.value, now, post.profile, post.driver, p.firmware)
             self.samples[s.key] = s
@@ -180,6 +187,10 @@ class FailslowFleet:
             self.passive[post.node] = (now, post.passive)
         if post.job is not None:
             j = post.job
+            mine = self.node_jobs.setdefault(post.node, {})
+            mine[j.id] = now
+            for gone in [k for k, t in mine.items() if now - t > JOB_GONE_S]:
+                del mine[gone]
             if j.id not in self.jobs and len(self.jobs) >= MAX_JOBS:
                 oldest = min(self.job_seen, key=lambda k: self.job_seen[k])
                 self._drop_job(oldest)
@@ -188,7 +199,7 @@ class FailslowFleet:
             win = windows.setdefault(bucket, {})
             for g in j.gpus:
                 win[(g.node, g.gpu)] = g
-            for b in sorted(windows)[:-MAX_WINDOWS]:
+            for b in sorted(windows)[:-(self.cfg.stragglers.of + 1)]:  # the judged ones and the one filling
                 del windows[b]
             if j.owner:
                 self.owners[j.id] = j.owner
@@ -202,6 +213,7 @@ class FailslowFleet:
 
     def forget_node(self, node: str) -> None:
         self.passive.pop(node, None)
+        self.node_jobs.pop(node, None)
         for k in [k for k in self.samples if k[0] == node]:
             del self.samples[k]
             self.histories.pop(k, None)

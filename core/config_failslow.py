@@ -92,6 +92,9 @@ class FailslowProbeConfig:
     budget: Annotated[float, Gt(0, "seconds"), Le(600, "seconds")] = doc("Seconds one probe round may take.", 120.0)
     idle_for: Seconds = doc("Seconds the node must have had no job (the prolog/kubelet job record) before a probe.",
                             300.0)
+    job_windows: bool = doc(
+        "Send each running job's GPU summary to the aggregator (its straggler comparison; passive, no\n"
+        "probe). On by default whenever publish.aggregator_url is set, probes or not.", True)
     job_window: Annotated[float, Ge(5, "seconds")] = doc(
         "Seconds between two summaries of a running job's GPUs sent to the aggregator (its stragglers;\n"
         "the aggregator's failslow.window should match). Sent only with publish.aggregator_url.", 30.0)

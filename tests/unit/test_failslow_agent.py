@@ -155,7 +155,8 @@ async def test_results_reach_a_real_aggregator(tmp_path: Path) -> None:
             # the collectors' summary since the last round went along
             st, hist = await call(http, "GET", f"{url}/api/v1/failslow/nodes/dgx01")
             assert {"entity": "gpu0", "signal": "temp_margin_c", "value": 29.0} in hist["passive"]
-            assert [f for f in s.families(snap()) if f.spec.name == "failslow_window"][0].samples
+            # 29 C from the limit is nothing to export; all of it went to the aggregator
+            assert not [f for f in s.families(snap()) if f.spec.name == "failslow_window"][0].samples
             st, out = await call(http, "GET", f"{url}/metrics")
             assert 'podhealth_aggregator_ingest_requests_total{endpoint="perf",result="ok"} 1.0' in out
             # A job window while a job runs: sent to the same endpoint.
@@ -187,3 +188,11 @@ def test_default_config_sends_nothing_and_probes_nothing() -> None:
     from podhealth.config import Config
 
     assert failslow_sink(Config(), "dgx01", {}) is None
+    import dataclasses
+
+    from podhealth.config_failslow import FailslowProbeConfig
+
+    pushing = dataclasses.replace(Config(), publish=PublishConfig(aggregator_url="http://127.0.0.1:9"))
+    assert failslow_sink(pushing, "dgx01", {}) is not None  # job windows for the stragglers
+    quiet = dataclasses.replace(pushing, failslow=FailslowProbeConfig(job_windows=False))
+    assert failslow_sink(quiet, "dgx01", {}) is None

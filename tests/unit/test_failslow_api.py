@@ -203,3 +203,18 @@ async def test_a_restart_keeps_the_finding_until_the_part_is_judged_again(tmp_pa
         assert key in agg.mem.conditions  # not judged: kept
         await post_all(s, url, fleet())  # the part at its cohort again
         await until(lambda: key not in agg.mem.conditions, "the condition closed once judged")
+
+
+async def test_a_node_cannot_flood_the_job_table(tmp_path: Path) -> None:
+    from podhealth.aggregator.failslow_fleet import MAX_JOBS_PER_NODE
+
+    gpus = [{"gpu": 0, "sm_active": 0.9, "power_w": 600, "sm_clock_mhz": 1980, "nvlink_gbs": 1, "ib_gbs": 1}]
+    async with running(fs_config(tmp_path), [MemFencer()]) as (agg, url), aiohttp.ClientSession() as s:
+        for i in range(MAX_JOBS_PER_NODE):
+            b = {"node": "dgx01", "profile": "dgx-h100", "driver": "1", "job": {"id": f"j{i}", "gpus": gpus}}
+            assert (await call(s, "POST", f"{url}/v1/perf", b, "tok01"))[0] == 200
+        b = {"node": "dgx01", "profile": "dgx-h100", "driver": "1", "job": {"id": "one-too-many", "gpus": gpus}}
+        st, out = await call(s, "POST", f"{url}/v1/perf", b, "tok01")
+        assert st == 400 and "running jobs" in out["error"]
+        b["job"]["id"] = "j0"  # a job it is in: still taken
+        assert (await call(s, "POST", f"{url}/v1/perf", b, "tok01"))[0] == 200
