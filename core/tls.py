@@ -28,7 +28,7 @@ from podhealth.config_tls import AgentTlsConfig, ServerTlsConfig
 log = plog.get("podhealth.tls")
 WATCH_INTERVAL = 30.0  # seconds between looks at the files' change times
 CA_ENV, CERT_ENV, KEY_ENV = "PODHEALTH_TLS_CA", "PODHEALTH_TLS_CERT", "PODHEALTH_TLS_KEY"
-Stamp = tuple[tuple[str, int, int], ...]
+Stamp = tuple[tuple[str, int, int, int], ...]
 
 
 def server_context(cfg: ServerTlsConfig) -> ssl.SSLContext:
@@ -77,9 +77,11 @@ def _stamp(paths: Iterable[str]) -> Stamp:
         if p:
             try:
                 st = os.stat(p)
-                out.append((p, st.st_mtime_ns, st.st_size))
+                # The inode too: a file renamed over the old one (the rotation docs/security.md asks
+                # for) may keep its size and, within the clock's coarse tick, its change time.
+                out.append((p, st.st_ino, st.st_mtime_ns, st.st_size))
             except OSError:
-                out.append((p, -1, -1))
+                out.append((p, -1, -1, -1))
     return tuple(out)
 
 

@@ -194,20 +194,20 @@ async def test_the_server_certificate_rotates_on_file_change_and_on_sighup(tmp_p
         one = await asyncio.to_thread(serial)
         install(second)
         assert agg.tls is not None
-        await until(lambda: agg.tls.reloads >= 1)  # type: ignore[union-attr]
+        await until(lambda: agg.tls.reloads >= 1, timeout=60)  # type: ignore[union-attr]
         two = await asyncio.to_thread(serial)
         assert two != one  # the next connection gets the new certificate, no restart
 
         # A half-copied certificate is refused: the old one goes on being served.
         crt.write_text("-----BEGIN CERTIFICATE-----\nnot base64\n")
         os.kill(os.getpid(), signal.SIGHUP)  # an operator's `systemctl reload`
-        await until(lambda: agg.tls.refused >= 1)  # type: ignore[union-attr]
+        await until(lambda: agg.tls.refused >= 1, timeout=60)  # type: ignore[union-attr]
         assert await asyncio.to_thread(serial) == two
 
         install(first)
         before = agg.tls.reloads  # type: ignore[union-attr]
         os.kill(os.getpid(), signal.SIGHUP)
-        await until(lambda: agg.tls.reloads > before)  # type: ignore[union-attr]
+        await until(lambda: agg.tls.reloads > before, timeout=60)  # type: ignore[union-attr]
         assert await asyncio.to_thread(serial) == one
 
 
