@@ -350,6 +350,8 @@ class Fleet:
                   f"  export {cliconfig.AGGREGATOR_ENV}={agg} PODHEALTH_ADMIN_TOKEN={plan.admin_token}",
                   f"  {ph} fleet status",
                   f"  {ph} simulate inject {first} xid=79 gpu=3{root_arg}    # GPU fell off the bus",
+                  f"  {ph} simulate inject {first} fault=slow-gpu gpu=3 pct=7{root_arg}"
+                  f"    # 7% slower: {agg}/ui/failslow after the next probe round (5 min)",
                   f"  curl -s {agg}/api/v1/nodes/{first}"]
         if self.fencer.slurm_conf:
             lines.append(f"  SLURM_CONF={self.fencer.slurm_conf} sinfo -N -o '%N %T %E'")

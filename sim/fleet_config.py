@@ -81,6 +81,9 @@ def agent_config(plan: FleetPlan, agent: AgentPlan) -> str:
         "publish": {"aggregator_url": plan.aggregator_url, "token": plan.node_token(agent.node),
                     "spool_dir": str(agent.spool)},
         "auth": {"token": plan.agent_token(agent.node)},
+        # Fail-slow probes of the node's performance model (sim/perfmodel.py), every 5 minutes on
+        # an idle node: `fault=slow-gpu gpu=3 pct=7` shows on the UI's fail-slow page after the next round.
+        "failslow": {"enabled": True, "interval": 300.0, "idle_for": 30.0, "jitter": 0.25},
     }
     return _header(f"agent {agent.node}") + yaml.safe_dump(doc, sort_keys=False)
 
@@ -114,6 +117,8 @@ def aggregator_config(plan: FleetPlan, fencer: FencerChoice) -> str:
             # reboot_program), and hand a node to REPAIR after two failed attempts.
             "jobs": {"enabled": True},
             "ladder": {"enabled": True, "verify_within": 120.0},
+            # 16 nodes' 128 GPUs are a cohort; judged every 10 s so a probe round shows at once.
+            "failslow": {"interval": 10.0, "judge": {"min_cohort": min(16, max(3, 8 * n))}},
         },
     }
     return _header("aggregator") + yaml.safe_dump(doc, sort_keys=False)
