@@ -51,6 +51,10 @@ ANSWER_MAX_BYTES = 64 * 1024  # the aggregator answers a push with a few bytes o
 BATCH_BYTES = 256 * 1024
 # Records held in memory per lane while the spool cannot be written; beyond this the lane's oldest are summarised.
 MEMORY_MAX_BYTES = 4 * 1024 * 1024
+# The aggregator's 413 for one record over node_ingest.max_event_bytes (not a body too large):
+# that record is set aside at once instead of the batch being halved (aggregator/server.py).
+RECORD_TOO_LARGE = "max_event_bytes"
+MAX_REJECTED_IDS = 10_000
 # After a burst of transitions, one full report this long after the first (see _report_soon).
 REPORT_DEBOUNCE_S = 0.5
 # At stop, how long what is left (in memory above all: it has no other way out) may take to reach the aggregator.
@@ -131,6 +135,7 @@ class Publisher(Sink):
         self._retry = self._fsync_batch
         self._read_failing = False
         self._retry_after = 0.0  # seconds the aggregator's last 429 asked for
+        self._rejected_ids: set[str] = set()  # records kept aside in rejected.jsonl (not sent again)
         self._urgent = False  # a priority record waits in memory: spool and send it without the batch wait
 
     @property
@@ -515,6 +520,9 @@ class Publisher(Sink):
         self.replicas = Replicas([value], "")
 
     async def _deliver(self, recs: list[dict[str, Any]]) -> bool:
+        recs = [r for r in recs if r.get("id") not in self._rejected_ids]  # already kept aside
+        if not recs:
+            return True
         status, text = await self._post(recs)
         if status == 200:
             if not self._reachable:
@@ -524,7 +532,7 @@ class Publisher(Sink):
         if self._reachable:
             log.warning("aggregator unreachable: spooling", url=self.url, status=status, error=text)
         self._reachable = False
-        if status == 413 and len(recs) > 1:
+        if status == 413 and len(recs) > 1 and RECORD_TOO_LARGE not in text:  # the body: send less at once
             self._batch_bytes = max(4096, self._batch_bytes // 2)
             return False
         if status in (400, 413):  # malformed, or one record larger than the aggregator takes
@@ -537,6 +545,9 @@ class Publisher(Sink):
             status, text = await self._post([rec])
             if status in (400, 413):
                 self.stats.rejected += 1
+                if len(self._rejected_ids) >= MAX_REJECTED_IDS:
+                    self._rejected_ids.clear()
+                self._rejected_ids.add(str(rec.get("id")))  # a later resend of its batch skips it
                 log.error("aggregator rejected a record; kept in rejected.jsonl", id=rec.get("id"), error=text)
                 line = json.dumps({"record": rec, "error": text}, separators=(",", ":")) + "\n"
                 with contextlib.suppress(OSError):  # a full disk: it is logged above, with the record's id

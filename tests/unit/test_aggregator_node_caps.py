@@ -6,6 +6,7 @@ test holds still, so what is refused does not depend on how fast the machine is.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sqlite3
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from podhealth.config_aggregator import AggAuthConfig, NodeIngestConfig
 from podhealth.vocab import Action, CheckResult, Status
 from tests.harness.agg import MemFencer, config, running
+from tests.unit.test_publisher import until
 
 pytestmark = pytest.mark.timeout(60)
 AUTH = AggAuthConfig(node_tokens={"dgx01": "n1tok", "dgx02": "n2tok"}, admin_token="atok")
@@ -109,3 +111,33 @@ async def test_a_record_larger_than_the_cap_is_refused_whole(tmp_path: Path) -> 
         st, _, body = await post(s, url, events("dgx01", 0, n=2, text=12_000), "n1tok")
         assert st == 413 and "dgx01-0" in body["error"] and "max_event_bytes" in body["error"]
         assert stored(tmp_path / "agg.db", "dgx01") == 0
+
+
+async def test_the_agent_behind_a_throttle_still_gets_its_fail_through(tmp_path: Path) -> None:
+    """The real publisher against the real aggregator, the node over its rate: its FAIL
+    transition (the priority lane, sent first) is applied at once; its routine records wait; a
+    record larger than the cap is set aside, not retried for ever."""
+    from podhealth.agent.publisher import Publisher
+    from podhealth.config import PublishConfig
+    from podhealth.vocab import Event
+
+    caps = NodeIngestConfig(rate=1, burst=150_000, max_event_bytes=50_000)
+    async with running(config(tmp_path, auth=AUTH, node_ingest=caps), [MemFencer()]) as (agg, url):
+        agg.quota.mono = lambda: 1000.0  # the bucket never refills during the test
+        pub = Publisher(PublishConfig(aggregator_url=url, token="n1tok", spool_dir=tmp_path / "spool", timeout=2.0),
+                        "dgx01", max_backoff=0.2)
+        await pub.start()
+        try:
+            t = time.time()
+            pub.publish_event(Event(kind="xid", code=13, time=t, text="y" * 60_000, id="huge"))
+            for i in range(40):  # ~800 KB of routine XIDs: far over the burst
+                pub.publish_event(Event(kind="xid", code=13, time=t, text="x" * TEXT, id=f"r{i:03d}"))
+            pub.publish_transition(None, CheckResult("xid", Status.FAIL, "GPU0", action=Action.REBOOT))
+            await until(lambda: agg.mem.nodes.get("dgx01") is not None
+                        and agg.mem.nodes["dgx01"].status is Status.FAIL)
+            await until(lambda: pub.stats.rejected == 1 and pub.stats.send_failures >= 2)
+            assert stored(tmp_path / "agg.db", "dgx01") < 150_000 + 2 * TEXT
+            lines = (tmp_path / "spool" / "rejected.jsonl").read_text().splitlines()
+            assert [json.loads(x)["record"]["id"] for x in lines] == ["huge"]
+        finally:
+            await pub.stop(drain=0)
