@@ -5,7 +5,8 @@ Pure bookkeeping on an injected monotonic clock; the HTTP layer (server.py) asks
 applying a push and answers 429 with Retry-After when it says no, applying only the node's
 FAIL transitions (a node that floods must still be fenced when it fails). `stored` starts from
 the store's own count (`Store.event_bytes_by_node`), grows with each push applied, and is set
-again from the store after retention prunes.
+again from the store after retention prunes. Replicas on one PostgreSQL each keep their own
+buckets (a node pushes to one at a time) and read the stored bytes from the shared store.
 """
 
 from __future__ import annotations

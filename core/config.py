@@ -213,7 +213,10 @@ class PublishConfig:
         "Also from token_file or $PODHEALTH_NODE_TOKEN.", "")
     token_file: str = doc("File holding token (keep it 0600 / 0640 root:podhealth).", "")
     spool_dir: Annotated[Path, AbsPath()] = doc("Where events wait while the aggregator is away.", Path("/var/lib/podhealth/spool"))
-    spool_max_bytes: Annotated[int, Gt(0, "bytes")] = doc("Spool size bound; when full, oldest events are summarised.", 64 * 1024 * 1024)
+    spool_max_bytes: Annotated[int, Gt(0, "bytes")] = doc(
+        "Spool size bound (both lanes: transitions and fatal events in spool_dir/priority, the rest\n"
+        "in spool_dir); when full, the oldest routine records are summarised first, and priority\n"
+        "records only ever to make room for newer priority records.", 64 * 1024 * 1024)
     timeout: Seconds = doc("Seconds per push request.", 5.0)
     report_interval: Seconds = doc(
         "Seconds between full node reports pushed as a heartbeat (transitions are pushed at once;\n"
