@@ -37,7 +37,9 @@ class NodeQuota:
     def __init__(self, cfg: NodeIngestConfig, mono: Callable[[], float]) -> None:
         self.cfg = cfg
         self.mono = mono
-        self._buckets: dict[str, _Bucket] = {}
+        # One bucket per node and kind of push: a backlog of events delivered after an outage must
+        # not starve the node's heartbeats (reports), or the node would look silent while it catches up.
+        self._buckets: dict[tuple[str, bool], _Bucket] = {}
         self._stored: dict[str, int] = {}
 
     def sync(self, stored: Mapping[str, int]) -> None:
@@ -58,9 +60,9 @@ class NodeQuota:
                                              f"{self.cfg.stored_bytes} (node_ingest.stored_bytes): refused until "
                                              "retention frees room; FAIL transitions are applied")
         now = self.mono()
-        b = self._buckets.get(node)
+        b = self._buckets.get((node, store))
         if b is None:
-            b = self._buckets[node] = _Bucket(float(self.cfg.burst), now)
+            b = self._buckets[(node, store)] = _Bucket(float(self.cfg.burst), now)
         b.tokens = min(float(self.cfg.burst), b.tokens + (now - b.at) * self.cfg.rate)
         b.at = now
         if b.tokens >= nbytes:
@@ -69,7 +71,3 @@ class NodeQuota:
         wait = max(1, math.ceil((min(nbytes, self.cfg.burst) - b.tokens) / self.cfg.rate))
         return Throttled("rate", wait, f"node {node} pushes faster than {self.cfg.rate} bytes/s "
                                        "(node_ingest.rate): retry later; FAIL transitions are applied")
-
-    def forget(self, node: str) -> None:
-        self._buckets.pop(node, None)
-        self._stored.pop(node, None)

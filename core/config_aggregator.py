@@ -320,7 +320,8 @@ class NodeIngestConfig:
         "Largest record (an event, a transition, a pushed report) a node may send; a larger one is\n"
         "refused with 413 and the agent keeps it aside (rejected.jsonl).", 256 * 1024)
     rate: Annotated[int, Gt(0, "bytes per second")] = doc(
-        "Bytes per second one node may push (/v1/events and /v1/reports), sustained; beyond it the\n"
+        "Bytes per second one node may push, sustained, to /v1/events and (a bucket of its own, so a\n"
+        "backlog never starves heartbeats) to /v1/reports; beyond it the\n"
         "answer is 429 with Retry-After (counted: podhealth_aggregator_ingest_throttled_total), except\n"
         "for that node's FAIL transitions, which are applied all the same.", 256 * 1024)
     burst: Annotated[int, Gt(0, "bytes")] = doc(
