@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, NamedTuple
 
 from aiohttp import web
 
@@ -31,20 +31,30 @@ _log = log.get("podhealth.aggregator.failslow")
 FLEET = web.AppKey("failslow", FailslowFleet)
 
 
-async def _perf(agg: "Aggregator", request: web.Request, bound: "Speaker") -> dict[str, Any]:
-    from podhealth.aggregator import server
+class Ingest(NamedTuple):
+    """What /v1/perf needs of server.py's one ingest path, handed over by make_app (so this module
+    neither imports the server nor reaches into it)."""
 
-    obj, _ = await server._body(request, agg.cfg.max_body_bytes)
-    try:
-        post = parse(obj, agg.cfg.failslow.max_probes_per_node)
-    except BadPerf as e:
-        raise server._Reject(400, "bad_request", str(e)) from None
-    server._check_node(agg, request, post.node, bound)
-    try:
-        taken = request.app[FLEET].take(post, agg.clock())
-    except BadPerf as e:
-        raise server._Reject(400, "bad_request", str(e)) from None
-    return {"applied": taken}
+    endpoint: Callable[..., Handler]  # _ingest_endpoint: auth before the body, metrics, answers
+    body: Callable[[web.Request, int], Awaitable[tuple[Any, bytes]]]  # the bounded body, decoded
+    reject: Callable[[int, str, str], Exception]  # status, result, message -> the refusal to raise
+    check_node: Callable[["Aggregator", web.Request, str, "Speaker"], None]  # the credential speaks for the node
+
+
+def _perf_handler(kit: Ingest) -> Callable[["Aggregator", web.Request, "Speaker"], Awaitable[dict[str, Any]]]:
+    async def perf(agg: "Aggregator", request: web.Request, bound: "Speaker") -> dict[str, Any]:
+        obj, _ = await kit.body(request, agg.cfg.max_body_bytes)
+        try:
+            post = parse(obj, agg.cfg.failslow.max_probes_per_node)
+        except BadPerf as e:
+            raise kit.reject(400, "bad_request", str(e)) from None
+        kit.check_node(agg, request, post.node, bound)
+        try:
+            taken = request.app[FLEET].take(post, agg.clock())
+        except BadPerf as e:
+            raise kit.reject(400, "bad_request", str(e)) from None
+        return {"applied": taken}
+    return perf
 
 
 async def judge_once(app: web.Application, agg: "Aggregator") -> None:
@@ -67,31 +77,28 @@ async def _api_outliers(request: web.Request) -> web.Response:
     except BadPerf as e:
         return web.json_response({"error": str(e)}, status=400)
     fleet = request.app[FLEET]
-    from podhealth.aggregator.server import AGG
-
-    return web.json_response(fleet.outliers(metric, request.app[AGG].clock()))
+    return web.json_response(fleet.outliers(metric, fleet.clock()))
 
 
 async def _api_node(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if node_name_problem(name):
         return web.json_response({"error": f"bad node name: {node_name_problem(name)}"}, status=400)
-    from podhealth.aggregator.server import AGG
-
-    return web.json_response(request.app[FLEET].history(name, request.app[AGG].clock()))
+    fleet = request.app[FLEET]
+    return web.json_response(fleet.history(name, fleet.clock()))
 
 
 async def _api_stragglers(request: web.Request) -> web.Response:
     return web.json_response(request.app[FLEET].stragglers_json())
 
 
-def setup(app: web.Application, agg: "Aggregator", reads: Callable[[Handler], Handler],
-          ingest_endpoint: Callable[..., Handler]) -> None:
+def setup(app: web.Application, agg: "Aggregator", reads: Callable[[Handler], Handler], ingest: Ingest) -> None:
     fleet = FailslowFleet(agg.cfg.failslow)
     fleet.adopt_open(agg.mem.conditions)
+    fleet.clock = agg.clock
     app[FLEET] = fleet
     agg.metrics.registry.register(Exported(fleet))
-    app.router.add_post("/v1/perf", same_site_only(ingest_endpoint("perf", _perf)))
+    app.router.add_post("/v1/perf", same_site_only(ingest.endpoint("perf", _perf_handler(ingest))))
     for path, read in (("/api/v1/failslow/outliers", _api_outliers), ("/api/v1/failslow/nodes/{name}", _api_node),
                        ("/api/v1/failslow/stragglers", _api_stragglers)):
         app.router.add_get(path, reads(read))

@@ -22,9 +22,9 @@ shown, exported, alerted on; never a condition that could move a node or its job
 from __future__ import annotations
 
 import math
-from collections import deque
+import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -155,8 +155,9 @@ def parse(obj: Any, max_probes: int) -> PerfPost:
 class FailslowFleet:
     """Everything fail-slow the aggregator holds. Single-threaded: the event loop owns it."""
 
-    def __init__(self, cfg: FailslowAggConfig) -> None:
+    def __init__(self, cfg: FailslowAggConfig, clock: Callable[[], float] = time.time) -> None:
         self.cfg = cfg
+        self.clock = clock  # the aggregator's: the reads' "now" (judge() and take() are given theirs)
         self.samples: dict[Key, Sample] = {}
         self.histories: dict[Key, tuple[Point, ...]] = {}
         self.scored = Scored((), {}, {}, {})

@@ -578,7 +578,7 @@ def make_app(agg: Aggregator, *, manage: bool = True) -> web.Application:
     ui.setup(app, agg, reads)
     from podhealth.aggregator import failslow_api  # fail-slow: POST /v1/perf, its reads, the judge's loop
 
-    failslow_api.setup(app, agg, reads, _ingest_endpoint)
+    failslow_api.setup(app, agg, reads, failslow_api.Ingest(_ingest_endpoint, _body, _Reject, _check_node))
     require_guarded(app)
     require_host_checked(app)
     return app
