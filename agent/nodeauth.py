@@ -30,6 +30,11 @@ class NodeAuth:
         self.key = key
         self.clock = clock
         self.nonces = nodeproof.NonceCache()
+        # The nonce cache lives in memory: a request signed before this process started could
+        # otherwise be replayed once after a restart, within the time window. Nothing legitimate
+        # was signed for an agent that did not yet exist (a caller whose clock is behind waits
+        # out its skew, retried by the aggregator's runner).
+        self.started = int(clock())
         self.refused = 0  # requests refused for a bad or missing signature, or a replay
 
     async def admit(self, request: web.Request, limit: int, timeout: float) -> tuple[web.Response | None, bytes]:
@@ -52,7 +57,11 @@ class NodeAuth:
         if problem:
             return self._refuse(request, 401, problem), b""
         nonce = nodeproof.nonce_of(request.headers)
-        if not self.nonces.fresh(nonce, float(request.headers[nodeproof.H_TIME]), now):
+        signed_at = int(request.headers[nodeproof.H_TIME])
+        if signed_at < self.started:
+            return self._refuse(request, 409, f"signed {self.started - signed_at}s before this agent started: "
+                                              "not carried out (a replay across a restart?); sign it anew"), b""
+        if not self.nonces.fresh(nonce, float(signed_at), now):
             if self.nonces.full():
                 return web.json_response({"error": "too many signed requests at once: try again shortly"},
                                          status=503, headers={"Retry-After": "5"}), b""

@@ -153,6 +153,21 @@ async def test_a_signed_request_replayed_byte_for_byte_is_refused(agent_factory:
         assert a.runs == 1
 
 
+async def test_a_request_signed_before_the_agent_started_is_refused(agent_factory: Any) -> None:
+    """The nonce cache is in memory: without this, a request captured before a restart could be
+    replayed once after it, within the time window."""
+    import time
+
+    from podhealth import nodeproof
+
+    a = await agent_factory(token=KEY)
+    a.agent.nodeauth.started = int(time.time())  # as if it started just now
+    s = nodeproof.sign(KEY, "dgx01", "POST", "/v1/handover", b"{}", time.time() - 20)  # within the window
+    status, text = await _post(a.url, {**s.headers, "Content-Type": "application/json"})
+    assert status == 409 and "before this agent started" in text and a.runs == 0
+    assert (await _post(a.url, signed(a.url)))[0] == 200
+
+
 async def test_answers_carry_the_proof_of_the_nodes_key(agent_factory: Any) -> None:
     """What the aggregator and the hooks check: the proof is over the node, their nonce and the body."""
     from podhealth import agentclient
