@@ -20,6 +20,8 @@ from podhealth import httpclient, nodeproof
 from podhealth.httpclient import ExchangeError, Reply
 
 if TYPE_CHECKING:
+    import ssl
+
     import aiohttp
 
 
@@ -56,13 +58,14 @@ def _check(node: str, key: str, method: str, path: str, nonce: str, reply: Reply
 
 def ask(url: str, node: str, key: str, method: str = "GET", *, deadline_s: float, body: bytes = b"",
         signed: bool = True, headers: Mapping[str, str] | None = None, max_bytes: int = httpclient.DEFAULT_MAX_BYTES,
-        on_line: Callable[[bytes], None] | None = None) -> Reply:
+        on_line: Callable[[bytes], None] | None = None, tls: "ssl.SSLContext | None" = None) -> Reply:
     """The proven answer of `node`'s agent at `url`, within `deadline_s`. With `on_line` the
     answer is an NDJSON stream: lines are passed on as they come (progress to show, never to act
-    on) and the whole stream is proven by its last line before this returns."""
+    on) and the whole stream is proven by its last line before this returns. `tls` verifies an
+    https:// agent (core/tls.py)."""
     path, s, hdrs = _prepare(node, key, method, url, body, signed, headers)
     reply = httpclient.exchange(method, url, deadline_s=deadline_s, body=body, headers=hdrs, max_bytes=max_bytes,
-                                on_line=on_line)
+                                on_line=on_line, tls=tls)
     stream = on_line is not None and reply.header("Content-Type").startswith("application/x-ndjson")
     return _check(node, key, method, path, s.nonce, reply, stream, url)
 
