@@ -87,6 +87,9 @@ class Agent:
             raise ValueError(f"invalid node name: {node_name_problem(self.node)}")
         self.version = version
         self.factories = dict(factories if factories is not None else all_factories(cfg))  # + site checks
+        if factories is None:
+            for name in profiles.collectors_not_here(cfg):
+                self.factories.pop(name, None)
         self.seams = profiles.collector_seams(cfg, seams)  # the profile facts collectors need (NVLink links)
         self.notifier = notifier if notifier is not None else Notifier()
         self.factory_timeout = factory_timeout

@@ -166,6 +166,13 @@ def collector_seams(cfg: "Config", seams: Mapping[str, Mapping[str, Any]] | None
     return out
 
 
+def collectors_not_here(cfg: "Config") -> tuple[str, ...]:
+    """Collectors for hardware this kind of node does not have, which the agent does not build at
+    all (rather than list as disabled: two series each on every node, and the 1,000-series budget):
+    the IMEX service's off a multi-node NVLink domain."""
+    return () if of_config(cfg).nvlink_domain.imex else ("imex",)
+
+
 def of_config(cfg: "Config", profile_file: str | Path | None = None) -> Profile:
     """The profile a node is judged against: `checks.profile_file` (a site profile that `extends`
     a shipped one, checks/site_profile.py) or `node.profile`, then `checks.overrides` on top, then
