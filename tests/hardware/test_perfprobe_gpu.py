@@ -26,7 +26,9 @@ BUDGET = 120.0
 
 def profile_of(name: str) -> tuple[str, bool]:
     """(profile, whether the GPU is that profile's part: only then is the fraction held to a range)."""
-    for key, prof in (("H200", "dgx-h200"), ("B200", "dgx-b200"), ("A100", "dgx-a100"), ("H100", "dgx-h100")):
+    for key, prof in (("GH200", "gh200"), ("GB200", "gb200-nvl72"), ("H200", "dgx-h200"), ("B200", "dgx-b200"),
+                      ("A100", "dgx-a100"), ("H100 NVL", "h100-nvl"), ("H100 PCIe", "h100-pcie"), ("L40S", "l40s"),
+                      ("H100", "dgx-h100")):
         if key in name:
             return prof, True
     return "dgx-h100", False

@@ -125,3 +125,18 @@ def test_intermittent_throttle_shows_in_the_simulated_nvml() -> None:
     assert hot.clocks[1] == int(1980 * 0.8) and hot.reasons & nvml_lib.REASON_HW_THERMAL
     assert not cool.reasons & nvml_lib.REASON_HW_THERMAL and cool.clocks[1] < hot.clocks[1]
     assert not nvml_lib.gpu_view(st, 3, T0 + 10).reasons & nvml_lib.REASON_HW_THERMAL
+
+
+def test_every_gpu_profile_has_peaks_and_a_simulated_fingerprint() -> None:
+    """The one list of profiles (checks/data/profiles.yaml): a new GPU kind needs its peaks too."""
+    from podhealth.checks import perf_peaks, profiles
+    from podhealth.sim.state import simulated_profiles
+
+    for name in profiles.names():
+        if name == "generic":
+            continue
+        assert perf_peaks.peaks(name) is not None, f"{name}: no entry in checks/data/perf_peaks.yaml"
+    for name in simulated_profiles():
+        st = default_state("n1", name, now=T0)
+        got = perfmodel.fingerprint(st, 1, T0)
+        assert len([r for r in got if r.metric == "gemm_tflops"]) == len(st.gpus), name
