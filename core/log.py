@@ -11,8 +11,26 @@ import structlog
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
+class _LiveStderr:
+    """Whatever `sys.stderr` is at the moment of each write. Binding the object found at setup()
+    broke every later line once that object was closed or replaced (pytest's per-test capture,
+    a CLI that redirects stderr): "I/O operation on closed file" from inside an action task."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+    def fileno(self) -> int:
+        return sys.stderr.fileno()
+
+
 def setup(level: str = "info", fmt: Literal["auto", "json", "console"] = "auto", stream=None) -> None:  # type: ignore[no-untyped-def]
-    stream = stream or sys.stderr
+    stream = stream or _LiveStderr()
     use_console = fmt == "console" or (fmt == "auto" and hasattr(stream, "isatty") and stream.isatty())
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer(colors=True) if use_console else structlog.processors.JSONRenderer()
