@@ -78,6 +78,10 @@ async def serve(cfg: AggregatorConfig) -> int:
              fencers=[f.name for f in agg.fencers], event_loop=aioloop.running_loop_name())
     if not cfg.auth.configured():
         log.warning("ingest is unauthenticated (loopback only, nothing fences): set aggregator.auth.cluster_secret")
+    pulled = [n.name for n in cfg.nodes if n.agent_url]
+    if pulled and not (cfg.auth.cluster_secret or cfg.auth.agent_token):
+        log.warning("nodes with an agent_url cannot be proven without aggregator.auth.cluster_secret (their agents' "
+                    "answers are ignored: UNKNOWN, never released or fenced for them)", nodes=pulled[:10])
     if cfg.auth.cluster_token_for_agents:
         log.warning("UNSAFE: cluster_token_for_agents lets any holder of cluster_token report for every node")
     if cfg.auth.agent_token:

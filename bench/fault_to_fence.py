@@ -54,6 +54,9 @@ from benchlib import REPO, Aggregator, free_ports, http_json, percentile, verdic
 
 TOKEN = "bench-cluster-token"
 ADMIN = "bench-admin-token"
+# One agent key for every bench agent (aggregator.auth.agent_token): the aggregator's pulls
+# believe only answers proven with it (docs/security.md).
+AGENT_KEY = "bench-agent-key-0123456789abcdef"
 ALERT = "PodhealthGPUXidCritical"
 SCALE = 30.0
 RATE_WINDOW = 5.0
@@ -212,6 +215,7 @@ def agent_config(agg_url: str, spool: Path) -> str:
     return yaml.safe_dump({
         "log": {"level": "info", "format": "json"},
         "publish": {"aggregator_url": agg_url, "token": TOKEN, "spool_dir": str(spool)},
+        "auth": {"token": AGENT_KEY},
         "checks": {"rate_window": RATE_WINDOW},
     }, sort_keys=False)
 
@@ -366,7 +370,8 @@ def main() -> int:
         ports = free_ports(args.nodes + 4)
         agent_ports, agg_port, prom_port, am_port, sink_port = ports[:args.nodes], *ports[args.nodes:]
         settings = {
-            "auth": {"cluster_token": TOKEN, "cluster_token_for_agents": True, "admin_token": ADMIN},
+            "auth": {"cluster_token": TOKEN, "cluster_token_for_agents": True, "admin_token": ADMIN,
+                     "agent_token": AGENT_KEY},
             "pull_interval": 1.0, "pull_timeout": 1.0, "unreachable_after": 120.0, "manual_release": True,
             "caps": {"max_fenced": args.nodes, "max_percent_per_partition": 100.0},
             "rate_limit": {"fences_per_minute": 10_000},
