@@ -16,6 +16,7 @@ from typing import Awaitable, Callable
 
 from podhealth import log as plog
 
+from podhealth.aggregator.dbclock import DbClock
 from podhealth.aggregator.lease import LeaseInfo, PgLease
 from podhealth.worker import offload
 
@@ -24,8 +25,11 @@ log = plog.get("podhealth.aggregator.leader")
 
 class Leadership:
     def __init__(self, lease: PgLease, on_elected: Callable[[LeaseInfo], Awaitable[None]],
-                 on_deposed: Callable[[str], Awaitable[None]], mono: Callable[[], float] = time.monotonic) -> None:
+                 on_deposed: Callable[[str], Awaitable[None]], mono: Callable[[], float] = time.monotonic,
+                 clock: DbClock | None = None) -> None:
+        """`clock`: the replica's clock, given every reading of the database's clock a lease call makes."""
         self.lease = lease
+        self.clock = clock
         self.duration = lease.duration
         self.on_elected = on_elected
         self.on_deposed = on_deposed
@@ -43,12 +47,18 @@ class Leadership:
 
     async def _ask(self, fn: Callable[[], object], budget: float) -> object:
         """One lease call off the loop, given at most `budget` seconds. A call that runs out (a
-        frozen server) is abandoned with its connection: a thread cannot be cancelled."""
+        frozen server) is abandoned with its connection: a thread cannot be cancelled. A call
+        that answers also read the database's clock: the replica's clock takes it."""
+        sent = self.mono()
+        self.lease.db_now = None
         try:
-            return await asyncio.wait_for(offload(fn), timeout=max(0.1, budget))
+            out = await asyncio.wait_for(offload(fn), timeout=max(0.1, budget))
         except asyncio.TimeoutError:
             self.lease.abandon()
             raise
+        if self.clock is not None and self.lease.db_now is not None:
+            self.clock.sample(self.lease.db_now, sent, self.mono())
+        return out
 
     async def step(self) -> None:
         """One round: take the lease, or renew it (or give up leading)."""

@@ -146,6 +146,7 @@ class PgLease:
         self.duration = duration
         self._conn: "PgConnection | None" = None
         self.seen: dict[str, Any] = {}  # the last lease row read: who leads, since when
+        self.db_now: float | None = None  # the database's clock at the last lease call that answered
 
     def _c(self) -> "PgConnection":
         from podhealth.aggregator import pgstore
@@ -176,6 +177,7 @@ class PgLease:
             d, now = self._locked_row()
             out = fn(d, now)
             c.execute("COMMIT")
+            self.db_now = now
         except BaseException:
             with contextlib.suppress(Exception):
                 rollback(c)

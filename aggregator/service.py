@@ -35,6 +35,7 @@ from podhealth.aggregator.liveness import Liveness
 from podhealth.aggregator.metrics import Metrics
 from podhealth.aggregator.model import LADDER_STEPS, BreakerState, Decision, FenceMode, FleetState, Silence
 from podhealth.aggregator.policy import Policy, decide
+from podhealth.aggregator.dbclock import DbClock
 from podhealth.aggregator.quota import NodeQuota
 from podhealth.tls import ServerTls, Watch, client_context
 from podhealth.aggregator.leader import Leadership
@@ -128,6 +129,26 @@ async def _open_replica(cfg: AggregatorConfig, url: str, now: float) -> tuple[St
     return opened, loaded
 
 
+async def _db_clock(url: str, fallback: Callable[[], float], mono: Callable[[], float]) -> DbClock:
+    """A replica's clock, anchored on one reading of the database's clock (the wall clock only
+    if the database cannot be read now: the open that follows then says why)."""
+    clock = DbClock(fallback, mono)
+    conn: Any = None
+    try:
+        from podhealth.aggregator import pgstore  # absent without the extra: the store's open says so
+        conn = await offload(pgstore.connect, url)
+        sent = mono()
+        row = await offload(lambda: conn.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp())").fetchone())
+        clock.sample(float(row[0]), sent, mono())
+    except Exception as e:  # noqa: BLE001 - the store's open reports the database's problem
+        log.warning("cannot read the database's clock yet; the lease calls will", error=str(e))
+    finally:
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+    return clock
+
+
 class Aggregator:
     """Built by `open()`: everything it holds exists from the start, nothing is Optional."""
 
@@ -165,7 +186,7 @@ class Aggregator:
             # A token of its own: two replicas may share a host, a port in config, even a pid (containers)
             holder = f"{holder_name()} port {cfg.listen.port} #{secrets.token_hex(3)}"
             self.leadership = Leadership(PgLease(cfg.store_url(), holder, cfg.store.lease), self._elected,
-                                         self._deposed, mono)
+                                         self._deposed, mono, clock if isinstance(clock, DbClock) else None)
         else:
             self.metrics.lease_epoch.set(lease_info.epoch)
         self.last_decision = Decision()
@@ -202,14 +223,17 @@ class Aggregator:
         the configured nodes: an aggregator ready to serve. Raises StoreError (nothing held then).
         `start()` then recovers the journal, reconciles and runs the loops."""
         fs = list(fencers) if fencers is not None else build_fencers(cfg)
-        now = clock()
         url = cfg.store_url()
         lease_info: LeaseInfo | None = None
         if is_postgres_url(url):
-            store, loaded = await _open_replica(cfg, url, now)
+            # Replicas keep the database's time, not their own (aggregator/dbclock.py): read it
+            # once before anything is loaded or stored; the lease calls keep it fresh.
+            clock = await _db_clock(url, clock, mono)
+            store, loaded = await _open_replica(cfg, url, clock())
             lease = FileLease(cfg.db)  # never locked: PostgreSQL replicas share the store
         else:
-            store, loaded, lease, lease_info = await _open_sqlite(cfg, url, now)
+            store, loaded, lease, lease_info = await _open_sqlite(cfg, url, clock())
+        now = clock()
         writer: Writer | None = None
         try:
             cycles = await offload(store.recent_cycles, now - cfg.flap_hold.window)  # writer not yet running

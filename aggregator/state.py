@@ -606,7 +606,7 @@ class Memory:
             if not o.changed:
                 continue
             stored = by_node.get(o.name, ())
-            if o.report_time > rec.report_time and not self._behind(rec, o):
+            if self._newer_report(rec, o):
                 self._replace_conditions(o.name, stored, lambda c: True)
                 rec.report_time, rec.status, rec.ok_since = o.report_time, Status(o.status), o.ok_since
                 rec.unreachable_since = None
@@ -635,6 +635,18 @@ class Memory:
             self._refresh(rec)
             taken += 1
         return taken
+
+    @classmethod
+    def _newer_report(cls, rec: NodeRec, o: Observed) -> bool:
+        """The stored report is newer than this memory's: by the agent's order within one boot
+        (two replicas' receive times of reports a few ms apart are not an order: each reads the
+        database's clock with an error of half a round trip); by receive time, on the
+        database's clock, across boots and from agents without a seq."""
+        if cls._behind(rec, o):
+            return False
+        if o.boot_id and o.boot_id == rec.boot_id and (o.report_seq or rec.report_seq):
+            return o.report_seq > rec.report_seq
+        return o.report_time > rec.report_time
 
     @staticmethod
     def _behind(rec: NodeRec, o: Observed) -> bool:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import time
 import urllib.request
 from pathlib import Path
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from aiohttp import web
 
@@ -124,11 +125,13 @@ def config(tmp_path: Path, nodes: int = 4, **kw: Any) -> AggregatorConfig:
 
 
 @contextlib.asynccontextmanager
-async def running(cfg: AggregatorConfig, fencers: list[Any] | None = None,
-                  housekeeping: float = 0.1, middlewares: Sequence[Any] = ()) -> AsyncIterator[tuple[Aggregator, str]]:
+async def running(cfg: AggregatorConfig, fencers: list[Any] | None = None, housekeeping: float = 0.1,
+                  middlewares: Sequence[Any] = (), clock: Callable[[], float] = time.time
+                  ) -> AsyncIterator[tuple[Aggregator, str]]:
     """An aggregator with its HTTP server on a free loopback port; always stopped afterwards.
-    `middlewares` go in front of its routes (a test's proxy: recording or refusing requests)."""
-    agg = await Aggregator.open(cfg, fencers=fencers)
+    `middlewares` go in front of its routes (a test's proxy: recording or refusing requests);
+    `clock`: its wall clock (a test shifts one replica's)."""
+    agg = await Aggregator.open(cfg, fencers=fencers, clock=clock)
     agg.housekeeping_interval = housekeeping
     try:
         app = make_app(agg)

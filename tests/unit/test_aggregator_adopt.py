@@ -167,3 +167,18 @@ def test_a_transition_keeps_the_leaders_own_conditions(tmp_path: Path) -> None:
     assert sync(leader, s, 180.0) == 1
     assert [(c.check, c.source) for c in leader.conditions_of("dgx01")] == [("ib_link", "alertmanager")]
     assert leader.nodes["dgx01"].status is Status.WARN
+
+
+def test_a_newer_report_at_a_follower_is_taken_by_the_agent_order_not_by_receive_time(tmp_path: Path) -> None:
+    # The agent's report 11 reached a follower a few ms after its report 10 reached the leader;
+    # the replicas' readings of the database's clock differ by more than that, so the stored
+    # receive time is earlier than the leader's. The agent's order decides: it is newer.
+    s, leader, follower = replicas(tmp_path)
+    assert write(s, follower.apply_report("dgx01", (XID,), 0.0, "{}", 99.99, order=("b1", 11))) == "applied"
+    assert sync(leader, s, 50.0) == 1
+    assert leader.nodes["dgx01"].status is Status.FAIL and leader.nodes["dgx01"].report_seq == 11
+    # and an older one, received "later", is not taken
+    s2, leader2, follower2 = replicas(tmp_path / "b")
+    assert write(s2, leader2.apply_report("dgx01", (XID,), 0.0, "{}", 100.0, order=("b1", 12))) == "applied"
+    assert write(s2, follower2.apply_report("dgx01", (OK,), 0.0, "{}", 100.5, order=("b1", 11))) == "applied"
+    assert sync(leader2, s2, 50.0) == 0 and leader2.nodes["dgx01"].status is Status.FAIL

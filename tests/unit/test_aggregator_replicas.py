@@ -241,3 +241,36 @@ async def test_fleet_status_names_the_leader_at_either_replica(tmp_path: Path, p
             assert rc == 0, err
             line = next(ln for ln in out.splitlines() if ln.startswith("leader: "))
             assert holder in line and f"epoch {lead.epoch()}" in line and line.endswith(f"this replica: {role}")
+
+
+@pytest.mark.parametrize("shift", [-120.0, -20.0, 20.0, 120.0])
+@pytest.mark.parametrize("shifted", ["follower", "leader"])
+async def test_no_replica_clock_hides_or_delays_a_failure(tmp_path: Path, pg: Any, shift: float, shifted: str) -> None:
+    """One replica's wall clock is `shift` seconds off. The node reported OK to the leader, then
+    its FAIL reached only the follower: the leader fences it within the usual latency. Before,
+    rows were stamped with the follower's clock and read back from the leader's clock minus 15 s:
+    a follower behind (or a leader ahead) was never read, and a follower ahead (or a leader
+    behind) held the condition in min_duration for `shift` seconds."""
+    fencer = MemFencer()
+    cfg = config(tmp_path, nodes=4, store=StoreConfig(url=pg.new_database(), lease=LEASE))
+    off = lambda: time.time() + shift  # noqa: E731
+    first_clock, second_clock = (off, time.time) if shifted == "leader" else (time.time, off)
+    async with contextlib.AsyncExitStack() as stack, aiohttp.ClientSession() as http:
+        lead, lurl = await stack.enter_async_context(running(cfg, [fencer], clock=first_clock))
+        await until(lead.acting, timeout=3 * LEASE)
+        follower, furl = await stack.enter_async_context(running(cfg, [fencer], clock=second_clock))
+        assert not follower.acting()
+        ok = {**fail_report("dgx03", 10, "OK"), "boot_id": "boot-1", "seq": 10}
+        async with http.post(f"{lurl}/v1/reports", json=ok) as r:
+            assert r.status == 200
+        failing = {**fail_report("dgx03", 11), "boot_id": "boot-1", "seq": 11}
+        async with http.post(f"{furl}/v1/reports", json=failing) as r:
+            assert r.status == 200
+        try:
+            await until(lambda: "dgx03" in fencer.fenced, timeout=10)
+        except AssertionError:
+            raise AssertionError(f"not fenced: {[(n.kind, n.detail) for n in lead.last_decision.notes]}, "
+                                 f"held: {lead.mem.nodes['dgx03'].status}") from None
+        assert lead.acting() and fencer.count("fence", "dgx03") == 1
+        # both replicas keep the database's time, whatever their wall clocks say
+        assert abs(follower.clock() - lead.clock()) < 1.0
