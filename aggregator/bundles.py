@@ -8,6 +8,13 @@ and an audit line saying so, nothing else. A bundle is stored as
 node's oldest beyond bundles.keep are deleted, so disk use is bounded by
 nodes x keep x bundles.max_bytes.
 
+A bundle is stored only whole: the body is read to its end (at most bundles.max_bytes), and it
+must match what the agent said of it (Content-Length, its X-Podhealth-Sha256), list as a tar.gz,
+and every part must match the size and sha256 the agent's manifest.json gives it. One that does
+not (a connection cut mid-body, a proxy that mangles it) is refused: a row with the reason and no
+file, which the UI and `podhealth fleet bundle` show (the CLI exits non-zero), never a damaged
+archive recorded as evidence.
+
 Reading them (GET /api/v1/nodes/{name}/bundles[/{id}]) needs the admin token, or a caller on
 this host when none is set: a bundle holds host names, serial numbers and kernel logs.
 """
@@ -17,7 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import io
+import json
 import os
+import tarfile
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,10 +45,86 @@ if TYPE_CHECKING:
 log = plog.get("podhealth.aggregator.bundles")
 PATH = "/v1/bundle"
 GZIP_MAGIC = b"\x1f\x8b"
+SHA_HEADER = "X-Podhealth-Sha256"
+MANIFEST = "manifest.json"
+# What the parts may unpack to, as a multiple of the archive's size limit: a gzip bomb inside a
+# small archive is refused before it is read out.
+UNPACKED_RATIO = 16
 
 
 class BundleError(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class Received:
+    """A bundle's body as it arrived, and what the agent's headers promised about it."""
+
+    body: bytes
+    length: int | None  # Content-Length
+    sha256: str  # X-Podhealth-Sha256 ('' from an agent that sends none)
+
+
+def check(got: Received, max_bytes: int) -> str:
+    """Why this bundle must not be stored ('' when it is whole and the agent's own). Pure."""
+    body = got.body
+    if got.length is not None and got.length != len(body):
+        return f"incomplete: received {len(body)} of {got.length} bytes"
+    digest = hashlib.sha256(body).hexdigest()
+    if got.sha256 and got.sha256.lower() != digest:
+        return f"sha256 {digest} of the {len(body)} bytes received is not the agent's {got.sha256}"
+    if body[:2] != GZIP_MAGIC:
+        return f"not a tar.gz (starts {body[:8]!r})"
+    problem = _gzip_whole(body, UNPACKED_RATIO * max_bytes)
+    if problem:
+        return f"not a valid tar.gz: {problem}"
+    try:
+        with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
+            members = {m.name: m for m in tar.getmembers() if m.isfile()}
+            if MANIFEST not in members:
+                return f"not a podhealth bundle: no {MANIFEST}"
+            return _against_manifest(tar, members)
+    except (tarfile.TarError, EOFError, OSError, ValueError) as e:
+        return f"not a valid tar.gz: {type(e).__name__}: {e}"
+
+
+def _gzip_whole(body: bytes, limit: int) -> str:
+    """'' when the gzip stream runs to its end (its CRC checked) and unpacks to at most `limit`
+    bytes; listing the tar alone stops at the last header and misses a cut tail."""
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    data, total = body, 0
+    try:
+        while not d.eof:
+            out = d.decompress(data, 1 << 20)  # bounded steps: a bomb is stopped at `limit`
+            total += len(out)
+            if total > limit:
+                return f"unpacks to more than {UNPACKED_RATIO} x bundles.max_bytes"
+            data = d.unconsumed_tail
+            if not out and not data:
+                break  # all read, nothing more comes out: the stream was cut
+    except zlib.error as e:
+        return f"gzip: {e}"
+    return "" if d.eof else "the gzip stream ends early"
+
+
+def _against_manifest(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo]) -> str:
+    """Every part the agent's manifest lists is in the archive with its size and sha256."""
+    f = tar.extractfile(members[MANIFEST])
+    try:
+        manifest = json.loads(f.read() if f is not None else b"")
+        parts = manifest["parts"]
+        listed = [(str(p["name"]), int(p["bytes"]), str(p["sha256"])) for p in parts]
+    except (ValueError, KeyError, TypeError) as e:
+        return f"{MANIFEST} cannot be read: {type(e).__name__}: {e}"
+    for name, size, sha in listed:
+        m = members.get(name)
+        if m is None:
+            return f"part {name} is in {MANIFEST} but not in the archive"
+        data = tar.extractfile(m)
+        blob = data.read() if data is not None else b""
+        if len(blob) != size or hashlib.sha256(blob).hexdigest() != sha:
+            return f"part {name} does not match {MANIFEST} ({len(blob)} bytes, the manifest says {size})"
+    return ""
 
 
 def bundle_dir(agg: "Aggregator") -> Path:
@@ -44,10 +132,11 @@ def bundle_dir(agg: "Aggregator") -> Path:
     return Path(agg.cfg.db).parent / "bundles"
 
 
-async def _download(agg: "Aggregator", node: str, url: str) -> bytes:
+async def _download(agg: "Aggregator", node: str, url: str) -> Received:
     """The agent's bundle: the request signed with the node's agent key, the answer only with
     its proof (core/agentclient.py; no bearer token goes to whatever holds the port), the whole
-    exchange within bundles.timeout and the body within bundles.max_bytes."""
+    exchange within bundles.timeout and the whole body (within bundles.max_bytes) with what the
+    agent's headers say of it."""
     cfg = agg.cfg.bundles
     try:
         r = await agentclient.ask_async(agg.session, url.rstrip("/") + PATH, node, agg.cfg.auth.agent_token_for(node),
@@ -56,10 +145,13 @@ async def _download(agg: "Aggregator", node: str, url: str) -> bytes:
     except httpclient.TooLarge:
         raise BundleError(f"bundle exceeds bundles.max_bytes ({cfg.max_bytes})") from None
     except httpclient.ExchangeError as e:
+        if "payload is not completed" in str(e).lower():  # aiohttp: the body ended before its length
+            raise BundleError(f"incomplete: the body ended early ({e})") from None
         raise BundleError(f"{e.kind}: {e}") from None
     if r.status != 200:
         raise BundleError(f"HTTP {r.status} {r.body[:500].decode(errors='replace')}".strip())
-    return r.body
+    length = r.header("Content-Length").strip()
+    return Received(r.body, int(length) if length.isdigit() else None, r.header(SHA_HEADER).strip())
 
 
 def _write(path: Path, body: bytes) -> None:
@@ -75,8 +167,9 @@ def _remove(paths: list[str]) -> None:
 
 
 async def fetch(agg: "Aggregator", node: str, fence_id: int) -> dict[str, Any] | None:
-    """Fetch, store and record the node's bundle for fence `fence_id`; on failure an audit line
-    (bundle failed: why) and None. Never raises: it runs beside the fence, not in it."""
+    """Fetch, check, store and record the node's bundle for fence `fence_id`; on failure a row
+    with the reason (no file), an audit line (bundle failed: why) and None. Never raises: it runs
+    beside the fence, not in it."""
     mem, writer = agg.mem, agg.writer
     rec = mem.nodes.get(node)
     url = rec.agent_url if rec is not None else ""
@@ -84,9 +177,11 @@ async def fetch(agg: "Aggregator", node: str, fence_id: int) -> dict[str, Any] |
     try:
         if not url:
             raise BundleError("the node has no agent_url to ask")
-        body = await _download(agg, node, url)
-        if body[:2] != GZIP_MAGIC:
-            raise BundleError(f"not a tar.gz (starts {body[:8]!r})")
+        got = await _download(agg, node, url)
+        body = got.body
+        refused = await offload(check, got, agg.cfg.bundles.max_bytes)
+        if refused:
+            raise BundleError(f"refused: {refused}")
         digest = hashlib.sha256(body).hexdigest()
         path = bundle_dir(agg) / node / f"{fence_id}.tar.gz"
         await offload(_write, path, body)
@@ -102,7 +197,11 @@ async def fetch(agg: "Aggregator", node: str, fence_id: int) -> dict[str, Any] |
         raise
     except Exception as e:  # noqa: BLE001 - evidence is best effort: say why, never disturb fencing
         why = str(e) if isinstance(e, BundleError) else f"{type(e).__name__}: {e}"
-        log.warning("evidence bundle not fetched", node=node, fence=fence_id, error=why)
+        log.warning("evidence bundle not stored", node=node, fence=fence_id, error=why)
+        keep = agg.cfg.bundles.keep
+        with contextlib.suppress(Exception):
+            _, dropped = await writer.call(lambda s: s.add_bundle(node, fence_id, now, 0, "", "", keep, why))
+            await offload(_remove, [p for p in dropped if p])
         with contextlib.suppress(Exception):
             await writer.write([Store.op_audit(now, node, "podhealth", "bundle failed",
                                                f"evidence for fence {fence_id}", (), why, False, fence_id)])

@@ -459,12 +459,16 @@ def _bundle(args: argparse.Namespace) -> int:
             return 0
         print(f"{'ID':>6} {'FENCE':>6} {'WHEN':<20} {'BYTES':>9} SHA256")
         for b in listing["bundles"]:
-            print(f"{b['id']:>6} {b['fence_id']:>6} {_when(b['time']):<20} {b['size']:>9} {b['sha256']}")
+            what = f"NOT STORED: {b['error']}" if b.get("error") else b["sha256"]
+            print(f"{b['id']:>6} {b['fence_id']:>6} {_when(b['time']):<20} {b['size']:>9} {what}")
         return 0
     rows = listing["bundles"]
     chosen = next((b for b in rows if b["id"] == args.id), None) if args.id is not None else (rows[0] if rows else None)
     if chosen is None:
         raise ApiError(f"no bundle {args.id} of {args.node}" if args.id is not None else f"{args.node} has no bundles")
+    if chosen.get("error"):  # the newest fence's evidence was refused: say so, never fall back silently
+        raise ApiError(f"bundle {chosen['id']} of {args.node} (fence {chosen['fence_id']}) was not stored: "
+                       f"{chosen['error']}")
     body, headers = _fetch(args, f"{base}/{chosen['id']}")
     digest = hashlib.sha256(body).hexdigest()
     if digest != chosen["sha256"]:

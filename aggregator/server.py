@@ -501,6 +501,8 @@ async def api_bundle(request: web.Request) -> web.StreamResponse:
     b = await offload(agg.store.bundle, bid)
     if b is None or b["node"] != name:
         return _error(404, f"no bundle {bid} of {name}")
+    if b["error"]:  # refused or not fetched: there is no file, and the reason is the answer
+        return _error(409, f"bundle {bid} of {name} (fence {b['fence_id']}) was not stored: {b['error']}")
     path = Path(b["path"])
     if not await offload(path.is_file):
         return _error(410, f"bundle {bid} of {name} is recorded but its file is not on this aggregator's disk "

@@ -207,6 +207,12 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE nodes ADD COLUMN verdict_seq INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE nodes ADD COLUMN verdict_at REAL NOT NULL DEFAULT 0;
     """,
+    # 10: a bundle the aggregator refused (it did not arrive whole, or does not match the agent's
+    # manifest) or could not fetch: a row with the reason and no file, so the UI and `fleet bundle`
+    # say why there is no evidence for that fence instead of serving a damaged one.
+    """
+    ALTER TABLE bundles ADD COLUMN error TEXT NOT NULL DEFAULT '';
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 LADDER_LOOKBACK = 366 * 86400.0  # failed attempts loaded at start: longer than any sane ladder.window
@@ -345,7 +351,8 @@ def _node_row(r: Sequence[Any]) -> NodeRow:
 
 
 def _bundle(r: Sequence[Any]) -> dict[str, Any]:
-    return {"id": r[0], "node": r[1], "fence_id": r[2], "time": r[3], "size": r[4], "sha256": r[5], "path": r[6]}
+    return {"id": r[0], "node": r[1], "fence_id": r[2], "time": r[3], "size": r[4], "sha256": r[5], "path": r[6],
+            "error": r[7]}
 
 
 def _action_row(r: Sequence[Any]) -> ActionRow:
@@ -701,15 +708,16 @@ class Store:
         return ("DELETE FROM silences WHERE node = ? AND check_name = ?", (node, check))
 
     def add_bundle(self, node: str, fence_id: int, now: float, size: int, sha256: str, path: str,
-                   keep: int) -> tuple[int, list[str]]:
-        """Record a stored bundle and drop the node's oldest beyond `keep` (writer thread):
-        (its id, the paths of the dropped rows, for the caller to delete)."""
+                   keep: int, error: str = "") -> tuple[int, list[str]]:
+        """Record a stored bundle (or, with `error` and no path, one refused or not fetched) and
+        drop the node's oldest beyond `keep` (writer thread): (its id, the paths of the dropped
+        rows, for the caller to delete)."""
         c = self.conn
         c.execute("BEGIN")
         try:
-            bid = int(c.execute("INSERT INTO bundles (node, fence_id, time, size, sha256, path) "
-                                "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
-                                (node, fence_id, now, size, sha256, path)).fetchone()[0])
+            bid = int(c.execute("INSERT INTO bundles (node, fence_id, time, size, sha256, path, error) "
+                                "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                                (node, fence_id, now, size, sha256, path, error)).fetchone()[0])
             old = c.execute("SELECT id, path FROM bundles WHERE node = ? ORDER BY id DESC LIMIT -1 OFFSET ?"
                             if not self.url else
                             "SELECT id, path FROM bundles WHERE node = ? ORDER BY id DESC OFFSET ?",
@@ -725,13 +733,13 @@ class Store:
     def bundles_of(self, node: str) -> list[dict[str, Any]]:
         """The node's stored bundles, newest first."""
         with self._read_lock:
-            rows = self._read().execute("SELECT id, node, fence_id, time, size, sha256, path FROM bundles "
+            rows = self._read().execute("SELECT id, node, fence_id, time, size, sha256, path, error FROM bundles "
                                         "WHERE node = ? ORDER BY id DESC", (node,)).fetchall()
         return [_bundle(r) for r in rows]
 
     def bundle(self, bid: int) -> dict[str, Any] | None:
         with self._read_lock:
-            r = self._read().execute("SELECT id, node, fence_id, time, size, sha256, path FROM bundles WHERE id = ?",
+            r = self._read().execute("SELECT id, node, fence_id, time, size, sha256, path, error FROM bundles WHERE id = ?",
                                      (bid,)).fetchone()
         return _bundle(r) if r else None
 

@@ -363,10 +363,15 @@ async function loadBundles() {
     const body = await r.json().catch(() => ({}));
     if (!r.ok) throw new Error(body.error || `HTTP ${r.status}`);
     clear(box);
-    box.append(table(["fetched", "fence", "size", "sha256", ""], (body.bundles || []).map((b) => el("tr", {},
-      el("td", { className: "when" }, when(b.time)), el("td", {}, `#${b.fence_id}`),
-      el("td", { className: "num" }, `${(b.size / 1024).toFixed(1)} KiB`), el("td", { className: "mono" }, b.sha256),
-      el("td", {}, el("button", { type: "button", className: "bundle-get", onclick: () => download(b) }, "Download")))),
+    // A refused bundle (not whole, or not the agent's) is a row with its reason and nothing to download.
+    box.append(table(["fetched", "fence", "size", "sha256", ""], (body.bundles || []).map((b) => b.error
+      ? el("tr", { className: "bad bundle-refused" },
+        el("td", { className: "when" }, when(b.time)), el("td", {}, `#${b.fence_id}`), el("td", {}, "-"),
+        el("td", {}, `not stored: ${b.error}`), el("td", {}, ""))
+      : el("tr", {},
+        el("td", { className: "when" }, when(b.time)), el("td", {}, `#${b.fence_id}`),
+        el("td", { className: "num" }, `${(b.size / 1024).toFixed(1)} KiB`), el("td", { className: "mono" }, b.sha256),
+        el("td", {}, el("button", { type: "button", className: "bundle-get", onclick: () => download(b) }, "Download")))),
     "None yet: a bundle is fetched from the agent each time podhealth fences the node."));
   } catch (e) {
     clear(box);

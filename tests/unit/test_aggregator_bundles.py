@@ -8,8 +8,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import io
+import os
 import subprocess
+
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -149,6 +153,7 @@ async def test_only_the_newest_bundles_are_kept(tmp_path: Path) -> None:
 @pytest.mark.parametrize("answer, why", [
     ((500, b'{"error": "boom"}'), "HTTP 500"),
     ((200, b"not a tarball at all"), "not a tar.gz"),
+    ((200, b"\x1f\x8b" + b"x" * 1000), "not a valid tar.gz"),
     ((200, b"\x1f\x8b" + b"x" * 3000), "exceeds bundles.max_bytes"),
 ])
 async def test_a_failed_fetch_is_an_audit_note_and_the_fence_stands(tmp_path: Path, answer: tuple[int, bytes],
@@ -162,7 +167,10 @@ async def test_a_failed_fetch_is_an_audit_note_and_the_fence_stands(tmp_path: Pa
             await until(lambda: any(a["what"] == "bundle failed" for a in audit(agg, "dgx01")))
             note = next(a for a in audit(agg, "dgx01") if a["what"] == "bundle failed")
             assert why in note["output"] and not note["ok"]
-            assert agg.mem.nodes["dgx01"].fence is FenceMode.FENCED and agg.store.bundles_of("dgx01") == []
+            assert agg.mem.nodes["dgx01"].fence is FenceMode.FENCED
+            # a row that says why there is no evidence for this fence, and no file
+            [row] = agg.store.bundles_of("dgx01")
+            assert why in row["error"] and row["path"] == "" and row["size"] == 0
             assert not (tmp_path / "bundles" / "dgx01").exists() or not any((tmp_path / "bundles" / "dgx01").iterdir())
     finally:
         await runner.cleanup()
@@ -246,3 +254,128 @@ async def test_a_dry_run_fetches_no_bundle(tmp_path: Path) -> None:
             assert agent.calls == [] and agg.store.bundles_of("dgx01") == []
     finally:
         await runner.cleanup()
+
+
+# ---- whole or refused ----------------------------------------------------------------------------
+
+def big_bundle(size: int = 470_000) -> bytes:
+    """A real pack() archive of several hundred KB (random bytes: gzip cannot shrink them)."""
+    blob, _ = pack([Part("dmesg.txt", os.urandom(size)), Part("health.json", b'{"node": "dgx01"}')],
+                   {"node": "dgx01", "created": time.time()})
+    return blob
+
+
+class ChunkedAgent(BundleAgent):
+    """Sends the bundle in pieces, as a real agent's large answer arrives: several reads. `cut`
+    ends the body there (the connection closes early); `sha` is the X-Podhealth-Sha256 it claims."""
+
+    def __init__(self, node: str, blob: bytes, cut: int | None = None, sha: str | None = None) -> None:
+        super().__init__(node)
+        self.blob, self.cut = blob, cut
+        self.sha = sha if sha is not None else hashlib.sha256(blob).hexdigest()
+
+    async def bundle(self, request: web.Request) -> web.StreamResponse:
+        self.calls.append(request.headers.get("Authorization", ""))
+        # proven as the real agent proves its answer (over the whole body it means to send)
+        proof = nodeproof.prove(self.key, self.node, request.method, request.raw_path,
+                                nodeproof.nonce_of(request.headers), 200, self.blob, time.time())
+        resp = web.StreamResponse(headers={"Content-Type": "application/gzip", "X-Podhealth-Sha256": self.sha,
+                                           **proof})
+        resp.content_length = len(self.blob)
+        await resp.prepare(request)
+        end = len(self.blob) if self.cut is None else self.cut
+        for i in range(0, end, 32 * 1024):
+            await resp.write(self.blob[i:min(end, i + 32 * 1024)])
+            await asyncio.sleep(0.005)  # a sender's pace: each piece is its own read on the other side
+        if self.cut is not None:
+            assert request.transport is not None
+            request.transport.close()  # the body ends early
+            return resp
+        await resp.write_eof()
+        return resp
+
+
+async def test_a_bundle_of_several_hundred_kb_is_stored_whole(tmp_path: Path) -> None:
+    blob = big_bundle()
+    assert len(blob) > 400_000
+    agent = ChunkedAgent("dgx01", blob)
+    runner, agent_url = await agent.serve()
+    try:
+        async with running(cfg(tmp_path, agent_url), [MemFencer()]) as (agg, _):
+            await until(lambda: any(a["what"].startswith("bundle") for a in audit(agg, "dgx01")))
+            [row] = agg.store.bundles_of("dgx01")
+            assert row["error"] == "", row
+            assert row["size"] == len(blob) and row["sha256"] == hashlib.sha256(blob).hexdigest()
+            assert Path(row["path"]).read_bytes() == blob
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("case, why", [
+    ("cut", "incomplete"),
+    ("sha", "is not the agent's"),
+    ("manifest", "does not match manifest.json"),
+])
+async def test_a_bundle_that_is_not_whole_or_not_the_agent_s_is_refused_and_said_so(
+        tmp_path: Path, case: str, why: str) -> None:
+    blob = big_bundle()
+    if case == "manifest":  # a part that is not what the agent's manifest says
+        blob = _with_part_replaced(blob, "health.json", b'{"node": "dgx99"}')
+    agent = ChunkedAgent("dgx01", blob, cut=103_125 if case == "cut" else None,
+                         sha="0" * 64 if case == "sha" else None)
+    runner, agent_url = await agent.serve()
+    try:
+        async with running(cfg(tmp_path, agent_url), [MemFencer()]) as (agg, url), aiohttp.ClientSession() as s:
+            await until(lambda: any(a["what"].startswith("bundle") for a in audit(agg, "dgx01")))
+            assert not any(a["what"] == "bundle stored" for a in audit(agg, "dgx01"))
+            [row] = agg.store.bundles_of("dgx01")
+            assert why in row["error"] and row["path"] == "" and row["sha256"] == "", row
+            assert not (tmp_path / "bundles" / "dgx01").exists() or not any((tmp_path / "bundles" / "dgx01").iterdir())
+            # the API lists the reason and refuses the download with it
+            listing = await (await s.get(f"{url}/api/v1/nodes/dgx01/bundles", headers=H)).json()
+            assert why in listing["bundles"][0]["error"]
+            r = await s.get(f"{url}/api/v1/nodes/dgx01/bundles/{row['id']}", headers=H)
+            assert r.status == 409 and why in (await r.json())["error"]
+            # `fleet bundle` says why, and fails
+            cli = [sys.executable, "-m", "podhealth", "fleet", "--url", url, "--token", ADMIN, "bundle", "dgx01"]
+            p = await asyncio.to_thread(subprocess.run, [*cli, "-o", str(tmp_path / "out.tar.gz")],
+                                        capture_output=True, text=True, timeout=60)
+            assert p.returncode != 0 and why in p.stderr and "not stored" in p.stderr, (p.returncode, p.stderr)
+            assert not (tmp_path / "out.tar.gz").exists()
+            p = await asyncio.to_thread(subprocess.run, [*cli, "--list"], capture_output=True, text=True, timeout=60)
+            assert p.returncode == 0 and "NOT STORED" in p.stdout and why in p.stdout
+    finally:
+        await runner.cleanup()
+
+
+def _with_part_replaced(blob: bytes, name: str, data: bytes) -> bytes:
+    """The same archive (manifest included) with one part's bytes changed."""
+    src = tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz")
+    out = io.BytesIO()
+    with src, tarfile.open(fileobj=out, mode="w:gz", format=tarfile.PAX_FORMAT) as dst:
+        for m in src.getmembers():
+            f = src.extractfile(m)
+            body = data if m.name == name else (f.read() if f is not None else b"")
+            info = tarfile.TarInfo(m.name)
+            info.size = len(body)
+            dst.addfile(info, io.BytesIO(body))
+    return out.getvalue()
+
+
+def test_check_is_pure_and_names_what_is_wrong() -> None:
+    blob, _ = pack([Part("a.txt", b"hello")], {"node": "dgx01", "created": 1.0})
+    sha = hashlib.sha256(blob).hexdigest()
+    ok = bundles.Received(blob, len(blob), sha)
+    assert bundles.check(ok, 1 << 20) == ""
+    assert bundles.check(bundles.Received(blob, None, ""), 1 << 20) == ""  # an agent without the headers
+    assert "received 10 of" in bundles.check(bundles.Received(blob[:10], len(blob), sha), 1 << 20)
+    assert "is not the agent's" in bundles.check(bundles.Received(blob[:10], None, sha), 1 << 20)
+    assert "not a valid tar.gz" in bundles.check(bundles.Received(blob[:-20], None, ""), 1 << 20)
+    assert "does not match" in bundles.check(
+        bundles.Received(_with_part_replaced(blob, "a.txt", b"HELLO"), None, ""), 1 << 20)
+    no_manifest = io.BytesIO()
+    with tarfile.open(fileobj=no_manifest, mode="w:gz") as t:
+        info = tarfile.TarInfo("a.txt")
+        info.size = 5
+        t.addfile(info, io.BytesIO(b"hello"))
+    assert "no manifest.json" in bundles.check(bundles.Received(no_manifest.getvalue(), None, ""), 1 << 20)
