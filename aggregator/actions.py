@@ -33,8 +33,8 @@ from podhealth.aggregator.state import Checkpoint, Memory
 from podhealth.aggregator.store import ActionRow, ActionStart, Op, StaleEpoch, Store, StoreError, db_errors
 from podhealth.aggregator.writer import Writer
 from podhealth.fencing.fence import (
-    BatchFencer, DryRunFencer, FenceOutcome, FenceReason, FenceState, Fencer, Job, JobSource, NodeNames, Refused,
-    Remediator, Transient, parse_reason, render_reason, repair_reason,
+    BatchFencer, DryRunFencer, FenceOutcome, FenceReason, FenceState, Fencer, Job, JobSource, LeaseExpired, NodeNames,
+    Refused, Remediator, Transient, parse_reason, render_reason, repair_reason,
 )
 
 T = TypeVar("T")
@@ -338,6 +338,8 @@ class ActionRunner:
                                                                  self.cfg.fencers.kubernetes.timeout) * 2)
             except asyncio.CancelledError:
                 raise
+            except LeaseExpired as e:  # the lease ran out on the way: the next leader finishes it
+                raise NotLeader(str(e)) from None
             except ValueError as e:  # Refused, or the fencer's own validation (a node name it refuses)
                 raise Refused(f"{what}: {e}") from None
             except Exception as e:  # noqa: BLE001 - any other fencer failure is tried again, then left pending
@@ -418,6 +420,11 @@ class ActionRunner:
     def _audit_outcome(self, p: Pending, fencer: Fencer, what: str, o: FenceOutcome) -> Op:
         return Store.op_audit(self.clock(), p.node, p.who, f"{what} via {fencer.name}", p.why, o.command,
                               o.output if o.ok else (o.error or o.output), o.ok, p.id)
+
+    def marked(self, reason: FenceReason) -> FenceReason:
+        """The reason a fencer writes into its mark: with this leader's epoch, so that a mark a
+        deposed leader leaves late is told apart (aggregator/lifecycle.py)."""
+        return dataclasses.replace(reason, epoch=self.epoch() or 0)
 
     async def read_all(self, node: str) -> list[tuple[Fencer, FenceState]]:
         out = []
@@ -503,7 +510,7 @@ class ActionRunner:
                 ops.append(self._already_fenced(p, f, st))
                 continue
             target = self.target(f, p.node)
-            reason = p.reason
+            reason = self.marked(p.reason)
             o = await self.call(f"{f.name} fence {target}", lambda f=f, t=target: f.fence(t, reason))  # type: ignore[misc]
             ops.append(self._audit_outcome(p, f, "fence", o))
             if not o.ok:
@@ -610,7 +617,7 @@ class ActionRunner:
                     items[pid] = self.target(f, p.node)
             if not items:
                 continue
-            req = [(t, todo[pid][0].reason) for pid, t in items.items()]
+            req = [(t, self.marked(r)) for pid, t in items.items() if (r := todo[pid][0].reason) is not None]
             try:
                 outcomes = await self.call(f"{f.name} fence {len(req)} nodes",
                                            lambda f=f, req=req: f.fence_many(req))  # type: ignore[misc]
@@ -668,7 +675,10 @@ class ActionRunner:
 
     async def _ask_agent(self, node: str, url: str, payload: dict[str, Any], deadline_s: float) -> Reply:
         """POST `payload` to the node's agent, signed with its agent key; the answer only once
-        its proof checks out (core/agentclient.py). No bearer credential crosses the wire."""
+        its proof checks out (core/agentclient.py). No bearer credential crosses the wire. Asked
+        only while this replica's lease holds, checked immediately before (the agent acts on it)."""
+        if not self.acting():
+            raise NotLeader(f"not leading: POST {url} not started")
         return await agentclient.ask_async(self.session, url, node, self.cfg.auth.agent_token_for(node), "POST",
                                            deadline_s=deadline_s, body=json.dumps(payload).encode(),
                                            headers={"Content-Type": "application/json"})
@@ -773,7 +783,7 @@ class ActionRunner:
             if not isinstance(f, Remediator) or not st.exists:
                 continue
             target = self.target(f, p.node)
-            reason = p.reason
+            reason = self.marked(p.reason)
             o = await self.call(f"{f.name} reboot {target}", lambda f=f, t=target: f.reboot(t, reason))  # type: ignore[misc]
             ops.append(self._audit_outcome(p, f, "reboot", o))
             if not o.ok:
@@ -794,7 +804,7 @@ class ActionRunner:
             if not isinstance(f, Remediator) or not (st.exists and st.fenced and st.ours):
                 continue
             target = self.target(f, p.node)
-            reason = p.reason
+            reason = self.marked(p.reason)
             o = await self.call(f"{f.name} remark {target}", lambda f=f, t=target: f.remark(t, reason))  # type: ignore[misc]
             ops.append(self._audit_outcome(p, f, "repair reason", o))
         await self.finish(p, "done", f"handed to repair: {render_reason(p.reason)}", ops)

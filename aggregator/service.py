@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import gc
 import json
+import math
 import secrets
 import time
 from typing import Any, Callable, Sequence
@@ -212,6 +213,9 @@ class Aggregator:
         self.metrics.add_fleet(lambda: self.mem, cfg.caps.max_fenced, lambda: len(self.pending),
                                lambda: views.held(self.last_decision))
         self.metrics.leader.set_function(lambda: 1.0 if self.acting() else 0.0)
+        for f in self.fencers:
+            if hasattr(f, "guard"):  # the real backends: no external call after the lease deadline
+                f.guard = self.lease_left
         self.metrics.lease_age.set_function(
             lambda: self.mono() - self.leadership.last_look if self.leadership is not None else 0.0)
 
@@ -344,6 +348,13 @@ class Aggregator:
     def acting(self) -> bool:
         """May this process decide and act now? Always on SQLite; on PostgreSQL while it leads."""
         return self.leadership is None or self.leadership.acting()
+
+    def lease_left(self) -> float:
+        """Seconds this process may still act, on the monotonic clock (inf on SQLite: the file
+        lease is held for the life of the process); <= 0 once a replica stopped leading."""
+        if self.leadership is None:
+            return math.inf
+        return self.leadership.valid_until - self.mono()
 
     def epoch(self) -> int | None:
         """The fencing token journal writes carry (None while a replica does not lead)."""

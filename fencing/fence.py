@@ -8,19 +8,25 @@ command run and its output, which the store appends to the audit log verbatim.
 
 from __future__ import annotations
 
+import math
+import re
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 
 @dataclass(frozen=True)
 class FenceReason:
-    """Why podhealth fences a node; rendered into the Slurm reason / Kubernetes annotation."""
+    """Why podhealth fences a node; rendered into the Slurm reason / Kubernetes annotation.
+
+    `epoch`: the lease epoch of the aggregator that leaves the mark (0: none, an older mark).
+    Reconcile tells a deposed leader's late mark by it (aggregator/lifecycle.py)."""
 
     check: str
     entity: str
     action: str
     id: str
+    epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,7 @@ class FenceState:
     reason: str = ""
     opted_out: bool = False
     raw: str = ""
+    epoch: int = 0  # the lease epoch written into podhealth's mark (0: none, or not ours)
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,28 @@ class Transient(RuntimeError):
     """The backend could not answer (slurmctld down, an API timeout): the same call may work later.
     A fencer raises it after its ONE attempt; the action runner (aggregator/actions.py) is the
     only place that tries again, with backoff and a cap."""
+
+
+class LeaseExpired(RuntimeError):
+    """The caller's lease ran out before this external call could start (or while it ran: it
+    was killed). Not Transient: a deposed leader does not try again, the next leader does."""
+
+
+# Seconds left before the caller's lease deadline, on the monotonic clock (inf: no lease, a
+# process that acts alone). A fencer asks it immediately before every external call it starts
+# and gives that call no more time than is left: a leader frozen (SIGSTOP) between two calls of
+# one fence, then deposed, starts nothing when it wakes.
+Guard = Callable[[], float]
+
+
+def time_left(guard: Guard | None, what: str) -> float:
+    """What is left of the lease for `what` (inf without a guard); LeaseExpired when nothing is."""
+    if guard is None:
+        return math.inf
+    left = guard()
+    if left <= 0:
+        raise LeaseExpired(f"{what}: not started: this aggregator's lease deadline has passed")
+    return left
 
 
 class Refused(ValueError):
@@ -166,27 +195,41 @@ REASON_PREFIX = "podhealth:"
 REPAIR = "REPAIR"  # the check name of a REPAIR reason: `podhealth: REPAIR <check>/<entity> <action> [<id>]`
 
 
+_EPOCH = re.compile(r"e([0-9]{1,18})")
+
+
 def parse_reason(text: str) -> FenceReason | None:
-    """A FenceReason back from a rendered `podhealth: check entity action [id]` (Slurm may append
-    text after it, e.g. ` : reboot issued`); None when the text is not one of ours."""
+    """A FenceReason back from a rendered `podhealth: check entity action [id] eEPOCH` (older
+    marks have no epoch; Slurm may append text after it, e.g. ` : reboot issued`); None when the
+    text is not one of ours."""
     if not text.startswith(REASON_PREFIX):
         return None
     parts = text[len(REASON_PREFIX):].split()
     if len(parts) >= 4 and parts[3].startswith("[") and parts[3].endswith("]"):
-        return FenceReason(check=parts[0], entity=parts[1], action=parts[2], id=parts[3][1:-1])
+        m = _EPOCH.fullmatch(parts[4]) if len(parts) >= 5 else None
+        return FenceReason(check=parts[0], entity=parts[1], action=parts[2], id=parts[3][1:-1],
+                           epoch=int(m.group(1)) if m else 0)
     return None
+
+
+def mark_epoch(text: str) -> int:
+    """The lease epoch in a rendered reason (0: none, or not ours)."""
+    r = parse_reason(text)
+    return r.epoch if r is not None else 0
 
 
 def repair_reason(r: FenceReason) -> FenceReason:
     """The distinct reason of a node handed to repair: `podhealth: REPAIR xid/gpu3 RESET_GPU [id]`."""
     if r.check == REPAIR:
         return r
-    return FenceReason(check=REPAIR, entity=f"{r.check}/{r.entity}", action=r.action, id=r.id)
+    return FenceReason(check=REPAIR, entity=f"{r.check}/{r.entity}", action=r.action, id=r.id, epoch=r.epoch)
 
 
 def render_reason(reason: FenceReason) -> str:
-    """`podhealth: <check> <entity> <action> [<id>]` — the mark that makes a fence ours."""
-    return f"{REASON_PREFIX} {reason.check} {reason.entity} {reason.action} [{reason.id}]"
+    """`podhealth: <check> <entity> <action> [<id>] e<epoch>` — the mark that makes a fence ours
+    (without ` e<epoch>` when there is none)."""
+    epoch = f" e{reason.epoch}" if reason.epoch > 0 else ""
+    return f"{REASON_PREFIX} {reason.check} {reason.entity} {reason.action} [{reason.id}]{epoch}"
 
 
 @dataclass

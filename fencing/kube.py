@@ -39,6 +39,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
+import math
 import re
 import socket
 import time
@@ -46,7 +47,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from podhealth.fencing.fence import FenceOutcome, FenceReason, FenceState, Job, NodeNames, Transient, render_reason
+from podhealth.fencing.fence import (
+    FenceOutcome, FenceReason, FenceState, Guard, Job, LeaseExpired, NodeNames, Transient, mark_epoch, render_reason,
+    time_left,
+)
 from podhealth.fencing.kubeauth import DEFAULT_SA_DIR, InClusterError, in_cluster_configuration
 from podhealth.hostnames import node_name_problem
 from podhealth.worker import offload
@@ -93,10 +97,21 @@ def validate_kube_node_name(name: str) -> str:
     return name
 
 
-def taint_value(check: str) -> str:
-    """A check name as a valid label value (taint values follow the label-value rules)."""
-    v = _LABEL_VALUE_BAD.sub("-", check)[:63].strip("-_.")
-    return v or "unknown"
+def taint_value(check: str, epoch: int = 0) -> str:
+    """A check name as a valid label value (taint values follow the label-value rules), with the
+    lease epoch of the aggregator that leaves it: `xid.e7` (reconcile reads it, taint_epoch)."""
+    suffix = f".e{epoch}" if epoch > 0 else ""
+    v = _LABEL_VALUE_BAD.sub("-", check)[:63 - len(suffix)].strip("-_.")
+    return (v or "unknown") + suffix
+
+
+_TAINT_EPOCH = re.compile(r"\.e([0-9]{1,18})$")
+
+
+def taint_epoch(value: str) -> int:
+    """The epoch in our taint's value (0 for an older mark without one)."""
+    m = _TAINT_EPOCH.search(value)
+    return int(m.group(1)) if m else 0
 
 
 @dataclass(frozen=True)
@@ -182,8 +197,12 @@ class NodeView:
         raw = json.dumps({"unschedulable": self.unschedulable, "taints": list(self.taints),
                           ANNOTATION: self.record.to_json() if self.record else None, "opted_out": self.opted_out,
                           "resourceVersion": self.resource_version}, sort_keys=True)
+        epoch = 0
+        if self.ours:  # the annotation's reason says it; a taint alone (the annotation lost) too
+            taint = str((self.our_taint or {}).get("value", ""))
+            epoch = mark_epoch(self.record.why) if self.record else taint_epoch(taint)
         return FenceState(node=self.name, exists=True, fenced=self.ours, ours=self.ours, reason=reason,
-                          opted_out=self.opted_out, raw=raw)
+                          opted_out=self.opted_out, raw=raw, epoch=epoch)
 
 
 def condition_reason(check: str) -> str:
@@ -283,6 +302,7 @@ class KubeFencer:
         self.event_namespace = event_namespace
         self.instance = instance or socket.gethostname()
         self.clock = clock
+        self.guard: Guard | None = None  # set by the aggregator: its lease (fencing/fence.py)
 
     # ---- Fencer protocol ------------------------------------------------------------------------
 
@@ -301,7 +321,8 @@ class KubeFencer:
         except ValueError as e:
             return FenceOutcome(ok=False, changed=False, error=str(e))
         why = render_reason(reason)[:MAX_WHY_CHARS]
-        command = ("PATCH", f"/api/v1/nodes/{node}", f"cordon + taint {TAINT_KEY}={taint_value(reason.check)}"
+        value = taint_value(reason.check, reason.epoch)
+        command = ("PATCH", f"/api/v1/nodes/{node}", f"cordon + taint {TAINT_KEY}={value}"
                    f":{TAINT_EFFECT} + annotation {ANNOTATION}")
         deadline = time.monotonic() + self.budget
         try:
@@ -321,7 +342,7 @@ class KubeFencer:
                 record = FenceRecord(why=why, when=_iso(self.clock()), id=reason.id, check=reason.check,
                                      cordoned_before=view.unschedulable and not view.ours)
                 try:
-                    after = await self._patch(node, fence_patch(view, record, taint_value(reason.check)), deadline)
+                    after = await self._patch(node, fence_patch(view, record, value), deadline)
                 except _Conflict:
                     continue
                 except _Gone:
@@ -548,7 +569,11 @@ class KubeFencer:
     # ---- internals ------------------------------------------------------------------------------
 
     def _rt(self, deadline: float) -> float:
-        return max(0.1, min(self.timeout, deadline - time.monotonic()))
+        """A call's _request_timeout: its own, what is left of the public call, of the lease."""
+        return max(0.1, min(self.timeout, deadline - time.monotonic(), self._lease_left()))
+
+    def _lease_left(self) -> float:
+        return self.guard() if self.guard is not None else math.inf
 
     async def _view(self, node: str, deadline: float) -> NodeView | None:
         from kubernetes.client.exceptions import ApiException
@@ -619,9 +644,12 @@ class KubeFencer:
         """
         from kubernetes.client.exceptions import ApiException
 
+        # The lease, on the monotonic clock, immediately before the call (fencing/fence.py Guard).
+        lease = time_left(self.guard, "Kubernetes API call")
         left = deadline - time.monotonic()
         if left <= 0:
             raise KubeUnavailable("Kubernetes API: no time left")
+        left = min(left, lease)
         try:
             # The client's own _request_timeout ends the thread's socket wait; this deadline
             # only guards against a call that ignores it.
@@ -631,6 +659,8 @@ class KubeFencer:
                 raise
             last = f"HTTP {e.status} {_api_message(e)}"
         except asyncio.TimeoutError:
+            if left >= lease:
+                raise LeaseExpired("Kubernetes API call: abandoned at this aggregator's lease deadline") from None
             last = f"timed out after {left:.1f}s"
         except Exception as e:  # noqa: BLE001 - urllib3 connection errors, bad responses
             last = f"{type(e).__name__}: {e}"

@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import re
+import shutil
+import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from podhealth.fencing.fence import (
-    REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Job, NodeNames, Transient, render_reason,
+    REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Guard, Job, LeaseExpired, NodeNames, Transient, mark_epoch,
+    render_reason, time_left,
 )
 from podhealth.hostnames import is_valid_node_name, validate_node_name
 from podhealth.fencing.slurmjobs import SQUEUE_FORMAT, parse_show_job, parse_squeue
@@ -242,7 +246,8 @@ def _clean_reason(text: str) -> str:
 def sanitise_reason(reason: FenceReason) -> str:
     """The Slurm reason for `reason`: `podhealth: <check> <entity> <action> [<id>]`, bounded and safe."""
     clean = FenceReason(**{k: _clean_field(getattr(reason, k), n) for k, n in _FIELD_LIMITS})
-    return render_reason(clean)[:MAX_REASON_CHARS]
+    epoch = f" e{reason.epoch}" if reason.epoch > 0 else ""  # kept whole: reconcile reads it
+    return render_reason(clean)[:MAX_REASON_CHARS - len(epoch)] + epoch
 
 
 class SlurmUnavailable(Transient):
@@ -296,6 +301,9 @@ class SlurmFencer:
         if slurm_conf:
             base["SLURM_CONF"] = str(slurm_conf)
         self._env = base
+        # Set by the aggregator: its lease (fencing/fence.py Guard); None for --drain-self.
+        self.guard: Guard | None = None
+        self._timeout_cmd = shutil.which("timeout", path=base.get("PATH")) or ""  # coreutils
 
     # ---- Fencer protocol ------------------------------------------------------------------------
 
@@ -622,25 +630,48 @@ class SlurmFencer:
         return run
 
     async def _run(self, argv: tuple[str, ...], timeout: float, stdin: bytes | None = None) -> _Run:
+        # The lease, on the monotonic clock, immediately before the call: a deposed leader
+        # starts nothing (LeaseExpired), and a call gets no more time than the lease has left.
+        left = time_left(self.guard, " ".join(argv[1:3]))
+        lease_bound = left < timeout
+        timeout = min(timeout, left)
+        run = argv
+        if math.isfinite(left) and self._timeout_cmd:
+            # Killed at the deadline by `timeout` even if this process is frozen (SIGSTOP) then:
+            # its own wait below cannot run while it is stopped, and a late drain or resume
+            # would land after a follower took over.
+            run = (self._timeout_cmd, "-s", "KILL", f"{max(0.001, left):.3f}", *argv)
         try:
+            # Its own process group: the kill below reaches `timeout` and the scontrol it runs.
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self._env)
+                *run, stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self._env, start_new_session=True)
         except OSError as e:
             return _Run(argv, None, "", f"cannot run {argv[0]}: {e}")
         try:
             out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
         except asyncio.TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+            _kill(proc)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(proc.wait(), 5)
+            if lease_bound:
+                raise LeaseExpired(f"{' '.join(argv[1:3])}: killed at this aggregator's lease deadline") from None
             return _Run(argv, None, "", f"{' '.join(argv[:3])} timed out after {timeout:.1f}s (killed)")
-        except asyncio.CancelledError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+        except asyncio.CancelledError:  # the lease was lost (the runner cancels), or a stop
+            _kill(proc)
             raise
+        if run is not argv and proc.returncode in (124, 137):  # `timeout` ended it at the deadline
+            raise LeaseExpired(f"{' '.join(argv[1:3])}: killed at this aggregator's lease deadline")
         return _Run(argv, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+def _kill(proc: "asyncio.subprocess.Process") -> None:
+    """SIGKILL the call's process group (`timeout` and its scontrol), or the process alone."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
 
 
 _T = TypeVar("_T")
@@ -689,7 +720,8 @@ def _shown(st: FenceState) -> str:
 
 def _state_of(n: SlurmNode, raw: str) -> FenceState:
     return FenceState(node=n.name, exists=True, fenced=n.fenced, ours=n.ours, reason=n.reason,
-                      opted_out=n.fenced and not n.ours, raw=raw[:MAX_OUTPUT_CHARS])
+                      opted_out=n.fenced and not n.ours, raw=raw[:MAX_OUTPUT_CHARS],
+                      epoch=mark_epoch(n.reason) if n.ours else 0)
 
 
 def from_config(cfg: "SlurmFencerConfig") -> SlurmFencer:

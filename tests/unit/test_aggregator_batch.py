@@ -105,7 +105,8 @@ async def test_one_decision_fences_its_nodes_in_one_batch(tmp_path: Path) -> Non
         assert modes == {**{n: FenceMode.FENCED for n in nodes}, "dgx03": FenceMode.EXTERNAL, "dgx04": FenceMode.NONE}
         assert fencer.fenced["dgx03"] == "maintenance by hand"  # someone else's fence is left alone
         for n in ("dgx01", "dgx02", "dgx05", "dgx06", "dgx07", "dgx08"):
-            assert fencer.fenced[n] == f"podhealth: GpuFellOffTheBus 3 DRAIN [fp-{n}]"  # each its own reason
+            # each its own reason, with this aggregator's lease epoch
+            assert fencer.fenced[n] == f"podhealth: GpuFellOffTheBus 3 DRAIN [fp-{n}] e{agg.epoch()}"
         assert audit(agg, "fence done") == ["dgx01", "dgx02", "dgx05", "dgx06", "dgx07", "dgx08"]
         assert audit(agg, "fence skipped") == ["dgx03"] and audit(agg, "fence failed") == ["dgx04"]
         states = {a.node: a.state for n in nodes for a in agg.store.actions_of(n)}

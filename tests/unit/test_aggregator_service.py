@@ -93,7 +93,8 @@ async def test_a_pending_fence_is_completed_on_start_without_fencing_twice(tmp_p
     async with running(config(tmp_path), [fencer]) as (agg, _):
         assert agg.mem.nodes["dgx01"].fence is FenceMode.FENCED and not agg.pending
         assert fencer.count("fence") == (0 if already else 1)
-        assert fencer.fenced["dgx01"] == render_reason(R)
+        # a mark made now carries this aggregator's lease epoch (the first: 1)
+        assert fencer.fenced["dgx01"] == render_reason(R if already else dataclasses.replace(R, epoch=1))
 
 
 async def test_reconcile_on_start_takes_the_stores_side_only_for_our_fences(tmp_path: Path) -> None:
@@ -105,7 +106,8 @@ async def test_reconcile_on_start_takes_the_stores_side_only_for_our_fences(tmp_
     async with running(config(tmp_path, nodes=4), [fencer]) as (agg, _):
         await until(lambda: not agg.pending and not agg._action_tasks)
         nodes = agg.mem.nodes
-        assert fencer.fenced.get("dgx01") == render_reason(R) and nodes["dgx01"].fence is FenceMode.FENCED
+        assert fencer.fenced.get("dgx01") == render_reason(dataclasses.replace(R, epoch=agg.epoch() or 0))
+        assert nodes["dgx01"].fence is FenceMode.FENCED
         assert "dgx02" not in fencer.fenced and nodes["dgx02"].fence is FenceMode.NONE
         assert fencer.fenced["dgx03"] == "bad fan -- ops" and nodes["dgx03"].fence is FenceMode.EXTERNAL
         assert nodes["dgx77"].fence is FenceMode.FENCED  # never heard of: adopted, not released
