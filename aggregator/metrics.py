@@ -56,6 +56,8 @@ class Metrics:
                                    registry=r)
         self.flap_holds = Counter(P + "flap_holds", "Nodes held fenced for an operator because they flapped\n"
                                   "(flap_hold.cycles fence/release cycles within flap_hold.window).", registry=r)
+        self.stale_marks = Counter(P + "stale_marks", "podhealth marks left by a deposed leader (an older lease epoch)\n"
+                                   "on nodes the journal released since: undone by reconcile, never adopted.", registry=r)
         self.repairs = Counter(P + "repairs", "Nodes handed to repair by the remediation ladder (ladder.max_attempts\n"
                                "failed resets/reboots within ladder.window); they wait for an operator.", registry=r)
         self.http_refused = Counter(P + "http_connections_refused", "Connections refused because max connections\n"

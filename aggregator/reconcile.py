@@ -9,6 +9,7 @@ Fencer calls go through the action runner, the one place that retries.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from podhealth import log as plog
@@ -19,16 +20,18 @@ from podhealth.aggregator.model import FenceMode
 from podhealth.aggregator.overrides import drain_event_op
 from podhealth.aggregator.state import Memory
 from podhealth.aggregator.store import Op, Store
-from podhealth.fencing.fence import FenceReason, FenceState, Fencer, Transient
+from podhealth.aggregator.lifecycle import Move, Seen, reconcile_move
+from podhealth.fencing.fence import FenceReason, FenceState, Fencer, Transient, parse_reason
 
 log = plog.get("podhealth.aggregator")
 
 
 def reason_from_text(text: str, node: str) -> FenceReason:
-    """Rebuild a FenceReason from a stored `podhealth: check entity action [id]` line."""
-    parts = text.removeprefix("podhealth:").strip().split()
-    if len(parts) >= 4 and parts[-1].startswith("[") and parts[-1].endswith("]"):
-        return FenceReason(check=parts[0], entity=parts[1], action=parts[2], id=parts[-1][1:-1])
+    """Rebuild a FenceReason from a stored `podhealth: check entity action [id]` line (its
+    epoch is dropped: a fence made again carries the epoch of the leader that makes it)."""
+    r = parse_reason(text)
+    if r is not None:
+        return dataclasses.replace(r, epoch=0)
     return FenceReason(check="reconcile", entity="node", action="DRAIN", id=slug(node))
 
 
@@ -96,60 +99,26 @@ class Reconciler:
                 listed.setdefault(back.get(target, target), []).append((f, st))
         now = self.clock()
         ops: list[Op] = []
-        for node, sts in sorted(listed.items()):
+        epoch = runner.epoch() or 0
+        for node in sorted(set(listed) | set(mem.nodes)):
             if node in busy:
                 continue
+            sts = listed.get(node, [])
             ours = [(f, st) for f, st in sts if st.ours]
             foreign = [(f, st) for f, st in sts if not st.ours]
             rec = mem.nodes.get(node)
-            if rec is None:
-                if ours:
-                    _, o = mem.ensure_node(node, now)
-                    ops += o + mem.set_node(node, fence=FenceMode.FENCED, fence_reason=ours[0][1].reason, fenced_at=now)
-                    lines.append(f"{node}: fenced by podhealth in {ours[0][0].name} but unknown to the store: adopted")
-                elif foreign:
-                    _, o = mem.ensure_node(node, now)
-                    ops += o + mem.set_node(node, fence=FenceMode.EXTERNAL, fence_reason=foreign[0][1].reason)
-                    ops.append(drain_event_op(node, foreign[0][0].name, foreign[0][1].reason, now))
-                    lines.append(f"{node}: fenced by someone else in {foreign[0][0].name}: recorded as drained")
+            seen = Seen(rec.fence if rec is not None else None, bool(ours), bool(foreign),
+                        max((st.epoch for _, st in ours), default=0), epoch, initial=initial,
+                        dry_run=self.cfg.dry_run, fencers=bool(runner.fencers))
+            if 0 < seen.mark_epoch < epoch and seen.store is FenceMode.NONE:
+                # Only then does the journal matter (a mark a deposed leader may have left late).
+                seen = dataclasses.replace(seen, released_epoch=await runner.writer.call(
+                    lambda st, n=node: st.released_epoch(n)))  # type: ignore[misc]
+            move = reconcile_move(seen)
+            if move is not Move.NOTHING:
+                ops += self._carry_out(move, node, seen, ours, foreign, now, lines)
+            if node in listed and node in mem.nodes:
                 mem.vouch(node)  # a fencer's backend knows it: part of the fleet the breaker counts
-                continue
-            mem.vouch(node)
-            if foreign and not rec.fence.ours and rec.fence is not FenceMode.EXTERNAL:
-                ops += mem.set_node(node, fence=FenceMode.EXTERNAL, fence_reason=foreign[0][1].reason)
-                ops.append(drain_event_op(node, foreign[0][0].name, foreign[0][1].reason, now))
-                lines.append(f"{node}: fenced by someone else in {foreign[0][0].name} ({foreign[0][1].reason}): "
-                             "recorded as drained")
-            elif foreign and rec.fence.ours and not ours:
-                ops += mem.set_node(node, fence=FenceMode.EXTERNAL, fence_reason=foreign[0][1].reason, hold=False,
-                                    hold_reason="")
-                ops.append(drain_event_op(node, foreign[0][0].name, foreign[0][1].reason, now))
-                lines.append(f"{node}: podhealth's fence was replaced by someone else's ({foreign[0][1].reason}): "
-                             "now theirs")
-            elif ours and rec.fence is FenceMode.NONE:
-                if initial and not self.cfg.dry_run:
-                    lines.append(f"{node}: fenced by podhealth in {ours[0][0].name} but free in the store: releasing")
-                    runner.spawn(runner.begin(node, "release", "reconcile", "store says not fenced", now, None, "",
-                                              mem.set_node(node, fence=FenceMode.RELEASING)))
-                else:
-                    ops += mem.set_node(node, fence=FenceMode.FENCED, fence_reason=ours[0][1].reason)
-                    lines.append(f"{node}: fenced by podhealth in {ours[0][0].name}: adopted")
-        # The reverse: the store says fenced (by us, or by someone) but no backend lists it.
-        for node, rec in sorted(mem.nodes.items()):
-            if node in listed or node in busy:
-                continue
-            if rec.fence is FenceMode.EXTERNAL:
-                ops += mem.set_node(node, fence=FenceMode.NONE, fence_reason="")
-                lines.append(f"{node}: no longer fenced by anyone: recorded as free")
-            elif rec.fence is FenceMode.FENCED and runner.fencers:
-                if initial:
-                    reason = reason_from_text(rec.fence_reason, node)
-                    lines.append(f"{node}: fenced in the store but not in any backend: fencing again")
-                    runner.spawn(runner.begin(node, "fence", "reconcile", "store says fenced", now, reason, "",
-                                              mem.set_node(node, fence=FenceMode.FENCING)))
-                else:
-                    ops += mem.set_node(node, fence=FenceMode.NONE, fence_reason="", hold=False, hold_reason="")
-                    lines.append(f"{node}: podhealth's fence was removed by someone else: recorded as free")
         for line in lines:
             log.warning("reconcile", detail=line)
             ops.append(Store.op_audit(now, line.split(":", 1)[0], "reconcile", "reconcile", line))
@@ -157,6 +126,62 @@ class Reconciler:
             await runner.commit(ops)
         self.report = lines
         return lines
+
+    def _carry_out(self, move: Move, node: str, seen: Seen, ours: list[tuple[Fencer, FenceState]],
+                   foreign: list[tuple[Fencer, FenceState]], now: float, lines: list[str]) -> list[Op]:
+        """The store's side of a reconcile move (lifecycle.reconcile_move); a fence or release
+        to make is started as a journaled action."""
+        mem, runner = self.mem, self.actions
+        ops: list[Op] = []
+        if move is Move.ADOPT_UNKNOWN:
+            _, o = mem.ensure_node(node, now)
+            ops += o + mem.set_node(node, fence=FenceMode.FENCED, fence_reason=ours[0][1].reason, fenced_at=now)
+            lines.append(f"{node}: fenced by podhealth in {ours[0][0].name} but unknown to the store: adopted")
+        elif move is Move.RECORD_EXTERNAL:
+            f, st = foreign[0]
+            if seen.store is None:
+                _, o = mem.ensure_node(node, now)
+                ops += o
+            ops += mem.set_node(node, fence=FenceMode.EXTERNAL, fence_reason=st.reason)
+            ops.append(drain_event_op(node, f.name, st.reason, now))
+            lines.append(f"{node}: fenced by someone else in {f.name}" + (f" ({st.reason})" if seen.store else "")
+                         + ": recorded as drained")
+        elif move is Move.TAKEN_OVER:
+            f, st = foreign[0]
+            ops += mem.set_node(node, fence=FenceMode.EXTERNAL, fence_reason=st.reason, hold=False, hold_reason="")
+            ops.append(drain_event_op(node, f.name, st.reason, now))
+            lines.append(f"{node}: podhealth's fence was replaced by someone else's ({st.reason}): now theirs")
+        elif move is Move.UNDO_STALE:
+            f, st = next(((f, st) for f, st in ours if st.epoch == seen.mark_epoch), ours[0])
+            why = (f"stale mark of lease epoch {seen.mark_epoch} (now {seen.epoch}) in {f.name} ({st.reason}) on a "
+                   f"node the journal released under epoch {seen.released_epoch}: a deposed leader's late call; undone")
+            log.error("a deposed leader's mark on a released node: undoing it, never adopting it", node=node,
+                      fencer=f.name, mark_epoch=seen.mark_epoch, epoch=seen.epoch, reason=st.reason)
+            runner.metrics.stale_marks.inc()
+            ops.append(Store.op_audit(now, node, "reconcile", "stale mark", why, (), st.reason, False))
+            lines.append(f"{node}: {why}")
+            runner.spawn(runner.begin(node, "release", "reconcile", why[:200], now, None, "",
+                                      mem.set_node(node, fence=FenceMode.RELEASING)))
+        elif move is Move.RELEASE:
+            lines.append(f"{node}: fenced by podhealth in {ours[0][0].name} but free in the store: releasing")
+            runner.spawn(runner.begin(node, "release", "reconcile", "store says not fenced", now, None, "",
+                                      mem.set_node(node, fence=FenceMode.RELEASING)))
+        elif move is Move.ADOPT:
+            ops += mem.set_node(node, fence=FenceMode.FENCED, fence_reason=ours[0][1].reason)
+            lines.append(f"{node}: fenced by podhealth in {ours[0][0].name}: adopted")
+        elif move is Move.RECORD_FREE:
+            ops += mem.set_node(node, fence=FenceMode.NONE, fence_reason="")
+            lines.append(f"{node}: no longer fenced by anyone: recorded as free")
+        elif move is Move.FENCE_AGAIN:
+            rec = mem.nodes[node]
+            reason = reason_from_text(rec.fence_reason, node)
+            lines.append(f"{node}: fenced in the store but not in any backend: fencing again")
+            runner.spawn(runner.begin(node, "fence", "reconcile", "store says fenced", now, reason, "",
+                                      mem.set_node(node, fence=FenceMode.FENCING)))
+        elif move is Move.RECORD_REMOVED:
+            ops += mem.set_node(node, fence=FenceMode.NONE, fence_reason="", hold=False, hold_reason="")
+            lines.append(f"{node}: podhealth's fence was removed by someone else: recorded as free")
+        return ops
 
     async def refresh_opt_outs(self) -> None:
         """A backend opt-out (a label) can be lifted: look again at the nodes we remember as opted out."""

@@ -841,6 +841,13 @@ class Store:
             "SELECT node, updated, kind, who FROM actions WHERE state = 'done' AND updated >= ? AND "
             "(kind = 'fence' OR (kind = 'release' AND who LIKE 'operator:%')) ORDER BY updated, id", (since,))]
 
+    def released_epoch(self, node: str) -> int:
+        """The newest lease epoch under which the journal finished a release of `node` (0: none).
+        Reconcile tells a deposed leader's late mark by it (aggregator/lifecycle.py)."""
+        row = self.conn.execute("SELECT MAX(epoch) FROM actions WHERE node = ? AND kind = 'release' AND state = 'done'",
+                                (node,)).fetchone()
+        return int(row[0] or 0) if row else 0
+
     def pending_actions(self) -> list[ActionRow]:
         return [_action_row(r) for r in self.conn.execute(
             f"SELECT {_ACTION_COLS} FROM actions WHERE state = 'pending' ORDER BY id")]

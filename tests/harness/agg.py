@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 from aiohttp import web
 
 from podhealth.config_aggregator import AggregatorConfig, NodeEntry
-from podhealth.fencing.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Job, NodeNames, render_reason
+from podhealth.fencing.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Job, NodeNames, mark_epoch, render_reason
 from podhealth import bodycoding
 from podhealth.aggregator.server import make_app
 from podhealth.aggregator.service import Aggregator
@@ -51,8 +51,9 @@ class MemFencer:
         if node in self.missing:
             return FenceState(node=node, exists=False, fenced=False, ours=False)
         reason = self.fenced.get(node, "")
-        return FenceState(node=node, exists=True, fenced=node in self.fenced, ours=reason.startswith(REASON_PREFIX),
-                          reason=reason, opted_out=node in self.opted_out)
+        ours = reason.startswith(REASON_PREFIX)
+        return FenceState(node=node, exists=True, fenced=node in self.fenced, ours=ours, reason=reason,
+                          opted_out=node in self.opted_out, epoch=mark_epoch(reason) if ours else 0)
 
     async def fence(self, node: str, reason: FenceReason) -> FenceOutcome:
         self._maybe_fail("fence", node)
