@@ -338,8 +338,10 @@ class ActionRunner:
                                                                  self.cfg.fencers.kubernetes.timeout) * 2)
             except asyncio.CancelledError:
                 raise
-            except LeaseExpired as e:  # the lease ran out on the way: the next leader finishes it
-                raise NotLeader(str(e)) from None
+            except LeaseExpired as e:
+                if not self.acting():  # the lease ran out on the way: the next leader finishes it
+                    raise NotLeader(str(e)) from None
+                err = e  # cut at a deadline a renewal has since moved on: tried again under the new one
             except ValueError as e:  # Refused, or the fencer's own validation (a node name it refuses)
                 raise Refused(f"{what}: {e}") from None
             except Exception as e:  # noqa: BLE001 - any other fencer failure is tried again, then left pending

@@ -30,6 +30,11 @@ CONNECT_TIMEOUT = 5
 _CONN_OPTS: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 2, "keepalives_interval": 1,
                               "keepalives_count": 3, "tcp_user_timeout": 5000}
 STATEMENT_TIMEOUT_MS = 30_000
+# A replica frozen (SIGSTOP, a paused VM) inside a transaction holds its row locks, and the lease
+# row is locked by every lease call and every epoch-checked journal write: the other replicas
+# could never take over. The server ends such a session after this long idle in a transaction
+# (the store's transactions run their statements back to back: milliseconds apart).
+IDLE_IN_TRANSACTION_MS = 3_000
 
 ERRORS: tuple[type[Exception], ...] = (psycopg.Error,)
 IntegrityError = psycopg.IntegrityError
@@ -151,7 +156,8 @@ class PgConnection:
 
     def _connect(self) -> psycopg.Connection[Any]:
         return psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
-                               options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}", **_CONN_OPTS)
+                               options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS} "
+                               f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}", **_CONN_OPTS)
 
     def _live(self) -> psycopg.Connection[Any]:
         if self._conn.closed or self._conn.broken:
