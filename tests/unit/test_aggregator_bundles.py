@@ -187,7 +187,10 @@ async def test_an_impostor_gets_no_credential_and_its_bundle_is_not_stored(tmp_p
             assert await bundles.fetch(agg, "dgx01", 999) is None
             await until(lambda: any(a["what"] == "bundle failed" for a in audit(agg, "dgx01")))
             note = next(a for a in audit(agg, "dgx01") if a["what"] == "bundle failed")
-            assert "not this node's agent" in note["output"] and len(agg.store.bundles_of("dgx01")) == 1
+            assert "not this node's agent" in note["output"]
+            # the fence's own bundle stays the one stored; the impostor's is a row that says why, no file
+            newest, stored = agg.store.bundles_of("dgx01")
+            assert stored["error"] == "" and "not this node's agent" in newest["error"] and newest["path"] == ""
             # what reached it proves the key without revealing it: a signature, no bearer token
             assert agent.calls == ["signed", "signed"]
     finally:
