@@ -41,7 +41,7 @@ import pynvml
 
 from podhealth.checks import profiles
 from podhealth.sim.faults import climbed
-from podhealth.sim.perfmodel import throttled
+from podhealth.sim.perfmodel import LOAD_POWER_SHARE, node_thermal, throttled
 from podhealth.sim.state import ARCHITECTURES, GpuSpec, NodeState
 
 if TYPE_CHECKING:
@@ -72,6 +72,7 @@ REASON_HW_POWER_BRAKE = 0x80
 
 THERMAL_FAULT_TEMP_C = 92
 IDLE_UTIL_GPU = 0
+LOADED_UTIL_GPU = 95
 NVLINK_IDLE_KIB_PER_S = 64  # management traffic on an idle NVSwitch fabric
 SUPPORTED_EVENTS = (pynvml.nvmlEventTypeSingleBitEccError | pynvml.nvmlEventTypeDoubleBitEccError
                     | pynvml.nvmlEventTypePState | pynvml.nvmlEventTypeXidCriticalError
@@ -121,6 +122,7 @@ class GpuView:
     links: tuple[NvLinkView, ...]
     nvl_domain: bool = False  # the node's GPUs are in a multi-node NVLink domain (GB200 NVL72)
     kinds: frozenset[str] = frozenset()  # the fault kinds on this GPU
+    utilization: int = 0  # percent: IDLE_UTIL_GPU, or LOADED_UTIL_GPU while a job runs on it
 
 
 # Banks an H100 80GB HBM3 reports in its remap histogram (nvidia-smi -q, 565.57.01 capture:
@@ -143,13 +145,22 @@ def _in_nvl_domain(profile: str) -> bool:
     return profiles.load(profile).nvlink_domain.gpus > 0
 
 
-def gpu_view(state: NodeState, index: int, now: float) -> GpuView:
-    """Every NVML reading of GPU `index` at wall time `now`, with the node's faults applied."""
+def gpu_view(state: NodeState, index: int, now: float, loaded: bool = False) -> GpuView:
+    """Every NVML reading of GPU `index` at wall time `now`, with the node's faults applied;
+    `loaded`: a job runs on it (`simulate job start`), so it computes."""
     g = state.gpu(index)
     mine = [f for f in state.faults if f.gpu == index]
     kinds = {f.kind for f in mine}
     temp, reasons = g.temperature_c, g.clocks_event_reasons
     clocks = _idle_clocks(g)
+    power_w, util = g.power_w, IDLE_UTIL_GPU
+    if loaded:
+        # A training step: SM clock at what the node's cooling allows (sim/perfmodel.py's per-node
+        # thermal headroom), most of the power limit, busy. A fault below may hold it lower.
+        sm = int(g.max_sm_clock_mhz * node_thermal(0, state))
+        clocks = (sm, sm, clocks[2], clocks[3])
+        reasons &= ~REASON_IDLE
+        power_w, util = g.power_limit_w * LOAD_POWER_SHARE, LOADED_UTIL_GPU
     if "thermal" in kinds:
         # A GPU that overheats is a busy one: not idle, HW + SW thermal slowdown, SM clock halved.
         temp = THERMAL_FAULT_TEMP_C
@@ -206,7 +217,7 @@ def gpu_view(state: NodeState, index: int, now: float) -> GpuView:
         lost="fallen-off-bus" in kinds,
         temperature_c=temp,
         mem_temperature_c=g.mem_temperature_c,
-        power_mw=int(g.power_w * 1000),
+        power_mw=int(power_w * 1000),
         energy_mj=int(g.power_w * 1000 * up),
         clocks=clocks,
         reasons=reasons,
@@ -221,6 +232,7 @@ def gpu_view(state: NodeState, index: int, now: float) -> GpuView:
         links=tuple(links),
         nvl_domain=_in_nvl_domain(state.profile),
         kinds=frozenset(kinds),
+        utilization=util,
     )
 
 
@@ -280,6 +292,18 @@ class _Backend:
         return view
 
 
+    def loaded_gpus(self) -> set[int]:
+        """GPUs a job runs on: the records `podhealth simulate job start` writes beside the node
+        (the directory the simulated agent reads, agent/simmode.py); none when it cannot be read."""
+        from podhealth.collectors import job_records
+        from podhealth.sim.cmd_job import state_dir_of
+
+        try:
+            recs, _ = job_records.read_records(state_dir_of(self.node.dir))
+        except OSError:
+            return set()
+        return set(job_records.by_gpu(recs))
+
     def view(self, state: NodeState, index: int) -> GpuView:
         """gpu_view at the current VIEW_SLOT_S time slot, built once per slot and state."""
         now = time.time()
@@ -287,7 +311,7 @@ class _Backend:
         hit = self.views.get(index)
         if hit is not None and hit[0] is state and hit[1] == slot:
             return hit[2]
-        view = gpu_view(state, index, now)
+        view = gpu_view(state, index, now, loaded=index in self.loaded_gpus())
         self.views[index] = (state, slot, view)  # a racing thread at worst builds it twice
         return view
 
@@ -553,9 +577,10 @@ def _whole_gpu_only(v: GpuView) -> None:
 
 @_impl("nvmlDeviceGetUtilizationRates", args=[P, P])
 def _util(h: int, ptr: int) -> None:
-    _whole_gpu_only(_b().device(h))
+    v = _b().device(h)
+    _whole_gpu_only(v)
     u = _struct(ptr, pynvml.c_nvmlUtilization_t)
-    u.gpu, u.memory = IDLE_UTIL_GPU, 0
+    u.gpu, u.memory = v.utilization, 0
 
 
 # An idle H100 SXM reports "Encoder : 0 %" and "Decoder : 0 %" (nvidia-smi -q, driver 565.57.01):

@@ -38,7 +38,7 @@ SLOW_PCT = {"slow-gpu": 10.0, "slow-hbm": 10.0, "slow-nvlink": 20.0, "slow-hca":
 THROTTLE_PERIOD_S = 600.0
 NOISE_BUCKET_S = 1.0
 GPU_METRICS = ("gemm_tflops", "hbm_gbs", "sm_clock_mhz", "pcie_h2d_gbs", "pcie_d2h_gbs")
-LOAD_POWER_W = 0.92  # of the power limit, a GEMM-bound training step
+LOAD_POWER_SHARE = 0.92  # of the power limit, a GEMM-bound training step
 TRAIN_IB_GBS = 35.0  # per compute HCA during an all-reduce-heavy step
 
 
@@ -173,7 +173,7 @@ def job_window(state: NodeState, seed: int, at: float) -> list[GpuWindow]:
             hot = max(hot, 0.3)
         noise = _gauss(0.003, seed, "win", state.name, i, int(at))
         out.append(GpuWindow(
-            node=state.name, gpu=i, sm_active=min(1.0, 0.93 + noise), power_w=g.power_limit_w * LOAD_POWER_W
+            node=state.name, gpu=i, sm_active=min(1.0, 0.93 + noise), power_w=g.power_limit_w * LOAD_POWER_SHARE
             * (1.0 - hot / 2) * (1.0 + noise), sm_clock_mhz=g.max_sm_clock_mhz * thermal * (1.0 - hot) * (1 + noise / 3),
             throttle=tuple(reasons), nvlink_gbs=120.0 * (1.0 + noise) * _slow(state, "slow-nvlink", at, gpu=i),
             ib_gbs=ib * (1.0 + noise)))

@@ -381,14 +381,15 @@ def alertmanager(workdir: Path, config_text: str) -> Iterator[Alertmanager]:
 def agent_config(*, interval: float = 2.0, kmsg_interval: float = 1.0, nfs_interval: float = 5.0,
                  probe_timeout: float = 5.0, rate_window: float = 300.0, mounts: Sequence[str] = ("/home",),
                  publish_url: str = "", token: str = "", spool_dir: Path | None = None,
-                 failslow_after: float | None = None) -> str:
+                 failslow_after: float | None = None, job_window: float | None = None) -> str:
     """An agent config for tests: collectors every `interval` s, the kernel log every `kmsg_interval`.
 
     The simulator's NFS probe is a Python subprocess: on this shared 2-core machine its start-up
     alone can take 3 s, so a shorter probe timeout reports healthy mounts as hung. Hence the long
     NFS interval and probe timeout. An empty `publish_url` means the agent does not push.
     `failslow_after`: run the fail-slow probes (the simulated node's performance model) that many
-    seconds after the agent starts, once (the next round is an interval later).
+    seconds after the agent starts, once (the next round is an interval later). `job_window`:
+    send running jobs' GPU summaries that often.
     """
     c = {"interval": interval, "timeout": max(4.0, interval * 2)}
     doc: dict[str, Any] = {
@@ -404,6 +405,8 @@ def agent_config(*, interval: float = 2.0, kmsg_interval: float = 1.0, nfs_inter
     }
     if failslow_after is not None:
         doc["failslow"] = {"enabled": True, "idle_for": failslow_after, "jitter": 0.0, "interval": 3600.0}
+    if job_window is not None:  # running jobs' GPU summaries to the aggregator this often (stragglers)
+        doc.setdefault("failslow", {})["job_window"] = job_window
     if publish_url:
         if spool_dir is None:
             raise ValueError("an agent that publishes needs a spool_dir")

@@ -140,3 +140,15 @@ def test_every_gpu_profile_has_peaks_and_a_simulated_fingerprint() -> None:
         st = default_state("n1", name, now=T0)
         got = perfmodel.fingerprint(st, 1, T0)
         assert len([r for r in got if r.metric == "gemm_tflops"]) == len(st.gpus), name
+
+
+def test_a_gpu_running_a_job_computes_in_the_simulated_nvml() -> None:
+    from podhealth.sim import nvml_lib
+
+    st = default_state("dgx01", "dgx-h100", now=T0)
+    idle, busy = nvml_lib.gpu_view(st, 0, T0), nvml_lib.gpu_view(st, 0, T0, loaded=True)
+    assert (idle.utilization, idle.clocks[1]) == (nvml_lib.IDLE_UTIL_GPU, 345)
+    assert busy.utilization == nvml_lib.LOADED_UTIL_GPU and busy.clocks[1] >= 1980 * 0.98
+    assert not busy.reasons & nvml_lib.REASON_IDLE and busy.power_mw > 600_000
+    hot = st.with_fault(faults.parse(["fault=thermal", "gpu=0"], T0))
+    assert nvml_lib.gpu_view(hot, 0, T0, loaded=True).clocks[1] == 990  # held down while it works
