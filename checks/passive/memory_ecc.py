@@ -11,6 +11,8 @@ the corrected errors that `EDAC MCn: <count> CE ...` lines report, judged per me
 the same rate rule as edac_ce (`ce_rate_verdict`). The lines carry their own times, so the rate is
 over the span they cover (at least the profile's edac_ce_min_span_s): a DIMM that logs 16 corrected
 errors in 8 s (a site's "faulty RAM") is 16 per 5 minutes, ~2x the hourly limit, not 16 an hour.
+Corrected machine-check records (`mce: ... Bank N: <status>`, UC clear) are counted the same way
+under entity "mce", for nodes whose EDAC driver does not decode them into a memory controller.
 """
 
 from __future__ import annotations
@@ -93,6 +95,10 @@ def kernel_ce_rates(ctx: Context) -> dict[str, tuple[float, int, str]]:
     for e in ctx.events:
         if e.kind == "edac" and e.subcode == 0 and e.time >= ctx.now - ctx.window:
             by_mc.setdefault(e.device or "mc?", []).append((e.time, e.code, e.text))
+        elif e.kind == "mce" and e.subcode == 0 and e.device.startswith("bank") and e.time >= ctx.now - ctx.window:
+            # a corrected machine-check record (MCi_STATUS UC clear) where no EDAC driver decodes
+            # it into a memory controller: counted under "mce", one error per record
+            by_mc.setdefault("mce", []).append((e.time, e.code, e.text))
     out: dict[str, tuple[float, int, str]] = {}
     for mc, evs in sorted(by_mc.items()):
         n = sum(c for _, c, _ in evs)

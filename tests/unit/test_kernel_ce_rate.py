@@ -62,3 +62,16 @@ def test_the_kernel_lines_use_edac_ce_s_limit() -> None:
     evs = _events([LINE.format(s=30 + i // 2) for i in range(16)])
     # the same profile threshold governs both sources: raised above the burst's rate, no WARN
     assert all(r.status is Status.OK for r in _judge(evs, {"thresholds.edac_ce_per_hour": 1000}))
+
+
+# The Intel record format of arch/x86 mce (as ../shared/fixtures/host_errors' sb_edac capture
+# decodes it: "Bank 7: cc00418000010091", UC bit 61 clear = corrected), without an EDAC driver.
+MCE = "[Wed Dec  6 21:24:{s:02d} 2023] mce: [Hardware Error]: CPU 0: Machine Check: 0 Bank 7: cc00418000010091"
+
+
+def test_corrected_machine_check_records_without_edac_feed_the_same_rule() -> None:
+    evs = _events([MCE.format(s=30 + i // 2) for i in range(16)])
+    assert {(e.kind, e.subcode, e.device) for e in evs} == {("mce", 0, "bank7")}
+    res = {(r.check, r.entity): r for r in _judge(evs)}
+    assert res[("kernel_ras", "mce")].status is Status.WARN
+    assert res[("kernel_ras", "node")].status is Status.OK
