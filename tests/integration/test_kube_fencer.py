@@ -17,7 +17,7 @@ from tests.harness.kubeapi import KubeAPI, Kubectl, kubectl_for
 
 pytestmark = pytest.mark.integration
 
-NODES = [f"dgx{i:02d}" for i in range(1, 13)]  # dgx10..dgx12: the batch test's own
+NODES = [f"dgx{i:02d}" for i in range(1, 14)]  # dgx10..dgx12: the batch test's own; dgx13 the lease test's
 XID = FenceReason(check="xid", entity="GPU3", action="DRAIN", id="ev-0001")
 OUR_TAINT = {"key": TAINT_KEY, "value": "xid", "effect": "NoSchedule"}
 
@@ -307,3 +307,23 @@ async def test_fence_sets_a_node_condition_that_kubectl_describe_shows(api: Kube
     ours = {c["type"]: c for c in kget(kubectl, node)["status"]["conditions"]}["PodhealthFenced"]
     assert (ours["status"], ours["reason"]) == ("True", "Xid")
     await fencer.release(node)
+
+
+async def test_no_api_call_after_the_lease_deadline_and_the_epoch_is_in_the_marks(api: KubeAPI) -> None:
+    """The aggregator's lease (fencing/fence.py Guard): once it has run out the fencer makes no
+    call at all; a mark made under it carries the leader's epoch (annotation reason, taint value)."""
+    from podhealth.fencing.fence import LeaseExpired
+    f = KubeFencer(kubeconfig=str(api.kubeconfig), timeout=5.0)
+    f.guard = lambda: 0.0
+    before = len(api.writes("dgx13"))
+    with pytest.raises(LeaseExpired):
+        await f.fence("dgx13", XID)
+    assert len(api.writes("dgx13")) == before and not api.node("dgx13")["spec"].get("unschedulable")
+    f.guard = lambda: 30.0
+    o = await f.fence("dgx13", FenceReason("xid", "GPU3", "DRAIN", "ev-0009", epoch=12))
+    assert o.ok and o.changed, o
+    node = api.node("dgx13")
+    assert {"key": TAINT_KEY, "value": "xid.e12", "effect": "NoSchedule"} in node["spec"]["taints"]
+    st = await f.read("dgx13")
+    assert st.ours and st.epoch == 12 and st.reason.endswith("[ev-0009] e12")
+    assert (await f.release("dgx13")).ok

@@ -4,6 +4,7 @@ marks written before there were epochs stay podhealth's, with epoch 0."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -63,3 +64,45 @@ def test_the_guard_refuses_a_call_once_the_lease_deadline_has_passed() -> None:
     assert time_left(lambda: 1.5, "x") == 1.5
     with pytest.raises(LeaseExpired, match="lease deadline"):
         time_left(lambda: 0.0, "update NodeName=dgx01")
+
+
+async def test_scontrol_is_not_started_after_the_deadline_and_is_killed_at_it(tmp_path: Any) -> None:
+    """A hung scontrol (here a script that records its pid and sleeps) is killed, with what it
+    started, when the lease runs out: by `timeout`, which needs nothing of the aggregator (a
+    frozen one included). After the deadline nothing is started at all."""
+    import asyncio
+    import os
+    import sys
+    import time
+
+    from podhealth.fencing.slurm import SlurmFencer
+
+    pids = tmp_path / "pids"
+    script = tmp_path / "scontrol"
+    script.write_text(f"#!{sys.executable}\nimport os, subprocess, time\n"
+                      f"child = subprocess.Popen(['sleep', '60'])\n"
+                      f"open({str(pids)!r}, 'a').write(f'{{os.getpid()}} {{child.pid}}\\n')\n"
+                      "time.sleep(60)\n")
+    script.chmod(0o755)
+    f = SlurmFencer(scontrol=str(script), timeout=30.0)
+    deadline = time.monotonic() + 1.0
+    f.guard = lambda: deadline - time.monotonic()
+    with pytest.raises(LeaseExpired, match="lease deadline"):
+        await f.read("dgx01")
+    assert time.monotonic() < deadline + 10.0  # not the 30 s of its own timeout
+    [line] = pids.read_text().splitlines()
+
+    def gone(pid: int) -> bool:
+        try:
+            return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            return True
+    for _ in range(200):  # the kill reaches its children too (the process group)
+        if all(gone(int(p)) for p in line.split()):
+            break
+        await asyncio.sleep(0.05)
+    assert all(gone(int(p)) for p in line.split()), line
+    os.unlink(pids)
+    with pytest.raises(LeaseExpired, match="not started"):
+        await f.read("dgx01")  # the deadline has passed: nothing runs
+    assert not pids.exists()
