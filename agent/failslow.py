@@ -94,6 +94,14 @@ def firmware_of(snap: Snapshot) -> dict[str, str]:
     return out
 
 
+def model_of(snap: Snapshot) -> str:
+    """The GPUs' model as NVML names it (every sample of a GPU carries it)."""
+    for s in snap.samples("gpu_info"):
+        if s.label("model"):
+            return s.label("model")
+    return ""
+
+
 def driver_of(snap: Snapshot) -> str:
     for s in snap.samples("gpu_info"):
         if s.label("driver_version"):
@@ -282,7 +290,8 @@ class FailslowSink(Sink):
         if self._poster is None:
             return
         driver = driver_of(self._snap) if self._snap is not None else ""
-        body = {"node": self.node, "profile": self.profile, "driver": driver or "unknown", **extra}
+        body = {"node": self.node, "profile": self.profile, "driver": driver or "unknown",
+                "model": model_of(self._snap)[:64] if self._snap is not None else "", **extra}
         status, answer = await self._poster.post(body)
         if status != 200:
             log.warning("fail-slow results not taken by the aggregator", status=status, answer=str(answer)[:200])

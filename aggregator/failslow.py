@@ -50,6 +50,7 @@ class Sample:
     profile: str
     driver: str
     firmware: str  # VBIOS for GPU metrics, HCA firmware for rdma
+    model: str = ""  # the GPU model NVML names ("NVIDIA H100 80GB HBM3"): what a finding calls the cohort
 
     @property
     def key(self) -> Key:
@@ -103,6 +104,7 @@ class Finding:
     streak: int  # probes in a row at or below act_z
     baseline_ratio: float | None = None
     baseline_at: float | None = None
+    model: str = ""
 
     @property
     def check(self) -> str:
@@ -113,7 +115,7 @@ class Finding:
         median 9 days ago`."""
         c = self.cohort
         s = (f"{self.entity} {SHORT.get(self.metric, self.metric).upper()} {self.below_pct:.1f}% below the median "
-             f"of {c.size} {_things(self.entity, c.key.profile)} on {c.key.driver} (z {self.z:.1f})")
+             f"of {c.size} {_things(self.entity, self.model, c.key.profile)} on {c.key.driver} (z {self.z:.1f})")
         if self.baseline_ratio is not None and self.baseline_at is not None:
             off = (self.baseline_ratio - 1.0) * 100.0
             ago = _ago(now - self.baseline_at)
@@ -208,7 +210,7 @@ def score(samples: Iterable[Sample], histories: Mapping[Key, Sequence[Point]], c
                 node=s.node, entity=s.entity, metric=s.metric, value=s.value, cohort=cohort, z=z, below_pct=below,
                 by="+".join(by), status=Status.FAIL if drain else Status.WARN,
                 action=Action.DRAIN if drain else Action.NONE, streak=streak,
-                baseline_ratio=b_ratio, baseline_at=b_at))
+                baseline_ratio=b_ratio, baseline_at=b_at, model=s.model))
     return Scored(findings=tuple(findings), cohorts=cohorts, histories=out_hist, z=zs)
 
 
@@ -228,9 +230,12 @@ def _ago(seconds: float) -> str:
     return f"{max(seconds, 0) / 60:.0f} minutes ago"
 
 
-def _things(entity: str, profile: str) -> str:
+def _things(entity: str, model: str, profile: str) -> str:
+    """`H100 80GB HBM3 GPUs` (the GPU model without the vendor, for GPUs and their pairs), else the
+    profile's: `dgx-h100 HCAs`."""
     kind = "GPU pairs" if "-" in entity else ("GPUs" if entity.startswith("gpu") else "HCAs")
-    return f"{profile} {kind}"
+    what = model.removeprefix("NVIDIA ") if model and entity.startswith("gpu") else profile
+    return f"{what} {kind}"
 
 
 def forget(histories: Mapping[Key, Sequence[Point]], keep: Iterable[Key]) -> dict[Key, tuple[Point, ...]]:

@@ -75,6 +75,7 @@ class PerfPost:
     probes: tuple[Probe, ...]
     job: JobPost | None
     passive: tuple[tuple[str, str, float], ...] = ()  # entity, signal, value: the collectors' summary since the last round
+    model: str = ""  # the node's GPU model as NVML names it
 
 
 def _name(d: Mapping[str, Any], key: str, where: str, *, empty: bool = False) -> str:
@@ -149,7 +150,8 @@ def parse(obj: Any, max_probes: int) -> PerfPost:
         passive.append((_name(p, "entity", where), _name(p, "signal", where), float(v)))
     if not probes and job is None:
         raise BadPerf("body: expected probes, a job window, or both")
-    return PerfPost(node, _name(d, "profile", "body"), _name(d, "driver", "body"), tuple(probes), job, tuple(passive))
+    return PerfPost(node, _name(d, "profile", "body"), _name(d, "driver", "body"), tuple(probes), job, tuple(passive),
+                    _name(d, "model", "body", empty=True))
 
 
 class FailslowFleet:
@@ -181,7 +183,7 @@ class FailslowFleet:
             if len(live) > MAX_JOBS_PER_NODE:
                 raise BadPerf(f"body.job: {post.node} is in more than {MAX_JOBS_PER_NODE} running jobs")
         for p in post.probes:
-            s = Sample(post.node, p.entity, p.metric, p.value, now, post.profile, post.driver, p.firmware)
+            s = Sample(post.node, p.entity, p.metric, p.value, now, post.profile, post.driver, p.firmware, post.model)
             self.samples[s.key] = s
             self.dirty = True
         if post.passive:

@@ -82,7 +82,7 @@ def evaluate(nodes: int, seed: int, *, cfg: FailslowJudgeConfig | None = None, p
             scale = 1.0 - upgrade_pct / 100.0 if new else 1.0
             for r in perfmodel.fingerprint(st, seed, at):
                 samples.append(failslow.Sample(name, r.entity, r.metric, r.value * scale, at, profile, driver,
-                                               r.firmware))
+                                               r.firmware, st.gpus[0].name))
         scored = failslow.score(samples, histories, cfg, at)
         histories = dict(scored.histories)
         for f in scored.findings:

@@ -34,7 +34,8 @@ def state(name: str, samples: list[Sample], *, ok: bool = True) -> CollectorStat
 def snap(*, jobs: list[Sample] | None = None, jobs_ok: bool = True, util: float = 0.0, with_jobs: bool = True,
          extra: list[Sample] | None = None) -> Snapshot:
     gpu = [Sample.of("gpu_utilization_ratio", util, gpu="0"),
-           Sample.of("gpu_info", 1, gpu="0", driver_version="550.90.12", vbios_version="96.00.74.00.01")]
+           Sample.of("gpu_info", 1, gpu="0", driver_version="550.90.12", vbios_version="96.00.74.00.01",
+                     model="NVIDIA H100 80GB HBM3")]
     cols = {"nvml": state("nvml", gpu + (extra or []))}
     if with_jobs:
         cols["jobs"] = state("jobs", [Sample.of("job_source_up", 1, source="records")] + (jobs or []), ok=jobs_ok)
@@ -167,6 +168,11 @@ async def test_results_reach_a_real_aggregator(tmp_path: Path) -> None:
             assert 'podhealth_aggregator_ingest_requests_total{endpoint="perf",result="ok"} 2.0' in out
         finally:
             await s.stop()
+
+
+def test_model_and_driver_come_from_the_nvml_samples() -> None:
+    assert (failslow.model_of(snap()), failslow.driver_of(snap())) == ("NVIDIA H100 80GB HBM3", "550.90.12")
+    assert failslow.model_of(Snapshot(NOW, {})) == ""
 
 
 def test_job_window_body() -> None:

@@ -84,6 +84,15 @@ def test_finding_reads_like_the_issue() -> None:
     assert f.by == "cohort+baseline"
 
 
+def test_finding_names_the_gpu_model_when_the_agent_sent_it() -> None:
+    samples = [replace(s, model="NVIDIA H100 80GB HBM3") for s in fleet(T0, slow={3: 20.0})]
+    (f,) = failslow.score(samples, {}, FailslowJudgeConfig(), T0).findings
+    assert "below the median of 40 H100 80GB HBM3 GPUs on 550.90.12 (z -" in f.text(T0)
+    hca = [replace(s, entity="mlx5_4", metric="rdma_gbs", model="NVIDIA H100 80GB HBM3") for s in samples]
+    (h,) = failslow.score(hca, {}, FailslowJudgeConfig(), T0).findings
+    assert "of 40 dgx-h100 HCAs" in h.text(T0)  # an HCA is not a GPU model
+
+
 def test_fleet_wide_shift_flags_nobody() -> None:
     # Every GPU 6% slower on the same driver (a site-wide change): the median moves with them.
     rounds = [fleet(T0 + d * DAY) for d in range(5)] + [fleet(T0 + 6 * DAY, scale=0.94)]
