@@ -20,7 +20,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   # (the tests that need it skip and say why, and the run ends with the skips counted by reason).
   have=(); lack=()
   for p in "${missing[@]}"; do
-    if apt-cache policy "$p" 2>/dev/null | grep -q 'Candidate: [^(]'; then have+=("$p"); else lack+=("$p"); fi
+    # (sed reads it all: `grep -q` would close the pipe early, and pipefail would call that a miss)
+    cand=$(apt-cache policy "$p" 2>/dev/null | sed -n 's/^ *Candidate: *//p')
+    if [ -n "$cand" ] && [ "$cand" != "(none)" ]; then have+=("$p"); else lack+=("$p"); fi
   done
   if [ ${#have[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${have[@]}" >/dev/null
