@@ -497,6 +497,11 @@ class Aggregator:
         last_prune = float("-inf")
         last_sample = self.mono()  # open() took the first sample
         last_quota = self.mono()
+        # ... and one more whenever the counts change (a fence, a release, the first reports after a
+        # start): sampled only on the period, a start before the agents reported showed the whole
+        # fleet UNKNOWN for history_interval, and the fences and releases in it never appeared.
+        # Counted only when memory changed (mem.version), so a quiet fleet costs nothing per pass.
+        sampled_counts, seen_version = self.mem.counts(), self.mem.version
         while self._running:
             await asyncio.sleep(self.housekeeping_interval)
             mem, writer = self.mem, self.writer
@@ -519,9 +524,13 @@ class Aggregator:
                 if self.mono() - last_prune > 3600:
                     ops += mem.prune_ids(now - self.cfg.event_retention)
                     last_prune = self.mono()
-                if self.mono() - last_sample >= self.cfg.ui.history_interval:
+                changed = False
+                if mem.version != seen_version:
+                    seen_version = mem.version
+                    changed = mem.counts() != sampled_counts
+                if changed or self.mono() - last_sample >= self.cfg.ui.history_interval:
                     writer.write_nowait(self.fleet_sample_ops(now))
-                    last_sample = self.mono()
+                    last_sample, sampled_counts = self.mono(), mem.counts()
                 if ops:
                     writer.write_nowait(ops)
                     self.poke()

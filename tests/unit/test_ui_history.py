@@ -235,3 +235,24 @@ def test_every_tile_label_reads_on_its_background() -> None:
             colour = _resolve(bg, variables)
             ratio = contrast(label, colour)
             assert ratio >= 4.5, f"{state}: label {label} on {bg} ({colour}) is {ratio:.2f}:1, below WCAG AA 4.5:1"
+
+
+async def test_a_change_of_counts_is_sampled_at_once(tmp_path: Path) -> None:
+    # the period is an hour: only the start's sample would exist, showing every node UNKNOWN
+    fencer = MemFencer()
+    async with running(cfg(tmp_path, history_interval=3600.0), [fencer]) as (agg, url), \
+            aiohttp.ClientSession() as s:
+        assert agg.store is not None
+        store = agg.store
+        assert [c["UNKNOWN"] for _, c in store.fleet_history(0)] == [3]
+        for node in ("dgx01", "dgx02", "dgx03"):
+            async with s.post(f"{url}/v1/reports", json={"node": node, "time": time.time(), "results": [
+                    {"check": "xid", "entity": "gpu3", "status": "FAIL" if node == "dgx02" else "OK",
+                     "action": "DRAIN"}]}) as r:
+                assert r.status == 200
+        await until("dgx02 fenced", lambda: "dgx02" in fencer.fenced)
+        await until("a sample with the fence", lambda: any(c.get("fenced") == 1 and c.get("OK") == 2
+                                                           for _, c in store.fleet_history(0)))
+        runs = len(store.fleet_history(0))
+        await asyncio.sleep(3 * agg.housekeeping_interval)
+        assert len(store.fleet_history(0)) == runs  # nothing changed: no new rows
