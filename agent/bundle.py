@@ -26,11 +26,11 @@ import asyncio
 import hashlib
 import io
 import json
-import platform
 import subprocess
 import tarfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from aiohttp import web
@@ -144,12 +144,26 @@ def ib_history(ev: "Evaluator") -> list[dict[str, Any]]:
     return sorted(out, key=lambda d: (d["metric"], sorted(d["labels"].items())))
 
 
+def kernel_release(procfs_root: Path) -> str:
+    """`uname -r` of the node the agent watches: <procfs_root>/sys/kernel/osrelease, as the host
+    collector reads it (on a simulated node its kernel, not this machine's); '' when unreadable."""
+    from podhealth.collectors.host_versions import parse_osrelease
+
+    try:
+        return parse_osrelease((procfs_root / "sys" / "kernel" / "osrelease").read_text(errors="replace")) or ""
+    except OSError:
+        return ""
+
+
 async def collect(agent: "Agent", health: "Health") -> list[Part]:
-    """Every part, read now; the commands run in threads with timeouts, concurrently."""
+    """Every part, read now; the commands run in threads with timeouts, concurrently. The seam
+    `bundle.dmesg` (a callable giving (bytes, note)) replaces `dmesg` where the node's kernel
+    log is not this machine's (`agent --simulate`: the simulated node's kernel log)."""
     from podhealth.checks.passive import drift
 
+    read_dmesg = agent.seams.get("bundle", {}).get("dmesg") or (lambda: run_command(DMESG))
     smi, dmesg = await asyncio.gather(call_off_loop("bundle-smi", lambda: run_command(NVIDIA_SMI)),
-                                      call_off_loop("bundle-dmesg", lambda: run_command(DMESG)))
+                                      call_off_loop("bundle-dmesg", read_dmesg))
     snap = agent.snapshot
     events = [e.to_json() for e in snap.events]
     ib = await health.on_evaluator(ib_history)
@@ -157,7 +171,8 @@ async def collect(agent: "Agent", health: "Health") -> list[Part]:
     rep = health.report().to_json()
     rep["evaluated_at"] = health.evaluated_at
     observed = drift.observe(snap)
-    versions = {"podhealth": agent.version, "node": agent.node, "kernel_running": platform.release(),
+    kernel = await call_off_loop("bundle-uname", lambda: kernel_release(agent.cfg.paths.procfs_root))
+    versions = {"podhealth": agent.version, "node": agent.node, "kernel_running": kernel or None,
                 **{f: sorted({s.version for s in seen}) if seen else None for f, seen in observed.items()},
                 "where": {f: [{"where": s.where, "version": s.version, "board": s.board} for s in seen or ()]
                           for f, seen in observed.items()}}

@@ -89,6 +89,8 @@ def setup(cfg: Config, profile: str, root: Path, name: str) -> SimSetup:
         # The simulated kernel stamps its records against the simulated node's boot (its t0),
         # not this machine's: without this, every simulated XID would look an hour old.
         "kmsg": {"boot_time": lambda: node.state.t0, "reader": kmsg_reader},
+        # The evidence bundle's dmesg part: the simulated node's kernel log, not this machine's.
+        "bundle": {"dmesg": lambda: (dmesg_text(node.kmsg_path), "")},
         # The fail-slow probes read the node's performance model (spread, slow-* faults).
         "failslow": {"probe": lambda: _fingerprint(node)},
     }
@@ -98,6 +100,30 @@ def setup(cfg: Config, profile: str, root: Path, name: str) -> SimSetup:
         # a GB200 tray's IMEX service answers from the node's files (sim/tree_imex.py)
         seams["imex"] = {"status_source": node.dir / "imex"}
     return SimSetup(node, cfg, seams)
+
+
+def dmesg_text(kmsg_log: Path, limit: int = 4 << 20) -> bytes:
+    """The node's kernel log as `dmesg` prints it ("[  123.456789] text"), from its /dev/kmsg
+    records ("pri,seq,usec,flags;text"): the last `limit` bytes of the log, whole records only."""
+    try:
+        with open(kmsg_log, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            data = f.read()
+    except FileNotFoundError:
+        return b""
+    if size > limit:
+        data = data.split(b"\n", 1)[-1]
+    out = []
+    for raw in data.splitlines():
+        head, sep, text = raw.partition(b";")
+        fields = head.split(b",")
+        if not sep or len(fields) < 3 or not fields[2].isdigit():
+            continue
+        usec = int(fields[2])
+        out.append(b"[%5d.%06d] %s\n" % (usec // 1_000_000, usec % 1_000_000, text))
+    return b"".join(out)
 
 
 def _fingerprint(node: "SimNode") -> list[tuple[str, str, float, str]]:

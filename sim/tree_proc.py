@@ -14,6 +14,9 @@ from podhealth.sim.state import NodeState
 from podhealth.sim.tree_write import TreeWriter
 
 UPTIME_BEFORE_T0 = 3 * 86400.0
+# What `uname -r` says on the simulated node (a DGX OS 6 kernel): <proc>/sys/kernel/osrelease, read
+# by the host collector (the drift check's `kernel`) and the evidence bundle, never this machine's.
+KERNEL_RELEASE = "5.15.0-1053-nvidia"
 
 
 def boot_time(state: NodeState) -> float:
@@ -28,4 +31,6 @@ def write(state: NodeState, proc_root: Path, now: float) -> None:
     text = (f"cpu  {ticks * 2} 0 {ticks} {ticks * 220} {ticks // 50} 0 {ticks // 100} 0 0 0\n"
             f"intr {ticks * 40}\nctxt {ticks * 90}\nbtime {btime}\n"
             f"processes {up * 3 + 1000}\nprocs_running 1\nprocs_blocked 0\n")
-    TreeWriter(proc_root).put(proc_root / "stat", text)
+    w = TreeWriter(proc_root)
+    w.put(proc_root / "stat", text)
+    w.put(proc_root / "sys" / "kernel" / "osrelease", KERNEL_RELEASE + "\n")

@@ -68,6 +68,10 @@ def post(svc: Service, token: str | None = TOKEN, headers: dict[str, str] | None
         return e.code, e.read(), dict(e.headers)
 
 
+def notes_ok(manifest: dict, name: str) -> bool:  # type: ignore[type-arg]
+    return next(p["note"] for p in manifest["parts"] if p["name"] == name) == ""
+
+
 def test_the_bundle_needs_the_agents_credential(agent: Service) -> None:
     assert post(agent, token=None)[0] == 401
     assert post(agent, token="wrong")[0] == 401
@@ -98,6 +102,13 @@ def test_the_bundle_holds_the_evidence_and_its_manifest_matches(agent: Service) 
     assert health["node"] == "dgx01" and any(r["check"] == "xid" and r["status"] == "FAIL" for r in health["results"])
     versions = json.loads(files["versions.json"])
     assert versions["driver"] and versions["vbios"] and versions["podhealth"]
+    # the simulated node's kernel and kernel log, never this machine's (issue 31 §4)
+    from podhealth.sim.tree_proc import KERNEL_RELEASE
+    assert versions["kernel_running"] == KERNEL_RELEASE and versions["kernel"] == [KERNEL_RELEASE]
+    dmesg = files["dmesg-tail.txt"].decode()
+    assert "Xid (PCI:" in dmesg and ": 79, " in dmesg, dmesg[-2000:]  # the injected XID, as dmesg prints it
+    assert all(line.startswith("[") for line in dmesg.splitlines()), dmesg[:500]
+    assert notes_ok(manifest, "dmesg-tail.txt")
     ib = json.loads(files["ib-counter-history.json"])
     assert ib and all(r["metric"].startswith("infiniband_") and r["points"] for r in ib)
     notes = {p["name"]: p["note"] for p in manifest["parts"]}

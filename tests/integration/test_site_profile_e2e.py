@@ -39,14 +39,15 @@ def test_agent_judges_drift_against_a_captured_site_profile(tmp_path: Path) -> N
     captured = cap.stdout
     driver = re.search(r"^  driver: (\S+)", captured, re.M)
     assert driver, captured
-    # the operator's fleet standard differs from this node's driver, and states a kernel the
+    # the operator's fleet standard differs from this node's driver, and states an OFED the
     # simulator cannot show; both fields are set to FAIL
     site = tmp_path / "site-profile.yaml"
     site.write_text(captured
                     .replace(f"  driver: {driver.group(1)}", "  driver: 550.54.15  # fleet standard", 1)
-                    .replace("  # kernel: not readable on this node, not stated", '  kernel: "5.15.0-1042-nvidia"', 1)
+                    .replace("  # ofed: not readable on this node, not stated", '  ofed: "MLNX_OFED_LINUX-23.10-1.1.9.0"', 1)
                     .replace("drift: {driver: WARN,", "drift: {driver: FAIL,", 1)
-                    .replace("kernel: WARN}", "kernel: FAIL}", 1))
+                    .replace("ofed: WARN,", "ofed: FAIL,", 1))
+    assert 'ofed: "MLNX_OFED' in site.read_text() and "ofed: FAIL," in site.read_text(), site.read_text()
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(f"checks:\n  profile_file: {site}\n  grace: 0\n  damping: {{fail_after: 1, recover_after: 1}}\n"
                    "collectors:\n  nvml: {interval: 1}\n  nvlink: {interval: 1}\n  infiniband: {interval: 1}\n"
@@ -62,12 +63,14 @@ def test_agent_judges_drift_against_a_captured_site_profile(tmp_path: Path) -> N
         assert got["driver"]["evidence"]["expected"] == "550.54.15"
         assert got["driver"]["evidence"]["observed"] == driver.group(1)
         # stated but unreadable here: UNKNOWN even though the profile says FAIL
-        assert got["kernel"]["status"] == "UNKNOWN" and got["kernel"]["action"] == "NONE"
+        assert got["ofed"]["status"] == "UNKNOWN" and got["ofed"]["action"] == "NONE"
         assert got["vbios"]["status"] == "OK" and got["hca_fw"]["status"] == "OK"
         diff = podhealth("profile", "diff", str(site), "--url", f"http://127.0.0.1:{port}", "--format", "json")
-        assert diff.returncode == 1, diff.stdout + diff.stderr
+        # a stated value it cannot read (OFED) makes it "cannot tell" (2); the driver row still differs
+        assert diff.returncode == 2, diff.stdout + diff.stderr
         rows = {r["key"]: r["status"] for r in json.loads(diff.stdout)["rows"]}
-        assert rows["versions.driver"] == "differs" and rows["versions.kernel"] == "unknown"
+        assert rows["versions.driver"] == "differs" and rows["versions.ofed"] == "unknown"
+        assert rows["versions.kernel"] == "same"  # the simulated node's own kernel, as captured
         assert rows["gpu_count"] == "same" and rows["network.roles.compute"] == "same"
     # a broken site profile stops the agent with file, line and key (exit 2)
     site.write_text("extends: dgx-h100\nversions:\n  driver: 550\n  bios: x\n")

@@ -28,9 +28,9 @@ def cli(*argv: str, sim_root: Path) -> subprocess.CompletedProcess[str]:
 def capture(tmp_path: Path) -> Path:
     got = cli("capture", "--simulate", "dgx-h100", sim_root=tmp_path / "sim")
     assert got.returncode == 0, got.stderr
-    # what the YAML leaves out is said on stderr as the YAML says it (no kernel, no OFED in the simulator)
-    assert "not stated (not readable on this node; inherited from dgx-h100): versions.ofed, versions.kernel" \
-        in got.stderr, got.stderr
+    # what the YAML leaves out is said on stderr as the YAML says it (no OFED in the simulator; its
+    # kernel is the simulated node's own, <proc>/sys/kernel/osrelease)
+    assert "not stated (not readable on this node; inherited from dgx-h100): versions.ofed\n" in got.stderr, got.stderr
     path = tmp_path / "site.yaml"
     path.write_text(got.stdout)
     return path
@@ -43,6 +43,8 @@ def test_capture_on_the_simulator_round_trips(tmp_path: Path) -> None:
     assert site.extends == "dgx-h100"
     assert site.overrides["gpu_count"] == 8 and site.overrides["nvlink_links"] == 18
     assert site.overrides["versions.driver"] and site.overrides["versions.hca_fw"]
+    from podhealth.sim.tree_proc import KERNEL_RELEASE
+    assert site.overrides["versions.kernel"] == KERNEL_RELEASE
     assert site.overrides["network.roles"]["compute"]["count"] == 8
     # every captured value says where it came from
     assert re.search(r"^gpu_count: 8 +# nvml: gpu_devices$", text, re.M)
@@ -50,7 +52,7 @@ def test_capture_on_the_simulator_round_trips(tmp_path: Path) -> None:
     # the HCAs' own PCIe links (infiniband collector, device/current_link_*): a comment, not judged
     assert "# HCA PCIe links: 9 at gen5 x16" in text
     # the simulator has no kernel release or OFED: said, not guessed
-    assert "# kernel: not readable on this node, not stated" in text
+    assert "# ofed: not readable on this node, not stated" in text
     same = cli("diff", str(path), "--simulate", "dgx-h100", "--format", "json", sim_root=tmp_path / "sim")
     assert same.returncode == 0, same.stdout + same.stderr
     body = json.loads(same.stdout)
