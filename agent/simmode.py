@@ -89,6 +89,9 @@ def setup(cfg: Config, profile: str, root: Path, name: str) -> SimSetup:
         # The simulated kernel stamps its records against the simulated node's boot (its t0),
         # not this machine's: without this, every simulated XID would look an hour old.
         "kmsg": {"boot_time": lambda: node.state.t0, "reader": kmsg_reader},
+        # No nv-hostengine behind the simulated GPUs: said as that, not as "install DCGM".
+        "dcgm": {"unavailable": "DCGM is not simulated: its profiling fields (DCGM_FI_PROF_*) stay absent "
+                                "under --simulate"},
         # The evidence bundle's dmesg part: the simulated node's kernel log, not this machine's.
         "bundle": {"dmesg": lambda: (dmesg_text(node.kmsg_path), "")},
         # The fail-slow probes read the node's performance model (spread, slow-* faults).

@@ -151,6 +151,10 @@ class DcgmCollector:
             self._handle = None
 
 
-def create(cfg: Config) -> DcgmCollector:
+def create(cfg: Config, unavailable: str = "") -> DcgmCollector:
+    """`unavailable`: a seam for a node that has no DCGM by construction (`agent --simulate`: the
+    simulator has no nv-hostengine), said instead of the install hint that would mislead there."""
+    if unavailable:
+        raise CollectorDisabled(unavailable)
     b = load_bindings(cfg.paths.dcgm_bindings)
     return DcgmCollector(b, cfg.collectors.dcgm.hostengine, cfg.collectors.dcgm.interval)

@@ -181,8 +181,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
         except (OSError, ValueError, KeyError, TypeError) as e:
             print(f"{name}\t(unreadable: {e})")
             continue
-        faults = ", ".join(f.describe() for f in st.faults) or "healthy"
-        print(f"{name}\t{st.profile}\t{len(st.gpus)} GPUs\t{faults}")
+        # A reboot is done once injected (the node booted then; only its time is kept, for btime):
+        # listed as when it booted, never as a fault still on the node.
+        faults = ", ".join(f.describe() for f in st.faults if f.kind != "reboot") or "healthy"
+        boots = [f.injected_at for f in st.faults if f.kind == "reboot"]
+        booted = f"\tbooted {time.strftime('%H:%M:%S', time.localtime(max(boots)))}" if boots else ""
+        print(f"{name}\t{st.profile}\t{len(st.gpus)} GPUs\t{faults}{booted}")
     return 0
 
 

@@ -127,3 +127,16 @@ def test_inject_from_another_process_reaches_a_running_nvml_view(tmp_path: Path)
         pynvml.nvmlShutdown()
     finally:
         nvml_lib.uninstall()
+
+
+def test_list_forgets_a_finished_reboot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(tmp_path, "node", "dgx01") == 0
+    assert run(tmp_path, "inject", "dgx01", "fault=reboot") == 0
+    capsys.readouterr()
+    assert run(tmp_path, "list") == 0
+    line = capsys.readouterr().out.strip()
+    assert line.split("\t")[3] == "healthy" and "reboot" not in line and "\tbooted " in line, line
+    assert run(tmp_path, "inject", "dgx01", "fault=dbe", "gpu=1") == 0
+    capsys.readouterr()
+    assert run(tmp_path, "list") == 0
+    assert "dbe" in capsys.readouterr().out.split("\t")[3]
