@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Agent overhead vs node_exporter 1.5 on the same simulated DGX H100 tree (prints figures).
 
-    python bench/agent_overhead.py [--cycles 30] [--interval 1.0] [--latency-scrapes 200]
+    .venv/bin/python bench/agent_overhead.py [--cycles 30] [--interval 1.0] [--latency-scrapes 200]
 
 Part 1, like for like: `podhealth agent` with only the infiniband and nfs collectors (mountstats
 + /proc/net/rpc/nfs) and node_exporter with only --collector.infiniband, .mountstats and .nfs,
@@ -34,6 +34,14 @@ Prometheus would, for SECONDS of wall time: CPU as a share of one core, by part.
 """
 
 from __future__ import annotations
+
+import sys as _sys
+from pathlib import Path as _Path
+
+_sys.path.insert(0, str(_Path(__file__).resolve().parent))
+import projectenv  # noqa: E402
+
+projectenv.require()  # before anything that needs the project's packages
 
 import argparse
 import os

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One aggregator, 10,000 simulated nodes reporting every 10 s, plus bursts of events (prints figures).
 
-    python bench/aggregator_scale.py [--quick] [--nodes 10000] [--interval 10] [--duration 60]
+    .venv/bin/python bench/aggregator_scale.py [--quick] [--nodes 10000] [--interval 10] [--duration 60]
                                      [--full-interval 300] [--burst-duration 30] [--full-duration 30]
                                      [--concurrency 128] [--floor-duration 30]
 
@@ -30,6 +30,14 @@ This machine's other load shows up in the latency figures: run it on a quiet box
 """
 
 from __future__ import annotations
+
+import sys as _sys
+from pathlib import Path as _Path
+
+_sys.path.insert(0, str(_Path(__file__).resolve().parent))
+import projectenv  # noqa: E402
+
+projectenv.require()  # before anything that needs the project's packages
 
 import argparse
 import asyncio

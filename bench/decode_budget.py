@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What reading one report costs at best, against the budget issue 20's target leaves (prints figures).
 
-    python bench/decode_budget.py [--floor-us 65] [--number 20000]
+    .venv/bin/python bench/decode_budget.py [--floor-us 65] [--number 20000]
 
 Issue 20 target 3 asks the aggregator's CPU per report to be at most 1.2x that of an empty
 aiohttp handler under the same load, so the aggregator's own work per report (authenticate,
@@ -16,6 +16,14 @@ read of the body (`ingest.read_posted`), for a lease and for a healthy DGX H100'
 """
 
 from __future__ import annotations
+
+import sys as _sys
+from pathlib import Path as _Path
+
+_sys.path.insert(0, str(_Path(__file__).resolve().parent))
+import projectenv  # noqa: E402
+
+projectenv.require()  # before anything that needs the project's packages
 
 import argparse
 import sys

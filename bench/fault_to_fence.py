@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fault to fence: XID 79 in a simulated node's kernel log -> DRAIN in a real loopback Slurm (prints figures).
 
-    python bench/fault_to_fence.py [--quick] [--trials 50] [--nodes 6] [--no-alerts]
+    .venv/bin/python bench/fault_to_fence.py [--quick] [--trials 50] [--nodes 6] [--no-alerts]
 
 Runs real components on loopback: a Slurm cluster (slurmctld + one slurmd per node), one
 `podhealth agent --simulate dgx-h100` per node (pushing to the aggregator), the aggregator
@@ -26,6 +26,14 @@ p99 <= 0.5 s (issue 8 asked for 2 s).
 """
 
 from __future__ import annotations
+
+import sys as _sys
+from pathlib import Path as _Path
+
+_sys.path.insert(0, str(_Path(__file__).resolve().parent))
+import projectenv  # noqa: E402
+
+projectenv.require()  # before anything that needs the project's packages
 
 import argparse
 import contextlib

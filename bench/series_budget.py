@@ -8,10 +8,18 @@
    the agent's dcgm-exporter families only (a metric_relabel keeps DCGM_FI_*). Each reports its
    own prometheus_tsdb_head_series (per node) and the bytes per sample of its head chunks.
 
-Run from the repository root: `python3 bench/series_budget.py [--nodes 3] [--seconds 150]`.
+Run from the repository root: `.venv/bin/python bench/series_budget.py [--nodes 3] [--seconds 150]`.
 """
 
 from __future__ import annotations
+
+import sys as _sys
+from pathlib import Path as _Path
+
+_sys.path.insert(0, str(_Path(__file__).resolve().parent))
+import projectenv  # noqa: E402
+
+projectenv.require()  # before anything that needs the project's packages
 
 import argparse
 import contextlib

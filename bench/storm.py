@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fencing under a storm, and fencing throughput, into a real loopback Slurm (prints figures).
 
-    python bench/storm.py [--quick] [--storm-nodes 1000] [--spread-nodes 200] [--spread-seconds 60]
+    .venv/bin/python bench/storm.py [--quick] [--storm-nodes 1000] [--spread-nodes 200] [--spread-seconds 60]
                           [--no-slurm]
 
 Case 1, storm: `storm-nodes` report-generating nodes (see benchlib.ReportFactory) are known and
@@ -28,6 +28,14 @@ Slurm figures are not printed.
 """
 
 from __future__ import annotations
+
+import sys as _sys
+from pathlib import Path as _Path
+
+_sys.path.insert(0, str(_Path(__file__).resolve().parent))
+import projectenv  # noqa: E402
+
+projectenv.require()  # before anything that needs the project's packages
 
 import argparse
 import asyncio

@@ -107,7 +107,7 @@ def argv_for(path: tuple[str, ...], pod: Pod, tmp: Path) -> list[str]:
         argv += [a.option_strings[0], value] if a.option_strings else [value]
     top = path[0]
     if top == "fleet":  # the fleet's own options go before the action
-        argv[1:1] = ["--url", pod.aggregator, "--token", pod.admin_token]
+        argv[1:1] = ["--url", pod.aggregator, f"--token={pod.admin_token}"]  # a token may begin with "-"
     extra = {
         "check": ["--node", NODE, "--aggregator", pod.aggregator, "--config", str(pod.aggregator_config)],
         "burnin": ["--duration", "1", "--device", "cpu", "--gpus", "0", "--size", "64", "--watch", "none"],

@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +20,29 @@ pytestmark = pytest.mark.timeout(60)
 STATIC = Path(ui.__file__).parent / "static"
 
 
-def js(expr: str) -> Any:
-    """Evaluate `expr` (with timefmt.js and timeline.js imported as T and L) in Node; its JSON value."""
+def run_modules(modules: dict[str, str], expr: str) -> Any:
+    """Import the named static files as ES modules (name -> file) and print `expr` as JSON. They
+    are copied beside a package.json saying "type": "module": Node 18 (Debian 12's) loads a .js
+    file as CommonJS without it, and only newer Nodes detect the module syntax themselves."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("node (Node.js) is not installed; the browser test exercises the same code")
-    script = (f"const T = await import({json.dumps((STATIC / 'timefmt.js').as_uri())});\n"
-              f"const L = await import({json.dumps((STATIC / 'timeline.js').as_uri())});\n"
-              f"process.stdout.write(JSON.stringify({expr}));\n")
-    out = subprocess.run([node, "--input-type=module", "-e", script], capture_output=True, text=True, timeout=30)
+    with tempfile.TemporaryDirectory(prefix="podhealth-js-") as td:
+        for f in STATIC.glob("*.js"):
+            shutil.copy(f, td)
+        (Path(td) / "package.json").write_text('{"type": "module"}\n')
+        script = "".join(f"const {name} = await import({json.dumps((Path(td) / file).as_uri())});\n"
+                         for name, file in modules.items())
+        script += f"process.stdout.write(JSON.stringify({expr}));\n"
+        out = subprocess.run([node, "--input-type=module", "-e", script], capture_output=True, text=True,
+                             timeout=30, cwd=td)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+def js(expr: str) -> Any:
+    """Evaluate `expr` (with timefmt.js and timeline.js imported as T and L) in Node; its JSON value."""
+    return run_modules({"T": "timefmt.js", "L": "timeline.js"}, expr)
 
 
 NOW = 1_796_000_000.0
@@ -96,14 +109,7 @@ def test_time_range() -> None:
 
 
 def chart(expr: str) -> Any:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node (Node.js) is not installed; the browser test exercises the same code")
-    script = (f"const C = await import({json.dumps((STATIC / 'chart.js').as_uri())});\n"
-              f"process.stdout.write(JSON.stringify({expr}));\n")
-    out = subprocess.run([node, "--input-type=module", "-e", script], capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return run_modules({"C": "chart.js"}, expr)
 
 
 def test_fleet_samples_split_where_the_aggregator_was_away() -> None:
