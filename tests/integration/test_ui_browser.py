@@ -402,6 +402,13 @@ def test_fleet_page_with_hundreds_of_nodes(tmp_path: Path, browser: Any, artifac
             1 for x in json.loads(http_get(agg.url + "/ui/api/fleet")[1])["nodes"] if x["state"] == "FAIL")
 
 
+# An audit line as long as real ones: the scontrol command with podhealth's whole reason, and an
+# output holding sha256 digests (bundles); the node page wraps them in a 1,400 px window.
+LONG_COMMAND = ("scontrol", "update", "NodeName=dgx03", "State=DRAIN",
+                "Reason=podhealth:xid/gpu5:RESET_GPU:XID_79_GPU_has_fallen_off_the_bus_" + "x" * 120 + "[2026-12-07T10:00:00Z]")
+LONG_OUTPUT = "bundle sha256 " + "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08" * 3
+
+
 def seed_a_day(db: Path, now: float) -> int:
     """A day of history in the store before the aggregator starts: fleet samples every 5 min (dgx03
     FAIL, then fenced from -9 h to -6 h; dgx02 WARN from -3 h to -2 h), and dgx03's verdicts, XID
@@ -427,7 +434,7 @@ def seed_a_day(db: Path, now: float) -> int:
         Store.op_verdict("dgx03", fail, "xid", "gpu5", "FAIL", "RESET_GPU", "agent", "XID 79: GPU has fallen off the bus"),
         Store.op_event("dgx03-xid-seeded", "dgx03", "event", fail - 1, fail - 1, json.dumps(xid_event(fail - 1, gpu=5))),
         Store.op_audit(fenced - 1, "dgx03", "policy", "fence requested", "xid gpu5 FAIL RESET_GPU"),
-        Store.op_audit(fenced, "dgx03", "policy", "fence done", "xid gpu5 FAIL RESET_GPU"),
+        Store.op_audit(fenced, "dgx03", "policy", "fence done", "xid gpu5 FAIL RESET_GPU", LONG_COMMAND, LONG_OUTPUT),
         Store.op_audit(fenced + 600, "dgx03", "ladder", "reset_gpu done", "xid gpu5 FAIL RESET_GPU"),
         Store.op_verdict("dgx03", released - 600, "xid", "gpu5", "OK", "NONE", "agent"),
         Store.op_audit(released, "dgx03", "operator:alice", "release done", "GPU5 reseated, diag passed"),
@@ -477,6 +484,9 @@ def test_history_charts_over_a_day(tmp_path: Path, browser: Any, artifacts: Path
         expect(page.locator("#links a")).to_have_count(7)  # every board with a node variable
         no_raw_epoch(page)
         page.screenshot(path=str(artifacts / "ui-history-node.png"), full_page=True)
+        expect(page.locator("#audit")).to_contain_text("NodeName=dgx03")
+        # the long scontrol line and the digests wrap: nothing makes the page wider than the window
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1400
         timeline.screenshot(path=str(artifacts / "ui-history-timeline.png"))
         page.select_option("#timeline-span", "3600")  # the last hour: nothing happened, no marks
         expect(timeline.locator('[data-kind="fence"]')).to_have_count(0)
