@@ -8,9 +8,10 @@ cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
 want=(python3-venv python3-pip)
 if [ "${1:-}" = "--test" ]; then
-  # nodejs: the UI's JavaScript unit tests. All of these are in Debian 12's and Ubuntu's archives.
+  # nodejs: the UI's JavaScript unit tests; libatomic1: the Node.js that playwright (the browser
+  # tests' driver) ships needs it, and a fresh Debian lacks it. All are in Debian 12's and Ubuntu's archives.
   want+=(slurmctld slurmd slurm-client munge prometheus prometheus-alertmanager
-         prometheus-node-exporter victoria-metrics chromium systemd postgresql nodejs)
+         prometheus-node-exporter victoria-metrics chromium systemd postgresql nodejs libatomic1)
 fi
 missing=()
 for p in "${want[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
