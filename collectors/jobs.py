@@ -181,10 +181,9 @@ class JobsCollector:
         for p in pods:
             gpus: set[int] = set()
             for dev in p.device_ids:
-                if dev.isdigit():  # the device plugin's --device-id-strategy=index
-                    gpus.add(int(dev))
-                elif dev in index:
-                    gpus.add(index[dev])
+                gpu = gpu_of_device(dev, index)
+                if gpu is not None:
+                    gpus.add(gpu)
             if gpus:
                 out.append(JobRecord("kubernetes", _pod_id(p.namespace, p.pod),
                                      tuple(sorted(gpus)), namespace=p.namespace, pod=p.pod))
@@ -259,6 +258,21 @@ def _pod_id(namespace: str, pod: str) -> str:
     """A pod's job id: namespace/name when it fits a label and a file name, else the name alone."""
     joined = f"{namespace}.{pod}"
     return joined if job_records.valid_job_id(joined) else (pod if job_records.valid_job_id(pod) else "pod")
+
+
+_DRA_GPU = re.compile(r"gpu-(\d{1,3})(?:-mig-.*)?$")
+
+
+def gpu_of_device(dev: str, index: dict[str, int]) -> int | None:
+    """The GPU index a kubelet device id names: an index (the device plugin's
+    --device-id-strategy=index), a UUID (GPU-..., the default), a MIG UUID the map knows, or NVIDIA's
+    DRA driver's device name (gpu-3, gpu-3-mig-1g.10gb-...: the GPU's index, a MIG slice's parent)."""
+    if dev.isdigit():
+        return int(dev)
+    if dev in index:
+        return index[dev]
+    m = _DRA_GPU.match(dev)
+    return int(m.group(1)) if m else None
 
 
 def nvml_uuid_map(library_path: str) -> UuidMap:

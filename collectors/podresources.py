@@ -5,16 +5,26 @@ The kubelet serves gRPC on a unix socket (/var/lib/kubelet/pod-resources/kubelet
 plugin the resource is `nvidia.com/gpu` and the device ids are GPU UUIDs ("GPU-…", or "MIG-…"
 for MIG slices), or indices when the plugin runs with `--device-id-strategy=index`.
 
-grpcio is an optional extra (`podhealth[kubernetes]`): without it this source is skipped with a
-reason, never an error. The messages are decoded here with a small protobuf wire reader rather
-than generated stubs (no protoc, no protobuf runtime): only the fields below are read, and
-unknown fields are skipped as the wire format allows, so newer kubelets (dynamic resources,
-memory) still parse.
+Dynamic Resource Allocation (DRA, the way the GPU Operator is moving: a ResourceClaim instead of
+a device-plugin count) shows in the same answer since Kubernetes 1.27 (on by default from 1.34):
+a container's `dynamic_resources` name the claim and, per allocated device, the DRA driver
+(`gpu.nvidia.com`), its device name (`gpu-3`, MIG `gpu-3-mig-...`) and its CDI devices.
+
+grpcio is an optional extra (`podhealth[podresources]`, grpcio alone: no Kubernetes client on a GPU
+node): without it this source is skipped with a reason, never an error. The messages are decoded
+here with a small protobuf wire reader rather than generated stubs (no protoc, no protobuf
+runtime): only the fields below are read, and unknown fields are skipped as the wire format
+allows, so newer kubelets still parse.
 
     ListPodResourcesResponse { repeated PodResources pod_resources = 1; }
     PodResources             { string name = 1; string namespace = 2; repeated ContainerResources containers = 3; }
-    ContainerResources       { string name = 1; repeated ContainerDevices devices = 2; ... }
+    ContainerResources       { string name = 1; repeated ContainerDevices devices = 2; ...;
+                               repeated DynamicResource dynamic_resources = 5; }
     ContainerDevices         { string resource_name = 1; repeated string device_ids = 2; ... }
+    DynamicResource          { string claim_name = 2; string claim_namespace = 3; repeated ClaimResource claim_resources = 4; }
+    ClaimResource            { repeated CDIDevice cdi_devices = 1; string driver_name = 2; string pool_name = 3;
+                               string device_name = 4; }
+    CDIDevice                { string name = 1; }
 """
 
 from __future__ import annotations
@@ -25,11 +35,13 @@ from typing import Iterator
 
 LIST_METHOD = "/v1.PodResourcesLister/List"
 GPU_RESOURCES = ("nvidia.com/gpu",)
+# DRA drivers whose devices are GPUs (NVIDIA's k8s-dra-driver-gpu); reported as resource "dra:DRIVER".
+GPU_DRA_DRIVERS = ("gpu.nvidia.com",)
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # the kubelet's own default limit for this API
 
 
 class GrpcMissing(Exception):
-    """grpcio is not installed (pip install 'podhealth[kubernetes]')."""
+    """grpcio is not installed (pip install 'podhealth[podresources]')."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +51,7 @@ class PodDevices:
     container: str
     resource: str
     device_ids: tuple[str, ...]
+    claim: str = ""  # DRA: "namespace/claim" the devices were allocated to ("" for a device plugin's)
 
 
 # ---- protobuf wire format (proto3): just enough to read length-delimited and varint fields ----
@@ -108,8 +121,10 @@ def _string(buf: bytes, num: int) -> str:
 def parse_list_response(buf: bytes, resources: tuple[str, ...] = GPU_RESOURCES) -> list[PodDevices]:
     """A ListPodResourcesResponse -> the containers holding any of `resources`.
 
-    PodResources{1 name, 2 namespace, 3 containers}; ContainerResources{1 name, 2 devices};
-    ContainerDevices{1 resource_name, 2 device_ids} (k8s.io/kubelet podresources/v1)."""
+    PodResources{1 name, 2 namespace, 3 containers}; ContainerResources{1 name, 2 devices,
+    5 dynamic_resources}; ContainerDevices{1 resource_name, 2 device_ids} (k8s.io/kubelet
+    podresources/v1). A DRA claim's GPUs come as resource "dra:DRIVER" with the device names, and
+    the GPU UUIDs its CDI device names carry ("k8s.gpu.nvidia.com/gpu=GPU-..."), for the mapping."""
     out: list[PodDevices] = []
     for pod in _msgs(buf, 1):
         name, namespace = _string(pod, 1), _string(pod, 2)
@@ -120,6 +135,31 @@ def parse_list_response(buf: bytes, resources: tuple[str, ...] = GPU_RESOURCES) 
                 ids = tuple(_text(v) for v in _msgs(d, 2))
                 if resource in resources and ids:
                     out.append(PodDevices(namespace, name, cname, resource, ids))
+            out += _dynamic(c, namespace, name, cname)
+    return out
+
+
+def _dynamic(container: bytes, namespace: str, pod: str, cname: str) -> list[PodDevices]:
+    out: list[PodDevices] = []
+    for dr in _msgs(container, 5):
+        claim = f"{_string(dr, 3) or namespace}/{_string(dr, 2)}"
+        by_driver: dict[str, list[str]] = {}
+        for cr in _msgs(dr, 4):
+            driver = _string(cr, 2)
+            if driver not in GPU_DRA_DRIVERS:
+                continue
+            ids = by_driver.setdefault(driver, [])
+            device = _string(cr, 4)
+            if device:
+                ids.append(device)
+            for cdi in _msgs(cr, 1):
+                qualified = _string(cdi, 1)  # vendor/class=NAME
+                tail = qualified.rpartition("=")[2]
+                if tail.startswith(("GPU-", "MIG-")):
+                    ids.append(tail)
+        for driver, ids in by_driver.items():
+            if ids:
+                out.append(PodDevices(namespace, pod, cname, f"dra:{driver}", tuple(dict.fromkeys(ids)), claim))
     return out
 
 
@@ -132,7 +172,7 @@ def list_gpu_pods(socket: Path, timeout: float) -> list[PodDevices]:
     try:
         import grpc
     except ImportError:
-        raise GrpcMissing("the kubelet PodResources API needs grpcio: pip install 'podhealth[kubernetes]'") from None
+        raise GrpcMissing("the kubelet PodResources API needs grpcio: pip install 'podhealth[podresources]'") from None
     if not socket.exists():
         raise FileNotFoundError(str(socket))
     channel = grpc.insecure_channel(f"unix://{socket}", options=[

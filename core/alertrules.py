@@ -101,3 +101,25 @@ def render(text: str, job_selector: str = DEFAULT_JOB_SELECTOR, runbook_base: st
     if not all(u.startswith(base) for u in _runbooks(got)):
         raise RulesError("a runbook_url is not a plain `runbook_url: URL` line: write it unquoted on one line")
     return out
+
+
+def render_dashboard(text: str, job_selector: str = DEFAULT_JOB_SELECTOR) -> str:
+    """A Grafana dashboard (JSON) with the site's job selector in its queries: the panels on
+    Prometheus' own series about the scrape (`scrape_duration_seconds`, `up`) select the agents
+    by job, and stayed empty on a site whose job is not `podhealth` (the Kubernetes PodMonitor's).
+    Only `expr` strings change; the default selector returns `text` as it is."""
+    import json
+
+    sel = check_job_selector(job_selector)
+    if sel == DEFAULT_JOB_SELECTOR:
+        return text
+    doc = json.loads(text)
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: (v.replace(DEFAULT_JOB_SELECTOR, sel) if k == "expr" and isinstance(v, str) else walk(v))
+                    for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+    return json.dumps(walk(doc), indent=2) + "\n"

@@ -73,6 +73,8 @@ def export(dest: Path, overwrite: bool = False, job_selector: str = alertrules.D
         data = a.source.read_bytes()
         if a.relpath == RULES:
             data = alertrules.render(data.decode(), job_selector, runbook_base).encode()
+        elif a.relpath.startswith("dashboards/") and a.relpath.endswith(".json"):
+            data = alertrules.render_dashboard(data.decode(), job_selector).encode()
         todo.append((data, dest / a.relpath))
     clash = [str(t) for _, t in todo if t.exists()]
     if clash and not overwrite:

@@ -140,7 +140,7 @@ class JobsConfig(CollectorConfig):
         "Where podhealth-slurm-prolog records each job's GPUs (one file per job; the epilog removes it).",
         Path("/run/podhealth/jobs"))
     pod_resources_socket: Annotated[Path, AbsPath()] = doc(
-        "The kubelet's PodResources API (gRPC; needs podhealth[kubernetes]); skipped when the socket is absent.",
+        "The kubelet's PodResources API (gRPC; needs podhealth[podresources]); skipped when the socket is absent.",
         Path("/var/lib/kubelet/pod-resources/kubelet.sock"))
     dcgm_job_mapping_dir: Annotated[Path, AbsPath()] | None = doc(
         "Write dcgm-exporter's HPC job-mapping files here (one file per GPU index naming its jobs, as\n"

@@ -1,5 +1,6 @@
 """Optional dependencies, installed as pip extras: `podhealth[kubernetes]`, `podhealth[influx]`,
-`podhealth[postgresql]`.
+`podhealth[postgresql]`, `podhealth[podresources]` (grpcio only, for the agent's kubelet source:
+collectors/podresources.py raises its own GrpcMissing naming it).
 
 The node agent needs neither (the Kubernetes client alone is ~126 MB installed), so they are not
 core dependencies; every import of them is lazy and goes through `require()`, which turns a

@@ -31,6 +31,15 @@ _EXIT_CODES = """exit codes:
   64  usage error: the command line makes no sense (unknown option, bad value)"""
 
 
+def _pod_gpus(text: str) -> object:
+    from podhealth.checks.cli import podgpus
+
+    try:
+        return podgpus.parse(text) or "all"
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 class CheckError(Exception):
     """Could not get a verdict (unreachable, refused): printed as one line, exit 2."""
 
@@ -61,6 +70,13 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     from podhealth.checks.cli.bcm import add_options as add_bcm_options
 
     add_bcm_options(p.add_argument_group("--format bcm"))
+    p.add_argument("--gpus", type=_pod_gpus, default=None, metavar="LIST",
+                   help="judge only these GPUs (and the node-wide checks): indices or GPU UUIDs as the NVIDIA "
+                        "container runtime gives them, e.g. --gpus \"$NVIDIA_VISIBLE_DEVICES\"; all = every GPU")
+    p.add_argument("--preflight", action="store_true",
+                   help="a pod's preflight (an init container): read the agent's current verdict (its open "
+                        "/health, no token, no tests run) for --gpus; exit 1 only on a FAIL, so an undecided "
+                        "node lets the job start, as the Slurm prolog does")
     p.add_argument("--drain-self", action="store_true",
                    help="with --slurm-health: drain this node on FAIL (reason 'podhealth: ...') and resume only nodes podhealth drained")
     p.set_defaults(func=run)
@@ -241,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
         from podhealth.checks.cli.slurm_health import run_slurm_health
 
         return run_slurm_health(cfg, drain_self=args.drain_self)
+    if args.preflight:
+        return _preflight(cfg, args)
     on_progress, stop = _progress_printer(args.format)
     try:
         aggregator = args.aggregator or cliconfig.aggregator_url() or next(iter(cfg.publish.urls()), "")
@@ -260,7 +278,51 @@ def run(args: argparse.Namespace) -> int:
         print(f"podhealth check: {e}", file=sys.stderr)
         return EXIT_UNKNOWN
     stop()
+    rep = _for_pod(rep, args.gpus)
     render(rep, args.format, sys.stdout, args.verbose)
     if args.format != "table":
         print(rep.summary(), file=sys.stderr)
     return rep.exit_code
+
+
+def _for_pod(rep: SuiteReport, gpus: object) -> SuiteReport:
+    """The report narrowed to a pod's GPUs (--gpus), with a note saying so."""
+    from dataclasses import replace
+
+    from podhealth.checks.cli import podgpus
+
+    if not isinstance(gpus, podgpus.PodGpus):
+        return rep
+    results, why = podgpus.for_pod(rep.results, gpus)
+    note = why or f"judged for GPUs {gpus.describe()} and the node-wide checks only (--gpus)"
+    return replace(rep, results=tuple(results), notes=(*rep.notes, note))
+
+
+def _preflight(cfg: Config, args: argparse.Namespace) -> int:
+    """`check --preflight --gpus LIST`: the agent's current verdict for a pod's GPUs. A FAIL stops
+    the pod (exit 1); no answer or UNKNOWN lets it start (exit 0, said on stderr): a preflight that
+    blocks every pod while an agent restarts would take the node out more surely than a fence."""
+    import time
+
+    from podhealth.checks.cli.slurm_health import agent_report, line
+
+    try:
+        url = args.url or (agent_url(cfg, args.node, args.aggregator or cliconfig.aggregator_url())
+                           if args.node else f"http://127.0.0.1:{cfg.listen.port}")
+    except CheckError as e:
+        print(f"podhealth check --preflight: undecided, the pod may start: {e}", file=sys.stderr)
+        return 0
+    started = time.time()
+    node_rep = agent_report(url, timeout=min(args.timeout, 10.0))
+    if node_rep is None:
+        print(f"podhealth check --preflight: no verdict from the agent at {url}: undecided, the pod may start",
+              file=sys.stderr)
+        return 0
+    rep = _for_pod(SuiteReport(node=node_rep.node, profile=node_rep.profile, results=node_rep.results,
+                               started=started, finished=time.time()), args.gpus)
+    render(rep, args.format, sys.stdout, args.verbose)
+    for r in rep.results:
+        if r.status.value in ("FAIL", "UNKNOWN"):
+            print(f"podhealth check --preflight: {'undecided: ' if r.status.value == 'UNKNOWN' else ''}{line(r)}",
+                  file=sys.stderr)
+    return 1 if rep.exit_code == 1 else 0

@@ -53,11 +53,14 @@ def test_amtool_check_config() -> None:
     assert "SUCCESS" in r.stdout
 
 
-# Where each severity goes (alertmanager.yml); node-scoped alerts also reach the aggregator.
+# Where each severity goes (alertmanager.yml); podhealth's node-scoped alerts also reach the
+# aggregator, a site's alert with a node label does not.
 ROUTES = {
-    ("severity=critical", "node=dgx01"): "podhealth-aggregator,pager",
-    ("severity=warning", "node=dgx01"): "podhealth-aggregator,ticket",
-    ("severity=info", "node=dgx01"): "podhealth-aggregator,none",
+    ("alertname=PodhealthGPULost", "severity=critical", "node=dgx01"): "podhealth-aggregator,pager",
+    ("alertname=PodhealthIBPortDegraded", "severity=warning", "node=dgx01"): "podhealth-aggregator,ticket",
+    ("alertname=PodhealthGPUXidRate", "severity=info", "node=dgx01"): "podhealth-aggregator,none",
+    ("alertname=SiteDiskFull", "severity=critical", "node=dgx01"): "pager",
+    ("alertname=NodeFilesystemAlmostOutOfSpace", "severity=warning", "node=dgx01"): "ticket",
     ("severity=critical",): "pager",
     ("severity=warning",): "ticket",
     ("severity=info",): "none",

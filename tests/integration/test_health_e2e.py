@@ -240,3 +240,24 @@ def test_slurm_health_mode_reads_the_local_agent(agent: Service, tmp_path: Path)
     assert "ERROR: podhealth: ib_port mlx5_1/1:" in bad.stdout and "[DRAIN]" in bad.stdout
     clear(agent)
     all_ok(agent)
+
+
+def test_preflight_judges_only_the_pods_gpus(agent: Service, tmp_path: Path) -> None:
+    # a Kubernetes init container: `podhealth check --preflight --gpus $NVIDIA_VISIBLE_DEVICES`
+    inject(agent, "fault=dbe", "gpu=1")
+    report = expect(agent, {("ecc", "gpu1"): ("FAIL", "RESET_GPU")})
+    uuid = report[("ecc", "gpu1")]["evidence"]["uuid"]
+    base = ["check", "--preflight", "--url", agent.url, "--format", "json"]
+    other = _podhealth(*base, "--gpus", "0,2")  # another pod's GPUs: this one starts
+    assert other.returncode == 0, other.stderr
+    assert not any(r["entity"] == "gpu1" for r in json.loads(other.stdout)["results"])
+    for sel in ("1", uuid):  # the broken GPU, by index or as the NVIDIA runtime names it
+        mine = _podhealth(*base, "--gpus", sel)
+        assert mine.returncode == 1 and "ecc gpu1" in mine.stderr, mine.stderr
+        assert {r["entity"] for r in json.loads(mine.stdout)["results"] if r["entity"].startswith("gpu")} == {"gpu1"}
+    # no agent: undecided, the pod may start (as the Slurm prolog lets a job run)
+    gone = _podhealth("check", "--preflight", "--url", f"http://127.0.0.1:{free_port()}", "--gpus", "1")
+    assert gone.returncode == 0 and "undecided" in gone.stderr
+    assert _podhealth("check", "--preflight", "--gpus", "gpu1").returncode == 64
+    clear(agent)
+    all_ok(agent)

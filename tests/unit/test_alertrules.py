@@ -135,3 +135,20 @@ def test_every_increase_over_a_born_counter_counts_its_first_appearance() -> Non
 
 def test_the_check_finds_a_bare_increase() -> None:
     assert BORN.search('sum by (code) (increase(podhealth_xid_events_total{node=~"$node"}[10m]))')
+
+
+def test_assets_export_rewrites_the_dashboards_job_selector(tmp_path: Path) -> None:
+    # the "Scrape cost" panel queries Prometheus' own scrape series by job: empty on a site whose
+    # agents are scraped as another job (the Kubernetes PodMonitor's) until export rewrote it
+    import json
+
+    r = cli("export", str(tmp_path / "out"), "--job-selector", SITE_SEL)
+    assert r.returncode == 0, r.stderr
+    board = json.loads((tmp_path / "out" / "dashboards" / "podhealth-self.json").read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    scrape = [e for e in exprs if e.startswith("scrape_duration_seconds")]
+    assert scrape and all(SITE_SEL in e and 'job="podhealth"' not in e for e in scrape), scrape
+    assert not any('job="podhealth"' in e for e in exprs)
+    default = tmp_path / "default"
+    assert cli("export", str(default)).returncode == 0
+    assert (default / "dashboards" / "podhealth-self.json").read_bytes() == (REPO / "dashboards" / "podhealth-self.json").read_bytes()

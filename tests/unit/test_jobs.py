@@ -320,3 +320,34 @@ def test_registered_configured_documented() -> None:
     doc = (REPO / "docs" / "metrics.md").read_text(encoding="utf-8")
     section = doc.split("## jobs ", 1)[1].split("\n## ", 1)[0]
     assert set(JobsCollector.metrics) == set(re.findall(r"^\| (\w+) \|", section, re.M))
+
+
+def _dra_container(cname: str, claim: str, devices: list[tuple[str, str, list[str]]]) -> bytes:
+    """ContainerResources with one DynamicResource (field 5): ClaimResources (driver, device, CDI names)."""
+    claims = b"".join(_field(4, b"".join(_field(1, _field(1, c)) for c in cdi) + _field(2, driver) + _field(3, "pool")
+                                + _field(4, device)) for driver, device, cdi in devices)
+    return _field(1, cname) + _field(5, _field(2, claim) + _field(3, "ml") + claims)
+
+
+def test_dra_allocations_name_their_gpus() -> None:
+    # NVIDIA's DRA driver: device names gpu-N (MIG: gpu-N-mig-...), CDI names that may carry the UUID;
+    # another driver's device (a NIC) is not a GPU
+    pod = _field(1, "train-1") + _field(2, "ml") + _field(3, _dra_container("main", "gpus", [
+        ("gpu.nvidia.com", "gpu-5", ["k8s.gpu.nvidia.com/gpu=GPU-e"]),
+        ("gpu.nvidia.com", "gpu-6-mig-1g.10gb-0", []),
+        ("net.example.com", "eth1", [])]))
+    got = podresources.parse_list_response(_field(1, pod))
+    assert got == [podresources.PodDevices("ml", "train-1", "main", "dra:gpu.nvidia.com",
+                                           ("gpu-5", "GPU-e", "gpu-6-mig-1g.10gb-0"), "ml/gpus")]
+    from podhealth.collectors.jobs import gpu_of_device
+    assert [gpu_of_device(d, {"GPU-e": 5}) for d in got[0].device_ids] == [5, 5, 6]
+    assert gpu_of_device("eth1", {}) is None and gpu_of_device("GPU-unknown", {}) is None
+
+
+def test_kubelet_dra_pods_on_gpus(tmp_path: Path, kubelet: tuple[Path, dict[str, object]]) -> None:
+    sock, state = kubelet
+    pod = _field(1, "train-1") + _field(2, "ml") + _field(3, _dra_container("main", "gpus", [
+        ("gpu.nvidia.com", "gpu-1", [])]))
+    state["answer"] = _field(1, pod)
+    info, up = _info(_collector(tmp_path, sock, {}))
+    assert info == {("1", "ml.train-1", "kubernetes", "", "ml", "train-1")} and up == {"kubelet": 1.0}
