@@ -304,6 +304,8 @@ async def test_dry_run_climbs_on_paper_and_never_asks_the_agent(tmp_path: Path) 
         async with running(cfg) as (agg, _):
             await until(lambda: agg.mem.nodes["dgx01"].ladder == "verifying")
             assert agent.resets == [] and [f.name for f in agg.fencers] == ["dryrun"]
+            # memory leads the writer: wait for the audit row, not only for the state
+            await until(lambda: any(a["what"] == "gpu reset via agent (dry run)" for a in agg.store.audit_tail()))
             line = next(a for a in agg.store.audit_tail() if a["what"] == "gpu reset via agent (dry run)")
             assert line["output"] == "would reset (dry run)"
     finally:
