@@ -10,8 +10,9 @@ This module joins two sources into one stream of events:
     richer (pid, process, NVLink5 registers, XID 154's recovery action), so an XID seen both ways
     counts once and the kernel line is preferred: NVML events are held briefly and dropped when the
     matching kernel line shows up.
-Host RAS lines (EDAC memory error summaries, `mce: [Hardware Error]`) become events too
-(kind edac / mce, collectors/ras_parse.py); checks/passive/memory_ecc.py judges them.
+Host RAS lines (EDAC memory error summaries, `mce: [Hardware Error]`, fatal PCIe AER) become
+events too (kind edac / mce / aer, collectors/ras_parse.py); checks/passive/memory_ecc.py and
+aer.py (kernel_aer) judge them.
 Collectors export raw facts: what an XID means is decided in checks/passive/xid.py. Every collect() is
 bounded (records and bytes per call) and never blocks.
 """
@@ -67,7 +68,8 @@ class KmsgCollector:
         MetricSpec("sxid_events", "counter", "NVSwitch SXid errors from the kernel log"),
         MetricSpec("ras_kernel_errors", "counter",
                    "Host memory / machine-check errors reported by EDAC summary and mce lines in the kernel log "
-                   "(labels kind edac|mce, source mc0|bank4, severity corrected|uncorrected|unknown)"),
+                   "and fatal PCIe AER lines (labels kind edac|mce|aer, source mc0|bank4|the PCI address, "
+                   "severity corrected|uncorrected|unknown)"),
         MetricSpec("kmsg_lines", "counter", "Kernel log lines read"),
         MetricSpec("kmsg_malformed_lines", "counter", "NVRM Xid / NVSwitch SXid lines that did not parse"),
         MetricSpec("kmsg_records_lost", "counter", "Kernel log records overwritten before they were read"),
@@ -284,7 +286,7 @@ class KmsgCollector:
         elif ev.kind == "sxid":
             ks = (ev.device, ev.code)
             self._c.sxid[ks] = self._c.sxid.get(ks, 0) + 1
-        elif ev.kind in ("edac", "mce"):
+        elif ev.kind in ("edac", "mce", "aer"):
             kr = (ev.kind, ev.device, _RAS_SEVERITY[ev.subcode])
             self._c.ras[kr] = self._c.ras.get(kr, 0) + ev.code
 

@@ -13,7 +13,7 @@ from typing import Mapping
 
 from podhealth.sim.state import Fault, GpuSpec, NodeState
 
-LOGGED_KINDS = frozenset({"xid", "fallen-off-bus", "edac-ue"})
+LOGGED_KINDS = frozenset({"xid", "fallen-off-bus", "edac-ue", "pcie-aer-fatal"})
 
 # /dev/kmsg prio = facility * 8 + level; the kernel facility is 0. NVRM prints Xids at KERN_ERR
 # severity and its identification lines (GPU at PCI ..., serial) at KERN_INFO.
@@ -79,6 +79,10 @@ def lines_for(state: NodeState, fault: Fault, boot_time: float, first_seq: int) 
         return []
     gpu = state.gpu(fault.gpu)
     usec = max(0, int((fault.injected_at - boot_time) * 1_000_000))
+    if fault.kind == "pcie-aer-fatal":
+        # aer.c's line for the device that sent ERR_FATAL (tree_host counts the same error in sysfs)
+        return [record(PRIO_ERR, first_seq, usec, f"nvidia {gpu.pci_bus_id_short}: AER: PCIe Bus Error: "
+                       "severity=Uncorrected (Fatal), type=Transaction Layer, (Requester ID)")]
     messages: list[tuple[int, str]]
     if fault.kind == "xid" and fault.code is not None and fault.code != 79:
         pid, proc = (4242, "python3") if fault.code in _PROCESS_CODES else (None, "")

@@ -11,6 +11,8 @@ them hold for several readings first.
 
 from __future__ import annotations
 
+from typing import Any
+
 from podhealth.checks.passive.context import Context
 from podhealth.checks.passive.result import fail, ok, unknown, warn
 from podhealth.collectors.pcie_aer import ENDPOINT_KINDS
@@ -138,3 +140,28 @@ def pcie_aer(ctx: Context) -> list[CheckResult]:
             evidence["serves"] = _serves(s, gpus)
     out = [warn("pcie_aer", ent, f"{'; '.join(whats)} on {ent}", **ev) for ent, (whats, ev) in found.items()]
     return out or [ok("pcie_aer", "node", "AER error rates within limits", limit_per_hour=limit)]
+
+
+def kernel_aer(ctx: Context) -> list[CheckResult]:
+    """A fatal AER line in the kernel log (collectors/ras_parse.py), judged as it arrives: the
+    fast path of pcie_aer_fatal, whose sysfs counters are polled every 30 s. A GPU's fatal error
+    drains at once; a device this agent cannot name (an HCA, a switch) is a WARN here and is
+    judged by pcie_aer_fatal at its next reading, which knows the topology."""
+    recent = [e for e in ctx.events if e.kind == "aer" and e.time >= ctx.now - ctx.window]
+    if not recent:
+        return [ok("kernel_aer", "node", "no fatal PCIe AER error in the kernel log")]
+    gpus = _gpu_index_by_pci(ctx)
+    by_pci: dict[str, list[Any]] = {}
+    for e in recent:
+        by_pci.setdefault(normalise_pci(e.device) or e.device, []).append(e)
+    out: list[CheckResult] = []
+    for pci, evs in sorted(by_pci.items()):
+        last = max(evs, key=lambda e: e.time)
+        ev = dict(pci=pci, lines=len(evs), last=last.text)
+        if pci in gpus:
+            ent = f"gpu{gpus[pci]}"
+            out.append(fail("kernel_aer", ent, f"fatal PCIe AER error on {ent}'s link (kernel log)", Action.DRAIN, **ev))
+        else:
+            out.append(warn("kernel_aer", f"pci:{pci}", f"fatal PCIe AER error on {pci} (kernel log; not a GPU "
+                            "this agent knows: pcie_aer_fatal judges it at its next reading)", **ev))
+    return out

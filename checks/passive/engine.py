@@ -78,6 +78,7 @@ CHECKS: dict[str, CheckDef] = {
     "systemd_unit": CheckDef(host.systemd_units, ("host",)),
     "pcie_aer_fatal": CheckDef(aer.pcie_aer_fatal, ("pcie_aer",)),
     "pcie_aer": CheckDef(aer.pcie_aer, ("pcie_aer",)),
+    "kernel_aer": CheckDef(aer.kernel_aer, ("kmsg",)),
     "edac_ue": CheckDef(memory_ecc.edac_ue, ("edac",)),
     "edac_ce": CheckDef(memory_ecc.edac_ce, ("edac",)),
     "kernel_ras": CheckDef(memory_ecc.kernel_ras, ("kmsg",)),

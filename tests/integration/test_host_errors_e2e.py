@@ -84,7 +84,8 @@ def test_host_error_faults_reach_verdict_and_bcm(tmp_path: Path) -> None:
 
         def all_failed() -> bool:
             rep = health(svc)
-            want = [("pcie_aer_fatal", "gpu1"), ("edac_ue", "mc0"), ("kernel_ras", "node"), ("nvme", "nvme0")]
+            want = [("pcie_aer_fatal", "gpu1"), ("kernel_aer", "gpu1"), ("edac_ue", "mc0"), ("kernel_ras", "node"),
+                    ("nvme", "nvme0")]
             return all((r := result(rep, c, e)) is not None and r["status"] == "FAIL" for c, e in want)
         wait_until(all_failed, 60, 0.3, "every host-error fault judged FAIL")
         rep = health(svc)

@@ -115,3 +115,27 @@ def test_xid_line_reaches_the_aggregator_at_once_and_only_once(tmp_path: Path) -
     assert {r["id"] for r in x79} == {r["event"]["id"] for r in x79}
     xid = [r for r in health["results"] if r["check"] == "xid" and r["entity"] == "gpu2"]
     assert xid and xid[0]["status"] == "FAIL"
+
+
+def test_a_fatal_aer_line_drains_before_the_counters_are_read_again(tmp_path: Path) -> None:
+    """issue 31 §4: a fatal PCIe AER took one pcie_aer collection (30 s) to fence. Its kernel line
+    is read like an XID's: with the counters read once an hour here, only the line can explain
+    kernel_aer FAIL while pcie_aer_fatal still has the old reading."""
+    port = free_port()
+    sim = tmp_path / "sim"
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text("collectors: {kmsg: {interval: 300, timeout: 10}, pcie_aer: {interval: 3600, timeout: 10}}\n")
+    with service("agent", [sys.executable, "-m", "podhealth", "agent", "--config", str(cfg), "--simulate",
+                           "dgx-h100", "--sim-root", str(sim), "--node", NODE, "--listen", f"127.0.0.1:{port}"],
+                 tmp_path, port=port, ready=lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200,
+                 ready_timeout=60):
+        def results() -> dict[tuple[str, str], dict[str, Any]]:
+            body = json.loads(http_get(f"http://127.0.0.1:{port}/health")[1])
+            return {(r["check"], r["entity"]): r for r in body["results"]}
+        wait_until(lambda: ("pcie_aer_fatal", "node") in results(), 60, 0.2, "the first judgement of the counters")
+        subprocess.run([sys.executable, "-m", "podhealth", "simulate", "inject", NODE, "fault=pcie-aer-fatal", "gpu=2",
+                        "--root", str(sim)], check=True, capture_output=True, timeout=60)
+        got = wait_until(lambda: (r := results()).get(("kernel_aer", "gpu2"), {}).get("status") == "FAIL" and r,
+                         60, 0.1, "kernel_aer gpu2 FAIL")
+        assert got[("kernel_aer", "gpu2")]["action"] == "DRAIN"  # type: ignore[index]
+        assert got[("pcie_aer_fatal", "node")]["status"] == "OK"  # type: ignore[index]  # counters not read again yet

@@ -100,7 +100,8 @@ def test_ras_lines() -> None:
     got = [parse_ras(line) for line in lines]
     kinds = [(r.kind, r.uncorrected, r.count, r.source) if r else None for r in got]
     assert kinds == [("mce", None, 1, ""), None, None,
-                     ("edac", False, 1, "mc2"), ("edac", True, 1, "mc0"), ("mce", True, 1, "bank13"), None]
+                     ("edac", False, 1, "mc2"), ("edac", True, 1, "mc0"), ("mce", True, 1, "bank13"),
+                     ("aer", True, 1, "0000:18:00.0")]  # the fatal AER line: the fast path of pcie_aer_fatal
     assert got[4] is not None and got[4].label == "CPU_SrcID#0_MC#0_Chan#1_DIMM#0"
 
 
@@ -221,7 +222,8 @@ def test_kmsg_turns_edac_and_mce_lines_into_events(tmp_path: Path) -> None:
                       clock=lambda: 1_010_000.0)
     col = c.collect()
     evs = [(e.kind, e.subcode, e.code, e.device) for e in col.events]
-    assert evs == [("mce", None, 1, ""), ("edac", 0, 1, "mc2"), ("edac", 1, 1, "mc0"), ("mce", 1, 1, "bank13")]
+    assert evs == [("mce", None, 1, ""), ("edac", 0, 1, "mc2"), ("edac", 1, 1, "mc0"), ("mce", 1, 1, "bank13"),
+                   ("aer", 1, 1, "0000:18:00.0")]
     assert col.events[2].time == pytest.approx(1_000_000.0 + 9400.118001)
     s = list(col.samples)
     assert _one(s, "ras_kernel_errors", kind="edac", source="mc0", severity="uncorrected").value == 1
@@ -256,7 +258,7 @@ def _collected(*cols: object) -> list[Sample]:
 def _judge(samples: list[Sample], now: float = 1000.0, ev: Evaluator | None = None,
            events: tuple[Event, ...] = (), profile: profiles.Profile = H100) -> dict[tuple[str, str], CheckResult]:
     ev = ev or Evaluator(profile, ChecksConfig(), enabled=SOURCES)
-    only = ("pcie_aer_fatal", "pcie_aer", "edac_ue", "edac_ce", "kernel_ras", "nvme")
+    only = ("pcie_aer_fatal", "pcie_aer", "kernel_aer", "edac_ue", "edac_ce", "kernel_ras", "nvme")
     return {(r.check, r.entity): r for r in ev.evaluate(_snap(samples, now, events), now, damped=False, only=only)}
 
 
@@ -561,3 +563,42 @@ def test_smart_parser_raises_only_value_error(text: str) -> None:
 def test_ras_parser_never_raises(line: str) -> None:
     r = parse_ras(line)
     assert r is None or (r.count >= 0 and len(r.message) <= 512)
+
+
+@pytest.mark.parametrize("line, pci", [
+    # the root port names the device (older kernels, and 6.x's wording), and the device's own line
+    ("[ 812.5] pcieport 0000:17:01.0: AER: Uncorrected (Fatal) error received: 0000:18:00.0", "0000:18:00.0"),
+    ("6,881,812500000,-;pcieport 0000:17:01.0: AER: Uncorrected (Fatal) error message received from 0000:18:00.0",
+     "0000:18:00.0"),
+    ("6,882,812500010,-;nvidia 0000:18:00.0: AER: PCIe Bus Error: severity=Uncorrected (Fatal), type=Inaccessible, "
+     "(Unregistered Agent ID)", "0000:18:00.0"),
+])
+def test_fatal_aer_kernel_lines_parse(line: str, pci: str) -> None:
+    from podhealth.collectors import ras_parse
+
+    r = ras_parse.parse(line)
+    assert r is not None and r.kind == "aer" and r.uncorrected and r.source == pci
+
+
+@pytest.mark.parametrize("line", [
+    "pcieport 0000:17:01.0: AER: Corrected error received: 0000:18:00.0",
+    "nvidia 0000:18:00.0: AER: PCIe Bus Error: severity=Uncorrected (Non-Fatal), type=Transaction Layer, (Requester ID)",
+    "nvidia 0000:18:00.0: AER: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)",
+])
+def test_other_aer_lines_are_no_events(line: str) -> None:
+    from podhealth.collectors import ras_parse
+
+    assert ras_parse.parse(line) is None
+
+
+def test_kernel_aer_drains_a_gpu_at_once_and_warns_for_a_device_it_cannot_name() -> None:
+    now = 5000.0
+    gpu = Event(kind="aer", code=1, time=now - 1, text="AER: PCIe Bus Error: severity=Uncorrected (Fatal)",
+                device="0000:18:00.0", subcode=1, source="kmsg")
+    other = Event(kind="aer", code=1, time=now - 1, text="AER: ...", device="0000:99:00.0", subcode=1, source="kmsg")
+    assert _judge(_gpus(), now)[("kernel_aer", "node")].status is Status.OK
+    res = _judge(_gpus(), now, events=(gpu, other))
+    g = res[("kernel_aer", "gpu3")]
+    assert g.status is Status.FAIL and g.action is Action.DRAIN and dict(g.evidence)["pci"] == "0000:18:00.0"
+    assert res[("kernel_aer", "pci:0000:99:00.0")].status is Status.WARN
+    assert ("kernel_aer", "node") not in res
