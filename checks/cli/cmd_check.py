@@ -313,7 +313,16 @@ def _preflight(cfg: Config, args: argparse.Namespace) -> int:
         print(f"podhealth check --preflight: undecided, the pod may start: {e}", file=sys.stderr)
         return 0
     started = time.time()
-    node_rep = agent_report(url, timeout=min(args.timeout, 10.0))
+    node = args.node or cfg.node.name or os.environ.get("PODHEALTH_NODE", "")
+    try:
+        key = _token(args, cfg, node) if node else ""
+    except CheckError:
+        key = ""
+    timeout = min(args.timeout, 10.0)
+    # With the node's agent key the answer is proven (slurm_health.agent_report); a pod has no
+    # such key, so by default its preflight reads the open /health unproven: that answer can only
+    # stop this pod (never move the node), and an impostor's OK is no worse than no agent.
+    node_rep = agent_report(url, node, key, timeout) if key else _unproven_health(url, timeout)
     if node_rep is None:
         print(f"podhealth check --preflight: no verdict from the agent at {url}: undecided, the pod may start",
               file=sys.stderr)
@@ -326,3 +335,18 @@ def _preflight(cfg: Config, args: argparse.Namespace) -> int:
             print(f"podhealth check --preflight: {'undecided: ' if r.status.value == 'UNKNOWN' else ''}{line(r)}",
                   file=sys.stderr)
     return 1 if rep.exit_code == 1 else 0
+
+
+def _unproven_health(url: str, timeout: float) -> "Any":
+    """The agent's /health (a NodeReport) read without proof, bounded, within `timeout`; None
+    without an answer."""
+    from podhealth import httpclient
+    from podhealth.vocab import NodeReport
+
+    try:
+        reply = httpclient.exchange("GET", url.rstrip("/") + "/health", deadline_s=timeout, max_bytes=4 << 20)
+        if reply.status != 200:
+            return None
+        return NodeReport.from_json(json.loads(reply.body))
+    except (httpclient.ExchangeError, ValueError, KeyError, TypeError, RecursionError):
+        return None
