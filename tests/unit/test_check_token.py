@@ -17,9 +17,12 @@ SECRET = "0123456789abcdef" * 4
 
 
 @pytest.fixture(autouse=True)
-def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def _no_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for var in ("PODHEALTH_TOKEN", "PODHEALTH_AGENT_TOKEN", "PODHEALTH_CLUSTER_SECRET"):
         monkeypatch.delenv(var, raising=False)
+    # this user's key ring (credentials.user_key) is where every `agent --simulate` on the machine
+    # leaves a key: an earlier test's dgx07 must not answer for this one
+    monkeypatch.setenv("PODHEALTH_SIM_DIR", str(tmp_path / "sim"))
 
 
 def _args(config: str | None = None, token: str | None = None) -> argparse.Namespace:
