@@ -192,6 +192,17 @@ def connect(url: str) -> PgConnection:
 
 # ---- the schema version (SQLite keeps it in PRAGMA user_version) --------------------------------
 
+# Statements that only PostgreSQL needs, run right after the store's migration N (same transaction).
+PG_AFTER: dict[int, tuple[str, ...]] = {
+    # 11: every write of a node row records its transaction's id (Store.observed_after)
+    11: ("CREATE FUNCTION nodes_change_xid_fn() RETURNS trigger LANGUAGE plpgsql AS "
+         "$fn$BEGIN NEW.change_xid := CAST(CAST(pg_current_xact_id() AS TEXT) AS BIGINT); RETURN NEW; END$fn$",
+         "CREATE TRIGGER nodes_change_xid BEFORE INSERT OR UPDATE ON nodes FOR EACH ROW "
+         "EXECUTE FUNCTION nodes_change_xid_fn()",
+         "CREATE INDEX nodes_change_xid ON nodes (change_xid)"),
+}
+
+
 def ensure_version_table(conn: PgConnection) -> None:
     conn.execute("CREATE TABLE IF NOT EXISTS podhealth_schema (version BIGINT NOT NULL)")
     conn.execute("INSERT INTO podhealth_schema (version) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM podhealth_schema)")

@@ -327,15 +327,18 @@ class Aggregator:
 
     async def _sync_loop(self) -> None:
         """The leader takes in what the other replicas ingested (they write it to the shared
-        store; only the leader decides). The window reaches back SYNC_MARGIN so a replica's
-        slow commit or a few seconds of clock difference between replicas lose nothing."""
-        cursor = self.clock() - SYNC_MARGIN
+        store; only the leader decides): every node row written since its last read by commit
+        order (the previous read's snapshot: a commit that lands late is read when it lands),
+        and by time a window that reaches back SYNC_MARGIN on the replicas' one clock (the
+        database's, aggregator/dbclock.py)."""
+        cursor, snapshot = self.clock() - SYNC_MARGIN, ""
         while self._running:
             await asyncio.sleep(SYNC_INTERVAL)
             mem = self.mem
             started = self.clock()
             try:
-                rows, conds = await offload(self.store.observed_since, cursor)
+                # the time window, and (PostgreSQL) every row whose commit the last read did not see
+                rows, conds, snapshot = await offload(self.store.observed_after, cursor, snapshot)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the next round tries again; the lease decides who acts

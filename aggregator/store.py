@@ -213,6 +213,14 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE bundles ADD COLUMN error TEXT NOT NULL DEFAULT '';
     """,
+    # 11: the leader's read-back of the other replicas' ingest in commit order. On PostgreSQL a
+    # trigger (pgstore.PG_AFTER[11]) stamps every write of a node row with the id of the
+    # transaction that made it, and the leader reads every row whose writer was not yet visible
+    # to its previous read (Store.observed_after): a transaction that commits late, whatever
+    # time it stamped, is read when it commits. SQLite has one writer and no read-back: 0 there.
+    """
+    ALTER TABLE nodes ADD COLUMN change_xid INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 LADDER_LOOKBACK = 366 * 86400.0  # failed attempts loaded at start: longer than any sane ladder.window
@@ -263,8 +271,9 @@ class Observed(NamedTuple):
     report_seq: int
     verdict_seq: int
     retired_boots: str  # space-separated, newest first: the boots the writer of boot_id saw the node leave
-    # A report or transition was stored since the cursor, so the node's open conditions are in
-    # the same answer: only such a row may replace what the leader holds.
+    # A report or transition was stored since the cursor (or, on PostgreSQL, the row was written
+    # by a commit the last read did not see), so the node's open conditions are in the same
+    # answer: only such a row may replace what the leader holds.
     changed: bool
 
 
@@ -422,6 +431,8 @@ def _migrate_pg(conn: DbConn, upto: int) -> int:
                 conn.execute("COMMIT")
                 return version
             for stmt in _statements(MIGRATIONS[version]):
+                conn.execute(stmt)
+            for stmt in pgstore.PG_AFTER.get(version + 1, ()):
                 conn.execute(stmt)
             conn.execute(pgstore.set_version_sql(version + 1))
             conn.execute("COMMIT")
@@ -779,35 +790,53 @@ class Store:
             "SELECT node, check_name, until, reason, who, created FROM silences ORDER BY node, check_name"))
 
     def observed_since(self, since: float) -> tuple[list[Observed], list[Condition]]:
+        """observed_after without the commit-order snapshot (by time alone)."""
+        rows, conds, _ = self.observed_after(since, "")
+        return rows, conds
+
+    def observed_after(self, since: float, snapshot: str) -> tuple[list[Observed], list[Condition], str]:
         """What any replica ingested since `since`: the nodes seen, reported or with an agent
         transition since then, and the open conditions of those reported or with a transition
-        since then (Observed.changed). The leader merges them (Memory.adopt): replicas all
-        ingest, and only the leader decides."""
+        since then (Observed.changed). On PostgreSQL also every node row written by a transaction
+        that `snapshot` (the previous read's) did not yet see, whatever time it stamped: a commit
+        that lands late is read when it lands. Returns this read's snapshot for the next one
+        ('' on SQLite). The leader merges them (Memory.adopt): replicas all ingest, only the
+        leader decides."""
         # One snapshot for both reads (PostgreSQL reads each statement in its own otherwise), so a
         # row marked changed has its conditions in the answer however the replicas write between.
         begin = "BEGIN ISOLATION LEVEL REPEATABLE READ" if self.url else "BEGIN"
+        late = ""
+        params: tuple[str, ...] = ()
+        if self.url and snapshot:
+            # change_xid >= xmin first: the index narrows it; below xmin every writer was visible
+            late = (" OR (n.change_xid >= CAST(CAST(pg_snapshot_xmin(CAST(? AS pg_snapshot)) AS TEXT) AS BIGINT)"
+                    " AND NOT pg_visible_in_snapshot(CAST(CAST(n.change_xid AS TEXT) AS xid8), CAST(? AS pg_snapshot)))")
+            params = (snapshot, snapshot)
         with self._read_lock:
             db = self._read()
             db.execute(begin)
             try:
+                now_snap = str(db.execute("SELECT CAST(pg_current_snapshot() AS TEXT)").fetchone()[0]) \
+                    if self.url else ""
                 rows = [Observed(str(r[0]), float(r[1]), float(r[2]), str(r[3]), r[4], str(r[5]), int(r[6]),
                                  int(r[7]), str(r[8]), bool(r[9])) for r in db.execute(
-                    "SELECT name, report_time, last_seen, status, ok_since, boot_id, report_seq, verdict_seq, "
-                    "retired_boots, (report_time >= ? OR verdict_at >= ?) FROM nodes "
-                    "WHERE last_seen >= ? OR report_time >= ? OR verdict_at >= ?", (since,) * 5).fetchall()]
+                    "SELECT n.name, n.report_time, n.last_seen, n.status, n.ok_since, n.boot_id, n.report_seq, "
+                    f"n.verdict_seq, n.retired_boots, (n.report_time >= ? OR n.verdict_at >= ?{late}) FROM nodes n "
+                    f"WHERE n.last_seen >= ? OR n.report_time >= ? OR n.verdict_at >= ?{late}",
+                    (since, since, *params, since, since, since, *params)).fetchall()]
                 conds = [Condition(node=r[0], check=r[1], entity=r[2], status=Status(r[3]), action=Action(r[4]),
                                    severity=r[5], since=r[6], observed=r[7], source=r[8], ref=r[9], summary=r[10],
                                    notified=bool(r[11]), opened=r[12])
                          for r in db.execute(
                              "SELECT c.node, c.check_name, c.entity, c.status, c.action, c.severity, c.since, "
                              "c.observed, c.source, c.ref, c.summary, c.notified, c.opened FROM conditions c "
-                             "JOIN nodes n ON n.name = c.node WHERE n.report_time >= ? OR n.verdict_at >= ?",
-                             (since, since)).fetchall()]
+                             f"JOIN nodes n ON n.name = c.node WHERE n.report_time >= ? OR n.verdict_at >= ?{late}",
+                             (since, since, *params)).fetchall()]
                 db.execute("COMMIT")
             except BaseException:
                 rollback(db)
                 raise
-        return rows, conds
+        return rows, conds, now_snap
 
     def evacuations(self) -> dict[str, str]:
         """node -> what the journal says was done about its jobs since its current fence: the

@@ -274,3 +274,34 @@ async def test_no_replica_clock_hides_or_delays_a_failure(tmp_path: Path, pg: An
         assert lead.acting() and fencer.count("fence", "dgx03") == 1
         # both replicas keep the database's time, whatever their wall clocks say
         assert abs(follower.clock() - lead.clock()) < 1.0
+
+
+async def test_a_commit_that_lands_late_is_read_back_whatever_time_it_stamped(pg: Any) -> None:
+    """The leader's read-back is in commit order: a replica's transaction that stamped a time
+    long past (it was slow, or frozen, between stamping and committing) and commits after the
+    leader's read is in the next read, though its stamps are older than the time window."""
+    import psycopg
+
+    from podhealth.aggregator.store import NodeRow, Store
+
+    url = pg.new_database()
+    s = Store(url)
+    try:
+        s.apply([Store.op_node_insert(NodeRow("dgx01", first_seen=1.0))])
+        _, _, snap = s.observed_after(0.0, "")
+        assert snap
+        with psycopg.connect(url, autocommit=True) as late:
+            late.execute("BEGIN")
+            late.execute("UPDATE nodes SET status = 'FAIL', report_time = 5.0, report_seq = 3 WHERE name = 'dgx01'")
+            late.execute("INSERT INTO conditions (node, check_name, entity, status, action, severity, since, "
+                         "observed, source) VALUES ('dgx01', 'xid', 'GPU0', 'FAIL', 'RESET_GPU', 'critical', 5, 5, "
+                         "'agent')")
+            rows, _, snap = s.observed_after(1000.0, snap)  # in flight: not visible yet
+            assert rows == []
+            late.execute("COMMIT")
+        rows, conds, snap = s.observed_after(1000.0, snap)  # stamped at 5.0, long before the window
+        assert [(r.name, r.status, r.report_seq, r.changed) for r in rows] == [("dgx01", "FAIL", 3, True)]
+        assert [(c.node, c.check) for c in conds] == [("dgx01", "xid")]
+        assert s.observed_after(1000.0, snap)[0] == []  # read once
+    finally:
+        s.close()
