@@ -1,6 +1,6 @@
 """The node page in headless Chromium (Playwright, system Chromium): with the admin token it shows
 the operator's silence, lists the evidence bundle kept with the fence and downloads it (the same
-bytes as stored); without the token the bundles stay hidden; Mark healthy releases the fence."""
+bytes as stored), and a refused bundle with its reason; without the token the bundles stay hidden; Mark healthy releases the fence."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from podhealth.aggregator import bundles
 from podhealth.aggregator.model import FenceMode
 from tests.harness.agg import MemFencer, running
 from tests.integration.test_ui_browser import CHROMIUM, CHROMIUM_ARGS
@@ -31,6 +32,8 @@ async def test_node_page_shows_silences_and_downloads_bundles(tmp_path: Path) ->
         async with running(cfg(tmp_path, agent_url), [fencer]) as (agg, url), aiohttp.ClientSession() as s:
             await until(lambda: agg.store.bundles_of("dgx01"))
             [row] = agg.store.bundles_of("dgx01")
+            agent.answer = (200, b"not a tarball at all")  # a later bundle the aggregator refuses
+            assert await bundles.fetch(agg, "dgx01", 777) is None
             r = await s.post(f"{url}/api/v1/nodes/dgx02/silence", headers={"Authorization": f"Bearer {ADMIN}"},
                              json={"check": "nfs_mount", "duration": "2h", "reason": "NFS server maintenance",
                                    "who": "ana"})
@@ -62,6 +65,9 @@ async def walk(api: Any, browser: Any, url: str, agg: Any, fencer: MemFencer, ro
     await page.fill("#token-input", ADMIN)
     await page.click("#token-set")
     await expect(page.locator("#bundles")).to_contain_text(row["sha256"])
+    # the refused one is listed with its reason, and nothing to download
+    await expect(page.locator("#bundles tr.bundle-refused")).to_contain_text("not stored: refused: not a tar.gz")
+    assert await page.locator("#bundles tr.bundle-refused button").count() == 0
     async with page.expect_download() as got:
         await page.click("#bundles button.bundle-get")
     download = await got.value
