@@ -22,6 +22,7 @@ from tests.harness.proc import Service, free_port, http_get, service, wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 NODE = "dgx01"
 CONFIG = """
+node: {{name: dgx01}}  # the BCM check asks this node's agent, and proves its answer with dgx01's key
 listen: {{port: {port}}}
 collectors:
   nvml: {{interval: 1, timeout: 2}}
