@@ -115,7 +115,12 @@ class IbCounter:
     total: float
 
 
-def job_windows(snap: Snapshot, ib_gbs: float) -> list[dict[str, Any]]:
+def read_at(snap: Snapshot, collector: str) -> float | None:
+    st = snap.collectors.get(collector)
+    return None if st is None or snap.stale(collector) else st.last_success
+
+
+def job_windows(snap: Snapshot, ib_gbs: float | None) -> list[dict[str, Any]]:
     """One body per running job on this node: its GPUs as the collectors see them now."""
     st = snap.collectors.get("jobs")
     if st is None or snap.stale("jobs"):
@@ -152,9 +157,12 @@ def job_windows(snap: Snapshot, ib_gbs: float) -> list[dict[str, Any]]:
             key = f"{rec.scheduler}:{rec.job_id}" if rec.scheduler == "slurm" else f"{rec.namespace}/{rec.pod}"
             body = out.setdefault(key, {"id": rec.job_id if rec.scheduler == "slurm" else key,
                                         "owner": rec.user or rec.namespace, "gpus": []})
-            body["gpus"].append({"gpu": index, "sm_active": g.get("sm_active", 0.0), "power_w": g.get("power_w", 0.0),
-                                 "sm_clock_mhz": g["sm_clock_mhz"], "throttle": sorted(g["throttle"]),
-                                 "nvlink_gbs": g.get("nvlink_gbs", 0.0), "ib_gbs": ib_gbs / ngpu})
+            gpu_body = {"gpu": index, "sm_active": g.get("sm_active", 0.0), "power_w": g.get("power_w", 0.0),
+                        "sm_clock_mhz": g["sm_clock_mhz"], "throttle": sorted(g["throttle"]),
+                        "nvlink_gbs": g.get("nvlink_gbs", 0.0)}
+            if ib_gbs is not None:
+                gpu_body["ib_gbs"] = ib_gbs / ngpu
+            body["gpus"].append(gpu_body)
     return list(out.values())
 
 
@@ -303,15 +311,18 @@ class FailslowSink(Sink):
         now = self._clock()
         if idle(snap) is not True:
             self._busy_at = now
-        total = ib_bytes(snap)
-        ib_gbs = 0.0
-        if total is not None:
-            if self._ib is not None and now > self._ib.at and total >= self._ib.total:
-                ib_gbs = (total - self._ib.total) / (now - self._ib.at) / 1e9
-            self._ib = IbCounter(now, total)
         if not self.cfg.job_windows or now - self._window_at < self.cfg.job_window:
             return
         self._window_at = now
+        # IB throughput over the whole window, timed by when the infiniband collector read the
+        # counters: a rate between two snapshots a second apart swings with when each read landed.
+        # Unknown (None: the first window, a counter reset) is left out, never sent as 0.
+        ib_gbs: float | None = None
+        total, at = ib_bytes(snap), read_at(snap, "infiniband")
+        if total is not None and at is not None:
+            if self._ib is not None and at > self._ib.at and total >= self._ib.total:
+                ib_gbs = (total - self._ib.total) / (at - self._ib.at) / 1e9
+            self._ib = IbCounter(at, total)
         for job in job_windows(snap, ib_gbs):
             self.sent_windows += 1
             await self._send({"job": job})

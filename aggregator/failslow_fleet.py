@@ -135,7 +135,7 @@ def parse(obj: Any, max_probes: int) -> PerfPost:
                 raise BadPerf(f"{where}.throttle: expected a list of at most 16 reason names")
             obs.append(GpuObs(node, idx, _number(g, "sm_active", where), _number(g, "power_w", where),
                               _number(g, "sm_clock_mhz", where), tuple(thr), _number(g, "nvlink_gbs", where),
-                              _number(g, "ib_gbs", where)))
+                              _number(g, "ib_gbs", where) if "ib_gbs" in g else None))
         job = JobPost(_name(j, "id", "body.job"), _name(j, "owner", "body.job", empty=True), tuple(obs))
     raw_passive = d.get("passive", [])
     if not isinstance(raw_passive, list) or len(raw_passive) > max_probes:

@@ -38,7 +38,7 @@ class GpuObs:
     sm_clock_mhz: float
     throttle: tuple[str, ...]
     nvlink_gbs: float
-    ib_gbs: float  # the node's compute HCAs over the window, divided among its GPUs
+    ib_gbs: float | None  # the node's compute HCAs over the window, divided among its GPUs; None: not known
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,8 @@ def flag(window: JobWindow, cfg: StragglerConfig) -> list[Suspect]:
                                                            f"the job's median {nvl:.0f} GB/s"))
     per_node: dict[str, list[float]] = {}
     for g in gpus:
-        per_node.setdefault(g.node, []).append(g.ib_gbs)
+        if g.ib_gbs is not None:  # a node whose throughput is not known yet is not compared
+            per_node.setdefault(g.node, []).append(g.ib_gbs)
     if len(per_node) >= 2:
         node_ib = {n: sum(v) for n, v in per_node.items()}
         med = statistics.median(node_ib.values())

@@ -185,6 +185,8 @@ def test_job_window_body() -> None:
     (g,) = body["gpus"]
     assert (g["gpu"], g["sm_clock_mhz"], g["throttle"], g["sm_active"], g["ib_gbs"]) == (0, 1200.0, ["thermal"], 0.97,
                                                                                         40.0)
+    (unknown,) = failslow.job_windows(snap(jobs=[JOB], extra=extra), ib_gbs=None)
+    assert "ib_gbs" not in unknown["gpus"][0]  # not known is not sent as 0
     assert failslow.job_windows(snap(), ib_gbs=0) == []
     assert failslow.job_windows(snap(jobs=[JOB]), ib_gbs=0) == []  # no clock read: the GPU is left out
 

@@ -87,6 +87,19 @@ def _all_hcas_slow(st: NodeState) -> NodeState:
     return st
 
 
+def test_a_node_whose_ib_is_not_known_is_not_compared() -> None:
+    nodes = sixteen()
+    w = job(nodes, T0 + 20)
+    unknown = JobWindow(w.job, w.owner, w.at, tuple(
+        GpuObs(g.node, g.gpu, g.sm_active, g.power_w, g.sm_clock_mhz, g.throttle, g.nvlink_gbs,
+               None if g.node == "dgx05" else g.ib_gbs) for g in w.gpus))
+    assert stragglers.flag(unknown, StragglerConfig()) == []
+    zero = JobWindow(w.job, w.owner, w.at, tuple(
+        GpuObs(g.node, g.gpu, g.sm_active, g.power_w, g.sm_clock_mhz, g.throttle, g.nvlink_gbs,
+               0.0 if g.node == "dgx05" else g.ib_gbs) for g in w.gpus))
+    assert [(s.node, s.reason) for s in stragglers.flag(zero, StragglerConfig())] == [("dgx05", "ib")]
+
+
 def test_one_odd_window_names_nobody() -> None:
     nodes = sixteen()
     hot = sixteen(["fault=thermal", "gpu=2"])
