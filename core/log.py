@@ -30,7 +30,8 @@ class _LiveStderr:
 
 
 def setup(level: str = "info", fmt: Literal["auto", "json", "console"] = "auto", stream=None) -> None:  # type: ignore[no-untyped-def]
-    stream = stream or _LiveStderr()
+    # sys.stderr itself is taken live too: the CLI passes it, and tests swap it per test.
+    stream = _LiveStderr() if stream is None or stream is sys.stderr else stream
     use_console = fmt == "console" or (fmt == "auto" and hasattr(stream, "isatty") and stream.isatty())
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer(colors=True) if use_console else structlog.processors.JSONRenderer()

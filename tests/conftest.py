@@ -62,3 +62,21 @@ def own_fixtures() -> Path:
 def artifacts() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Any:
+    """log.setup() is process-wide. A test that points it at its own buffer (or a CLI test whose
+    captured stderr pytest closes afterwards) left every later log line raising "I/O operation on
+    closed file", which killed action tasks in whatever test ran next. Put back what was there."""
+    import logging
+
+    import structlog
+
+    saved = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    structlog.configure(**saved)
+    root.handlers[:] = handlers
+    root.setLevel(level)
