@@ -641,6 +641,7 @@ class SlurmFencer:
             # its own wait below cannot run while it is stopped, and a late drain or resume
             # would land after a follower took over.
             run = (self._timeout_cmd, "-s", "KILL", f"{max(0.001, left):.3f}", *argv)
+        started = time.monotonic()
         try:
             # Its own process group: the kill below reaches `timeout` and the scontrol it runs.
             proc = await asyncio.create_subprocess_exec(
@@ -660,7 +661,9 @@ class SlurmFencer:
         except asyncio.CancelledError:  # the lease was lost (the runner cancels), or a stop
             _kill(proc)
             raise
-        if run is not argv and proc.returncode in (124, 137):  # `timeout` ended it at the deadline
+        if run is not argv and proc.returncode in (124, 137, -signal.SIGKILL) \
+                and time.monotonic() - started >= left - 0.05:
+            # `timeout` ended it at the deadline (killing its group, itself included: -9)
             raise LeaseExpired(f"{' '.join(argv[1:3])}: killed at this aggregator's lease deadline")
         return _Run(argv, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
