@@ -35,7 +35,6 @@ class NodeAuth:
         # was signed for an agent that did not yet exist (a caller whose clock is behind waits
         # out its skew, retried by the aggregator's runner).
         self.started = int(clock())
-        self.refused = 0  # requests refused for a bad or missing signature, or a replay
 
     async def admit(self, request: web.Request, limit: int, timeout: float) -> tuple[web.Response | None, bytes]:
         """(None, the body) when the request is signed for this node and fresh; else (the
@@ -69,7 +68,6 @@ class NodeAuth:
         return None, body
 
     def _refuse(self, request: web.Request, status: int, why: str) -> web.Response:
-        self.refused += 1
         _log.warning("request refused", path=request.path, peer=request.remote or "", status=status, why=why)
         return web.json_response({"error": why}, status=status)
 
