@@ -20,6 +20,7 @@ from typing import Callable
 from aiohttp import web
 
 from podhealth import bodycoding, bodyread, log, nodeproof
+from podhealth.logrepeat import Repeats
 
 _log = log.get("podhealth.agent.nodeauth")
 
@@ -35,6 +36,9 @@ class NodeAuth:
         # was signed for an agent that did not yet exist (a caller whose clock is behind waits
         # out its skew, retried by the aggregator's runner).
         self.started = int(clock())
+        # One line per route and status a minute: someone hammering the port with unsigned
+        # requests must not fill the log (core/logrepeat.py).
+        self._repeats = Repeats(_log)
 
     async def admit(self, request: web.Request, limit: int, timeout: float) -> tuple[web.Response | None, bytes]:
         """(None, the body) when the request is signed for this node and fresh; else (the
@@ -68,7 +72,8 @@ class NodeAuth:
         return None, body
 
     def _refuse(self, request: web.Request, status: int, why: str) -> web.Response:
-        _log.warning("request refused", path=request.path, peer=request.remote or "", status=status, why=why)
+        self._repeats.emit("warning", f"{request.path}|{status}", "request refused", path=request.path,
+                           peer=request.remote or "", status=status, why=why)
         return web.json_response({"error": why}, status=status)
 
     def stream_proof(self, request: web.Request, status: int, sent_sha256: str) -> bytes:
