@@ -75,7 +75,9 @@ def prologue(args: argparse.Namespace) -> None:
     """What every command gets before it runs: logs on stderr (stdout is the command's output,
     and `--format json|junit` must parse), and its config file found by the one lookup. The
     agent and the aggregator set up logging again from their config (level, json/console)."""
-    log.setup(args.log_level or "warning", "auto", sys.stderr)
+    # No stream named: log.setup writes to whatever sys.stderr is at each line. Binding the one
+    # found now broke every later line in a process that outlives it (tests calling main()).
+    log.setup(args.log_level or "warning", "auto")
     cliconfig.resolve(args)
 
 
