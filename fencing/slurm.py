@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 
 from podhealth.fencing.fence import (
     REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Guard, Job, LeaseExpired, NodeNames, Transient, mark_epoch,
-    render_reason, time_left,
+    parse_reason, render_reason, time_left,
 )
 from podhealth.hostnames import is_valid_node_name, validate_node_name
 from podhealth.fencing.slurmjobs import SQUEUE_FORMAT, parse_show_job, parse_squeue
@@ -409,9 +409,14 @@ class SlurmFencer:
             before = await self._read(node, deadline)
         except SlurmUnavailable as e:
             return f"reason not updated: {e}"
-        if not (before.fenced and before.ours and before.reason == ours):
+        # The mark on the node carries the fencing leader's epoch, which the caller's rendering may
+        # lack: the same fence is the same check, entity, action and id, with nothing after it.
+        mark, now = parse_reason(ours), parse_reason(before.reason)
+        same = (mark is not None and now is not None and before.reason == render_reason(now)
+                and (mark.check, mark.entity, mark.action, mark.id) == (now.check, now.entity, now.action, now.id))
+        if not (before.fenced and before.ours and same):
             return f"reason not updated: it is no longer podhealth's own ({before.reason!r})"
-        text = _clean_reason(f"{ours} jobs on {jobs}")[:MAX_REASON_CHARS]
+        text = _clean_reason(f"{before.reason} jobs on {jobs}")[:MAX_REASON_CHARS]
         argv = (self.scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={text}")
         run = await self._run(argv, max(0.1, min(self.timeout, deadline - time.monotonic())))
         return "" if run.rc == 0 else f"reason not updated: {run.text or 'rc ' + str(run.rc)}"

@@ -78,7 +78,11 @@ def test_every_queried_dcgm_metric_is_exported_in_compat_mode(tmp_path: Path) ->
         # The idle simulated GPUs: no XID, nothing throttled but idle, so those alerts stay quiet.
         assert query(prom, "DCGM_FI_DEV_XID_ERRORS > 0") == []
         assert len(query(prom, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS == 1")) == 8  # gpu_idle only
-    series = parse(text)
+    # dcgm-exporter types these counters `counter` without a `_total` suffix; prometheus_client's
+    # parser then names the samples `..._total`, which Prometheus itself does not: use the
+    # exposition's own names.
+    raw = {line.split("{", 1)[0].split(" ", 1)[0] for line in text.splitlines() if line and line[0] != "#"}
+    series = {(n if n in raw else n.removesuffix("_total"), labels) for n, labels in parse(text)}
     exported = {name for name, _ in series}
     missing = sorted(names - needs_dcgm - exported)
     assert not missing, f"queried by the dashboard / alerts but not exported: {missing}"
