@@ -337,8 +337,10 @@ class FailslowSink(Sink):
             yield Family(FRACTION, tuple(
                 Sample.of("failslow_probe_fraction_of_peak", v / pk.peak(m), metric=m, entity=e, sku=sku)
                 for e, m, v, f in latest if m == "gemm_tflops" and pk.peak(m) > 0))
+        # Born with the first round of each result, as the project's other event counters are: a
+        # node that only sends job windows (probes off) adds no series (the series budget).
         yield Family(ROUNDS, tuple(Sample.of("failslow_probe_rounds", float(n), result=k)
-                                   for k, n in self.rounds.items()))
+                                   for k, n in self.rounds.items() if n))
         if self.last_round:
             yield Family(LAST, (Sample.of("failslow_probe_last_seconds", self.last_round),))
         # Only what is out of the ordinary (the aggregator gets all of it): a healthy DGX adds no series here.
