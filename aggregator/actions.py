@@ -32,8 +32,9 @@ from podhealth.aggregator.policy import gpu_index
 from podhealth.aggregator.state import Checkpoint, Memory
 from podhealth.aggregator.store import ActionRow, ActionStart, Op, StaleEpoch, Store, StoreError, db_errors
 from podhealth.aggregator.writer import Writer
+from podhealth.fencing.build import build_fencers
 from podhealth.fencing.fence import (
-    BatchFencer, DryRunFencer, FenceOutcome, FenceReason, FenceState, Fencer, Job, JobSource, LeaseExpired, NodeNames,
+    BatchFencer, FenceOutcome, FenceReason, FenceState, Fencer, Job, JobSource, LeaseExpired, NodeNames,
     Refused, Remediator, Transient, parse_reason, render_reason, repair_reason,
 )
 
@@ -83,29 +84,6 @@ def delay(r: RetryConfig, n: int) -> float:
     """The one backoff: `retries.backoff` doubled `n` times, at most `retries.max_backoff`. Between
     the calls of one round n = 0, 1, ...; before a pending action's next round n = its attempts."""
     return min(r.max_backoff, r.backoff * (2 ** min(n, 16)))
-
-
-def build_fencers(cfg: AggregatorConfig) -> list[Fencer]:
-    """The fencers the config turns on; dry run replaces them all with the dry-run fencer."""
-    if cfg.dry_run:
-        return [DryRunFencer()]
-    out: list[Fencer] = []
-    f = cfg.fencers
-    if f.slurm.enabled:
-        from podhealth.fencing import slurm
-        out.append(slurm.from_config(f.slurm))  # type: ignore[attr-defined]
-    if f.kubernetes.enabled:
-        from podhealth.extras import require
-
-        require("kubernetes")  # MissingExtra names `pip install 'podhealth[kubernetes]'`
-        from podhealth.fencing import kube
-        out.append(kube.from_config(f.kubernetes))  # type: ignore[attr-defined]
-    if f.file.enabled:
-        from podhealth.fencing.filefence import FileFencer
-        out.append(FileFencer(f.file.path, f.file.gate or None, f.file.gate_after))
-    if f.dryrun.enabled or not out:
-        out.append(DryRunFencer())
-    return out
 
 
 def slug(text: str) -> str:
@@ -325,17 +303,17 @@ class ActionRunner:
             return fencer.target(NodeNames(node))
         return fencer.target(NodeNames(node, slurm=rec.slurm_name, kubernetes=rec.k8s_name))
 
-    async def call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """One fencer call under the retry policy: up to `retries.attempts` calls, `delay()` apart.
-        A failure the backend will repeat (Refused, ValueError: a name it refuses) is not tried
-        again; anything else that is still failing after the last call is Transient."""
+    async def call(self, fencer: Fencer, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """One call of `fencer` under the retry policy: up to `retries.attempts` calls, `delay()`
+        apart, each given 2 x the fencer's own timeout. A failure the backend will repeat (Refused,
+        ValueError: a name it refuses) is not tried again; anything else that is still failing
+        after the last call is Transient."""
         r = self.cfg.retries
         for attempt in range(r.attempts):
             if not self.acting():  # a replica that stopped leading touches no fencer
                 raise NotLeader(f"not leading: {what} not done")
             try:
-                return await asyncio.wait_for(fn(), timeout=max(self.cfg.fencers.slurm.timeout,
-                                                                 self.cfg.fencers.kubernetes.timeout) * 2)
+                return await asyncio.wait_for(fn(), timeout=fencer.timeout * 2)
             except asyncio.CancelledError:
                 raise
             except LeaseExpired as e:
@@ -432,7 +410,7 @@ class ActionRunner:
         out = []
         for f in self.fencers:
             target = self.target(f, node)
-            st = await self.call(f"{f.name} read {target}", lambda f=f, t=target: f.read(t))  # type: ignore[misc]
+            st = await self.call(f, f"{f.name} read {target}", lambda f=f, t=target: f.read(t))  # type: ignore[misc]
             out.append((f, st))
         return out
 
@@ -513,7 +491,7 @@ class ActionRunner:
                 continue
             target = self.target(f, p.node)
             reason = self.marked(p.reason)
-            o = await self.call(f"{f.name} fence {target}", lambda f=f, t=target: f.fence(t, reason))  # type: ignore[misc]
+            o = await self.call(f, f"{f.name} fence {target}", lambda f=f, t=target: f.fence(t, reason))  # type: ignore[misc]
             ops.append(self._audit_outcome(p, f, "fence", o))
             if not o.ok:
                 await self.commit(ops)
@@ -582,7 +560,7 @@ class ActionRunner:
                 assert isinstance(f, BatchFencer)
                 targets = {p.id: self.target(f, p.node) for p in ps if p.id not in left}
                 names = sorted(set(targets.values()))
-                got = await self.call(f"{f.name} read {len(names)} nodes",
+                got = await self.call(f, f"{f.name} read {len(names)} nodes",
                                       lambda f=f, names=names: f.read_many(names))  # type: ignore[misc]
                 for p in ps:
                     st = got.get(targets[p.id]) if p.id in targets else None
@@ -621,7 +599,7 @@ class ActionRunner:
                 continue
             req = [(t, self.marked(r)) for pid, t in items.items() if (r := todo[pid][0].reason) is not None]
             try:
-                outcomes = await self.call(f"{f.name} fence {len(req)} nodes",
+                outcomes = await self.call(f, f"{f.name} fence {len(req)} nodes",
                                            lambda f=f, req=req: f.fence_many(req))  # type: ignore[misc]
             except (Transient, Refused) as e:
                 outcomes, error = {}, str(e)
@@ -662,7 +640,7 @@ class ActionRunner:
                                           f"left alone, fenced by someone else: {st.reason}", True, p.id))
                 continue
             target = self.target(f, p.node)
-            o = await self.call(f"{f.name} release {target}", lambda f=f, t=target: f.release(t))  # type: ignore[misc]
+            o = await self.call(f, f"{f.name} release {target}", lambda f=f, t=target: f.release(t))  # type: ignore[misc]
             ops.append(self._audit_outcome(p, f, "release", o))
             if not o.ok:
                 await self.commit(ops)
@@ -786,7 +764,7 @@ class ActionRunner:
                 continue
             target = self.target(f, p.node)
             reason = self.marked(p.reason)
-            o = await self.call(f"{f.name} reboot {target}", lambda f=f, t=target: f.reboot(t, reason))  # type: ignore[misc]
+            o = await self.call(f, f"{f.name} reboot {target}", lambda f=f, t=target: f.reboot(t, reason))  # type: ignore[misc]
             ops.append(self._audit_outcome(p, f, "reboot", o))
             if not o.ok:
                 await self.commit(ops)
@@ -807,7 +785,7 @@ class ActionRunner:
                 continue
             target = self.target(f, p.node)
             reason = self.marked(p.reason)
-            o = await self.call(f"{f.name} remark {target}", lambda f=f, t=target: f.remark(t, reason))  # type: ignore[misc]
+            o = await self.call(f, f"{f.name} remark {target}", lambda f=f, t=target: f.remark(t, reason))  # type: ignore[misc]
             ops.append(self._audit_outcome(p, f, "repair reason", o))
         await self.finish(p, "done", f"handed to repair: {render_reason(p.reason)}", ops)
 
@@ -831,7 +809,7 @@ class ActionRunner:
         out = []
         for f in self._job_sources():
             target = self.target(f, node)
-            jobs = await self.call(f"{f.name} jobs {target}", lambda f=f, t=target: f.jobs(t))  # type: ignore[misc]
+            jobs = await self.call(f, f"{f.name} jobs {target}", lambda f=f, t=target: f.jobs(t))  # type: ignore[misc]
             out.append((f, jobs))
         return out
 
@@ -875,7 +853,7 @@ class ActionRunner:
                 ops.append(Store.op_audit(self.clock(), p.node, p.who, f"evacuate via {f.name} (dry run)", p.why,
                                           (), f"{verb}: {', '.join(j.label() for j in jobs) or 'no jobs'}"))
                 continue
-            o = await self.call(f"{f.name} evacuate {target}",
+            o = await self.call(f, f"{f.name} evacuate {target}",
                                 lambda f=f, t=target, js=jobs: f.evacuate(t, js, force))  # type: ignore[misc]
             ops.append(self._audit_outcome(p, f, "evacuate", o))
             if not o.ok:

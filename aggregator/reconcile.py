@@ -90,7 +90,7 @@ class Reconciler:
         listed: dict[str, list[tuple[Fencer, FenceState]]] = {}
         for f in runner.fencers:
             try:
-                fenced = await runner.call(f"{f.name} list", f.list_fenced)
+                fenced = await runner.call(f, f"{f.name} list", f.list_fenced)
             except Transient as e:
                 lines.append(f"{f.name}: cannot list fenced nodes ({e}); reconcile skipped for it")
                 continue

@@ -28,7 +28,8 @@ import aiohttp
 from podhealth import log as plog
 
 from podhealth.aggregator import bundles, overrides, views
-from podhealth.aggregator.actions import ActionRunner, NotLeader, OperatorError, Pending, build_fencers, slug
+from podhealth.aggregator.actions import ActionRunner, NotLeader, OperatorError, Pending, slug
+from podhealth.fencing.build import build_fencers
 from podhealth.config_aggregator import AggregatorConfig
 from podhealth.fencing.fence import FenceReason, Fencer, render_reason
 from podhealth.aggregator.gcwatch import Freezer

@@ -105,6 +105,9 @@ class Fencer(Protocol):
     """One attempt per call, bounded by the fencer's own timeout; never a retry loop inside."""
 
     name: str
+    # Seconds one backend call may take (`fencers.<name>.timeout`). A public call is a few of them
+    # (read, update, read back): the action runner gives each public call 2 x this, no more.
+    timeout: float
 
     def target(self, names: NodeNames) -> str:
         """The node's name in this backend: every other call takes this name."""
@@ -249,10 +252,11 @@ class DryRunFencer:
     """
 
     name: str = "dryrun"
+    timeout: float = 10.0  # it calls nothing outside this process; the default of every backend
+    _nodes: dict[str, _DryRunNode] = field(default_factory=dict)
 
     def target(self, names: NodeNames) -> str:
         return names.node
-    _nodes: dict[str, _DryRunNode] = field(default_factory=dict)
 
     async def read(self, node: str) -> FenceState:
         n = self._nodes.get(node)
@@ -296,3 +300,8 @@ class DryRunFencer:
 
     async def fence_many(self, items: Sequence[tuple[str, FenceReason]]) -> dict[str, FenceOutcome]:
         return {n: await self.fence(n, r) for n, r in items}
+
+
+def dryrun_from_config(cfg: object) -> DryRunFencer:
+    """`fencers.dryrun` (fencing/build.py): it has nothing to configure but being on."""
+    return DryRunFencer()

@@ -14,14 +14,18 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from podhealth.atomicfile import write_atomic
 from podhealth.fencing.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, NodeNames, render_reason
 
+if TYPE_CHECKING:
+    from podhealth.config_aggregator import FileFencerConfig
+
 
 class FileFencer:
     name = "file"
+    timeout = 10.0  # a local file; a test's gate may hold a call, never longer than this
 
     def target(self, names: NodeNames) -> str:
         return names.node
@@ -97,3 +101,7 @@ class FileFencer:
     async def list_fenced(self) -> dict[str, FenceState]:
         nodes = self._load()["nodes"]
         return {n: self._state(n, d) for n, d in nodes.items() if d.get("fenced")}
+
+
+def from_config(cfg: "FileFencerConfig") -> FileFencer:
+    return FileFencer(cfg.path, cfg.gate or None, cfg.gate_after)

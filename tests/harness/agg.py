@@ -28,6 +28,7 @@ from tests.harness.proc import free_port
 @dataclasses.dataclass
 class MemFencer:
     name: str = "mem"
+    timeout: float = 10.0
 
     def target(self, names: NodeNames) -> str:
         return names.node

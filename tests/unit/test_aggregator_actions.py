@@ -142,7 +142,7 @@ async def test_a_refused_call_is_not_tried_again(tmp_path: Path, down_scontrol: 
 
         from podhealth.fencing.fence import Refused
         with pytest.raises(Refused, match="bad name"):
-            await runner.call("slurm read bad name", refuse)
+            await runner.call(fencer, "slurm read bad name", refuse)
         assert tries == 1 and len(log.read_text().splitlines()) == before
 
 
