@@ -27,7 +27,7 @@ from podhealth import config as config_mod
 from podhealth.config import Config
 
 if TYPE_CHECKING:
-    from podhealth.checks.profile_capture import Observation
+    from podhealth.checks.profiles.capture import Observation
     from podhealth.checks.profiles import Profile
     from podhealth.snapshot import Snapshot
 
@@ -82,7 +82,7 @@ def _read_node(args: argparse.Namespace, cfg: Config) -> "tuple[Snapshot, str, s
 
     if args.url or args.node:
         from podhealth.checks.cli.cmd_check import CheckError, agent_url
-        from podhealth.checks.profile_source import SourceError, fetch_metrics, snapshot_from_metrics
+        from podhealth.checks.profiles.source import SourceError, fetch_metrics, snapshot_from_metrics
 
         try:
             url = args.url or agent_url(cfg, args.node)
@@ -110,7 +110,7 @@ def _read_node(args: argparse.Namespace, cfg: Config) -> "tuple[Snapshot, str, s
 
 
 def _observe(snap: "Snapshot", node: str, prof: "Profile") -> "Observation":
-    from podhealth.checks import profile_capture, profile_network
+    from podhealth.checks.profiles import capture as profile_capture, network as profile_network
 
     roles, notes = profile_network.observe_roles(snap, prof)
     obs = profile_capture.observe(snap, roles, node)
@@ -118,7 +118,8 @@ def _observe(snap: "Snapshot", node: str, prof: "Profile") -> "Observation":
 
 
 def _capture(args: argparse.Namespace, cfg: Config) -> int:
-    from podhealth.checks import profile_capture, profile_network, profile_render, profiles
+    from podhealth.checks import profiles
+    from podhealth.checks.profiles import capture as profile_capture, network as profile_network, render as profile_render
 
     gate = _nccl_gate(args.nccl, profiles.of_config(cfg)) if args.nccl else None
     snap, node, origin = _read_node(args, cfg)
@@ -142,7 +143,7 @@ MAX_NCCL_BYTES = 16 << 20  # an all_reduce_perf log is a few KiB; a runaway file
 
 
 def _nccl_gate(path: str, prof: "Profile") -> tuple[float, str]:
-    from podhealth.checks import profile_nccl
+    from podhealth.checks.profiles import nccl as profile_nccl
 
     try:
         with open(path, "rb") as f:
@@ -160,7 +161,8 @@ def _nccl_gate(path: str, prof: "Profile") -> tuple[float, str]:
 
 
 def _diff(args: argparse.Namespace, cfg: Config) -> int:
-    from podhealth.checks import profile_capture, profile_render, profiles
+    from podhealth.checks import profiles
+    from podhealth.checks.profiles import capture as profile_capture, render as profile_render
 
     try:
         prof = profiles.of_config(cfg, args.file)

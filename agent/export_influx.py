@@ -32,12 +32,14 @@ from influxdb_client import Point
 from influxdb_client.domain.write_precision import WritePrecision
 
 from podhealth.agent.sink import Sink
+from podhealth.backoff import Backoff
 from podhealth.config import InfluxConfig
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import MetricSpec, Sample
 from podhealth.worker import call_with_timeout
 
 log = structlog.get_logger("influxdb")
+RETRY = Backoff(1.0, 60.0)  # between failed writes: 1 s doubled up to a minute (core/backoff.py)
 
 
 def to_point(s: Sample, node: str, ts_ns: int, kind: str = "gauge") -> Point | None:
@@ -162,7 +164,7 @@ class InfluxExporter(Sink):
         return True
 
     async def run(self) -> None:
-        backoff = 1.0
+        failures = 0
         while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), self.cfg.flush_interval)
@@ -171,10 +173,10 @@ class InfluxExporter(Sink):
             self._wake.clear()
             while self.buffer:
                 if await self.flush_once():
-                    backoff = 1.0
+                    failures = 0
                     continue
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 60.0)
+                await asyncio.sleep(RETRY.delay(failures))
+                failures += 1
                 break
 
     async def start(self) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import random
 import ssl
 import time
 import uuid
@@ -34,6 +33,7 @@ from typing import Any, Awaitable, Callable, Iterable
 import aiohttp
 
 from podhealth import httpclient, log as plog
+from podhealth.backoff import Backoff
 from podhealth.agent.failover import Replicas
 from podhealth.agent.heartbeat import session
 from podhealth.agent.metrics.family import Family
@@ -132,7 +132,11 @@ class Publisher(Sink):
         self._stopping = False  # stop() began: the sender takes what is in memory without the disk
         self._reachable = False  # the last delivery succeeded
         self._opener = spool_opener
-        self._retry = self._fsync_batch
+        # The one backoff (core/backoff.py), jittered: a full disk is tried again from one batch
+        # wait up; a failed send from 0.2 s up; both at most max_backoff.
+        self._flush_backoff = Backoff(fsync_batch, max_backoff, jitter=True)
+        self._flush_failures = 0
+        self._send_backoff = Backoff(0.2, max_backoff, jitter=True)
         self._read_failing = False
         self._retry_after = 0.0  # seconds the aggregator's last 429 asked for
         self._rejected_ids: set[str] = set()  # records kept aside in rejected.jsonl (not sent again)
@@ -299,8 +303,8 @@ class Publisher(Sink):
         while self._running:
             if self.stats.spool_failing:
                 # Retry on a backoff even when nothing new is published: the disk may have room again.
-                await asyncio.sleep(self._retry * (0.5 + random.random()))
-                self._retry = min(self._retry * 2, self._max_backoff)
+                await asyncio.sleep(self._flush_backoff.delay(self._flush_failures))
+                self._flush_failures += 1
             else:
                 await self._have_new.wait()
                 self._have_new.clear()
@@ -368,7 +372,7 @@ class Publisher(Sink):
         if self.stats.spool_failing:
             log.info("spool writable again", dir=str(self.cfg.spool_dir), error_was=self.stats.spool_failing)
             self.stats.spool_failing = ""
-        self._retry = self._fsync_batch
+        self._flush_failures = 0
 
     # -- delivering --
 
@@ -419,7 +423,7 @@ class Publisher(Sink):
         return out
 
     async def _sender(self) -> None:
-        backoff = 0.2
+        failures = 0
         while self._running:
             await self._work.wait()
             self._work.clear()  # before looking: whatever is set meanwhile is seen next round
@@ -434,16 +438,16 @@ class Publisher(Sink):
                 await settle(ok)  # also when cancelled at stop: records from memory go back there
             self._work.set()
             if ok:
-                backoff = 0.2
+                failures = 0
                 self.stats.delivered += len(recs)
                 continue
             self.stats.send_failures += 1
             # A 429's Retry-After is honoured up to max_backoff: the node's FAIL transitions get
             # through its cap, so new ones must not wait an hour behind it.
-            wait = max(backoff * (0.5 + random.random()), min(self._retry_after, self._max_backoff))
+            wait = max(self._send_backoff.delay(failures), min(self._retry_after, self._max_backoff))
             self._retry_after = 0.0
             await asyncio.sleep(wait)
-            backoff = min(backoff * 2, self._max_backoff)
+            failures += 1
 
     async def _next_batch(self) -> tuple[list[dict[str, Any]], Callable[[bool], Awaitable[None]]] | None:
         """The next records to send and what to do once the attempt is over: the priority lane

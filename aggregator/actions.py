@@ -22,6 +22,7 @@ from typing import Any, Awaitable, Callable, Sequence, TypeVar
 import aiohttp
 
 from podhealth import agentclient, httpclient, log as plog
+from podhealth.backoff import Backoff
 from podhealth.httpclient import Reply
 
 from podhealth.config_aggregator import AggregatorConfig, RetryConfig
@@ -81,9 +82,10 @@ class Pending:
 
 
 def delay(r: RetryConfig, n: int) -> float:
-    """The one backoff: `retries.backoff` doubled `n` times, at most `retries.max_backoff`. Between
-    the calls of one round n = 0, 1, ...; before a pending action's next round n = its attempts."""
-    return min(r.max_backoff, r.backoff * (2 ** min(n, 16)))
+    """The one backoff (core/backoff.py) under `retries:`: `retries.backoff` doubled `n` times, at
+    most `retries.max_backoff`. Between the calls of one round n = 0, 1, ...; before a pending
+    action's next round n = its attempts."""
+    return Backoff(r.backoff, r.max_backoff).delay(n)
 
 
 def slug(text: str) -> str:

@@ -617,8 +617,12 @@ class Store:
 
     @staticmethod
     def op_node_fields(name: str, **fields: Any) -> Op:
+        # The column names go into the SQL text itself: only the nodes table's own are allowed. An
+        # error, not an assert, so that `python -O` keeps the check.
+        unknown = set(fields) - _NODE_FIELDS
+        if unknown:
+            raise ValueError(f"not a column of nodes: {', '.join(sorted(unknown))}")
         cols = ", ".join(f"{k} = ?" for k in fields)
-        assert set(fields) <= _NODE_FIELDS, set(fields) - _NODE_FIELDS
         return (f"UPDATE nodes SET {cols} WHERE name = ?", (*fields.values(), name))
 
     @staticmethod

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterator, Mapping
 
-from podhealth.checks.profiles import Profile
+from podhealth.checks.profiles.catalog import Profile
 from podhealth.config_policy import PolicyConfig
 
 

@@ -1,5 +1,5 @@
 """Version drift: driver, VBIOS, HCA firmware, OFED and kernel against the versions the profile
-states (a site golden profile, checks/site_profile.py).
+states (a site golden profile, checks/profiles/site.py).
 
 One result per field (entity = the field). A field the profile does not state is OK and only
 reports what the node runs, so the aggregator's fleet view (`GET /v1/fleet/versions`) can count

@@ -390,3 +390,14 @@ def test_a_bad_store_url_is_a_config_error_naming_the_key() -> None:
     from podhealth import config, configload
     with pytest.raises(configload.ConfigError, match=r"aggregator\.store\.url.*expected sqlite:////abs/path"):
         config.loads('aggregator:\n  store:\n    url: "mysql://x"\n', "agg.yaml")
+
+
+@pytest.mark.parametrize("col", ["fence = ?, hold", "no_such_column"])
+def test_a_node_field_that_is_no_column_is_refused_even_under_python_O(col: str) -> None:
+    """The column names go into the SQL text: anything but the nodes table's own is a ValueError,
+    not an assert that `python -O` strips (issue 30)."""
+    from podhealth.aggregator.store import Store
+
+    with pytest.raises(ValueError, match="not a column of nodes"):
+        Store.op_node_fields("dgx01", **{col: 1})
+    assert Store.op_node_fields("dgx01", hold=1)[0] == "UPDATE nodes SET hold = ? WHERE name = ?"

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from podhealth import config
-from podhealth.checks import site_profile
+from podhealth.checks.profiles import site as site_profile
 from podhealth.configload import load_text
 from tests.conftest import REPO
 

@@ -66,6 +66,19 @@ def test_a_back_edge_breaks_a_contract(tmp_path: Path, module: str, line: str, c
     assert "backedge" in r.stdout or "hostnames -> podhealth.aggregator" in r.stdout, r.stdout
 
 
+def test_the_profiles_room_has_no_circle(tmp_path: Path) -> None:
+    """The shipped catalog never reaches up to the site profile that extends it (issue 30)."""
+    lint = _script()
+    lint.lay_out(tmp_path)
+    target = tmp_path / "podhealth" / "checks" / "profiles" / "catalog.py"
+    target.write_text(target.read_text(encoding="utf-8") + "from podhealth.checks.profiles import site\n",
+                      encoding="utf-8")
+    r = lint.run(tmp_path, _lint_imports())
+    broken = [ln for ln in r.stdout.splitlines() if " BROKEN" in ln and not ln.startswith("Contracts")]
+    assert r.returncode != 0 and [ln for ln in broken if ln.startswith("profiles:")], r.stdout
+    assert "podhealth.checks.profiles.catalog -> podhealth.checks.profiles.site" in r.stdout, r.stdout
+
+
 def test_the_core_contract_names_every_core_module() -> None:
     """A core module missing from the list would be free to import upwards unseen."""
     sources = _contracts()["core"]["source_modules"]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from podhealth.checks import profile_capture, profile_render, site_profile
-from podhealth.checks.profile_source import SourceError, snapshot_from_metrics
+from podhealth.checks.profiles import capture as profile_capture, render as profile_render, site as site_profile
+from podhealth.checks.profiles.source import SourceError, snapshot_from_metrics
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import Sample
 from tests.harness.proc import free_port, http_get, service

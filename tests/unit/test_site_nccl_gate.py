@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from podhealth.checks import profile_nccl, profiles, site_profile
+from podhealth.checks import profiles
+from podhealth.checks.profiles import nccl as profile_nccl, site as site_profile
 from podhealth.checks.active import nccl
 from podhealth.vocab import Status
 

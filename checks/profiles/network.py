@@ -10,8 +10,8 @@ from __future__ import annotations
 from podhealth.checks.passive import ib_roles
 from podhealth.checks.passive.context import Context
 from podhealth.checks.passive.ib import PortView, port_views
-from podhealth.checks.profile_capture import Seen
-from podhealth.checks.profiles import Profile
+from podhealth.checks.profiles.capture import Seen
+from podhealth.checks.profiles.catalog import Profile
 from podhealth.checks.passive.rates import RateTracker
 from podhealth.snapshot import Snapshot
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from podhealth.checks.passive import drift
-from podhealth.checks import profiles
+from podhealth.checks.profiles import catalog
 from podhealth.snapshot import Snapshot
 from podhealth.vocab import Sample
 
@@ -149,7 +149,7 @@ def _hca_pcie(snap: Snapshot) -> list[str]:
 
 def observe(snap: Snapshot, network: Mapping[str, Seen | None] | None = None, node: str = "") -> Observation:
     """Everything a profile can state, as the node shows it. `network` (role -> observed role
-    spec) comes from checks/profile_network.py, kept apart because it needs the role rules."""
+    spec) comes from checks/profiles/network.py, kept apart because it needs the role rules."""
     out: dict[str, Seen | None] = {}
     _gpus(snap, out)
     _nvlink(snap, out)
@@ -180,10 +180,10 @@ def candidates(obs: Observation) -> list[tuple[str, str]]:
     model = str(obs.get("gpu_model") or "")
     count = obs.get("gpu_count")
     best: list[tuple[int, str, str]] = [(0, "generic", "no shipped profile has this GPU")]
-    for name in profiles.names():
+    for name in catalog.names():
         if name == "generic":
             continue
-        p = profiles.load(name)
+        p = catalog.load(name)
         score, why = 0, ""
         if model and model == p.gpu_model:
             score, why = 100, f'GPU model "{model}"'
@@ -201,7 +201,7 @@ def candidates(obs: Observation) -> list[tuple[str, str]]:
     return [(name, why) for _, name, why in best]
 
 
-def fits_adapters(prof: profiles.Profile, roles: Mapping[str, "Seen | None"]) -> bool:
+def fits_adapters(prof: catalog.Profile, roles: Mapping[str, "Seen | None"]) -> bool:
     """Does the node have the adapters `prof` requires (roles whose shortfall fails)? Unread
     roles do not rule a profile out."""
     for name, role in prof.network.roles.items():
@@ -249,7 +249,7 @@ class Diff:
         return {"profile": self.profile, "node": self.node, "result": verdict, "rows": [r.to_json() for r in self.rows]}
 
 
-def expected_values(prof: profiles.Profile) -> dict[str, Any]:
+def expected_values(prof: catalog.Profile) -> dict[str, Any]:
     """The profile's stated values under the keys `observe` uses; 0 / "" / empty = not stated."""
     out: dict[str, Any] = {k: getattr(prof, k) for k in
                            ("gpu_count", "gpu_model", "gpu_memory_mib", "nvlink_links", "pcie_gen", "pcie_width",
@@ -292,7 +292,7 @@ def _compare(key: str, want: Any, got: Any) -> tuple[str, str]:
     return ("same", "") if str(want) == str(got) else ("differs", "")
 
 
-def diff(obs: Observation, prof: profiles.Profile) -> Diff:
+def diff(obs: Observation, prof: catalog.Profile) -> Diff:
     rows = []
     for key, want in expected_values(prof).items():
         seen = obs.values.get(key)

@@ -23,7 +23,7 @@ from typing import Any, Literal, Mapping, Optional
 
 import yaml
 
-from podhealth.checks import profiles
+from podhealth.checks.profiles import catalog
 from podhealth.configload import ConfigError, load_file, load_text
 
 # Mappings whose keys are the site's own (HCA board ids): their type.
@@ -74,9 +74,9 @@ def _schema(path: str, defaults: Mapping[str, Any]) -> type:
 @lru_cache(maxsize=1)
 def schema() -> type:
     """The site profile's dataclass: `extends` and `name`, then every profile key, all optional."""
-    body = _schema("", profiles._raw()["defaults"])
+    body = _schema("", catalog._raw()["defaults"])
     head = [
-        ("extends", Literal[tuple(profiles.names())], dataclasses.field(default="generic")),  # type: ignore[misc]
+        ("extends", Literal[tuple(catalog.names())], dataclasses.field(default="generic")),  # type: ignore[misc]
         ("name", str, dataclasses.field(default="")),
     ]
     return dataclasses.make_dataclass(
@@ -124,19 +124,19 @@ def loads(text: str, source: str = "<site profile>") -> SiteProfile:
     return parse(load_text(schema(), text, source))
 
 
-def load(path: Path, overrides: Mapping[str, Any] | None = None) -> profiles.Profile:
+def load(path: Path, overrides: Mapping[str, Any] | None = None) -> catalog.Profile:
     """The profile the file describes, with the config's `checks.overrides` on top.
 
     Raises ProfileError (a ValueError, as for a bad node.profile) with the file's own message."""
     try:
         site = read(path)
     except ConfigError as e:
-        raise profiles.ProfileError(str(e)) from None
+        raise catalog.ProfileError(str(e)) from None
     try:
         return build(site, overrides)
-    except profiles.ProfileError as e:
+    except catalog.ProfileError as e:
         # a section validated by its owner (network: checks/ib_profile.py) names only the key
-        raise profiles.ProfileError(_locate(path, str(e))) from None
+        raise catalog.ProfileError(_locate(path, str(e))) from None
 
 
 def _locate(path: Path, message: str) -> str:
@@ -164,9 +164,9 @@ def _locate(path: Path, message: str) -> str:
     return f"{path.name}:{line}: {message}"
 
 
-def build(site: SiteProfile, overrides: Mapping[str, Any] | None = None, source: str = "") -> profiles.Profile:
+def build(site: SiteProfile, overrides: Mapping[str, Any] | None = None, source: str = "") -> catalog.Profile:
     try:
-        prof = profiles.load(site.extends, {**site.overrides, **(overrides or {})})
-    except profiles.ProfileError as e:
-        raise profiles.ProfileError(f"{source}: {e}" if source else str(e)) from None
+        prof = catalog.load(site.extends, {**site.overrides, **(overrides or {})})
+    except catalog.ProfileError as e:
+        raise catalog.ProfileError(f"{source}: {e}" if source else str(e)) from None
     return dataclasses.replace(prof, name=site.name) if site.name else prof

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from podhealth import httpclient
-from podhealth.checks.profile_capture import samples_by_collector
+from podhealth.checks.profiles.capture import samples_by_collector
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import Sample, labels_of
 

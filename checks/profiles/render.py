@@ -8,8 +8,8 @@ from typing import Any, TextIO
 
 import yaml
 
-from podhealth.checks import profiles
-from podhealth.checks.profile_capture import Diff, Observation, Seen
+from podhealth.checks.profiles import catalog
+from podhealth.checks.profiles.capture import Diff, Observation, Seen
 
 # Top-level keys in the order a reader checks them.
 _SCALARS = ("gpu_count", "gpu_model", "gpu_memory_mib", "nvlink_links", "pcie_gen", "pcie_width", "power_limit_w")
@@ -27,7 +27,7 @@ def _line(indent: int, key: str, value: Any, seen: Seen | None, width: int = 44)
     return f"{head.ljust(width)}  # {comment}" if comment else head
 
 
-def _role(base: profiles.Profile, role: str, seen: Seen) -> dict[str, Any]:
+def _role(base: catalog.Profile, role: str, seen: Seen) -> dict[str, Any]:
     spec = base.network.roles[role]
     got = seen.value
     bonded = spec.bonded
@@ -43,7 +43,7 @@ def capture_yaml(obs: Observation, extends: str, why: str, origin: str, now: flo
     """The site profile text. Values the node could not show are left out (and said so), so the
     profile inherits them from `extends` rather than stating a guess."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now if now is not None else time.time()))
-    base = profiles.load(extends)
+    base = catalog.load(extends)
     out = [
         f"# podhealth site golden profile, captured {stamp} from {origin}.",
         "# Every value is what that node showed; the comment after it says where it came from.",
