@@ -30,6 +30,7 @@ from podhealth.aggregator.metrics import Metrics
 from podhealth.aggregator.model import LADDER_STEPS, FenceMode, Planned
 from podhealth.aggregator.overrides import drain_event_op
 from podhealth.aggregator.policy import gpu_index
+from podhealth.aggregator.context import Context
 from podhealth.aggregator.state import Checkpoint, Memory
 from podhealth.aggregator.store import ActionRow, ActionStart, Op, StaleEpoch, Store, StoreError, db_errors
 from podhealth.aggregator.writer import Writer
@@ -113,7 +114,7 @@ def _retrieve(t: "asyncio.Task[Any]") -> None:
 class ActionRunner:
     """Records and carries out actions: one at a time per node, MAX_CONCURRENT_ACTIONS at once."""
 
-    def __init__(self, cfg: AggregatorConfig, fencers: Sequence[Fencer], mem: Memory, writer: Writer,
+    def __init__(self, cfg: AggregatorConfig, fencers: Sequence[Fencer], context: Callable[[], Context], writer: Writer,
                  metrics: Metrics, session: aiohttp.ClientSession, *, clock: Callable[[], float],
                  mono: Callable[[], float], acting: Callable[[], bool], epoch: Callable[[], int | None],
                  depose: Callable[[str], Awaitable[None]] | None, poke: Callable[[], None],
@@ -122,7 +123,7 @@ class ActionRunner:
         epochs); `poke` wakes the decide loop; `evidence` fetches a fenced node's bundle."""
         self.cfg = cfg
         self.fencers = list(fencers)
-        self.mem = mem  # replaced (Aggregator.mem) when a replica takes the lead
+        self._context = context  # the current one: a takeover builds a new one (aggregator/context.py)
         self.writer = writer
         self.metrics = metrics
         self.session = session
@@ -162,6 +163,11 @@ class ActionRunner:
         except StaleEpoch as e:
             asyncio.ensure_future(self.depose(str(e)))
             raise NotLeader(str(e)) from None
+
+    @property
+    def mem(self) -> Memory:
+        """The current takeover's mirror (read through the context, never kept)."""
+        return self._context().mem
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         t = asyncio.ensure_future(coro)

@@ -31,16 +31,18 @@ import tarfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import aiohttp
 
 from podhealth import agentclient, httpclient, log as plog
 from podhealth.atomicfile import write_atomic
 
+from podhealth.aggregator.context import Context
 from podhealth.aggregator.store import Store
+from podhealth.aggregator.writer import Writer
+from podhealth.config_aggregator import AggregatorConfig
 from podhealth.worker import offload
-
-if TYPE_CHECKING:
-    from podhealth.aggregator.service import Aggregator
 
 log = plog.get("podhealth.aggregator.bundles")
 PATH = "/v1/bundle"
@@ -127,23 +129,23 @@ def _against_manifest(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo])
     return ""
 
 
-def bundle_dir(agg: "Aggregator") -> Path:
+def bundle_dir(cfg: AggregatorConfig) -> Path:
     """Beside the SQLite file (with PostgreSQL: beside the `db` path of the leader that fetched it)."""
-    return Path(agg.cfg.db).parent / "bundles"
+    return Path(cfg.db).parent / "bundles"
 
 
-async def _download(agg: "Aggregator", node: str, url: str) -> Received:
+async def _download(cfg: AggregatorConfig, session: aiohttp.ClientSession, node: str, url: str) -> Received:
     """The agent's bundle: the request signed with the node's agent key, the answer only with
     its proof (core/agentclient.py; no bearer token goes to whatever holds the port), the whole
     exchange within bundles.timeout and the whole body (within bundles.max_bytes) with what the
     agent's headers say of it."""
-    cfg = agg.cfg.bundles
+    b = cfg.bundles
     try:
-        r = await agentclient.ask_async(agg.session, url.rstrip("/") + PATH, node, agg.cfg.auth.agent_token_for(node),
-                                        "POST", deadline_s=cfg.timeout, body=b"{}",
-                                        headers={"Content-Type": "application/json"}, max_bytes=cfg.max_bytes)
+        r = await agentclient.ask_async(session, url.rstrip("/") + PATH, node, cfg.auth.agent_token_for(node),
+                                        "POST", deadline_s=b.timeout, body=b"{}",
+                                        headers={"Content-Type": "application/json"}, max_bytes=b.max_bytes)
     except httpclient.TooLarge:
-        raise BundleError(f"bundle exceeds bundles.max_bytes ({cfg.max_bytes})") from None
+        raise BundleError(f"bundle exceeds bundles.max_bytes ({b.max_bytes})") from None
     except httpclient.ExchangeError as e:
         if "payload is not completed" in str(e).lower():  # aiohttp: the body ended before its length
             raise BundleError(f"incomplete: the body ended early ({e})") from None
@@ -166,26 +168,37 @@ def _remove(paths: list[str]) -> None:
             os.unlink(p)
 
 
-async def fetch(agg: "Aggregator", node: str, fence_id: int) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class Evidence:
+    """What fetching bundles needs beyond the leader's Context: the config (bundles, the agents'
+    keys, where the files go), the session agents are asked over, and the store's writer (a
+    bundle row's id and the files it displaces come back from it)."""
+
+    cfg: AggregatorConfig
+    session: aiohttp.ClientSession
+    writer: Writer
+
+
+async def fetch(ev: Evidence, ctx: Context, node: str, fence_id: int) -> dict[str, Any] | None:
     """Fetch, check, store and record the node's bundle for fence `fence_id`; on failure a row
     with the reason (no file), an audit line (bundle failed: why) and None. Never raises: it runs
     beside the fence, not in it."""
-    mem, writer = agg.mem, agg.writer
-    rec = mem.nodes.get(node)
+    writer, cfg = ev.writer, ev.cfg
+    rec = ctx.mem.nodes.get(node)
     url = rec.agent_url if rec is not None else ""
-    now = agg.clock()
+    now = ctx.clock()
     try:
         if not url:
             raise BundleError("the node has no agent_url to ask")
-        got = await _download(agg, node, url)
+        got = await _download(cfg, ev.session, node, url)
         body = got.body
-        refused = await offload(check, got, agg.cfg.bundles.max_bytes)
+        refused = await offload(check, got, cfg.bundles.max_bytes)
         if refused:
             raise BundleError(f"refused: {refused}")
         digest = hashlib.sha256(body).hexdigest()
-        path = bundle_dir(agg) / node / f"{fence_id}.tar.gz"
+        path = bundle_dir(cfg) / node / f"{fence_id}.tar.gz"
         await offload(_write, path, body)
-        keep = agg.cfg.bundles.keep
+        keep = cfg.bundles.keep
         bid, dropped = await writer.call(
             lambda s: s.add_bundle(node, fence_id, now, len(body), digest, str(path), keep))
         await offload(_remove, [p for p in dropped if p != str(path)])
@@ -198,7 +211,7 @@ async def fetch(agg: "Aggregator", node: str, fence_id: int) -> dict[str, Any] |
     except Exception as e:  # noqa: BLE001 - evidence is best effort: say why, never disturb fencing
         why = str(e) if isinstance(e, BundleError) else f"{type(e).__name__}: {e}"
         log.warning("evidence bundle not stored", node=node, fence=fence_id, error=why)
-        keep = agg.cfg.bundles.keep
+        keep = cfg.bundles.keep
         with contextlib.suppress(Exception):
             _, dropped = await writer.call(lambda s: s.add_bundle(node, fence_id, now, 0, "", "", keep, why))
             await offload(_remove, [p for p in dropped if p])

@@ -17,6 +17,7 @@ from podhealth import agentclient, httpclient, log as plog
 from podhealth.aggregator import ingest
 from podhealth.config_aggregator import AggregatorConfig
 from podhealth.aggregator.metrics import Metrics
+from podhealth.aggregator.context import Context
 from podhealth.aggregator.state import Memory
 from podhealth.aggregator.store import Op, Store
 
@@ -25,11 +26,12 @@ PULL_MAX_BYTES = 4 << 20  # a node's /health: a few KB on a DGX, far more only f
 
 
 class Liveness:
-    def __init__(self, cfg: AggregatorConfig, mem: Memory, metrics: Metrics, session: aiohttp.ClientSession,
+    def __init__(self, cfg: AggregatorConfig, context: Callable[[], Context], metrics: Metrics,
+                 session: aiohttp.ClientSession,
                  commit: Callable[[Sequence[Op]], Awaitable[None]], poke: Callable[[], None], *,
                  clock: Callable[[], float], mono: Callable[[], float]) -> None:
         self.cfg = cfg
-        self.mem = mem  # replaced (Aggregator.mem) when a replica takes the lead
+        self._context = context  # the current one: a takeover builds a new one (aggregator/context.py)
         self.metrics = metrics
         self.session = session
         self.commit = commit
@@ -37,6 +39,10 @@ class Liveness:
         self.clock = clock
         self.mono = mono
         self._unproven: set[str] = set()  # nodes whose last answer was not proven (logged once)
+
+    @property
+    def mem(self) -> Memory:
+        return self._context().mem
 
     # ---- pulling agents --------------------------------------------------------------------------
 

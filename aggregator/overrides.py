@@ -15,15 +15,13 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from podhealth import log as plog
 
+from podhealth.aggregator.context import Context
 from podhealth.aggregator.model import FenceMode, Silence
 from podhealth.aggregator.store import Op, Store
-
-if TYPE_CHECKING:
-    from podhealth.aggregator.service import Aggregator
 
 log = plog.get("podhealth.aggregator.overrides")
 MAX_SILENCE = 30 * 86400.0  # a silence is a pause, not an opt-out (that is `opt_out`)
@@ -63,61 +61,59 @@ def of_node(silences: Mapping[tuple[str, str], Silence], node: str, now: float) 
     return [s.to_json() for (n, _), s in sorted(silences.items()) if n == node and now < s.until]
 
 
-async def silence(agg: "Aggregator", node: str, check: str, duration: object, reason: str,
+async def silence(ctx: Context, node: str, check: str, duration: object, reason: str,
                   who: str) -> dict[str, Any]:
-    agg._require_leader()  # the leader's memory holds the silences decide() reads
-    mem = agg.mem
-    assert mem is not None
+    ctx.require_leader()  # the leader's memory holds the silences decide() reads
+    mem = ctx.mem
     if node not in mem.nodes:
         raise OverrideError(404, f"unknown node {node}")
     if not isinstance(check, str) or not _CHECK.match(check):
         raise OverrideError(400, "check must be a check name (e.g. xid, ib_link, nfs_mount)")
     seconds = parse_duration(duration)
-    now = agg.clock()
+    now = ctx.clock()
     s = Silence(node, check, now + seconds, reason, who, now)
-    was = agg.silences.get((node, check))
-    await agg.commit([Store.op_silence(s), Store.op_audit(
+    was = ctx.silences.get((node, check))
+    await ctx.commit([Store.op_silence(s), Store.op_audit(
         now, node, f"operator:{who}", "silence", reason, (),
         f"{check} silenced for {seconds:g}s" + (f" (replaces one until {was.until:.0f})" if was else ""))])
-    agg.silences[(node, check)] = s
+    ctx.silences[(node, check)] = s
     log.warning("check silenced on a node: it does not count toward fencing", node=node, check=check,
                 seconds=seconds, who=who, reason=reason)
-    agg.poke()
+    ctx.poke()
     return s.to_json()
 
 
-async def unsilence(agg: "Aggregator", node: str, check: str, reason: str, who: str) -> dict[str, Any]:
-    agg._require_leader()
-    s = agg.silences.get((node, check))
+async def unsilence(ctx: Context, node: str, check: str, reason: str, who: str) -> dict[str, Any]:
+    ctx.require_leader()
+    s = ctx.silences.get((node, check))
     if s is None:
         raise OverrideError(404, f"{check} is not silenced on {node}")
-    now = agg.clock()
-    await agg.commit([Store.op_unsilence(node, check),
+    now = ctx.clock()
+    await ctx.commit([Store.op_unsilence(node, check),
                       Store.op_audit(now, node, f"operator:{who}", "unsilence", reason or "lifted", (),
                                      f"{check} counts again")])
-    agg.silences.pop((node, check), None)
-    agg.poke()
+    ctx.silences.pop((node, check), None)
+    ctx.poke()
     return {"node": node, "check": check, "state": "lifted"}
 
 
-def expire_ops(agg: "Aggregator", now: float) -> list[Op]:
+def expire_ops(silences: dict[tuple[str, str], Silence], now: float) -> list[Op]:
     """Housekeeping: silences past their end are dropped, each with an audit line."""
     ops: list[Op] = []
-    for key, s in list(agg.silences.items()):
+    for key, s in list(silences.items()):
         if s.until <= now:
-            del agg.silences[key]
+            del silences[key]
             ops += [Store.op_unsilence(s.node, s.check),
                     Store.op_audit(now, s.node, "podhealth", "silence expired", s.reason, (),
                                    f"{s.check} counts again (silenced by {s.who})")]
     return ops
 
 
-async def mark_healthy(agg: "Aggregator", node: str, reason: str, who: str) -> dict[str, Any]:
+async def mark_healthy(ctx: Context, node: str, reason: str, who: str) -> dict[str, Any]:
     """The operator vouches for the node: no more ladder, no hold, nothing open now fences it
     again, and podhealth's own fence is released (someone else's drain is theirs to lift)."""
-    agg._require_leader()
-    mem = agg.mem
-    assert mem is not None
+    ctx.require_leader()
+    mem = ctx.mem
     rec = mem.nodes.get(node)
     if rec is None:
         raise OverrideError(404, f"unknown node {node}")
@@ -126,18 +122,18 @@ async def mark_healthy(agg: "Aggregator", node: str, reason: str, who: str) -> d
                                  "resumes another's drain")
     if rec.fence in (FenceMode.FENCING, FenceMode.RELEASING) or rec.ladder == "acting":
         raise OverrideError(409, f"{node} has an action in flight; try again")
-    now = agg.clock()
+    now = ctx.clock()
     was = {"fence": rec.fence.value, "ladder": rec.ladder, "hold": rec.hold, "hold_reason": rec.hold_reason}
     ops = mem.set_node(node, ladder="", ladder_at=0.0, hold=False, hold_reason="", released_at=now)
     ops.append(Store.op_audit(now, node, f"operator:{who}", "marked healthy", reason, (), json.dumps(was)))
-    await agg.commit(ops)
+    await ctx.commit(ops)
     log.warning("node marked healthy by an operator: the ladder is skipped", node=node, who=who, was=was)
     out: dict[str, Any] = {"node": node, "state": "done", "result": "marked healthy", "was": was}
     if rec.fence is FenceMode.FENCED:
-        released = await agg.operator_release(node, reason, who)
+        released = dict(await ctx.release(node, reason, who))
         out["release"] = released
         out["state"] = released.get("state", "pending")
-    agg.poke()
+    ctx.poke()
     return out
 
 

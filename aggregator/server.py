@@ -443,7 +443,7 @@ async def _override(call: Awaitable[dict[str, Any]]) -> dict[str, Any]:
 
 async def _silence(agg: Aggregator, request: web.Request) -> dict[str, Any]:
     reason, who, obj = await _admin_request(request, agg, True)
-    return await _override(overrides.silence(agg, _node_arg(request), obj.get("check"), obj.get("duration"), reason,
+    return await _override(overrides.silence(agg.context(), _node_arg(request), obj.get("check"), obj.get("duration"), reason,
                                              who))
 
 
@@ -452,12 +452,12 @@ async def _unsilence(agg: Aggregator, request: web.Request) -> dict[str, Any]:
     check = obj.get("check")
     if not isinstance(check, str):
         raise _Reject(400, "bad_request", "check is required")
-    return await _override(overrides.unsilence(agg, _node_arg(request), check, reason, who))
+    return await _override(overrides.unsilence(agg.context(), _node_arg(request), check, reason, who))
 
 
 async def _mark_healthy(agg: Aggregator, request: web.Request) -> dict[str, Any]:
     reason, who = await _admin_body(request, agg, True)
-    return await _override(overrides.mark_healthy(agg, _node_arg(request), reason, who))
+    return await _override(overrides.mark_healthy(agg.context(), _node_arg(request), reason, who))
 
 
 def _bundle_reader(request: web.Request) -> web.Response | None:

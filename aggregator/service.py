@@ -28,6 +28,7 @@ import aiohttp
 from podhealth import log as plog
 
 from podhealth.aggregator import bundles, overrides, views
+from podhealth.aggregator.context import Context
 from podhealth.aggregator.actions import ActionRunner, NotLeader, OperatorError, Pending, slug
 from podhealth.fencing.build import build_fencers
 from podhealth.config_aggregator import AggregatorConfig
@@ -205,12 +206,14 @@ class Aggregator:
         self._running = False
         self._stopped = False
         self._mem = mem
+        self._context = self._context_of(mem)
+        self.evidence = bundles.Evidence(cfg, session, writer)
         self.actions = ActionRunner(
-            cfg, self.fencers, mem, writer, self.metrics, session, clock=clock, mono=mono, acting=self.acting,
+            cfg, self.fencers, self.context, writer, self.metrics, session, clock=clock, mono=mono, acting=self.acting,
             epoch=self.epoch, depose=self.leadership.depose if self.leadership is not None else None,
-            poke=self.poke, evidence=lambda node, fence_id: bundles.fetch(self, node, fence_id))
+            poke=self.poke, evidence=lambda node, fence_id: bundles.fetch(self.evidence, self.context(), node, fence_id))
         self.reconciler = Reconciler(cfg, self.actions, clock)
-        self.liveness = Liveness(cfg, mem, self.metrics, session, self.commit, self.poke, clock=clock, mono=mono)
+        self.liveness = Liveness(cfg, self.context, self.metrics, session, self.commit, self.poke, clock=clock, mono=mono)
         self.metrics.add_fleet(lambda: self.mem, cfg.caps.max_fenced, lambda: len(self.pending),
                                lambda: views.held(self.last_decision))
         self.metrics.leader.set_function(lambda: 1.0 if self.acting() else 0.0)
@@ -276,11 +279,20 @@ class Aggregator:
 
     @mem.setter
     def mem(self, mem: Memory) -> None:
-        """A takeover loads a new mirror: every part works on it from now on."""
+        """A takeover loads a new mirror and builds a new Context on it: every part that asks
+        `context()` works on it from now on."""
         self._mem = mem
-        self.actions.mem = mem
-        self.liveness.mem = mem
+        self._context = self._context_of(mem)
         self.freezer.frozen_at_nodes = 0  # a large load: the next housekeeping pass freezes it
+
+    def context(self) -> Context:
+        """What the operator commands, bundles, the action runner and liveness need of the leader."""
+        return self._context
+
+    def _context_of(self, mem: Memory) -> Context:
+        # The clock is read through self: a test (and DbClock's owner) may replace `clock` later.
+        return Context(mem=mem, commit=self.commit, require_leader=self.require_leader, clock=lambda: self.clock(),
+                       poke=self.poke, silences=self.silences, release=self.operator_release)
 
     @property
     def pending(self) -> dict[int, Pending]:
@@ -522,7 +534,7 @@ class Aggregator:
                     # a follower only ingests: the rest is the leader's, once its takeover has
                     # loaded the shared state (a follower's own memory is not the fleet's)
                     continue
-                ops: list[Op] = self.silence_ops(now) + overrides.expire_ops(self, now)
+                ops: list[Op] = self.silence_ops(now) + overrides.expire_ops(self.silences, now)
                 if self.mono() - self._last_forget >= FORGET_EVERY:
                     ops += self.forget_ops(now)
                 if self.mono() - last_prune > 3600:
@@ -560,13 +572,13 @@ class Aggregator:
 
     # ---- operator actions ------------------------------------------------------------------------
 
-    def _require_leader(self) -> None:
+    def require_leader(self) -> None:
         if not self.acting() or not self._acting_tasks:  # not leading, or its takeover is not done
             lead = self.leadership.lease.seen.get("holder", "unknown") if self.leadership else "unknown"
             raise OperatorError(503, f"this aggregator is a follower; ask the leader ({lead})")
 
     async def operator_fence(self, node: str, reason: str, who: str, wait: float = 30.0) -> dict[str, Any]:
-        self._require_leader()
+        self.require_leader()
         mem = self.mem
         rec = mem.nodes.get(node)
         if rec is None:
@@ -588,7 +600,7 @@ class Aggregator:
         return await self.actions.await_action(t, wait)
 
     async def operator_release(self, node: str, reason: str, who: str, wait: float = 30.0) -> dict[str, Any]:
-        self._require_leader()
+        self.require_leader()
         mem = self.mem
         rec = mem.nodes.get(node)
         if rec is None:
@@ -609,7 +621,7 @@ class Aggregator:
         return await self.actions.await_action(t, wait)
 
     async def operator_handover(self, node: str, who: str, wait: float = 30.0) -> dict[str, Any]:
-        self._require_leader()
+        self.require_leader()
         mem = self.mem
         rec = mem.nodes.get(node)
         if rec is None:
@@ -643,7 +655,7 @@ class Aggregator:
         return {"node": node, "reset_at": now, "was": was}
 
     async def breaker_reset(self, who: str, reason: str) -> dict[str, Any]:
-        self._require_leader()
+        self.require_leader()
         mem = self.mem
         now = self.clock()
         was = mem.breaker

@@ -33,7 +33,7 @@ async def test_node_page_shows_silences_and_downloads_bundles(tmp_path: Path) ->
             await until(lambda: agg.store.bundles_of("dgx01"))
             [row] = agg.store.bundles_of("dgx01")
             agent.answer = (200, b"not a tarball at all")  # a later bundle the aggregator refuses
-            assert await bundles.fetch(agg, "dgx01", 777) is None
+            assert await bundles.fetch(agg.evidence, agg.context(), "dgx01", 777) is None
             r = await s.post(f"{url}/api/v1/nodes/dgx02/silence", headers={"Authorization": f"Bearer {ADMIN}"},
                              json={"check": "nfs_mount", "duration": "2h", "reason": "NFS server maintenance",
                                    "who": "ana"})

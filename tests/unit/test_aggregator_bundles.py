@@ -141,7 +141,7 @@ async def test_only_the_newest_bundles_are_kept(tmp_path: Path) -> None:
         async with running(c, [MemFencer()]) as (agg, _):
             await until(lambda: agg.store.bundles_of("dgx01"))  # the fence's own
             for fence_id in (901, 902, 903):
-                assert await bundles.fetch(agg, "dgx01", fence_id) is not None
+                assert await bundles.fetch(agg.evidence, agg.context(), "dgx01", fence_id) is not None
             rows = agg.store.bundles_of("dgx01")
             assert [r["fence_id"] for r in rows] == [903, 902]
             files = sorted(p.name for p in (tmp_path / "bundles" / "dgx01").iterdir())
@@ -184,7 +184,7 @@ async def test_an_impostor_gets_no_credential_and_its_bundle_is_not_stored(tmp_p
         async with running(cfg(tmp_path, agent_url), [MemFencer()]) as (agg, _):
             await until(lambda: agg.store.bundles_of("dgx01"))  # fenced, its bundle fetched from the agent
             agent.key = ""  # the agent is gone; something else answers on its port
-            assert await bundles.fetch(agg, "dgx01", 999) is None
+            assert await bundles.fetch(agg.evidence, agg.context(), "dgx01", 999) is None
             await until(lambda: any(a["what"] == "bundle failed" for a in audit(agg, "dgx01")))
             note = next(a for a in audit(agg, "dgx01") if a["what"] == "bundle failed")
             assert "not this node's agent" in note["output"]
