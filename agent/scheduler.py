@@ -1,13 +1,18 @@
 """Runs each collector on its own interval, off the event loop, with a timeout.
 
 Per collector: a tick every `interval` seconds starts a collection through the collector runtime
-(collectors/runtime.py: `collect()` on that collector's own worker thread), unless the previous
+(collectors/runtime.py), unless the previous
 call is still in flight (then the tick is an overrun, counted, and
 nothing starts: a thread cannot be cancelled, and piling calls onto a hung NVML or NFS source
 would only leak threads). A call still running `timeout` seconds after it started marks the
 collector stale and drops its samples, so hung data never looks fresh; whatever it returns late
 is discarded. Data also goes stale when the last success is older than `stale_after` intervals.
 Only changes are logged (went stale, failing, recovered), never every failure.
+
+Threads: the short collectors share one lane (core/worker.py `Lane`, thread "collectors"): every
+tick starts on one origin, so the collections due together reach that thread together and their
+results come back in one wake-up of the loop; a hung one is given up at its timeout and the lane
+goes on with a new thread. A collector with `own_worker` (kmsg, nfs, site checks) has its own.
 
 A collector with `readable_fd()` (kmsg: /dev/kmsg, or the simulated node's FIFO) is also
 collected as soon as its descriptor turns readable (loop.add_reader), so a kernel record is read
@@ -28,8 +33,9 @@ from typing import Callable
 from podhealth import log
 from podhealth.agent.store import SnapshotStore
 from podhealth.collectors.base import Collector
-from podhealth.collectors.runtime import Outcome, Runner, outcome_state
+from podhealth.collectors.runtime import Outcome, Runner, outcome_state, own_worker
 from podhealth.snapshot import CollectorState, Snapshot
+from podhealth.worker import Lane
 
 _log = log.get("podhealth.agent.scheduler")
 
@@ -67,12 +73,22 @@ class Scheduler:
         self._mono = monotonic
         self._slots: dict[str, _Slot] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._lane: Lane | None = None  # the short collectors' shared thread, made with the first
+
+    @property
+    def shared_lane(self) -> Lane | None:
+        return self._lane
 
     def add(self, name: str, collector: Collector, interval: float, timeout: float,
             watched_interval: float | None = None) -> None:
         if name in self._slots:
             raise ValueError(f"collector {name!r} added twice")
-        runner = Runner(name, collector, timeout, self._mono)
+        lane = None
+        if not own_worker(collector):
+            if self._lane is None:
+                self._lane = Lane("collectors", self._mono)
+            lane = self._lane
+        runner = Runner(name, collector, timeout, self._mono, lane)
         slot = _Slot(name, runner, interval, watched_interval)
         runner.on_late = lambda seconds, s=slot: self._late(s, seconds)
         self._slots[name] = slot
@@ -117,6 +133,8 @@ class Scheduler:
         for slot, ok in zip(slots, closed):
             if not ok:  # its thread exits when the hung call returns
                 _log.warning("collector still busy at shutdown; not closed", collector=slot.name)
+        if self._lane is not None:
+            self._lane.close()
 
     async def _every(self, slot: _Slot, origin: float) -> None:
         # Fixed-rate ticks at absolute times on the loop's clock; a late wake-up skips ticks

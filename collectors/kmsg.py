@@ -63,6 +63,9 @@ class _Counters:
 
 class KmsgCollector:
     name: ClassVar[str] = "kmsg"
+    # Its own thread: a record on the descriptor starts a collection at once (the XID fast path),
+    # never queued behind the other collectors on the shared lane (collectors/runtime.py).
+    own_worker: ClassVar[bool] = True
     metrics: ClassVar[Mapping[str, MetricSpec]] = specs(
         MetricSpec("xid_events", "counter", "NVIDIA XID events (kernel log and NVML, counted once)"),
         MetricSpec("sxid_events", "counter", "NVSwitch SXid errors from the kernel log"),

@@ -199,6 +199,8 @@ def rpc_samples(rpc: RpcNfs, cache: SampleCache | None = None) -> list[Sample]:
 
 class NfsCollector:
     name: ClassVar[str] = "nfs"
+    # Its own thread: a hung mount holds a collection for up to the probe timeout, every interval.
+    own_worker: ClassVar[bool] = True
     metrics: ClassVar[Mapping[str, MetricSpec]] = METRICS
 
     def __init__(self, procfs_root: Path, mounts: Sequence[tuple[str, float]],

@@ -3,10 +3,12 @@
 The agent's scheduler (every interval), the handover suite and `podhealth check` / `podhealth
 profile` (once, with no agent running) all go through here, so a collector behaves the same
 everywhere: its factory runs off the event loop with a timeout (nvmlInit on a wedged GPU must not
-hang the caller), each collect() runs on that collector's own worker thread (core/worker.py) with
-its own timeout, and a call still running at its timeout gives a timed-out outcome -- the
+hang the caller), each collect() runs on a worker thread (core/worker.py `Lane`: the collector's
+own, or in the agent one shared by its short collectors, whose results reach the loop together)
+with its own timeout, and a call still running at its timeout gives a timed-out outcome -- the
 collector is stale and its checks UNKNOWN -- while the thread is left to finish (a thread cannot
-be cancelled) and whatever it returns late is discarded. `outcome_state` turns an outcome into the
+be cancelled; a shared lane goes on with the other collectors on a new thread) and whatever it
+returns late is discarded. `outcome_state` turns an outcome into the
 CollectorState every consumer reads.
 """
 
@@ -21,7 +23,7 @@ from podhealth import log
 from podhealth.collectors.base import Collection, Collector, CollectorDisabled
 from podhealth.config import CollectorConfig, Config
 from podhealth.snapshot import CollectorState
-from podhealth.worker import Worker, call_with_timeout
+from podhealth.worker import Lane, LaneCall, call_with_timeout
 
 _log = log.get("podhealth.collectors.runtime")
 
@@ -113,79 +115,113 @@ def outcome_state(st: CollectorState, out: Outcome, now: float) -> CollectorStat
                    last_success=now, last_attempt=now, last_duration=out.duration, stale=False, runs=st.runs + 1)
 
 
+def own_worker(collector: Collector) -> bool:
+    """Whether a collector needs a thread of its own rather than the agent's shared lane: one whose
+    collections wait by design (NFS probes up to their mounts' timeouts, a site check's program) or
+    that must start the moment it is asked (kmsg, the XID fast path) says so with `own_worker = True`."""
+    return bool(getattr(collector, "own_worker", False))
+
+
 class Runner:
-    """One collector, its own worker thread and its timeout."""
+    """One collector, the lane its calls run on (its own, or one shared with other short
+    collectors: core/worker.py `Lane`) and its timeout."""
 
     def __init__(self, name: str, collector: Collector, timeout: float,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, lane: Lane | None = None) -> None:
         self.name = name
         self.collector = collector
         self.timeout = timeout
         self._mono = monotonic
-        self._worker: Worker[Collection] = Worker(name)
-        self._call: asyncio.Future[Collection] | None = None
-        self._hung: asyncio.Future[Collection] | None = None  # the call that outlived its timeout
+        self._own_lane = lane is None
+        self.lane = lane if lane is not None else Lane(name, monotonic)
+        self._call: LaneCall[Collection] | None = None
+        self._hung: LaneCall[Collection] | None = None  # the call that outlived its timeout
         self.on_late: Callable[[float], None] | None = None  # a timed-out call returned after (seconds)
 
     @property
     def busy(self) -> bool:
-        """The worker thread is still in a collect() (also one past its timeout)."""
+        """A collect() is queued or running (also one past its timeout)."""
         return self._call is not None
 
     def collect_once(self) -> "asyncio.Task[Outcome]":
-        """Start one collect() on the worker now (the runner is busy from this call on) and return
-        the task that ends with its Outcome: the collection, its error, or a timeout after
-        `timeout` seconds (the thread may run on; see on_late). Must run on the event loop."""
+        """Start one collect() on the lane now (the runner is busy from this call on) and return
+        the task that ends with its Outcome: the collection, its error, or a timeout `timeout`
+        seconds after the call started on the thread (a call queued behind another collector's is
+        not charged for the wait; the thread may run on: see on_late). Must run on the event loop."""
         if self._call is not None:
             raise RuntimeError(f"collector {self.name!r} is still collecting")
-        started = self._mono()
-        call = self._worker.submit(self.collector.collect)
+        call = self.lane.submit(self.collector.collect)
         self._call = call
-        call.add_done_callback(lambda f: self._returned(f, started))
-        return asyncio.get_running_loop().create_task(self._outcome(call, started), name=f"collect-once-{self.name}")
+        call.future.add_done_callback(lambda f: self._returned(call))
+        return asyncio.get_running_loop().create_task(self._outcome(call), name=f"collect-once-{self.name}")
 
-    async def _outcome(self, call: "asyncio.Future[Collection]", started: float) -> Outcome:
-        # asyncio.wait never cancels `call`: a hung thread keeps it pending until it returns.
-        done, _ = await asyncio.wait((call,), timeout=self.timeout)
-        if not done:
-            self._hung = call
-            return Outcome(None, f"timed out after {self.timeout:g}s", True, self.timeout)
-        duration = self._mono() - started
-        if call.cancelled():
+    async def _outcome(self, call: "LaneCall[Collection]") -> Outcome:
+        fut = call.future
+        wait = self.timeout
+        while True:
+            # asyncio.wait never cancels `fut`: a hung thread keeps it pending until it returns.
+            done, _ = await asyncio.wait((fut,), timeout=wait)
+            if done:
+                break
+            started = call.started
+            if started is None or call.ended is not None:
+                wait = self.timeout  # queued behind another call, or returned and on its way
+                continue
+            wait = started + self.timeout - self._mono()
+            if wait > 0:
+                continue
+            if self.lane.abandon(call):  # the lane's other calls go on on a new thread
+                self._hung = call
+                return Outcome(None, f"timed out after {self.timeout:g}s", True, self.timeout)
+            wait = self.timeout
+        duration = _duration(call)
+        if fut.cancelled():
             return Outcome(None, "CancelledError: collection cancelled", False, duration)
-        exc = call.exception()
-        if exc is None and not isinstance(call.result(), Collection):
-            exc = TypeError(f"collect() returned {type(call.result()).__name__}, not Collection")
+        exc = fut.exception()
+        if exc is None and not isinstance(fut.result(), Collection):
+            exc = TypeError(f"collect() returned {type(fut.result()).__name__}, not Collection")
         if exc is not None:
             return Outcome(None, f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS], False, duration)
-        return Outcome(call.result(), "", False, duration)
+        return Outcome(fut.result(), "", False, duration)
 
-    def _returned(self, call: "asyncio.Future[Collection]", started: float) -> None:
+    def _returned(self, call: "LaneCall[Collection]") -> None:
         if self._call is call:
             self._call = None
         if self._hung is call:
             self._hung = None
             if self.on_late is not None:
-                self.on_late(self._mono() - started)
+                self.on_late(_duration(call))
 
     async def close(self, timeout: float) -> bool:
-        """Close the collector on its worker, then let the thread go. A collect() in flight within
-        its own timeout is given `timeout` to return first (a shutdown that lands mid-collection
-        still closes the collector). False, and nothing closed, when the call is hung (past its
-        timeout) or still running after that: the thread exits when the call returns."""
+        """Close the collector on its lane, then let an own lane's thread go. A collect() in flight
+        within its own timeout is given `timeout` to return first (a shutdown that lands
+        mid-collection still closes the collector). False, and nothing closed, when the call is
+        hung (past its timeout) or still running after that: the thread exits when the call returns."""
         call = self._call
         if call is not None:
             if call is self._hung:
                 return False
-            await asyncio.wait((call,), timeout=timeout)  # never cancels the call
-            if not call.done():
+            await asyncio.wait((call.future,), timeout=timeout)  # never cancels the call
+            if not call.future.done():
                 return False
+        closing: LaneCall[None] | None = None
         try:
-            await asyncio.wait_for(asyncio.shield(self._worker.submit(self.collector.close)), timeout)
+            closing = self.lane.submit(self.collector.close)
+            await asyncio.wait_for(asyncio.shield(closing.future), timeout)
         except TimeoutError:
+            if closing is not None:
+                self.lane.abandon(closing)  # the other collectors on a shared lane close on a new thread
             _log.warning("collector close() timed out", collector=self.name, timeout=timeout)
         except Exception as e:  # noqa: BLE001 - shutting down anyway
             _log.warning("collector close() failed", collector=self.name, error=repr(e))
         finally:
-            self._worker.close()
+            if self._own_lane:
+                self.lane.close()
         return True
+
+
+def _duration(call: "LaneCall[Collection]") -> float:
+    """How long the call ran on the thread (not the time it waited in the lane's queue)."""
+    if call.started is None or call.ended is None:
+        return 0.0
+    return call.ended - call.started

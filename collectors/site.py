@@ -32,6 +32,8 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 class SiteCheck:
     name: ClassVar[str] = "site"
+    # Its own thread: the site's program may run up to its timeout, every interval.
+    own_worker: ClassVar[bool] = True
     # No series of its own: the verdict is check_status{check="site_<name>"} and the runs are the
     # runtime's podhealth_collector_* series; several site checks then never render one family twice.
     metrics: ClassVar[Mapping[str, MetricSpec]] = {}

@@ -11,6 +11,13 @@ interpreter exit, which is exactly what a hung call must not block. A thread of 
 settles futures itself (the aggregator's DB writer, committing in groups) does it through
 `settle_from_thread`. Bounded local work that cannot hang for ever (SQLite, spool and bundle
 files) goes through `offload`, the loop's default executor, so every hop off the loop is here.
+
+A `Lane` is a Worker shared by several callers whose calls are short (the agent's collectors):
+the calls submitted in one loop iteration go to its thread together and their results come back
+in one wake-up of the loop, when its queue runs dry, instead of one thread and one wake-up per
+caller (issue 32: hand-offs were ~30% of the agent's CPU). A call that outlives its caller's
+timeout is given up (`abandon`): it keeps the old thread, which exits when it returns, and a new
+thread takes the calls queued behind it, so one hung call never holds up the others.
 """
 
 from __future__ import annotations
@@ -19,6 +26,9 @@ import asyncio
 import contextlib
 import queue
 import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, TypeVar
 
 T = TypeVar("T")
@@ -78,6 +88,130 @@ class Worker(Generic[T]):
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+
+@dataclass(eq=False)
+class LaneCall(Generic[T]):
+    """One call on a Lane: its future, and when the lane's thread started and ended it (monotonic)."""
+
+    fn: Callable[[], T]
+    future: "asyncio.Future[T]"
+    started: float | None = None
+    ended: float | None = None
+    value: object = None
+    exc: BaseException | None = field(default=None, repr=False)
+
+
+class Lane:
+    """Short blocking calls of several callers on one daemon thread; each loop iteration's calls
+    are handed over together and their results come back in one loop wake-up."""
+
+    def __init__(self, name: str, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self._mono = monotonic
+        self._cond = threading.Condition(threading.Lock())
+        self._calls: deque[LaneCall[Any]] = deque()  # queued, not started
+        self._done: list[LaneCall[Any]] = []  # returned, waiting for the queue to run dry
+        self._running: LaneCall[Any] | None = None
+        self._gen = 0  # which thread owns the queue; a thread of an older generation exits
+        self._closed = False
+        self._pending: list[LaneCall[Any]] = []  # submitted in this loop iteration, not yet handed over
+        self._flush_scheduled = False
+        self.threads_started = 0
+        self.wakeups = 0  # times the thread woke the loop (one per batch, one per late call)
+        self._spawn()
+
+    def _spawn(self) -> None:
+        self.threads_started += 1
+        suffix = "" if self.threads_started == 1 else f"-{self.threads_started}"
+        threading.Thread(target=self._run, args=(self._gen,), name=f"podhealth-{self.name}{suffix}",
+                         daemon=True).start()
+
+    def submit(self, fn: Callable[[], T]) -> LaneCall[T]:
+        """Queue `fn` (from the event loop that awaits `.future`); it reaches the thread with the
+        other calls of this loop iteration."""
+        loop = asyncio.get_running_loop()
+        call: LaneCall[T] = LaneCall(fn, loop.create_future())
+        self._pending.append(call)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        return call
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        calls, self._pending = self._pending, []
+        with self._cond:
+            self._calls.extend(calls)
+            self._cond.notify()
+
+    def _run(self, gen: int) -> None:
+        while True:
+            with self._cond:
+                while gen == self._gen and not self._calls and not self._closed:
+                    self._cond.wait()
+                if gen != self._gen or (self._closed and not self._calls):
+                    return
+                call = self._calls.popleft()
+                call.started = self._mono()
+                self._running = call
+            try:
+                call.value = call.fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+                call.exc = e
+            with self._cond:
+                call.ended = self._mono()
+                if gen != self._gen:  # given up while it ran: the lane has a new thread
+                    self.wakeups += 1
+                    settle_from_thread(call.future, call.value, call.exc)
+                    return
+                self._running = None
+                self._done.append(call)
+                done: list[LaneCall[Any]] = []
+                if not self._calls:
+                    done, self._done = self._done, []
+                    self.wakeups += 1
+            if done:
+                _settle_all_from_thread(done)
+
+    def abandon(self, call: LaneCall[Any]) -> bool:
+        """Give up on `call`, which is running (from the loop, at its caller's timeout): it keeps
+        this thread, a new one takes the queue. False when it is not running (not started yet,
+        or returned already: its result is on its way)."""
+        with self._cond:
+            if self._running is not call or call.ended is not None:
+                return False
+            self._gen += 1
+            self._running = None
+            done, self._done = self._done, []
+            if not self._closed:
+                self._spawn()
+        # The calls that returned before it were waiting for the queue to run dry: hand them over now.
+        for c in done:
+            _settle(c.future, c.value, c.exc)
+        return True
+
+    def close(self) -> None:
+        """Let the thread exit once the calls already submitted have run."""
+        self._flush()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def busy(self) -> bool:
+        with self._cond:
+            return self._running is not None or bool(self._calls) or bool(self._pending)
+
+
+def _settle_all_from_thread(calls: list[LaneCall[Any]]) -> None:
+    with contextlib.suppress(RuntimeError):
+        calls[0].future.get_loop().call_soon_threadsafe(_settle_all, calls)
+
+
+def _settle_all(calls: list[LaneCall[Any]]) -> None:
+    for c in calls:
+        _settle(c.future, c.value, c.exc)
 
 
 async def call_with_timeout(name: str, fn: Callable[[], T], timeout: float) -> T:
