@@ -1,6 +1,6 @@
 """`podhealth agent`: the per-node daemon (a systemd Type=notify service).
 
-    podhealth agent [--config FILE] [--simulate PROFILE] [--sim-root DIR] [--node NAME]
+    podhealth agent [--config FILE] [--simulate PROFILE [--sim-root DIR] [--sim-no-refresh]] [--node NAME]
                     [--listen ADDR:PORT] [--compat dcgm-exporter]
 
 Exit codes: 0 after SIGTERM/SIGINT, 2 on a bad config (the message names file:line:key), 64 on
@@ -41,6 +41,9 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                    help=f"run against a simulated node ({', '.join(sims)}); binds 127.0.0.1 by default")
     p.add_argument("--sim-root", type=Path, help="directory of simulated nodes (default $PODHEALTH_SIM_DIR "
                                                  "or /tmp/podhealth-sim-$UID)")
+    p.add_argument("--sim-no-refresh", action="store_true",
+                   help="with --simulate: leave rewriting the node's trees to another process (the "
+                        "benchmarks do, so that the agent's CPU is its own), instead of a thread here")
     p.add_argument("--node", help="node name (default: config node.name, else the short hostname; "
                                   f"'{DEFAULT_SIM_NODE}' when simulating)")
     p.add_argument("--listen", metavar="ADDR:PORT", help="override listen.address and listen.port")
@@ -131,6 +134,9 @@ def _cannot_bind(agent: Any, cfg: config.Config, e: OSError) -> int:
 def run(args: argparse.Namespace) -> int:
     from podhealth import log
 
+    if args.sim_no_refresh and not args.simulate:
+        return _usage("--sim-no-refresh goes with --simulate")
+
     try:
         cfg = cliconfig.load(args.config)
         # Tokens from token_file / the environment are read once, here.
@@ -197,7 +203,8 @@ async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None) 
             except (CredentialError, OSError) as e:
                 return _fail(f"--simulate: no agent key for {node}: {e}")
             _log.info("agent key of the simulated node", node=node, file=str(credentials.user_key_dir() / f"{node}.key"))
-        refresher = asyncio.get_running_loop().create_task(simmode.refresher(sim.node), name="sim-refresh")
+        if not args.sim_no_refresh:
+            refresher = asyncio.get_running_loop().create_task(simmode.refresher(sim.node), name="sim-refresh")
     try:
         agent = Agent(cfg, node=node, seams=seams)
     except ValueError as e:

@@ -19,18 +19,26 @@ measured afterwards with back-to-back requests (gzip, text format, as Prometheus
 the end.
 
 Part 2: the full agent (`--simulate dgx-h100`: all collectors, 8 simulated GPUs) on the same
-interval: CPU per cycle, its breakdown and RSS. That process also runs the simulator: the tree
-refresh (its own thread, subtracted), the NFS probe stand-in (a Python helper per mount that
-reads the simulated node's state file per probe, where a real node runs the statfs helper; the
-children's CPU is subtracted) and the NVML library
-(Python callbacks in the nvml/nvlink threads; not separable, so they stay in). Targets
-(issue 3): CPU per cycle <= 1.0x node_exporter, scrape p99 <= 0.5x, agent RSS <= 64 MiB with
-all collectors on.
+interval: CPU per cycle, its breakdown and RSS. The simulator's tree refresh runs in a process of
+its own (`agent --sim-no-refresh` and this script's refresher), so the figure is the agent's own;
+`--sim-in-process` puts it back in the agent's process (its thread is then subtracted). What stays
+in: the simulated NVML library (Python callbacks in the collectors' thread; pynvml calls it in the
+process), and the NFS probe stand-ins (Python helper processes, children: subtracted). Targets
+(issue 3): CPU per cycle <= 1.0x node_exporter, scrape p99 <= 0.5x, agent RSS <= 64 MiB with all
+collectors on.
 
-Part 3 (`--defaults SECONDS`, default 120; 0 skips it): the full agent at its DEFAULT intervals
-(no collector settings: kmsg 1 s, most others 10 s, some 30-60 s), scraped every 15 s as
-Prometheus would, for SECONDS of wall time: CPU as a share of one core, by part. Target (issue
-20): <= 0.5% of one core. `--full-only` skips parts 1 and 2.
+Part 3 (`--defaults SECONDS`, default 180; 0 skips it; `--full-only`: only this part): at the
+DEFAULT intervals (no collector settings: kmsg 1 s / 5 s while watched, most others 10 s, some
+30-60 s), every process scraped every 15 s as Prometheus would, in the same windows (`--rounds`,
+3): the full simulated agent beside node_exporter at its defaults (this machine's /proc and /sys),
+and the agent's IB+NFS subset (hw_counters off) beside node_exporter's infiniband + mountstats +
+nfs on one simulated tree. Prints each round's ratios with the load average, min/median/max, and
+the full agent's CPU by part. Targets (issue 32): full agent <= 5x node_exporter's defaults and
+<= 0.5% of a core; IB+NFS <= 1.5x.
+
+`--soak SECONDS [--soak-period 600] [--soak-tolerance 1]`: only the full agent at its defaults,
+RSS printed every period; exits 1 when RSS grows after the first period (which fills the
+checks' history windows) by more than the tolerance (issue 32: <= 64 MiB and flat over >= 1 h).
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -201,6 +210,8 @@ def thread_role(pid: int, tid: int, comm: str) -> str:
         return "event loop + HTTP (main thread)"
     if comm in COLLECTORS:
         return f"collector {comm}"
+    if comm.startswith("collectors"):
+        return "collectors (the shared lane)"
     if comm.startswith("nfs-probe"):
         return "NFS probe threads (spawn + wait)"
     if comm == "render" or comm.startswith("asyncio_"):
@@ -305,9 +316,21 @@ def main() -> int:
     ap.add_argument("--latency-scrapes", type=int, default=200)
     ap.add_argument("--rename-writes", action="store_true",
                     help="rewrite the tree by rename (new inodes) instead of in place as sysfs does")
-    ap.add_argument("--defaults", type=float, default=120.0, metavar="SECONDS",
+    ap.add_argument("--defaults", type=float, default=180.0, metavar="SECONDS",
                     help="measure the full agent at its default intervals for SECONDS (0: skip)")
     ap.add_argument("--full-only", action="store_true", help="only part 3 (the full agent at its default intervals)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="part 3: split the window into this many rounds (ratios min/median/max)")
+    ap.add_argument("--sim-in-process", action="store_true",
+                    help="run the simulator's tree refresh inside the full agent's process, as `agent --simulate` "
+                         "does alone (default: a process of its own, so the agent's figure is its own)")
+    ap.add_argument("--soak", type=float, default=0.0, metavar="SECONDS",
+                    help="only the soak: the full agent at its defaults for SECONDS (>= 3600 for the issue 32 "
+                         "figure), RSS every --soak-period; exit 1 when RSS grows")
+    ap.add_argument("--soak-period", type=float, default=600.0, metavar="SECONDS",
+                    help="seconds between RSS readings in --soak (600; shorter for a trial)")
+    ap.add_argument("--soak-tolerance", type=float, default=1.0, metavar="MIB",
+                    help="growth of RSS after the first period that still counts as flat (1 MiB)")
     ap.add_argument("--_refresh", nargs=2, metavar=("NODE_DIR", "INTERVAL"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._refresh:
@@ -319,8 +342,10 @@ def main() -> int:
     from podhealth.sim.node import SimNode
     from podhealth.sim.tree_write import IN_PLACE_ENV
 
+    if args.soak:
+        return soak_main(args.soak, args.soak_period, args.soak_tolerance, args.sim_in_process)
     if args.full_only:
-        return defaults_main(args.defaults or 120.0)
+        return defaults_main(args.defaults or 180.0, args.rounds, args.sim_in_process)
     tmp = Path(tempfile.mkdtemp(prefix="podhealth-bench-"))
     node = SimNode.create(tmp / "sim", "dgx01", "dgx-h100")
     iv, to = args.interval, max(args.interval * 2, 2.0)
@@ -341,6 +366,7 @@ def main() -> int:
                                                 f"infiniband: {{interval: {iv}, timeout: {to}, hw_counters: false}}"))
     assert cfg_like.read_text() != cfg.read_text()
     procs: list[Proc] = []
+    helpers: list[subprocess.Popen[bytes]] = []
     refresher: subprocess.Popen[bytes] | None = None
     try:
         # Files keep their inodes, as in sysfs, unless --rename-writes (the simulator's default,
@@ -388,10 +414,10 @@ def main() -> int:
             + f"  nfs: {{interval: {iv}, timeout: {nfs_to}, mounts: [{{path: /home, timeout: {to / 2:g}}}, "
               f"{{path: /cm/shared, timeout: {to / 2:g}}}]}}\n"
             + "log: {level: warning}\n")
-        full = start("agent-full", [sys.executable, "-m", "podhealth", "agent", "--simulate", "dgx-h100",
-                                    "--sim-root", str(tmp / "sim-full"), "--node", "dgx02", "--config", str(full_cfg),
-                                    "--listen", f"127.0.0.1:{full_port}"], full_port, tmp / "agent-full.log", "/healthz")
+        full, full_refresher = start_sim_agent("agent-full", tmp / "sim-full", "dgx02", full_cfg, full_port,
+                                               tmp / "agent-full.log", args.sim_in_process)
         procs.append(full)
+        helpers.extend(full_refresher)
         wait_fresh(full)
         full_series = sum(1 for ln in decode(get(full.url + "/metrics")[1]).splitlines() if ln and ln[0] != "#")
         full_rss_start = full.rss()
@@ -403,9 +429,7 @@ def main() -> int:
     finally:
         for p in procs:
             p.stop()
-        if refresher is not None and refresher.poll() is None:
-            os.killpg(refresher.pid, signal.SIGTERM)
-            refresher.wait(10)
+        stop_helpers([refresher, *helpers] if refresher is not None else helpers)
         if not os.environ.get("PODHEALTH_BENCH_KEEP"):
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -441,7 +465,9 @@ def main() -> int:
     print("  agent CPU by part:")
     print_breakdown(ag_cpu)
     print()
-    print("full agent (--simulate dgx-h100: nvml, nvlink, infiniband, nfs, host, kmsg; 8 simulated GPUs)")
+    print("full agent (--simulate dgx-h100: nvml, nvlink, infiniband, nfs, host, kmsg; 8 simulated GPUs; "
+          + ("the simulator's tree refresh in the agent's process)" if args.sim_in_process
+             else "the simulator's tree refresh in a process of its own)"))
     sim_refresh = full_cpu.roles.get("SIMULATOR tree refresh", 0.0)
     alone = full_cpu.total - sim_refresh - full_cpu.children
     print(f"  series                 {full_series}")
@@ -456,53 +482,218 @@ def main() -> int:
     print_breakdown(full_cpu)
     if args.defaults > 0:
         print()
-        defaults_main(args.defaults)
+        defaults_main(args.defaults, args.rounds, args.sim_in_process)
     return 0
 
 
 SCRAPE_EVERY = 15.0  # Prometheus' common scrape interval
+MIB = 1024 * 1024
 
 
-def defaults_main(seconds: float) -> int:
-    """Part 3: the full simulated agent at its default intervals; CPU as a share of one core."""
-    tmp = Path(tempfile.mkdtemp(prefix="podhealth-bench-defaults-"))
-    port = free_port()
-    cfg = tmp / "agent.yaml"
-    cfg.write_text("log: {level: warning}\n")
-    full = start("agent-defaults", [sys.executable, "-m", "podhealth", "agent", "--simulate", "dgx-h100",
-                                    "--sim-root", str(tmp / "sim"), "--node", "dgx03", "--config", str(cfg),
-                                    "--listen", f"127.0.0.1:{port}"], port, tmp / "agent.log", "/healthz")
+def start_refresher(node_dir: Path, interval: float = 1.0, in_place: bool = False) -> subprocess.Popen[bytes]:
+    """The simulator's tree refresh as a process of its own (what `agent --simulate` does in a thread);
+    `in_place` keeps each file's inode, as sysfs does."""
+    from podhealth.sim.tree_write import IN_PLACE_ENV
+
+    env = {**os.environ, **({IN_PLACE_ENV: "1"} if in_place else {})}
+    return subprocess.Popen([sys.executable, __file__, "--_refresh", str(node_dir), str(interval)],
+                            stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+
+
+def stop_helpers(helpers: list[subprocess.Popen[bytes]]) -> None:
+    for h in helpers:
+        if h.poll() is None:
+            os.killpg(h.pid, signal.SIGTERM)
+            try:
+                h.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(h.pid, signal.SIGKILL)
+                h.wait(5)
+
+
+def start_sim_agent(name: str, root: Path, node_name: str, cfg: Path, port: int, log: Path,
+                    in_process: bool) -> tuple[Proc, list[subprocess.Popen[bytes]]]:
+    """`podhealth agent --simulate dgx-h100`; unless `in_process`, its tree refresh runs in a process
+    of its own (`--sim-no-refresh`), so the agent's CPU is the agent's. The simulated NVML library
+    cannot leave the process (pynvml calls it): its callbacks stay in the agent's figure."""
+    from podhealth.sim.node import SimNode
+
+    helpers: list[subprocess.Popen[bytes]] = []
+    argv = [sys.executable, "-m", "podhealth", "agent", "--simulate", "dgx-h100", "--sim-root", str(root),
+            "--node", node_name, "--config", str(cfg), "--listen", f"127.0.0.1:{port}"]
+    if not in_process:
+        node = SimNode.create(root, node_name, "dgx-h100")
+        helpers.append(start_refresher(node.dir))
+        argv.append("--sim-no-refresh")
     try:
+        return start(name, argv, port, log, "/healthz"), helpers
+    except BaseException:
+        stop_helpers(helpers)
+        raise
+
+
+def node_exporter_bin() -> str | None:
+    return shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+
+
+def scrape_every(procs: list[Proc], seconds: float, every: float = SCRAPE_EVERY) -> float:
+    """Scrape each process every `every` s (as Prometheus would) for `seconds`; the wall time."""
+    t0 = time.monotonic()
+    next_scrape = t0
+    while time.monotonic() - t0 < seconds:
+        if time.monotonic() >= next_scrape:
+            for p in procs:
+                if get(p.url + "/metrics")[0] != 200:
+                    raise SystemExit(f"{p.name}: scrape failed")
+            next_scrape += every
+        time.sleep(max(0.0, min(next_scrape, t0 + seconds) - time.monotonic()))
+    return time.monotonic() - t0
+
+
+def spread(xs: list[float]) -> str:
+    s = sorted(xs)
+    return f"{s[0]:.2f} / {s[len(s) // 2]:.2f} / {s[-1]:.2f}"
+
+
+def defaults_main(seconds: float, rounds: int, in_process: bool) -> int:
+    """Part 3: at the default intervals, in the same windows, scraped every 15 s: the full simulated
+    agent beside node_exporter at its defaults (this machine's /proc and /sys), and the agent's
+    IB+NFS subset beside node_exporter's infiniband+mountstats+nfs on one simulated tree."""
+    ne_bin = node_exporter_bin()
+    if ne_bin is None:
+        print("prometheus-node-exporter is not installed", file=sys.stderr)
+        return 2
+    from podhealth.sim.node import SimNode
+
+    tmp = Path(tempfile.mkdtemp(prefix="podhealth-bench-defaults-"))
+    procs: list[Proc] = []
+    helpers: list[subprocess.Popen[bytes]] = []
+    rows: list[dict[str, float]] = []
+    try:
+        cfg = tmp / "agent.yaml"
+        cfg.write_text("log: {level: warning}\n")
+        full, hs = start_sim_agent("agent-defaults", tmp / "sim", "dgx03", cfg, free_port(), tmp / "agent.log",
+                                   in_process)
+        procs.append(full)
+        helpers.extend(hs)
+        ne_port = free_port()
+        ne = start("node_exporter", [ne_bin, f"--web.listen-address=127.0.0.1:{ne_port}"], ne_port,
+                   tmp / "node_exporter.log", "/metrics")
+        procs.append(ne)
+        # The IB+NFS subset at its default intervals (10 s), reading the files node_exporter reads.
+        node = SimNode.create(tmp / "sim-ibnfs", "dgx04", "dgx-h100")
+        helpers.append(start_refresher(node.dir, in_place=True))
+        sub_cfg = tmp / "agent-ib-nfs.yaml"
+        sub_cfg.write_text(
+            f"paths: {{sysfs_root: {node.sys_root}, procfs_root: {node.proc_root}, kmsg: {node.kmsg_path}}}\n"
+            "collectors:\n" + "".join(f"  {c}: {{enabled: false}}\n" for c in (
+                "nvml", "nvlink", "host", "kmsg", "dcgm", "pcie_aer", "edac", "nvme", "jobs"))
+            + "  infiniband: {hw_counters: false}\n"
+            "log: {level: warning}\n")
+        sub_port = free_port()
+        sub = start("agent-ib-nfs", [sys.executable, "-m", "podhealth", "agent", "--config", str(sub_cfg),
+                                     "--node", "dgx04", "--listen", f"127.0.0.1:{sub_port}"],
+                    sub_port, tmp / "agent-ib-nfs.log", "/healthz")
+        procs.append(sub)
+        ne_sub_port = free_port()
+        ne_sub = start("node_exporter-ib-nfs", [
+            ne_bin, f"--path.sysfs={node.sys_root}", f"--path.procfs={node.proc_root}", f"--path.rootfs={tmp}",
+            "--collector.disable-defaults", "--collector.infiniband", "--collector.mountstats", "--collector.nfs",
+            f"--web.listen-address=127.0.0.1:{ne_sub_port}"], ne_sub_port, tmp / "node_exporter-ib-nfs.log", "/metrics")
+        procs.append(ne_sub)
         wait_fresh(full, timeout=120)
+        wait_fresh(sub, timeout=120)
         time.sleep(5.0)  # past the start-up burst (first collections, first full report)
-        n = max(1, int(round(seconds)))
-        begin = cpu_window_start(full.popen.pid)
-        t0 = time.monotonic()
-        next_scrape = t0
-        while time.monotonic() - t0 < n:
-            if time.monotonic() >= next_scrape:
-                if get(full.url + "/metrics")[0] != 200:
-                    raise SystemExit("agent-defaults: scrape failed")
-                next_scrape += SCRAPE_EVERY
-            time.sleep(max(0.0, min(next_scrape, t0 + n) - time.monotonic()))
-        wall = time.monotonic() - t0
-        w = cpu_window_end(full.popen.pid, begin, 1)
+        per_round = max(1.0, seconds / max(1, rounds))
+        for _ in range(max(1, rounds)):
+            begin = {p.name: cpu_window_start(p.popen.pid) for p in procs}
+            wall = scrape_every(procs, per_round)
+            w = {p.name: cpu_window_end(p.popen.pid, begin[p.name], 1) for p in procs}
+            sim = w["agent-defaults"].roles.get("SIMULATOR tree refresh", 0.0) + w["agent-defaults"].children
+            sub_w = w["agent-ib-nfs"]
+            rows.append({
+                "wall": wall, "load1": os.getloadavg()[0],
+                "full": (w["agent-defaults"].total - sim) / wall, "sim": sim / wall,
+                "ne": w["node_exporter"].total / wall,
+                "sub": (sub_w.total - sub_w.children) / wall, "sub_probes": sub_w.children / wall,
+                "ne_sub": w["node_exporter-ib-nfs"].total / wall,
+            })
+            last = w["agent-defaults"]
         rss = full.rss()
     finally:
-        full.stop()
+        for p in procs:
+            p.stop()
+        stop_helpers(helpers)
         if not os.environ.get("PODHEALTH_BENCH_KEEP"):
             shutil.rmtree(tmp, ignore_errors=True)
-    sim = w.roles.get("SIMULATOR tree refresh", 0.0) + w.children
-    print(f"full agent at its default intervals (--simulate dgx-h100, 8 GPUs; scraped every {SCRAPE_EVERY:g} s; "
-          f"{wall:.0f} s of wall time; CPU ticks of {1e3 / CLK_TCK:.0f} ms)")
-    print(f"  share of one core      {w.total / wall * 100:.3f} %  (everything in the process, simulator included)")
-    print(f"  agent alone            {(w.total - sim) / wall * 100:.3f} %  (less the simulator's tree refresh "
-          f"and its NFS probe stand-ins, {sim / wall * 100:.3f} %; the simulated NVML library's callbacks stay in)"
-          f"   target <= 0.5 %")
-    print(f"  RSS MiB                {rss / (1024 * 1024):.1f}")
-    print("  CPU by part (share of one core):")
-    for role, v in sorted(w.roles.items(), key=lambda kv: -kv[1]):
-        print(f"    {role:42}{v / wall * 100:8.3f} %")
+    where = "in the agent's process" if in_process else "in a process of its own"
+    print(f"at the default intervals, in the same windows ({len(rows)} rounds of {rows[0]['wall']:.0f} s, each "
+          f"process scraped every {SCRAPE_EVERY:g} s; CPU ticks of {1e3 / CLK_TCK:.0f} ms; simulator {where})")
+    print(f"{'round':>6}{'load1':>7}{'full agent %':>14}{'node_exp. %':>13}{'ratio':>8}"
+          f"{'IB+NFS agent %':>16}{'node_exp. IB+NFS %':>20}{'ratio':>8}")
+    for i, r in enumerate(rows, 1):
+        print(f"{i:>6}{r['load1']:>7.2f}{r['full'] * 100:>14.3f}{r['ne'] * 100:>13.3f}{r['full'] / r['ne']:>7.2f}x"
+              f"{r['sub'] * 100:>16.3f}{r['ne_sub'] * 100:>20.3f}{r['sub'] / r['ne_sub']:>7.2f}x")
+    print(f"  full agent / node_exporter defaults, min / median / max: "
+          f"{spread([r['full'] / r['ne'] for r in rows])}x   (target <= 5x; full agent <= 0.5% of a core)")
+    print(f"  IB+NFS subset / node_exporter's infiniband+mountstats+nfs:  "
+          f"{spread([r['sub'] / r['ne_sub'] for r in rows])}x   (target <= 1.5x; hw_counters off, the files "
+          "node_exporter reads; the agent's NFS probe helpers left out: node_exporter does not probe)")
+    print(f"  simulator charged to the full agent's process and left out: "
+          f"{statistics.median(r['sim'] for r in rows) * 100:.3f} % (its NFS probe stand-ins"
+          + (", its tree refresh" if in_process else "") + ")")
+    print(f"  full agent RSS MiB     {rss / MIB:.1f}")
+    print("  full agent CPU by part, last round (share of one core):")
+    for role, v in sorted(last.roles.items(), key=lambda kv: -kv[1]):
+        print(f"    {role:42}{v / rows[-1]['wall'] * 100:8.3f} %")
+    return 0
+
+
+def soak_main(seconds: float, period: float, tolerance_mib: float, in_process: bool) -> int:
+    """--soak: the full simulated agent at its defaults, scraped every 15 s; RSS every `period`;
+    exit 1 when RSS after the first period (the checks' history windows fill in it) grows by more
+    than `tolerance_mib`."""
+    tmp = Path(tempfile.mkdtemp(prefix="podhealth-bench-soak-"))
+    procs: list[Proc] = []
+    helpers: list[subprocess.Popen[bytes]] = []
+    readings: list[tuple[float, int]] = []
+    try:
+        cfg = tmp / "agent.yaml"
+        cfg.write_text("log: {level: warning}\n")
+        full, hs = start_sim_agent("agent-soak", tmp / "sim", "dgx05", cfg, free_port(), tmp / "agent.log", in_process)
+        procs.append(full)
+        helpers.extend(hs)
+        wait_fresh(full, timeout=120)
+        t0 = time.monotonic()
+        print(f"soak: the full agent at its defaults (--simulate dgx-h100), {seconds:.0f} s, RSS every {period:g} s",
+              flush=True)
+        print(f"{'minutes':>8}{'RSS MiB':>10}{'load1':>7}", flush=True)
+        while time.monotonic() - t0 < seconds - 1e-6:
+            scrape_every([full], min(period, seconds - (time.monotonic() - t0)))
+            rss = full.rss()
+            readings.append((time.monotonic() - t0, rss))
+            print(f"{readings[-1][0] / 60:>8.1f}{rss / MIB:>10.2f}{os.getloadavg()[0]:>7.2f}", flush=True)
+    finally:
+        for p in procs:
+            p.stop()
+        stop_helpers(helpers)
+        if not os.environ.get("PODHEALTH_BENCH_KEEP"):
+            shutil.rmtree(tmp, ignore_errors=True)
+    if len(readings) < 3:
+        print("soak: fewer than 3 readings; nothing to judge (make --soak at least 3x --soak-period)")
+        return 2
+    # The first period fills the histories (checks.rate_window, 300 s): growth is judged after it.
+    settled = readings[1:]
+    growth = (settled[-1][1] - settled[0][1]) / MIB
+    hours = (settled[-1][0] - settled[0][0]) / 3600
+    peak = max(r for _, r in settled) / MIB
+    print(f"soak: RSS {settled[0][1] / MIB:.2f} -> {settled[-1][1] / MIB:.2f} MiB after the first period "
+          f"({growth:+.2f} MiB, {growth / hours if hours else 0.0:+.2f} MiB/h), peak {peak:.2f} MiB "
+          f"(target <= 64 MiB and flat; tolerance {tolerance_mib:g} MiB)")
+    if growth > tolerance_mib:
+        print("soak: FAIL: RSS grows")
+        return 1
+    print("soak: flat")
     return 0
 
 
