@@ -90,7 +90,10 @@ class Health:
     def _ensure_evaluator(self, snap: Snapshot) -> Evaluator:
         if self.evaluator is None:
             enabled = [n for n, st in snap.collectors.items() if st.enabled or n in self.agent.collectors]
-            self.evaluator = Evaluator(self.profile, self.agent.cfg.checks, mounts=self.mounts, enabled=enabled)
+            # The checks remember events past the snapshot's ring (collectors.kmsg.keep_events, 256):
+            # 4x it (1,024 by default), so the bound is the config's too.
+            self.evaluator = Evaluator(self.profile, self.agent.cfg.checks, mounts=self.mounts, enabled=enabled,
+                                       keep_events=4 * self.agent.cfg.collectors.kmsg.keep_events)
         return self.evaluator
 
     def on_snapshot(self, snap: Snapshot) -> None:

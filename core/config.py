@@ -258,6 +258,10 @@ class ChecksConfig:
         "A site golden profile (YAML) that `extends` a shipped profile (`podhealth profile capture`\n"
         "writes one); when set it replaces node.profile, and overrides still apply on top.", None)
     rate_window: Seconds = doc("Seconds over which counter rates (ECC, IB errors, retransmissions) are judged.", 300.0)
+    max_series: Annotated[int, Gt(0, "a count")] = doc(
+        "Counter series (and InfiniBand ports) whose history the checks keep; past it the longest\n"
+        "unseen is forgotten first. A series not seen for two rate windows is forgotten anyway\n"
+        "(its port, mount or GPU went away). A DGX node has ~1,000.", 20000)
     grace: Annotated[float, Ge(0, "seconds")] = doc(
         "Seconds after boot (btime in <procfs_root>/stat) and after the agent sees the driver version\n"
         "change during which non-fatal FAILs show as WARN (evidence: grace, held); fatal facts\n"

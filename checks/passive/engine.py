@@ -143,8 +143,9 @@ class Evaluator:
         self.site_thresholds = dict(site_policy.site_values(self.profile))
         self.cfg = cfg
         self.checks: dict[str, CheckDef] = {**CHECKS, **site_checks(cfg)}
-        self.rates = RateTracker(cfg.rate_window)
-        self.links = LinkTracker()  # IB port downs and recoveries across evaluations (ib_flap)
+        self.rates = RateTracker(cfg.rate_window, max_series=cfg.max_series)
+        # IB port downs and recoveries across evaluations (ib_flap)
+        self.links = LinkTracker(max_ports=cfg.max_series)
         rules = load_rules()
         check_rules(rules)
         rules = with_site_rules(rules, cfg)

@@ -36,16 +36,25 @@ class _Port:
 
 
 class LinkTracker:
-    def __init__(self) -> None:
+    def __init__(self, max_ports: int = 4096) -> None:
+        # Ports in the order they were last seen (an HCA renamed or removed stops being seen):
+        # past max_ports (checks.max_series) the longest unseen is forgotten.
         self._p: dict[Hashable, _Port] = {}
+        self.max_ports = max(1, max_ports)
+
+    def __len__(self) -> int:
+        return len(self._p)
 
     def observe(self, key: Hashable, t: float, active: bool | None,
                 link_downed: float | None = None, link_downed_saturated: bool = False) -> None:
         """One look at a port: `active` (None = its state could not be read) and its link_downed
         counter (None = not read; a saturated one is not evidence of anything new)."""
-        p = self._p.get(key)
+        p = self._p.pop(key, None)
         if p is None:
-            p = self._p[key] = _Port()
+            p = _Port()
+            while len(self._p) >= self.max_ports:
+                del self._p[next(iter(self._p))]
+        self._p[key] = p  # moved to the end: the most recently seen
         state_downs = 0
         if active is not None:
             if p.active is None and not active and p.down_since is None:

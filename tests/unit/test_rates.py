@@ -19,7 +19,7 @@ def test_history_is_bounded_but_keeps_the_window_ends() -> None:
     r = RateTracker(window=300.0, max_points=32)
     for i in range(3000):  # one point every 0.1 s for 300 s
         r.observe("k", i * 0.1, float(i))
-    h = r._h["k"]
+    h = r.points()["k"]
     assert len(h) <= 32
     assert h[-1][1] == 2999.0 and h[-1][0] == pytest.approx(299.9)
     assert h[0][0] <= 299.9 - 280  # the oldest point still spans (almost) the whole window
