@@ -148,6 +148,7 @@ def decode(body: bytes) -> str:
 def cycles(procs: list[Proc], n: int, interval: float) -> dict[str, CpuWindow]:
     """Scrape every process once per interval for n intervals; CPU per cycle of each (from /proc)."""
     start = {p.name: cpu_window_start(p.popen.pid) for p in procs}
+    perfs = {p.name: perf_start(p.popen.pid, n * interval) for p in procs} if perf_usable() else {}
     t0 = time.monotonic()
     for i in range(1, n + 1):
         for p in procs:
@@ -155,7 +156,11 @@ def cycles(procs: list[Proc], n: int, interval: float) -> dict[str, CpuWindow]:
             if status != 200:
                 raise SystemExit(f"{p.name}: scrape failed")
         time.sleep(max(0.0, t0 + i * interval - time.monotonic()))
-    return {p.name: cpu_window_end(p.popen.pid, start[p.name], n) for p in procs}
+    out = {p.name: cpu_window_end(p.popen.pid, start[p.name], n) for p in procs}
+    for name, pp in perfs.items():
+        pw = perf_end(pp)
+        out[name].perf = None if pw is None else PerfWindow(pw.cpu_s / n, round(pw.switches / n))
+    return out
 
 
 def latencies(procs: list[Proc], n: int) -> dict[str, list[float]]:
@@ -230,6 +235,7 @@ class CpuWindow:
     total: float
     children: float
     roles: dict[str, float]
+    perf: "PerfWindow | None" = None  # per cycle, from perf stat (every thread, no child process)
 
 
 def descendants_cpu(pid: int) -> dict[int, float]:
@@ -452,6 +458,11 @@ def main() -> int:
     print(f"{'  like for like':24}{ne_cpu.total:>20.4f}{like_cpu.total:>20.4f}{like_cpu.total / ne_cpu.total:>9.2f}x   "
           "(a second agent, same cycles, with collectors.infiniband.hw_counters: false: the files node_exporter "
           "reads, plus its NFS probes)")
+    if ne_cpu.perf and ag_cpu.perf and like_cpu.perf:
+        print(f"{'  perf, per cycle':24}{ne_cpu.perf.cpu_s:>20.5f}{like_cpu.perf.cpu_s:>20.5f}"
+              f"{like_cpu.perf.cpu_s / ne_cpu.perf.cpu_s:>9.2f}x   (target <= 1.0x; like for like, perf stat task-clock: "
+              f"ns precision, no child process; all hw_counters: {ag_cpu.perf.cpu_s / ne_cpu.perf.cpu_s:.2f}x; "
+              f"context switches per cycle {ne_cpu.perf.switches} / {like_cpu.perf.switches})")
     no_probe = ag_cpu.total - ag_cpu.children
     print(f"{'  without NFS probes':24}{ne_cpu.total:>20.4f}{no_probe:>20.4f}{no_probe / ne_cpu.total:>9.2f}x   "
           "(node_exporter does not probe mounts; the agent's statfs helper processes)")
@@ -550,6 +561,45 @@ def scrape_every(procs: list[Proc], seconds: float, every: float = SCRAPE_EVERY)
     return time.monotonic() - t0
 
 
+@dataclass
+class PerfWindow:
+    """CPU time (ns precision, every thread) and context switches of one process over a window."""
+
+    cpu_s: float
+    switches: int
+
+
+def perf_usable() -> bool:
+    """Whether `perf stat -p` can count here (it needs perf_event_paranoid <= 1 or root)."""
+    perf = shutil.which("perf")
+    if perf is None:
+        return False
+    r = subprocess.run([perf, "stat", "-x,", "-e", "task-clock", "-p", str(os.getpid()), "--", "sleep", "0.1"],
+                       capture_output=True, text=True, timeout=30)
+    return r.returncode == 0 and "task-clock" in r.stderr
+
+
+def perf_start(pid: int, seconds: float) -> subprocess.Popen[str]:
+    return subprocess.Popen(["perf", "stat", "-x,", "-e", "task-clock,context-switches", "-p", str(pid), "--",
+                             "sleep", f"{seconds:.3f}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True)
+
+
+def perf_end(p: subprocess.Popen[str]) -> PerfWindow | None:
+    _, err = p.communicate(timeout=60)
+    values: dict[str, float] = {}
+    for line in err.splitlines():
+        parts = line.split(",")
+        if len(parts) >= 3 and parts[2] in ("task-clock", "context-switches"):
+            try:
+                values[parts[2]] = float(parts[0])
+            except ValueError:
+                return None  # "<not counted>"
+    if len(values) != 2:
+        return None
+    return PerfWindow(values["task-clock"] / 1e3, int(values["context-switches"]))
+
+
 def spread(xs: list[float]) -> str:
     s = sorted(xs)
     return f"{s[0]:.2f} / {s[len(s) // 2]:.2f} / {s[-1]:.2f}"
@@ -605,19 +655,34 @@ def defaults_main(seconds: float, rounds: int, in_process: bool) -> int:
         wait_fresh(sub, timeout=120)
         time.sleep(5.0)  # past the start-up burst (first collections, first full report)
         per_round = max(1.0, seconds / max(1, rounds))
+        use_perf = perf_usable()
         for _ in range(max(1, rounds)):
             begin = {p.name: cpu_window_start(p.popen.pid) for p in procs}
+            perfs = {p.name: perf_start(p.popen.pid, per_round) for p in procs} if use_perf else {}
             wall = scrape_every(procs, per_round)
             w = {p.name: cpu_window_end(p.popen.pid, begin[p.name], 1) for p in procs}
+            pw = {name: perf_end(pp) for name, pp in perfs.items()}
             sim = w["agent-defaults"].roles.get("SIMULATOR tree refresh", 0.0) + w["agent-defaults"].children
             sub_w = w["agent-ib-nfs"]
-            rows.append({
+            row = {
                 "wall": wall, "load1": os.getloadavg()[0],
                 "full": (w["agent-defaults"].total - sim) / wall, "sim": sim / wall,
                 "ne": w["node_exporter"].total / wall,
                 "sub": (sub_w.total - sub_w.children) / wall, "sub_probes": sub_w.children / wall,
                 "ne_sub": w["node_exporter-ib-nfs"].total / wall,
-            })
+            }
+            if pw and all(v is not None for v in pw.values()):
+                # perf counts every thread of the process to the nanosecond, and no child process
+                # (the NFS probe helpers, the refresher): the agent's own figure. The tree refresh
+                # thread of --sim-in-process stays in it.
+                full_p, ne_p = pw["agent-defaults"], pw["node_exporter"]
+                sub_p, ne_sub_p = pw["agent-ib-nfs"], pw["node_exporter-ib-nfs"]
+                assert full_p and ne_p and sub_p and ne_sub_p
+                row.update(full=full_p.cpu_s / wall, ne=ne_p.cpu_s / wall, sub=sub_p.cpu_s / wall,
+                           ne_sub=ne_sub_p.cpu_s / wall, perf=1.0,
+                           full_cs=full_p.switches / wall * 60, ne_cs=ne_p.switches / wall * 60,
+                           sub_cs=sub_p.switches / wall * 60, ne_sub_cs=ne_sub_p.switches / wall * 60)
+            rows.append(row)
             last = w["agent-defaults"]
         rss = full.rss()
     finally:
@@ -627,8 +692,10 @@ def defaults_main(seconds: float, rounds: int, in_process: bool) -> int:
         if not os.environ.get("PODHEALTH_BENCH_KEEP"):
             shutil.rmtree(tmp, ignore_errors=True)
     where = "in the agent's process" if in_process else "in a process of its own"
+    how = ("perf stat task-clock, every thread, no child process" if all("perf" in r for r in rows)
+           else f"/proc ticks of {1e3 / CLK_TCK:.0f} ms")
     print(f"at the default intervals, in the same windows ({len(rows)} rounds of {rows[0]['wall']:.0f} s, each "
-          f"process scraped every {SCRAPE_EVERY:g} s; CPU ticks of {1e3 / CLK_TCK:.0f} ms; simulator {where})")
+          f"process scraped every {SCRAPE_EVERY:g} s; CPU: {how}; simulator {where})")
     print(f"{'round':>6}{'load1':>7}{'full agent %':>14}{'node_exp. %':>13}{'ratio':>8}"
           f"{'IB+NFS agent %':>16}{'node_exp. IB+NFS %':>20}{'ratio':>8}")
     for i, r in enumerate(rows, 1):
@@ -639,6 +706,12 @@ def defaults_main(seconds: float, rounds: int, in_process: bool) -> int:
     print(f"  IB+NFS subset / node_exporter's infiniband+mountstats+nfs:  "
           f"{spread([r['sub'] / r['ne_sub'] for r in rows])}x   (target <= 1.5x; hw_counters off, the files "
           "node_exporter reads; the agent's NFS probe helpers left out: node_exporter does not probe)")
+    if all("perf" in r for r in rows):
+        print("  context switches per minute (each a thread hand-off or wake-up), median: full agent "
+              f"{statistics.median(r['full_cs'] for r in rows):.0f}, node_exporter "
+              f"{statistics.median(r['ne_cs'] for r in rows):.0f}; IB+NFS agent "
+              f"{statistics.median(r['sub_cs'] for r in rows):.0f}, node_exporter IB+NFS "
+              f"{statistics.median(r['ne_sub_cs'] for r in rows):.0f}")
     print(f"  simulator charged to the full agent's process and left out: "
           f"{statistics.median(r['sim'] for r in rows) * 100:.3f} % (its NFS probe stand-ins"
           + (", its tree refresh" if in_process else "") + ")")
