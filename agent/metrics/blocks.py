@@ -25,7 +25,7 @@ from itertools import compress, count
 from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
-from podhealth.agent.metrics.encode import MAX_CACHED_SERIES, format_value, header, line_prefix
+from podhealth.agent.metrics.encode import cache_bound, format_value, header, line_prefix
 from podhealth.agent.metrics.exposition import (
     RenderContext, checked, checked_number, collector_groups, labels_ok, names_of, source_groups,
 )
@@ -117,8 +117,12 @@ class BlockEncoder:
         for origin, spec, fsamples, prefixed in source_groups(snapshot, ctx):
             self._merge(merged, origin, spec, fsamples, prefixed)
 
-        if len(self._prefix) > MAX_CACHED_SERIES:
-            self._prefix.clear()  # label churn (e.g. ever-new reason texts) must not grow memory forever
+        # Label churn (e.g. ever-new reason texts) must not grow memory: the line prefixes are kept
+        # for a few times the series rendered now, so the cache follows what is exported, not
+        # everything ever exported (issue 32 §6); a clear costs one render building them again.
+        rendered = sum(len(ss) for _, parts in merged.values() for _, ss in parts)
+        if len(self._prefix) > cache_bound(rendered):
+            self._prefix.clear()
         blocks: dict[tuple[str, str], _Block] = {}
         out: list[bytes] = []
         for name, (head, parts) in merged.items():
@@ -154,7 +158,7 @@ class BlockEncoder:
         key = (head, openmetrics)
         h = self._headers.get(key)
         if h is None:
-            if len(self._headers) > MAX_CACHED_SERIES:
+            if len(self._headers) > cache_bound(len(self._blocks)):
                 self._headers.clear()
             h = self._headers[key] = header(*head, openmetrics).encode("utf-8")
         return h

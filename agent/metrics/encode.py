@@ -16,7 +16,13 @@ import math
 from podhealth.vocab import Labels
 
 _TEXT_TYPE = {"counter": "counter", "gauge": "gauge", "info": "gauge"}
-MAX_CACHED_SERIES = 500_000
+MIN_CACHED_SERIES = 20_000
+
+
+def cache_bound(live: int) -> int:
+    """How many entries a render cache keyed by series (or family) may hold: 4x what is live now,
+    never under MIN_CACHED_SERIES, so churning labels cannot make it grow without end."""
+    return max(4 * live, MIN_CACHED_SERIES)
 
 
 def _label_value(v: str) -> str:

@@ -54,6 +54,9 @@ class RenderContext:
         return st if self.detail is None else self.detail.state(cname, st)
 
 
+MAX_CHECKED_LABELS = 50_000  # ~15x a DGX node's label sets at `detail: full`
+
+
 class _Checked:
     """Validation results cached by name, so a render of thousands of samples checks each name once."""
 
@@ -74,7 +77,7 @@ class _Checked:
         except KeyError:
             pass
         bad = next((k for k, _ in labels if not _LABEL.match(k) or k.startswith("__")), None)
-        if len(self.labels) > 200_000:  # label sets churn (e.g. a reason text): keep the cache bounded
+        if len(self.labels) > MAX_CHECKED_LABELS:  # label sets churn (e.g. a reason text): keep the cache bounded
             self.labels.clear()
         self.labels[labels] = bad
         return bad

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
-from podhealth.agent.metrics.encode import MAX_CACHED_SERIES, format_value, header, line_prefix
+from podhealth.agent.metrics.encode import cache_bound, format_value, header, line_prefix
 from podhealth.agent.metrics.exposition import (
     RenderContext, checked, checked_number, collector_groups, labels_ok, names_of, source_groups,
 )
@@ -100,7 +100,7 @@ class Encoder:
 
     def encode(self, fams: Sequence[Rendered], openmetrics: bool) -> bytes:
         cache = self._prefix
-        if len(cache) > MAX_CACHED_SERIES:
+        if len(cache) > cache_bound(sum(len(f.series) for f in fams)):
             cache.clear()
         out: list[str] = []
         for f in fams:

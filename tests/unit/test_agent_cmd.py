@@ -37,6 +37,8 @@ def test_bad_arguments_exit_64_usage(tmp_path: Path) -> None:
     assert p.returncode == 64 and "invalid node name" in p.stderr
     p = run_cli("--no-such-option")
     assert p.returncode == 64 and "unrecognized arguments: --no-such-option" in p.stderr
+    p = run_cli("--sim-no-refresh")  # only means something with --simulate
+    assert p.returncode == 64 and "--sim-no-refresh goes with --simulate" in p.stderr
 
 
 def test_parse_listen() -> None:

@@ -84,3 +84,25 @@ def test_the_evaluators_histories_stay_bounded_over_a_long_run() -> None:
     assert max(s[2] for s in sizes) <= 100
     # Damping holds one track per (check, entity) judged last: flat once the run has settled.
     assert max(s[3] for s in sizes[1000:]) == max(s[3] for s in sizes[1900:])
+
+
+def test_render_caches_follow_what_is_exported_under_label_churn() -> None:
+    from types import MappingProxyType
+
+    from podhealth.agent.metrics.blocks import BlockEncoder
+    from podhealth.agent.metrics.encode import cache_bound
+    from podhealth.agent.metrics.exposition import MAX_CHECKED_LABELS, RenderContext, checked
+    from podhealth.vocab import MetricSpec
+
+    spec = {"nvml": {"gpu_reason": MetricSpec("gpu_reason", "gauge", "A label that changes every render.")}}
+    c = RenderContext(node="dgx01", version="0", profile="dgx-h100", specs=spec)  # type: ignore[arg-type]
+    enc = BlockEncoder("dgx01")
+    biggest = 0
+    for step in range(400):
+        samples = tuple(Sample.of("gpu_reason", 1.0, gpu=g, reason=f"r{step}") for g in range(100))
+        st = CollectorState("nvml", samples=samples, stale=False, last_success=T0, last_attempt=T0)
+        enc.render(Snapshot(T0, MappingProxyType({"nvml": st})), c, False)
+        biggest = max(biggest, len(enc._prefix))
+    # 40,000 label sets went by; the caches hold a bounded multiple of the 100 exported now.
+    assert biggest <= cache_bound(100) + 100
+    assert len(checked.labels) <= MAX_CHECKED_LABELS + 1
