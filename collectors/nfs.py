@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import operator
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, ClassVar, Iterable, Mapping, Sequence
 
@@ -18,7 +17,7 @@ from podhealth.collectors.base import Collection, raise_if_local, specs
 from podhealth.collectors.nfs_parse import (
     Mountstats, NfsMount, RpcNfs, parse_mountstats, parse_rpc_nfs,
 )
-from podhealth.collectors.probe import Probe, statfs_helper_argv
+from podhealth.collectors.probe import Probe, ProbeResult, Sent, answers, statfs_helper_argv
 from podhealth.config import Config
 from podhealth.vocab import Labels, MetricSpec, Sample, labels_of
 
@@ -215,8 +214,6 @@ class NfsCollector:
         self.procfs_root = procfs_root
         self.mounts = tuple(mounts)
         self._probes = {mp: Probe(argv(mp)) for mp, _ in self.mounts}
-        self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.mounts)),
-                                        thread_name_prefix="nfs-probe") if len(self.mounts) > 1 else None
         self._cache = SampleCache()
         # parse_* are pure: the same text gives the same result, so an idle mount costs a compare.
         self._mountstats: tuple[str, Mountstats] | None = None
@@ -233,11 +230,25 @@ class NfsCollector:
         return self._rpc[1]
 
     def collect(self) -> Collection:
+        # Every mount asked first; the files are parsed while the helpers answer.
+        sent: dict[str, Sent] = {}
+        results: dict[str, ProbeResult] = {}
+        try:
+            for mp, t in self.mounts:
+                r = self._probes[mp].send(t)
+                if isinstance(r, Sent):
+                    sent[mp] = r
+                else:
+                    results[mp] = r
+            stats, rpc, cut, problems = self._read_files()
+        finally:
+            # Always answered, even when a read above raised: an unread answer would be taken
+            # for the next probe's.
+            results.update(zip(sent, answers(list(sent.values()))))
+        return self._samples(results, stats, rpc, cut, problems)
+
+    def _read_files(self) -> tuple["Mountstats | None", "RpcNfs | None", bool, list[str]]:
         problems: list[str] = []
-        # Probes first, in their own threads: file parsing overlaps with their waiting.
-        pending = None
-        if self._pool is not None:
-            pending = {mp: self._pool.submit(self._probes[mp].run, t) for mp, t in self.mounts}
         stats: Mountstats | None = None
         cut = False
         try:
@@ -262,11 +273,10 @@ class NfsCollector:
             raise_if_local(e, f"{self.procfs_root}/net/rpc/nfs")
             # absent until the nfs module is loaded: reported, but the mounts' series still flow
             problems.append(f"rpc/nfs: {e.strerror or e}")
-        if pending is not None:
-            results = {mp: f.result() for mp, f in pending.items()}
-        else:
-            results = {mp: self._probes[mp].run(t) for mp, t in self.mounts}
+        return stats, rpc, cut, problems
 
+    def _samples(self, results: dict[str, ProbeResult], stats: "Mountstats | None", rpc: "RpcNfs | None",
+                 cut: bool, problems: list[str]) -> Collection:
         samples: list[Sample] = []
         cache = self._cache
         present = {m.mountpoint for m in stats.mounts} if stats is not None else None
@@ -297,8 +307,6 @@ class NfsCollector:
     def close(self) -> None:
         for p in self._probes.values():
             p.close()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def create(cfg: Config, *, probe_argv: ProbeArgv | None = None, **_seams: object) -> NfsCollector:

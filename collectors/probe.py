@@ -12,6 +12,10 @@ The helper's protocol (the simulator's stand-in and the tests' fakes speak it to
 `fail <why>`. It exits at EOF on stdin, so helpers end with the agent (a helper still blocked in
 the kernel exits as soon as the call returns).
 
+Several targets are probed at once from one thread (`send` to each, then `answers`: one poll over
+their pipes), not from a thread per target: a thread per probe was two thread hand-offs per
+mount per collection (issue 32 §5).
+
 A child blocked in an uninterruptible NFS wait may outlive SIGKILL for a while. `Probe` keeps
 such a child and refuses to start another until it is gone, so a hung mount costs one process,
 not one per cycle.
@@ -76,9 +80,23 @@ def _killpg(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A probe asked and not yet answered (`Probe.send`)."""
+
+    probe: "Probe"
+    proc: subprocess.Popen[bytes]
+    started: float
+    timeout: float
+
+    @property
+    def deadline(self) -> float:
+        return self.started + self.timeout
+
+
 class Probe:
     """One probe target (one mount) and its helper. Not thread-safe: one run at a time per
-    Probe; run several Probes from several threads to probe several targets concurrently."""
+    Probe; several Probes are probed concurrently with `send` and `answers`."""
 
     def __init__(self, argv: Sequence[str]) -> None:
         self.argv = list(argv)
@@ -95,6 +113,14 @@ class Probe:
         return self._lingering is not None
 
     def run(self, timeout: float) -> ProbeResult:
+        sent = self.send(timeout)
+        if isinstance(sent, ProbeResult):
+            return sent
+        return self.answer(sent, self._line(sent.proc, sent.deadline))
+
+    def send(self, timeout: float) -> "ProbeResult | Sent":
+        """Ask the helper (started first when none runs); a ProbeResult when it cannot be asked.
+        Every Sent must be answered (`answers`), or the helper's reply is read as the next one's."""
         if self.lingering:
             return ProbeResult(False, timeout, "previous probe still hung")
         proc = self._proc
@@ -117,8 +143,12 @@ class Probe:
             os.write(proc.stdin.fileno(), b"\n")
         except OSError:
             return self._gone(proc, 0.0)
-        line = self._line(proc, started + timeout)
-        seconds = time.monotonic() - started
+        return Sent(self, proc, started, timeout)
+
+    def answer(self, sent: Sent, line: bytes | None) -> ProbeResult:
+        """The result of `sent` given the helper's line (b"" at EOF, None at the deadline)."""
+        proc, timeout = sent.proc, sent.timeout
+        seconds = time.monotonic() - sent.started
         if line is None:
             self._kill(proc)
             return ProbeResult(False, timeout, f"timed out after {timeout:g}s")
@@ -137,6 +167,12 @@ class Probe:
                                 start_new_session=True, close_fds=True)
         self._proc, self._buf = proc, b""
         return proc
+
+    def _take_line(self) -> bytes | None:
+        if b"\n" not in self._buf:
+            return None
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.strip()
 
     def _line(self, proc: subprocess.Popen[bytes], deadline: float) -> bytes | None:
         """The helper's next line without its newline; b"" at EOF; None at the deadline."""
@@ -222,3 +258,42 @@ class Probe:
                     p.wait(_REAP_GRACE)
             self._close_pipes(p)
         self._proc = self._lingering = None
+
+
+def answers(sent: Sequence[Sent]) -> list[ProbeResult]:
+    """Wait for every sent probe at once (one poll over their pipes, each to its own deadline)."""
+    lines: dict[int, bytes | None] = {}
+    poller = select.poll()  # not select(): an agent may hold more than 1024 fds
+    waiting: dict[int, int] = {}  # fd -> index into sent
+    for i, s in enumerate(sent):
+        line = s.probe._take_line()
+        if line is not None:
+            lines[i] = line
+            continue
+        assert s.proc.stdout is not None
+        fd = s.proc.stdout.fileno()
+        waiting[fd] = i
+        poller.register(fd, select.POLLIN)
+    while waiting:
+        now = time.monotonic()
+        for fd, i in list(waiting.items()):
+            if sent[i].deadline <= now:
+                lines[i] = None
+                poller.unregister(fd)
+                del waiting[fd]
+        if not waiting:
+            break
+        left = min(sent[i].deadline for i in waiting.values()) - now
+        for fd, _ in poller.poll(max(1, int(left * 1000 + 0.999))):
+            i = waiting[fd]
+            probe = sent[i].probe
+            chunk = os.read(fd, 4096)
+            line = b"" if not chunk else None
+            if chunk:
+                probe._buf += chunk
+                line = probe._take_line()
+            if line is not None:
+                lines[i] = line
+                poller.unregister(fd)
+                del waiting[fd]
+    return [s.probe.answer(s, lines[i]) for i, s in enumerate(sent)]

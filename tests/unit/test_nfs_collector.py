@@ -195,6 +195,36 @@ def test_hung_probes_run_concurrently(dgx_proc: Path) -> None:
     assert elapsed < 3.0, f"probes ran one after another ({elapsed:.2f}s)"
 
 
+def test_mounts_are_probed_from_the_collectors_own_thread(dgx_proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No thread per probe (issue 32 §5: two hand-offs per mount per collection): the helpers are
+    asked at once and answered through one poll, and every answer is read even when reading the
+    files fails after they were asked (else the next probe would take this one's answer)."""
+    import threading
+
+    from podhealth.collectors.base import SourceUnreadable
+
+    seq = ["/bin/sh", "-c", "echo ready; n=0; while read _; do n=$((n+1)); echo \"fail n=$n: x\"; done"]
+    mounts = [("/home", 5.0), ("/cm/shared", 5.0)]
+    col = create(_cfg(dgx_proc, *mounts), probe_argv=lambda mp: seq)
+    before = {t.ident for t in threading.enumerate()}
+    try:
+        r = col.collect()
+        assert {t.ident for t in threading.enumerate()} <= before
+        assert "probe /home: n=1: x" in r.errors
+
+        def unreadable() -> None:
+            raise SourceUnreadable("EMFILE reading mountstats")
+
+        with monkeypatch.context() as m:
+            m.setattr(col, "_read_files", unreadable)
+            with pytest.raises(SourceUnreadable):
+                col.collect()
+        r = col.collect()  # each helper's third answer, not a leftover second one
+        assert "probe /home: n=3: x" in r.errors and "probe /cm/shared: n=3: x" in r.errors
+    finally:
+        col.close()
+
+
 def run_probe(argv: Sequence[str], timeout: float) -> tuple[bool, float, str]:
     """Start a helper, probe once, stop it; (ok, seconds, detail)."""
     p = Probe(argv)
