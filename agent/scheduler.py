@@ -9,10 +9,11 @@ collector stale and drops its samples, so hung data never looks fresh; whatever 
 is discarded. Data also goes stale when the last success is older than `stale_after` intervals.
 Only changes are logged (went stale, failing, recovered), never every failure.
 
-Threads: the short collectors share one lane (core/worker.py `Lane`, thread "collectors"): every
-tick starts on one origin, so the collections due together reach that thread together and their
-results come back in one wake-up of the loop; a hung one is given up at its timeout and the lane
-goes on with a new thread. A collector with `own_worker` (kmsg, nfs, site checks) has its own.
+Threads: the short collectors share one lane (core/worker.py `Lane`, thread "collectors"), the
+NVML ones another ("nvml"; collectors/runtime.py `lane_of`): every tick starts on one origin, so
+the collections due together reach a lane's thread together and their results come back in one
+wake-up of the loop; a hung one is given up at its timeout and the lane goes on with a new
+thread. A collector with `own_worker` (kmsg, nfs, dcgm, site checks) has its own.
 
 A collector with `readable_fd()` (kmsg: /dev/kmsg, or the simulated node's FIFO) is also
 collected as soon as its descriptor turns readable (loop.add_reader), so a kernel record is read
@@ -33,7 +34,7 @@ from typing import Callable
 from podhealth import log
 from podhealth.agent.store import SnapshotStore
 from podhealth.collectors.base import Collector
-from podhealth.collectors.runtime import Outcome, Runner, outcome_state, own_worker
+from podhealth.collectors.runtime import SHARED_LANE, Outcome, Runner, lane_of, outcome_state
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.worker import Lane
 
@@ -73,21 +74,25 @@ class Scheduler:
         self._mono = monotonic
         self._slots: dict[str, _Slot] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._lane: Lane | None = None  # the short collectors' shared thread, made with the first
+        self._lanes: dict[str, Lane] = {}  # shared threads by lane name, each made with its first collector
 
     @property
     def shared_lane(self) -> Lane | None:
-        return self._lane
+        return self._lanes.get(SHARED_LANE)
+
+    def lane(self, name: str) -> Lane | None:
+        return self._lanes.get(name)
 
     def add(self, name: str, collector: Collector, interval: float, timeout: float,
             watched_interval: float | None = None) -> None:
         if name in self._slots:
             raise ValueError(f"collector {name!r} added twice")
         lane = None
-        if not own_worker(collector):
-            if self._lane is None:
-                self._lane = Lane("collectors", self._mono)
-            lane = self._lane
+        lane_name = lane_of(collector)
+        if lane_name is not None:
+            lane = self._lanes.get(lane_name)
+            if lane is None:
+                lane = self._lanes[lane_name] = Lane(lane_name, self._mono)
         runner = Runner(name, collector, timeout, self._mono, lane)
         slot = _Slot(name, runner, interval, watched_interval)
         runner.on_late = lambda seconds, s=slot: self._late(s, seconds)
@@ -133,8 +138,8 @@ class Scheduler:
         for slot, ok in zip(slots, closed):
             if not ok:  # its thread exits when the hung call returns
                 _log.warning("collector still busy at shutdown; not closed", collector=slot.name)
-        if self._lane is not None:
-            self._lane.close()
+        for lane in self._lanes.values():
+            lane.close()
 
     async def _every(self, slot: _Slot, origin: float) -> None:
         # Fixed-rate ticks at absolute times on the loop's clock; a late wake-up skips ticks

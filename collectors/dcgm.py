@@ -73,6 +73,8 @@ def _text(v: Any) -> str:
 
 class DcgmCollector:
     name: ClassVar[str] = "dcgm"
+    # Its own thread: nv-hostengine is a separate service that can stall on its own.
+    own_worker: ClassVar[bool] = True
     metrics: ClassVar[Mapping[str, MetricSpec]] = specs(
         MetricSpec("dcgm_gr_engine_active_ratio", "gauge", "Share of time the graphics/compute engine was busy (DCGM_FI_PROF_GR_ENGINE_ACTIVE). " + _GPU_LABELS),
         MetricSpec("dcgm_sm_active_ratio", "gauge", "Share of time at least one warp was active on an SM (DCGM_FI_PROF_SM_ACTIVE). " + _GPU_LABELS),

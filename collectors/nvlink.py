@@ -94,6 +94,9 @@ def _links_known(calls: DeviceCalls) -> bool:
 
 class NvlinkCollector:
     name: ClassVar[str] = "nvlink"
+    # The NVML lane: NVML collectors share a thread apart from the file readers, so a wedged GPU
+    # that hangs NVML delays no other source (collectors/runtime.py).
+    lane: ClassVar[str] = "nvml"
     metrics: ClassVar[Mapping[str, MetricSpec]] = METRICS
 
     def __init__(self, session: NvmlSession, links_expected: int, slow_call_s: float = SLOW_CALL_S,

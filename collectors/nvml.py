@@ -231,6 +231,9 @@ def _first(*fns: Callable[[], object]) -> object:
 
 class NvmlCollector:
     name: ClassVar[str] = "nvml"
+    # The NVML lane: NVML collectors share a thread apart from the file readers, so a wedged GPU
+    # that hangs NVML delays no other source (collectors/runtime.py).
+    lane: ClassVar[str] = "nvml"
     metrics: ClassVar[Mapping[str, MetricSpec]] = METRICS
 
     def __init__(self, session: NvmlSession, slow_call_s: float = SLOW_CALL_S) -> None:

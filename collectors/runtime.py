@@ -115,11 +115,21 @@ def outcome_state(st: CollectorState, out: Outcome, now: float) -> CollectorStat
                    last_success=now, last_attempt=now, last_duration=out.duration, stale=False, runs=st.runs + 1)
 
 
-def own_worker(collector: Collector) -> bool:
-    """Whether a collector needs a thread of its own rather than the agent's shared lane: one whose
-    collections wait by design (NFS probes up to their mounts' timeouts, a site check's program) or
-    that must start the moment it is asked (kmsg, the XID fast path) says so with `own_worker = True`."""
-    return bool(getattr(collector, "own_worker", False))
+SHARED_LANE = "collectors"
+
+
+def lane_of(collector: Collector) -> str | None:
+    """The shared lane a collector's calls run on in the agent, or None for a thread of its own.
+    A collector whose collections wait by design (NFS probes up to their mounts' timeouts, a site
+    check's program, a separate service) or that must start the moment it is asked (kmsg, the XID
+    fast path) says `own_worker = True`; the ones behind one vendor library name their lane
+    (`lane = "nvml"`: a hung library then delays only them); the rest read local files and share
+    SHARED_LANE. A hung call on a lane is given up at its timeout, and the calls queued behind it
+    wait at most that long."""
+    if getattr(collector, "own_worker", False):
+        return None
+    lane = getattr(collector, "lane", SHARED_LANE)
+    return lane if isinstance(lane, str) and lane else SHARED_LANE
 
 
 class Runner:

@@ -150,3 +150,28 @@ async def test_a_call_queued_behind_another_is_not_charged_for_the_wait() -> Non
     assert out_b.collection is not None and not out_b.timed_out
     assert lane.wakeups == 1  # both results in one hand-over
     lane.close()
+
+
+class NvmlFake(Fake):
+    lane = "nvml"
+
+
+async def test_a_vendor_library_has_a_lane_of_its_own() -> None:
+    """NVML's collectors queue behind each other, never in front of the file readers: a wedged GPU
+    that hangs NVML then holds up no other source, not even until its timeout."""
+    gpu, links, ib = NvmlFake("g"), NvmlFake("l"), Fake("ib")
+    gpu.hang = True
+    agent = Agent(cfg_for(0.1, 0.3, ("nvml", "nvlink", "infiniband")), node="n1",
+                  factories={"nvml": lambda c, **_: gpu, "nvlink": lambda c, **_: links,
+                             "infiniband": lambda c, **_: ib})
+    await agent.start()
+    try:
+        await until(lambda: ib.calls >= 10 and links.calls >= 2, "the others collecting past the hang")
+        nvml_lane, shared = agent.scheduler.lane("nvml"), agent.scheduler.shared_lane
+        assert nvml_lane is not None and shared is not None and nvml_lane is not shared
+        assert shared.threads_started == 1  # never stuck behind the hung NVML call
+        assert nvml_lane.threads_started >= 2  # the hung call kept one, links went on on another
+        assert agent.snapshot.collectors["nvml"].stale and not agent.snapshot.collectors["infiniband"].stale
+    finally:
+        gpu.release.set()
+        await agent.stop()
