@@ -213,10 +213,12 @@ def thread_role(pid: int, tid: int, comm: str) -> str:
     """Which part of the agent a thread is (agent/threadnames.py gives them these names)."""
     if tid == pid:
         return "event loop + HTTP (main thread)"
-    if comm in COLLECTORS:
-        return f"collector {comm}"
     if comm.startswith("collectors"):
         return "collectors (the shared lane)"
+    if comm.startswith("nvml"):
+        return "NVML lane (nvml, nvlink)"
+    if comm in COLLECTORS:
+        return f"collector {comm}"
     if comm.startswith("nfs-probe"):
         return "NFS probe threads (spawn + wait)"
     if comm == "render" or comm.startswith("asyncio_"):
