@@ -195,6 +195,8 @@ class Aggregator:
         self.last_decision = Decision()
         self.last_decision_at = 0.0
         self.wake = asyncio.Event()
+        self.urgent = asyncio.Event()  # a new actionable FAIL: the decide loop's gap ends at once
+        self._actionable_seen = mem.actionable
         self.housekeeping_interval = HOUSEKEEPING_INTERVAL
         self.freezer = Freezer(cfg.gc_freeze, self.metrics.observe_gc)
         self.metrics.gc_frozen.set_function(gc.get_freeze_count)
@@ -430,8 +432,10 @@ class Aggregator:
         self.lease.release()
 
     def poke(self) -> None:
-        """Something changed: run the policy soon."""
+        """Something changed: run the policy soon (at once for a new actionable FAIL)."""
         self.wake.set()
+        if self.mem.actionable != self._actionable_seen:
+            self.urgent.set()
 
     async def commit(self, ops: Sequence[Op]) -> None:
         await self.writer.write(ops)
@@ -451,11 +455,16 @@ class Aggregator:
             if self.mem.version == seen and self.mono() - last < self.cfg.decide_interval:
                 continue
             seen, last = self.mem.version, self.mono()
+            self.urgent.clear()
+            self._actionable_seen = self.mem.actionable
             try:
                 self.run_decide()
             except Exception:  # noqa: BLE001 - the loop must outlive one bad run; it is logged
                 log.exception("decide failed")
-            await asyncio.sleep(MIN_DECIDE_GAP)  # coalesce bursts of ingest into one run
+            # Coalesce bursts of ingest into one run, except a FAIL the policy may fence on: it
+            # ends the gap at once (poke() sets `urgent`), so a fence waits for no window.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.urgent.wait(), MIN_DECIDE_GAP)
 
     def run_decide(self) -> Decision:
         mem = self.mem

@@ -165,6 +165,9 @@ class Memory:
     recent_steps: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=1000))
     views: dict[str, NodeView] = field(default_factory=dict)
     version: int = 0  # bumped on every change that could alter a decision
+    # bumped when a condition opens (or turns) FAIL with an action: a change the policy may fence
+    # on, which the decide loop runs for at once, never after its coalescing gap (service.py)
+    actionable: int = 0
     max_skew: float = 30.0  # seconds an agent's time claim may run ahead of our clock (config max_clock_skew)
     report_refresh: float = REPORT_REFRESH_S  # config report_refresh
     heard: HeardIndex = field(default_factory=HeardIndex)  # what housekeeping must look at (heard.py)
@@ -547,6 +550,8 @@ class Memory:
         self.conditions[key] = c
         self.by_node.setdefault(node, set()).add(key)
         self.version += 1
+        if status is Status.FAIL and action is not Action.NONE:
+            self.actionable += 1
         return [Store.op_condition(c),
                 Store.op_verdict(node, now, check, entity, status.value, action.value, source, summary[:512])]
 
@@ -675,11 +680,16 @@ class Memory:
     def _replace_conditions(self, node: str, stored: Iterable[Condition], which: Callable[[Condition], bool]) -> None:
         """The node's conditions that `which` picks become the stored ones (memory only: they are
         the store's already)."""
+        was: dict[tuple[str, str, str], Condition] = {}
         for key in [k for k in self.by_node.get(node, ()) if which(self.conditions[k])]:
-            del self.conditions[key]
+            was[key] = self.conditions.pop(key)
             self.by_node[node].discard(key)
         for c in stored:
             if which(c):
+                old = was.get(c.key)
+                if c.status is Status.FAIL and c.action is not Action.NONE and (
+                        old is None or (old.status, old.action) != (c.status, c.action)):
+                    self.actionable += 1  # another replica's FAIL, read back by the leader
                 self.conditions[c.key] = c
                 self.by_node.setdefault(node, set()).add(c.key)
         if not self.by_node.get(node, True):
