@@ -37,7 +37,7 @@ from podhealth.aggregator.writer import Writer
 from podhealth.fencing.build import build_fencers
 from podhealth.fencing.fence import (
     BatchFencer, FenceOutcome, FenceReason, FenceState, Fencer, Job, JobSource, LeaseExpired, NodeNames,
-    Refused, Remediator, Transient, parse_reason, render_reason, repair_reason,
+    Refused, Remediator, SeenFencer, Transient, parse_reason, render_reason, repair_reason,
 )
 
 T = TypeVar("T")
@@ -87,6 +87,21 @@ def delay(r: RetryConfig, n: int) -> float:
     most `retries.max_backoff`. Between the calls of one round n = 0, 1, ...; before a pending
     action's next round n = its attempts."""
     return Backoff(r.backoff, r.max_backoff).delay(n)
+
+
+def _fence_from(f: Fencer, target: str, reason: FenceReason, seen: FenceState
+                ) -> Callable[[], Awaitable[FenceOutcome]]:
+    """The fence call for `call()`: its first try fences from the state the runner has just read
+    (SeenFencer: no second read of the node); a retry, after a backoff in which someone may have
+    fenced the node, reads again (fence())."""
+    first = [seen] if isinstance(f, SeenFencer) else []
+
+    def attempt() -> Awaitable[FenceOutcome]:
+        if first:
+            assert isinstance(f, SeenFencer)
+            return f.fence_seen(target, reason, first.pop())
+        return f.fence(target, reason)
+    return attempt
 
 
 def slug(text: str) -> str:
@@ -498,8 +513,7 @@ class ActionRunner:
                 ops.append(self._already_fenced(p, f, st))
                 continue
             target = self.target(f, p.node)
-            reason = self.marked(p.reason)
-            o = await self.call(f, f"{f.name} fence {target}", lambda f=f, t=target: f.fence(t, reason))  # type: ignore[misc]
+            o = await self.call(f, f"{f.name} fence {target}", _fence_from(f, target, self.marked(p.reason), st))
             ops.append(self._audit_outcome(p, f, "fence", o))
             if not o.ok:
                 await self.commit(ops)

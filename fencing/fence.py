@@ -144,6 +144,20 @@ class BatchFencer(Protocol):
 
 
 @runtime_checkable
+class SeenFencer(Protocol):
+    """Optional extension of Fencer: fence from a state the caller has just read.
+
+    `fence_seen(node, reason, seen)` answers what `fence` answers, with `seen` (this fencer's
+    `read` of the node, taken right before) standing for fence's own read before the change, so
+    a fence is one read and one change. It is idempotent the same way (already fenced, by anyone:
+    ok, changed=False, nothing sent). A caller retrying after a wait calls `fence`, which reads
+    again: in the wait someone may have drained the node.
+    """
+
+    async def fence_seen(self, node: str, reason: FenceReason, seen: FenceState) -> FenceOutcome: ...
+
+
+@runtime_checkable
 class Remediator(Protocol):
     """Optional extension of Fencer: the scheduler's own way to reboot a node, and to change the
     reason on a fence podhealth made (REPAIR). Single attempts, like every fencer call: the action

@@ -318,13 +318,33 @@ class SlurmFencer:
             validate_node_name(node)
         except ValueError as e:
             return FenceOutcome(ok=False, changed=False, error=str(e))
-        text = sanitise_reason(reason)
-        argv = (self.scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={text}")
         deadline = time.monotonic() + self.budget
         try:
             before = await self._read(node, deadline)
         except SlurmUnavailable as e:
-            return FenceOutcome(ok=False, changed=False, command=argv, error=str(e))
+            return FenceOutcome(ok=False, changed=False, command=self._drain_argv(node, reason), error=str(e))
+        return await self._drain(node, reason, before, deadline)
+
+    async def fence_seen(self, node: str, reason: FenceReason, seen: FenceState) -> FenceOutcome:
+        """fence() from the caller's read of the node just before (SeenFencer): one scontrol run."""
+        try:
+            validate_node_name(node)
+        except ValueError as e:
+            return FenceOutcome(ok=False, changed=False, error=str(e))
+        return await self._drain(node, reason, seen, time.monotonic() + self.budget)
+
+    def _drain_argv(self, node: str, reason: FenceReason) -> tuple[str, ...]:
+        return (self.scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={sanitise_reason(reason)}")
+
+    async def _drain(self, node: str, reason: FenceReason, before: FenceState, deadline: float) -> FenceOutcome:
+        """DRAIN `node` unless `before` (read right before) says it is unknown or fenced already:
+        by us (idempotent) or by someone else (left alone: never drained over a human's drain).
+        Not read back: `scontrol update` exits 0 only once slurmctld has applied the update (the
+        RPC's answer), so the rc already says the node is drained with our reason, and a read
+        afterwards would only cost another scontrol run (~12 ms of CPU) on the fence's path."""
+        argv = self._drain_argv(node, reason)
+        if before.node != node:
+            raise ValueError(f"the state given is {before.node}'s, not {node}'s")
         if not before.exists:
             return FenceOutcome(ok=False, changed=False, command=argv, output=before.raw,
                                 error=f"node {node} is not known to Slurm")
@@ -332,9 +352,12 @@ class SlurmFencer:
             who = "podhealth" if before.ours else "someone else; left alone"
             return FenceOutcome(ok=True, changed=False, command=argv,
                                 output=f"already drained by {who}: {before.reason}")
-        return await self._update_and_confirm(
-            node, argv, deadline, "drain", lambda a: a.fenced and a.ours,
-            lambda a: f"after the drain {node} shows {_shown(a)}", lambda a: f"drained: {a.reason}")
+        run = await self._run_once(argv, deadline)
+        if run.rc != 0:
+            return FenceOutcome(ok=False, changed=False, command=argv, output=run.text,
+                                error=f"scontrol drain failed: {run.text or 'rc ' + str(run.rc)}")
+        return FenceOutcome(ok=True, changed=True, command=argv,
+                            output=run.text or f"drained: {sanitise_reason(reason)}")
 
     async def release(self, node: str) -> FenceOutcome:
         try:
