@@ -197,6 +197,9 @@ class Aggregator:
         self.wake = asyncio.Event()
         self.urgent = asyncio.Event()  # a new actionable FAIL: the decide loop's gap ends at once
         self._actionable_seen = mem.actionable
+        self._notified = mem.actionable  # a follower's count when its last NOTIFY went out
+        self.sync_wake = asyncio.Event()  # the leader's read-back: now, not at the next interval
+        self.listener: Any = None  # the leader's pgnotify.Listener while it leads (tests look)
         self.housekeeping_interval = HOUSEKEEPING_INTERVAL
         self.freezer = Freezer(cfg.gc_freeze, self.metrics.observe_gc)
         self.metrics.gc_frozen.set_function(gc.get_freeze_count)
@@ -285,6 +288,7 @@ class Aggregator:
         `context()` works on it from now on."""
         self._mem = mem
         self._context = self._context_of(mem)
+        self._actionable_seen = self._notified = mem.actionable  # counts of the new mirror
         self.freezer.frozen_at_nodes = 0  # a large load: the next housekeeping pass freezes it
 
     def context(self) -> Context:
@@ -339,6 +343,14 @@ class Aggregator:
                               asyncio.create_task(self.liveness.pull_loop(lambda: self._running), name="pull")]
         if self.leadership is not None:
             self._acting_tasks.append(asyncio.create_task(self._sync_loop(), name="sync"))
+            self._acting_tasks.append(asyncio.create_task(self._listen(), name="listen"))
+
+    async def _listen(self) -> None:
+        """The leader's LISTEN for followers' FAILs (aggregator/pgnotify.py): wakes the sync."""
+        from podhealth.aggregator.pgnotify import Listener  # PostgreSQL replicas only (the extra)
+
+        self.listener = Listener(self.cfg.store_url(), self.sync_wake.set, self.cfg.retries)
+        await self.listener.run(lambda: self._running and self.acting())
 
     async def _sync_loop(self) -> None:
         """The leader takes in what the other replicas ingested (they write it to the shared
@@ -348,7 +360,10 @@ class Aggregator:
         database's, aggregator/dbclock.py)."""
         cursor, snapshot = self.clock() - SYNC_MARGIN, ""
         while self._running:
-            await asyncio.sleep(SYNC_INTERVAL)
+            # the interval, or at once when a follower committed a FAIL (its NOTIFY, pgnotify.py)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.sync_wake.wait(), SYNC_INTERVAL)
+            self.sync_wake.clear()
             mem = self.mem
             started = self.clock()
             try:
@@ -438,6 +453,14 @@ class Aggregator:
             self.urgent.set()
 
     async def commit(self, ops: Sequence[Op]) -> None:
+        if self.leadership is not None and self.mem.actionable != self._notified and not self.acting():
+            # A follower's new actionable FAIL: its commit wakes the leader's read-back
+            # (NOTIFY, delivered on commit). Ingest applies to memory and commits with no
+            # await between, so the commit that first sees the count is the FAIL's own.
+            from podhealth.aggregator.pgnotify import NOTIFY_OP
+
+            self._notified = self.mem.actionable
+            ops = [*ops, NOTIFY_OP]
         await self.writer.write(ops)
 
     async def commit_journal(self, aid: int, ops: Sequence[Op]) -> None:
