@@ -205,11 +205,10 @@ def _journal(url: str, node: str, kind: str) -> list[tuple[Any, ...]]:
 
 
 # (what A is doing, the pattern of the scontrol call to freeze it in, which such call): every
-# point of Slurm's fence (read by the runner, read by the fencer, the drain, the read back) and
-# of its release (the same with the resume).
+# point of Slurm's fence (read by the runner, which the fencer drains from; the drain: no read
+# back) and of its release (read by the runner, read by the fencer, the resume, the read back).
 POINTS = [
-    ("fence", "show node -o", 1), ("fence", "show node -o", 2), ("fence", "State=DRAIN", 1),
-    ("fence", "show node -o", 3),
+    ("fence", "show node -o", 1), ("fence", "State=DRAIN", 1),
     ("release", "show node -o", 1), ("release", "show node -o", 2), ("release", "State=RESUME", 1),
     ("release", "show node -o", 3),
 ]
