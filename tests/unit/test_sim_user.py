@@ -121,11 +121,12 @@ def test_base_port_in_use_names_the_option(tmp_path: Path, held_port: int) -> No
 
 def test_an_agent_whose_port_is_taken_says_which_option(tmp_path: Path, held_port: int) -> None:
     """`podhealth agent --simulate` run a second time: the port is taken; the error says how to
-    choose another, and the exit is 1 (a restart under systemd may find the port free)."""
+    choose another, and the exit is 69 (EX_UNAVAILABLE: the unit's RestartPreventExitStatus stops
+    a restart loop against a port another process holds)."""
     out = subprocess.run([sys.executable, "-m", "podhealth", "agent", "--simulate", "dgx-h100",
                           "--sim-root", str(tmp_path), "--listen", f"127.0.0.1:{held_port}"],
                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert out.returncode == 1, out
+    assert out.returncode == 69, out
     assert "cannot start the HTTP server" in out.stderr and "--listen ADDR:PORT" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
 
