@@ -54,6 +54,7 @@ from podhealth.fdlimit import soft_limit
 from podhealth.httpguard import ConnLimits, GuardedSite, fd_share
 from podhealth.logrepeat import Repeats, loop_exception_handler
 from podhealth.snapshot import CollectorState, Snapshot
+from podhealth.tls import ServerTls
 from podhealth.vocab import MetricSpec, Sample
 
 __all__ = ["AGENT_KEY", "Agent", "Family", "MetricSource", "registry_factories"]
@@ -117,6 +118,9 @@ class Agent:
         self.sinks = Sinks()
         # Signed requests to the protected routes, proven answers (core/nodeproof.py).
         self.nodeauth = NodeAuth(self.node, cfg.auth.token)
+        # HTTPS on the listener with the node's certificate (tls.serve), each handshake served the
+        # newest files (core/tls.py); wiring.install re-reads them on SIGHUP or change.
+        self.tls: ServerTls | None = ServerTls(cfg.tls.server()) if cfg.tls.serve else None
 
     # ---- hooks ------------------------------------------------------------------------------
 
@@ -160,7 +164,7 @@ class Agent:
     def url(self) -> str:
         host = self.cfg.listen.address
         host = "127.0.0.1" if host in ("0.0.0.0", "") else f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.port}"
+        return f"{self.cfg.tls.scheme}://{host}:{self.port}"
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -187,7 +191,8 @@ class Agent:
                                                 HTTP_IDLE_TIMEOUT)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, **limits.runner_kwargs())
         await self._runner.setup()
-        site = GuardedSite(self._runner, self.cfg.listen.address, self.cfg.listen.port, limits, self._refused)
+        site = GuardedSite(self._runner, self.cfg.listen.address, self.cfg.listen.port, limits, self._refused,
+                           ssl_context=self.tls.context if self.tls is not None else None)
         await site.start()
         self.port = int(self._runner.addresses[0][1])
         _log.info("agent listening", url=f"{self.url}/metrics", node=self.node,

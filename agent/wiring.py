@@ -7,7 +7,8 @@ the handover endpoint) and adds the sinks `build_sinks` makes from config (agent
   interval, as a small lease while nothing changed), when `publish` names an aggregator;
 - the InfluxDB v2 export (each collector's fresh samples, once per collection), when
   `exporters.influxdb.enabled`;
-- the re-reading of the node's TLS files (SIGHUP, or when they change), when `tls` names any.
+- the re-reading of the node's TLS files (SIGHUP, or when they change): the pushes' context when
+  `tls` names a CA or certificate, the agent's own HTTPS listener when `tls.serve`.
 Each sink gets only what it needs: its config section, the node name, and a function that
 reads the node report or the metric specs. The agent starts, feeds and stops them.
 """
@@ -22,7 +23,7 @@ from podhealth import log
 from podhealth.agent import health
 from podhealth.agent.sink import Sink
 from podhealth.config import Config
-from podhealth.tls import ClientTls, Watch
+from podhealth.tls import ClientTls, Reloadable, ServerTls, Watch
 from podhealth.vocab import MetricSpec, NodeReport
 
 if TYPE_CHECKING:
@@ -35,11 +36,14 @@ SpecsFn = Callable[[], Mapping[str, MetricSpec]]
 
 
 def build_sinks(cfg: Config, node: str, *, report: ReportFn, specs: SpecsFn,
-                spool_dir: Path | None = None, tls: ClientTls | None = None) -> list[Sink]:
+                spool_dir: Path | None = None, tls: ClientTls | None = None,
+                server_tls: ServerTls | None = None) -> list[Sink]:
     """The sinks `cfg` asks for. `report()`: the node report now, None before the first
     judgement; `specs()`: every collector's metric specs by name; `spool_dir` overrides
-    publish.spool_dir (the simulator keeps its node's spool beside its tree)."""
+    publish.spool_dir (the simulator keeps its node's spool beside its tree); `server_tls`: the
+    agent's HTTPS listener (tls.serve), re-read by the same watch as the pushes' context."""
     sinks: list[Sink] = []
+    reload: list[Reloadable] = [server_tls] if server_tls is not None else []
     if cfg.publish.urls():
         from podhealth.agent.heartbeat import Heartbeat
         from podhealth.agent.publisher import Publisher
@@ -52,7 +56,7 @@ def build_sinks(cfg: Config, node: str, *, report: ReportFn, specs: SpecsFn,
         sinks.append(Publisher(pcfg, node, sequencer=seq, report=report, tls=ctx))
         sinks.append(Heartbeat(pcfg, sequencer=seq, report=report, tls=ctx))
         if tls is not None:
-            sinks.append(TlsReload(Watch([tls])))
+            reload.append(tls)
         _log.info("pushing verdicts and events", aggregator=",".join(cfg.publish.urls()), spool=str(pcfg.spool_dir))
     if cfg.exporters.influxdb.enabled:
         from podhealth.extras import MissingExtra, require
@@ -62,11 +66,13 @@ def build_sinks(cfg: Config, node: str, *, report: ReportFn, specs: SpecsFn,
         except MissingExtra as e:
             # An exporter that cannot load is no reason to stop monitoring the node: say it, go on.
             _log.error("InfluxDB export is off", error=str(e))
-            return sinks
+            return sinks + ([TlsReload(Watch(reload))] if reload else [])
         from podhealth.agent.export_influx import InfluxExporter
 
         sinks.append(InfluxExporter(cfg.exporters.influxdb, node, specs=specs))
         _log.info("exporting to InfluxDB", url=cfg.exporters.influxdb.url, bucket=cfg.exporters.influxdb.bucket)
+    if reload:  # one watch: SIGHUP has one handler
+        sinks.append(TlsReload(Watch(reload)))
     return sinks
 
 
@@ -120,7 +126,8 @@ def install(agent: "Agent", spool_dir: Path | None = None) -> health.Health:
         return out
 
     tls = client_tls(agent.cfg)  # one context for every push, re-read by the one TlsReload sink
-    for sink in build_sinks(agent.cfg, agent.node, report=report, specs=specs, spool_dir=spool_dir, tls=tls):
+    for sink in build_sinks(agent.cfg, agent.node, report=report, specs=specs, spool_dir=spool_dir, tls=tls,
+                            server_tls=agent.tls):
         agent.add_sink(sink)
     fs = failslow_sink(agent.cfg, agent.node, agent.seams.get("failslow", {}), tls=tls)
     if fs is not None:

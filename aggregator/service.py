@@ -32,6 +32,7 @@ from podhealth.aggregator.context import Context
 from podhealth.aggregator.actions import ActionRunner, NotLeader, OperatorError, Pending, slug
 from podhealth.fencing.build import build_fencers
 from podhealth.config_aggregator import AggregatorConfig
+from podhealth.config_tls import AgentTlsConfig
 from podhealth.fencing.fence import FenceReason, Fencer, render_reason
 from podhealth.aggregator.gcwatch import Freezer
 from podhealth.aggregator.liveness import Liveness
@@ -40,7 +41,7 @@ from podhealth.aggregator.model import LADDER_STEPS, BreakerState, Decision, Fen
 from podhealth.aggregator.policy import Policy, decide
 from podhealth.aggregator.dbclock import DbClock
 from podhealth.aggregator.quota import NodeQuota
-from podhealth.tls import ServerTls, Watch, client_context
+from podhealth.tls import ClientTls, ServerTls, Watch
 from podhealth.aggregator.leader import Leadership
 from podhealth.aggregator.lease import FileLease, LeaseInfo, PgLease, holder_name
 from podhealth.aggregator.reconcile import Reconciler
@@ -258,12 +259,19 @@ class Aggregator:
                 ops += mem.configure_node(n.name, n.agent_url, n.slurm_name, n.k8s_name, n.partition, now)
             await writer.write(ops + fleet_sample_ops(cfg, mem, now))  # the fleet chart starts at the start
             silences = {(s.node, s.check): s for s in loaded.silences}
-            # Agents asked over https:// (agent_url) are verified against tls.ca (else the system's store).
-            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_context(cfg.tls.ca))) \
-                if cfg.tls.ca else aiohttp.ClientSession()
+            # Agents asked over https:// (agent_url) are verified against tls.ca (else the system's
+            # store) by the node name (core/agentclient.py); the aggregator's own certificate is
+            # presented to an agent that asks for a client certificate (its tls.client_certs).
+            agent_tls = ClientTls(AgentTlsConfig(ca=cfg.tls.ca, cert=cfg.tls.cert, key=cfg.tls.key)) \
+                if cfg.tls.ca else None
+            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=agent_tls.context)) \
+                if agent_tls is not None else aiohttp.ClientSession()
             try:
-                return cls(cfg, fs, store, writer, mem, silences, session, lease, lease_info, loaded.pending,
-                           clock=clock, mono=mono, started_at=now)
+                agg = cls(cfg, fs, store, writer, mem, silences, session, lease, lease_info, loaded.pending,
+                          clock=clock, mono=mono, started_at=now)
+                if agent_tls is not None:  # re-read with the listener's files (one SIGHUP handler)
+                    agg.tls_watch.items.append(agent_tls)
+                return agg
             except BaseException:
                 await session.close()
                 raise

@@ -16,6 +16,7 @@ from typing import Literal
 from podhealth.configload import doc
 
 ClientCerts = Literal["off", "ingest", "required"]
+AgentClientCerts = Literal["off", "required"]
 
 
 def _file_problem(path: str) -> str | None:
@@ -65,9 +66,33 @@ class AgentTlsConfig:
         "PEM certificate (chain) of this node, presented to the aggregator as a client certificate\n"
         "(its name, the node name, as a DNS subjectAltName or CN). Re-read on SIGHUP or when it changes.", "")
     key: str = doc("PEM private key of `cert` (keep it 0600 root).", "")
+    serve: bool = doc(
+        "true: the agent's own listener (/metrics, /health, handover, gpu-reset, bundles) serves HTTPS\n"
+        "with `cert` and `key` (a certificate for serverAuth and clientAuth naming the node). Callers\n"
+        "verify it by the node name, the local hooks on 127.0.0.1 too. false: plain HTTP.", False)
+    client_certs: AgentClientCerts = doc(
+        "With serve: off, or required (every connection to the agent presents a certificate signed by\n"
+        "`ca`: the aggregator's, or this node's own for the local hooks; Prometheus needs one too).", "off")
 
     def validate(self) -> tuple[str, str] | None:
-        return _pem_problem(self.cert, self.key, self.ca)
+        problem = _pem_problem(self.cert, self.key, self.ca)
+        if problem:
+            return problem
+        if self.serve and not self.cert:
+            return ("serve", "serving HTTPS needs this node's certificate: set cert and key")
+        if self.client_certs != "off" and not self.serve:
+            return ("client_certs", f"{self.client_certs} is for the agent's HTTPS listener: set serve: true")
+        if self.client_certs != "off" and not self.ca:
+            return ("client_certs", f"{self.client_certs} needs ca, the site CA that signs the callers' certificates")
+        return None
+
+    def server(self) -> "ServerTlsConfig":
+        """The listener's side, as the aggregator's is built (core/tls.py ServerTls)."""
+        return ServerTlsConfig(cert=self.cert, key=self.key, ca=self.ca, client_certs=self.client_certs)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.serve else "http"
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,13 @@ class BadUrl(ExchangeError):
     kind = "bad_url"
 
 
+class Unverified(ExchangeError):
+    """An https:// server that did not prove itself in the handshake (a chain our CA did not
+    sign, another name): something answered, but not provably what was asked for."""
+
+    kind = "unverified"
+
+
 @dataclass(frozen=True)
 class Reply:
     status: int
@@ -112,19 +119,21 @@ def exchange(method: str, url: str, *, deadline_s: float, body: bytes = b"",
              headers: Mapping[str, str] | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
              on_line: Callable[[bytes], None] | None = None,
              connection: Callable[[str, str, int, float], http.client.HTTPConnection] | None = None,
-             tls: ssl.SSLContext | None = None) -> Reply:
+             tls: ssl.SSLContext | None = None, server_name: str = "") -> Reply:
     """One HTTP exchange finished within `deadline_s` seconds, or an ExchangeError.
 
     `on_line`: the body is a stream of lines (NDJSON): each complete line goes to it as it
     arrives (progress while a handover suite runs); the Reply's body still holds them all (up
     to `max_bytes`). `connection(scheme, host, port, timeout)` builds the connection; `tls`
     verifies an https:// server (core/tls.py: client_context, cli_context; default: the
-    system's trust store, never unverified).
+    system's trust store, never unverified). `server_name`: the name an https:// server's
+    certificate must carry (and the SNI sent) when it is not the URL's host: a node's agent is
+    verified by the node name while the hooks connect to 127.0.0.1.
     """
     scheme, host, port, path = _target(url)
     start = time.monotonic()
     end = start + deadline_s
-    make = connection or (lambda sc, h, p, t: _plain_connection(sc, h, p, t, tls))
+    make = connection or (lambda sc, h, p, t: _plain_connection(sc, h, p, t, tls, server_name))
     conn = make(scheme, host, port, max(0.001, deadline_s))
     try:
         # Connect first (bounded by the socket timeout), so the watchdog always has a socket to shut.
@@ -133,6 +142,8 @@ def exchange(method: str, url: str, *, deadline_s: float, body: bytes = b"",
         conn.close()
         if time.monotonic() >= end:
             raise Deadline(f"{url}: no connection within {deadline_s:g}s") from None
+        if isinstance(e, ssl.SSLError):
+            raise Unverified(f"{url}: {_why(e)}") from None
         raise ExchangeError(f"{url}: {_why(e)}") from None
     dog = _Watchdog(conn, end - time.monotonic())
     try:
@@ -157,11 +168,27 @@ def exchange(method: str, url: str, *, deadline_s: float, body: bytes = b"",
         conn.close()
 
 
-def _plain_connection(scheme: str, host: str, port: int, timeout: float,
-                      tls: ssl.SSLContext | None = None) -> http.client.HTTPConnection:
+def _plain_connection(scheme: str, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None,
+                      server_name: str = "") -> http.client.HTTPConnection:
     if scheme == "https":
+        if server_name:
+            return _NamedHTTPSConnection(host, port, timeout=timeout, context=tls, server_name=server_name)
         return http.client.HTTPSConnection(host, port, timeout=timeout, context=tls)
     return http.client.HTTPConnection(host, port, timeout=timeout)
+
+
+class _NamedHTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS to `host` whose certificate is checked against `server_name` (sent as SNI) instead
+    of `host`: http.client has no such switch, so the socket is wrapped here."""
+
+    def __init__(self, host: str, port: int, *, timeout: float, context: ssl.SSLContext | None,
+                 server_name: str) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._server_name = server_name
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)  # TCP only (no proxy tunnel: never used here)
+        self.sock = self._context.wrap_socket(self.sock, server_hostname=self._server_name)  # type: ignore[attr-defined]
 
 
 def _read(resp: http.client.HTTPResponse, max_bytes: int, end: float) -> bytes:
@@ -235,5 +262,7 @@ async def exchange_async(session: "aiohttp.ClientSession", method: str, url: str
                 return Reply(r.status, b"".join(parts), {k.lower(): v for k, v in r.headers.items()})
     except TimeoutError:
         raise Deadline(f"{url}: no complete answer within {deadline_s:g}s") from None
+    except aiohttp.ClientSSLError as e:
+        raise Unverified(f"{url}: {_why(e)}") from None
     except (aiohttp.ClientError, OSError, ValueError) as e:
         raise ExchangeError(f"{url}: {_why(e)}") from None

@@ -61,6 +61,14 @@ def cli_context(ca: str = "", cert: str = "", key: str = "") -> ssl.SSLContext:
     return client_context(env.get(CA_ENV) or ca, cert, key)
 
 
+def node_caller_context(cfg: AgentTlsConfig) -> ssl.SSLContext:
+    """How a tool on the node (Slurm hooks, BCM check, `check`) verifies its own agent's HTTPS:
+    the site CA ($PODHEALTH_TLS_CA, else tls.ca), presenting the node's certificate where this
+    user can read its key (an agent with client_certs: required asks for one; root can)."""
+    mine = bool(cfg.cert) and os.access(cfg.key, os.R_OK)
+    return cli_context(cfg.ca, cfg.cert if mine else "", cfg.key if mine else "")
+
+
 def peer_names(peercert: Mapping[str, Any] | None) -> set[str]:
     """The names a verified peer certificate carries: DNS subjectAltNames, and the CN."""
     if not peercert:

@@ -27,6 +27,7 @@ import json
 import os
 import stat
 import socket
+import ssl
 import sys
 from dataclasses import dataclass
 from typing import TextIO
@@ -82,11 +83,12 @@ def answer(report: NodeReport | None, why: str = "", fail_severity: int | None =
     return BcmAnswer(word, sev, " ".join(info.split())[:MAX_INFO])
 
 
-def fetch(url: str, node: str, key: str, budget: float) -> tuple[NodeReport | None, str]:
+def fetch(url: str, node: str, key: str, budget: float,
+          tls: "ssl.SSLContext | None" = None) -> tuple[NodeReport | None, str]:
     """GET url within `budget` seconds for the whole exchange (core/httpclient.py), the answer
     proven with the node's agent key (core/agentclient.py): an impostor on the port is UNKNOWN."""
     try:
-        reply = agentclient.ask(url, node, key, deadline_s=budget, signed=False, max_bytes=4 << 20)
+        reply = agentclient.ask(url, node, key, deadline_s=budget, signed=False, max_bytes=4 << 20, tls=tls)
         return NodeReport.from_json(json.loads(reply.body)), ""
     except agentclient.Unproven as e:
         return None, f"answer not proven, ignored: {e}"
@@ -128,10 +130,10 @@ def run_bcm(cfg: Config, budget: float = DEFAULT_BUDGET, fail_severity: int | No
     if not cfg.listen.port:
         rep, why = None, "listen.port is 0 (the agent picks a port): this script cannot find it"
     else:
-        from podhealth.checks.cli.slurm_health import agent_key
+        from podhealth.checks.cli.slurm_health import agent_key, local_base, local_tls
 
         node = cfg.node.name or socket.gethostname().split(".")[0]
-        rep, why = fetch(f"http://127.0.0.1:{cfg.listen.port}/health", node, agent_key(cfg, node), budget)
+        rep, why = fetch(f"{local_base(cfg)}/health", node, agent_key(cfg, node), budget, tls=local_tls(cfg))
     ans = answer(rep, why, fail_severity, unknown_severity)
     emit(ans, out or sys.stdout, info_fd)
     return 0

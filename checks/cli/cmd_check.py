@@ -11,6 +11,7 @@ import json
 import os
 import contextlib
 import socket
+import ssl
 import sys
 import urllib.parse
 from typing import Any, Callable
@@ -120,7 +121,7 @@ def agent_url(cfg: Config, node: str, aggregator: str = "", token: str = "") -> 
         found = _agent_url_from_aggregator(aggregator, node, token, cfg)
         if found:
             return found
-    return f"http://{node}:{cfg.checks.agent_port}"
+    return f"{cfg.tls.scheme}://{node}:{cfg.checks.agent_port}"
 
 
 def _agent_url_from_aggregator(base: str, node: str, token: str, cfg: Config | None = None) -> str:
@@ -148,11 +149,27 @@ def _unreachable(url: str, e: Exception) -> str:
     return f"cannot reach the agent at {url}: {e}"
 
 
-def node_at(url: str) -> str:
-    """The node the agent at `url` says it is (GET /healthz): only to pick the key to check its
-    answers with, which then proves or disproves the claim."""
+def agent_tls(cfg: Config, url: str, check_name: bool = True) -> "ssl.SSLContext | None":
+    """How an https:// agent is verified: the site CA ($PODHEALTH_TLS_CA, else tls.ca), the
+    certificate checked against the node name (core/agentclient.py); None for http://.
+    `check_name=False` only for node_at, which asks the name and sends nothing."""
+    if not url.startswith("https://"):
+        return None
     try:
-        r = httpclient.exchange("GET", url.rstrip("/") + "/healthz", deadline_s=5.0, max_bytes=64 * 1024)
+        ctx = tls.node_caller_context(cfg.tls)
+    except (OSError, ssl.SSLError) as e:
+        raise CheckError(f"cannot load the CA to verify {url} with (tls.ca, $PODHEALTH_TLS_CA): {e}") from None
+    ctx.check_hostname = check_name  # the chain is verified either way (CERT_REQUIRED)
+    return ctx
+
+
+def node_at(url: str, ctx: "ssl.SSLContext | None" = None) -> str:
+    """The node the agent at `url` says it is (GET /healthz): only to pick the key to check its
+    answers with, which then proves or disproves the claim. Over https:// `ctx` verifies the
+    chain but not the name (the name is what is asked; nothing is sent): the exchanges that
+    follow check the certificate against the node named, and the answer's proof against its key."""
+    try:
+        r = httpclient.exchange("GET", url.rstrip("/") + "/healthz", deadline_s=5.0, max_bytes=64 * 1024, tls=ctx)
         node = json.loads(r.body).get("node") if r.status == 200 else None
     except (httpclient.ExchangeError, ValueError, AttributeError) as e:
         raise CheckError(_unreachable(url, e)) from None
@@ -162,7 +179,7 @@ def node_at(url: str) -> str:
 
 
 def fetch_handover(url: str, node: str, key: str, timeout: float,
-                   progress: Callable[[dict[str, Any]], None] | None) -> SuiteReport:
+                   progress: Callable[[dict[str, Any]], None] | None, tls_ctx: "ssl.SSLContext | None" = None) -> SuiteReport:
     """POST <url>/v1/handover, signed with the node's agent key, and read the NDJSON stream:
     progress lines as they come, then the report, believed only once the stream's proof checks
     out (core/agentclient.py), all within `timeout` seconds."""
@@ -174,10 +191,11 @@ def fetch_handover(url: str, node: str, key: str, timeout: float,
     try:
         r = agentclient.ask(url.rstrip("/") + "/v1/handover", node, key, "POST", deadline_s=timeout, body=b"{}",
                             headers={"Accept": "application/x-ndjson", "Content-Type": "application/json"},
-                            max_bytes=16 << 20, on_line=on_line)
+                            max_bytes=16 << 20, on_line=on_line, tls=tls_ctx)
     except agentclient.Unproven as e:
         if not key:
-            node_at(url)  # unreachable (an unresolvable name) says so first: the key is the next thing
+            if tls_ctx is None:
+                node_at(url)  # unreachable (an unresolvable name) says so first: the key is the next thing
             raise CheckError(f"no agent key for {node}: pass --token or set PODHEALTH_TOKEN to the node's agent key "
                              "(`podhealth token derive --agent --node NAME`), run it as root on the node "
                              f"(/etc/podhealth/agent.key), or where the aggregator's config can be read "
@@ -234,7 +252,7 @@ def _local_agent_listening(cfg: Config) -> str | None:
         return None
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return f"http://127.0.0.1:{port}"
+            return f"{cfg.tls.scheme}://127.0.0.1:{port}"
     except OSError:
         return None
 
@@ -265,8 +283,9 @@ def run(args: argparse.Namespace) -> int:
         url = args.url or (agent_url(cfg, args.node, aggregator) if args.node
                            else _local_agent_listening(cfg))
         if url:
-            node = args.node or node_at(url)
-            rep = fetch_handover(url, node, _token(args, cfg, node), args.timeout, on_progress)
+            ctx = agent_tls(cfg, url)
+            node = args.node or node_at(url, agent_tls(cfg, url, check_name=False))
+            rep = fetch_handover(url, node, _token(args, cfg, node), args.timeout, on_progress, ctx)
         else:
             from podhealth.checks.handover.suite import LocalCollector, run_suite
 
@@ -308,7 +327,8 @@ def _preflight(cfg: Config, args: argparse.Namespace) -> int:
 
     try:
         url = args.url or (agent_url(cfg, args.node, args.aggregator or cliconfig.aggregator_url())
-                           if args.node else f"http://127.0.0.1:{cfg.listen.port}")
+                           if args.node else f"{cfg.tls.scheme}://127.0.0.1:{cfg.listen.port}")
+        ctx, anon = agent_tls(cfg, url), agent_tls(cfg, url, check_name=False)
     except CheckError as e:
         print(f"podhealth check --preflight: undecided, the pod may start: {e}", file=sys.stderr)
         return 0
@@ -322,7 +342,7 @@ def _preflight(cfg: Config, args: argparse.Namespace) -> int:
     # With the node's agent key the answer is proven (slurm_health.agent_report); a pod has no
     # such key, so by default its preflight reads the open /health unproven: that answer can only
     # stop this pod (never move the node), and an impostor's OK is no worse than no agent.
-    node_rep = agent_report(url, node, key, timeout) if key else _unproven_health(url, timeout)
+    node_rep = agent_report(url, node, key, timeout, tls=ctx) if key else _unproven_health(url, timeout, anon)
     if node_rep is None:
         print(f"podhealth check --preflight: no verdict from the agent at {url}: undecided, the pod may start",
               file=sys.stderr)
@@ -337,14 +357,15 @@ def _preflight(cfg: Config, args: argparse.Namespace) -> int:
     return 1 if rep.exit_code == 1 else 0
 
 
-def _unproven_health(url: str, timeout: float) -> "Any":
+def _unproven_health(url: str, timeout: float, ctx: "ssl.SSLContext | None" = None) -> "Any":
     """The agent's /health (a NodeReport) read without proof, bounded, within `timeout`; None
     without an answer."""
     from podhealth import httpclient
     from podhealth.vocab import NodeReport
 
     try:
-        reply = httpclient.exchange("GET", url.rstrip("/") + "/health", deadline_s=timeout, max_bytes=4 << 20)
+        reply = httpclient.exchange("GET", url.rstrip("/") + "/health", deadline_s=timeout, max_bytes=4 << 20,
+                                    tls=ctx)
         if reply.status != 200:
             return None
         return NodeReport.from_json(json.loads(reply.body))

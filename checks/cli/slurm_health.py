@@ -13,9 +13,10 @@ import asyncio
 import json
 import os
 import socket
+import ssl
 import sys
 
-from podhealth import agentclient, credentials, httpclient
+from podhealth import agentclient, credentials, httpclient, tls
 from podhealth.checks.handover.report import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN
 from podhealth.config import Config
 from podhealth.vocab import CheckResult, NodeReport, Status
@@ -26,7 +27,30 @@ LOCAL_TIME_CAP = 3.0
 
 
 def _from_agent(cfg: Config, node: str) -> NodeReport | None:
-    return agent_report(f"http://127.0.0.1:{cfg.listen.port}", node, agent_key(cfg, node), timeout=1.5)
+    return agent_report(local_base(cfg), node, agent_key(cfg, node), timeout=1.5, tls=local_tls(cfg))
+
+
+def local_base(cfg: Config) -> str:
+    """This node's agent on loopback: https:// when it serves TLS (tls.serve)."""
+    return f"{cfg.tls.scheme}://127.0.0.1:{cfg.listen.port}"
+
+
+def local_tls(cfg: Config) -> "ssl.SSLContext | None":
+    """How the hooks verify their own agent's HTTPS: the site CA, and the certificate must name
+    this node (core/agentclient.py checks it by the node name, not 127.0.0.1). None for plain
+    HTTP, and when the CA cannot be read (then nothing is proven: UNKNOWN, never a drain)."""
+    if not cfg.tls.serve:
+        return None
+    try:
+        return tls.node_caller_context(cfg.tls)
+    except (OSError, ssl.SSLError) as e:
+        print(f"podhealth: cannot load the TLS files to verify the local agent: {e}", file=sys.stderr)
+        return _nothing_trusted()
+
+
+def _nothing_trusted() -> "ssl.SSLContext":
+    """A context that trusts no CA: every handshake fails, so the answer is unproven (UNKNOWN)."""
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 
 
 def agent_key(cfg: Config, node: str) -> str:
@@ -39,14 +63,15 @@ def agent_key(cfg: Config, node: str) -> str:
         return ""
 
 
-def agent_report(base: str, node: str, key: str, timeout: float) -> NodeReport | None:
+def agent_report(base: str, node: str, key: str, timeout: float,
+                 tls: "ssl.SSLContext | None" = None) -> NodeReport | None:
     """The verdict of `node`'s agent at `base` (its /health), proven with the node's `key`; None
     when nothing answers (the caller may judge the node itself). An answer that is not proven to
     come from the agent (an impostor that took the port while the agent was down, or no key to
     check with) is an UNKNOWN report: it never drains, resumes or passes anything."""
     url = f"{base.rstrip('/')}/health"
     try:
-        reply = agentclient.ask(url, node, key, deadline_s=timeout, signed=False, max_bytes=4 << 20)
+        reply = agentclient.ask(url, node, key, deadline_s=timeout, signed=False, max_bytes=4 << 20, tls=tls)
         return NodeReport.from_json(json.loads(reply.body))
     except agentclient.Unproven as e:
         return unproven_report(node, str(e))

@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Sequence
 
 from podhealth.checks.handover.report import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN
 from podhealth.exitcodes import EXIT_USAGE
-from podhealth.checks.cli.slurm_health import agent_key, agent_report, line
+from podhealth.checks.cli.slurm_health import agent_key, agent_report, line, local_base, local_tls
 from podhealth.config import Config
 from podhealth.vocab import CheckResult, NodeReport, Status
 
@@ -56,7 +56,7 @@ def node_name(cfg: Config, env: "os._Environ[str] | dict[str, str]") -> str:
 def agent_base(cfg: Config, node: str) -> str:
     """This node's agent: `checks.agents` names it (several simulated nodes on one host), else
     the agent on loopback at its configured port."""
-    return (cfg.checks.agents.get(node) or f"http://127.0.0.1:{cfg.listen.port}").rstrip("/")
+    return (cfg.checks.agents.get(node) or local_base(cfg)).rstrip("/")
 
 
 def job_gpus(env: "os._Environ[str] | dict[str, str]", node_gpus: int = 0) -> frozenset[int] | None:
@@ -100,7 +100,8 @@ def _judge(results: Sequence[CheckResult]) -> tuple[list[CheckResult], list[Chec
 def _report(cfg: Config, node: str, budget: float) -> NodeReport:
     """The agent's verdict; when no agent answers, the fast passive sources collected here."""
     t0 = time.monotonic()
-    rep = agent_report(agent_base(cfg, node), node, agent_key(cfg, node), timeout=min(2.0, budget / 2))
+    rep = agent_report(agent_base(cfg, node), node, agent_key(cfg, node), timeout=min(2.0, budget / 2),
+                       tls=local_tls(cfg))
     if rep is not None:
         return rep
     from podhealth.checks.cli.slurm_health import local_report

@@ -2,7 +2,7 @@
 
 `CA(dir, name)` makes a CA; `ca.issue(name, server=..., client=...)` a key and certificate signed
 by it (a server certificate for 127.0.0.1 and localhost, or a client certificate naming a node in
-its CN and DNS subjectAltName). Each call returns the files' paths.
+its CN and DNS subjectAltName, or both for a node's agent that serves HTTPS). Each call returns the files' paths.
 """
 
 from __future__ import annotations
@@ -47,10 +47,13 @@ class CA:
              "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
              cwd=self.dir)
 
-    def issue(self, name: str, *, server: bool = False, client: bool = False, stem: str = "") -> Issued:
+    def issue(self, name: str, *, server: bool = False, client: bool = False, stem: str = "",
+              loopback: bool = True) -> Issued:
+        """`loopback=False`: a server certificate naming only `name` (a node's, which callers on
+        127.0.0.1 verify by the node name)."""
         stem = stem or name
         key, csr, crt, ext = (self.dir / f"{stem}.{x}" for x in ("key", "csr", "crt", "ext"))
-        sans = ["DNS:localhost", "IP:127.0.0.1"] if server else []
+        sans = ["DNS:localhost", "IP:127.0.0.1"] if server and loopback else []
         sans.append(f"DNS:{name}")
         usage = ",".join([*(["serverAuth"] if server else []), *(["clientAuth"] if client else [])])
         ext.write_text(f"subjectAltName={','.join(sans)}\nextendedKeyUsage={usage}\n"
