@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ from podhealth.aggregator.store import NodeRow, Store
 from podhealth.checks.cli.slurm_health import agent_report, local_base, local_tls
 from podhealth.config import load as load_config
 from podhealth.config_aggregator import AggAuthConfig, NodeEntry
-from podhealth.config_tls import AgentTlsConfig, ServerTlsConfig
+from podhealth.config_tls import ServerTlsConfig
 from podhealth.credentials import derive_agent_token
 from podhealth.fencing.fence import FenceReason, render_reason
 from podhealth.vocab import Status
@@ -207,9 +206,3 @@ def test_a_rotated_agent_certificate_is_served_after_sighup(node: Node) -> None:
         time.sleep(0.1)
     assert node.svc.proc.poll() is None  # reloaded, not restarted
 
-
-def test_serving_needs_a_certificate_and_client_certs_need_serving() -> None:
-    assert AgentTlsConfig(serve=True).validate() == ("serve", "serving HTTPS needs this node's certificate: "
-                                                               "set cert and key")
-    assert AgentTlsConfig(client_certs="required").validate()[0] == "client_certs"  # type: ignore[index]
-    assert ssl.HAS_SNI

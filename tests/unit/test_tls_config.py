@@ -42,6 +42,12 @@ def error_of(tmp_path: Path, text: str) -> str:
     ("aggregator:\n  tls:\n    cert: {node}\n    key: {node_key}\n    client_certs: ingest\n",
      "podhealth.yaml:5: aggregator.tls.client_certs", "needs ca"),
     ("aggregator:\n  tls:\n    client_certs: sometimes\n", "podhealth.yaml:3: aggregator.tls.client_certs", "one of"),
+    ("tls:\n  serve: true\n", "podhealth.yaml:2: tls.serve", "needs this node's certificate"),
+    ("tls:\n  cert: {node}\n  key: {node_key}\n  client_certs: required\n", "podhealth.yaml:4: tls.client_certs",
+     "set serve: true"),
+    ("tls:\n  cert: {node}\n  key: {node_key}\n  serve: true\n  client_certs: required\n",
+     "podhealth.yaml:5: tls.client_certs", "needs ca"),
+    ("tls:\n  client_certs: ingest\n", "podhealth.yaml:2: tls.client_certs", "one of"),
 ])
 def test_bad_tls_files_name_file_line_and_key(tmp_path: Path, pki: dict[str, Any], text: str, where: str,
                                               why: str) -> None:
