@@ -2,29 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
-from typing import Iterator
 
 import pytest
-import structlog
 
 from podhealth import log
-
-
-@pytest.fixture(autouse=True)
-def _logging_restored() -> Iterator[None]:
-    """log.setup() is process-wide: left pointing at this test's closed temporary files, every
-    later log line raised "I/O operation on closed file" (it killed the publisher's tasks in the
-    tests that ran after this one). Put back what was there before."""
-    saved = structlog.get_config()
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    structlog.configure(**saved)
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def test_priority_prefix_only_on_the_journal_stream(monkeypatch: pytest.MonkeyPatch) -> None:
