@@ -227,7 +227,7 @@ def test_a_leader_frozen_inside_a_fence_or_release_does_nothing_when_it_wakes(
         if doing == "release":  # A fenced the node (an operator asked); it is A's to release
             assert _post(f"{p.base('a')}/api/v1/nodes/{node}/fence", {"reason": "bad fan", "who": "alice"},
                          ADMIN)[0] == 200
-            wait_until(lambda: _slurm(slurm, node)[0], timeout=10, what=f"{node} drained by A")
+            wait_until(lambda: _slurm(slurm, node)[0], timeout=30, what=f"{node} drained by A")
         (p.work / "gate").write_text(f"{pattern} {node}\n{nth}\n" if "show" in pattern else f"{pattern}\n{nth}\n")
         if doing == "fence":
             report = {"node": node, "time": time.time(), "results": [
@@ -247,7 +247,7 @@ def test_a_leader_frozen_inside_a_fence_or_release_does_nothing_when_it_wakes(
         if not update:
             (p.work / "go").touch()  # a read finishes into the frozen process
         epoch_b = wait_until(lambda: (lambda e: e if e and e > epoch_a else None)(p.leads("b")),
-                             timeout=6 * LEASE, what="B to take over")
+                             timeout=max(6 * LEASE, 30), what="B to take over")
         # B finishes A's journaled action; then an operator undoes it through B
         if doing == "fence":
             wait_until(lambda: ("done", epoch_b) in _journal(url, node, "fence"), timeout=20, what="B's fence")
@@ -256,7 +256,7 @@ def test_a_leader_frozen_inside_a_fence_or_release_does_nothing_when_it_wakes(
             wait_until(lambda: _post(f"{p.base('b')}/api/v1/nodes/{node}/release",
                                      {"reason": "false alarm", "who": "bob"}, ADMIN)[0] == 200,
                        timeout=20, interval=0.2, what="the operator's release through B")
-            wait_until(lambda: not _slurm(slurm, node)[0], timeout=10, what=f"{node} released by the operator")
+            wait_until(lambda: not _slurm(slurm, node)[0], timeout=30, what=f"{node} released by the operator")
             want = False
         else:
             wait_until(lambda: ("done", epoch_b) in _journal(url, node, "release"), timeout=20, what="B's release")
@@ -264,13 +264,13 @@ def test_a_leader_frozen_inside_a_fence_or_release_does_nothing_when_it_wakes(
             wait_until(lambda: _post(f"{p.base('b')}/api/v1/nodes/{node}/fence",
                                      {"reason": "failing again", "who": "bob"}, ADMIN)[0] == 200,
                        timeout=20, interval=0.2, what="the operator's fence through B")
-            wait_until(lambda: _slurm(slurm, node)[0], timeout=10, what=f"{node} fenced again through B")
+            wait_until(lambda: _slurm(slurm, node)[0], timeout=30, what=f"{node} fenced again through B")
             want = True
         if update:
             # The held drain/resume, started before A froze, was killed at A's lease deadline
             # (`timeout` runs it: A itself cannot kill anything while it is stopped).
             (p.work / "go").touch()
-            wait_until(lambda: not Path(f"/proc/{held}").exists() or _zombie(held), timeout=10,
+            wait_until(lambda: not Path(f"/proc/{held}").exists() or _zombie(held), timeout=30,
                        what="the held scontrol to end")
         p.signal("a", signal.SIGCONT)
         wait_until(lambda: p.replica("a").get("role") == "follower", timeout=6 * LEASE, what="A to know it is deposed")
@@ -282,7 +282,7 @@ def test_a_leader_frozen_inside_a_fence_or_release_does_nothing_when_it_wakes(
             assert reason.startswith("podhealth: operator node DRAIN [bob] e" + str(epoch_b)), reason
         # the journal agrees with Slurm: the operator's action through B is the last word
         wait_until(lambda: _q(url, "SELECT kind, state FROM actions WHERE node = %s ORDER BY id DESC LIMIT 1", node)[0]
-                   == (("fence", "done") if want else ("release", "done")), timeout=10, what="the journal to agree")
+                   == (("fence", "done") if want else ("release", "done")), timeout=30, what="the journal to agree")
 
 
 def _zombie(pid: int) -> bool:
