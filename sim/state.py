@@ -275,13 +275,17 @@ class Sku:
 
 # Values from nvidia-smi -q captures (H100 SXM 565.57.01, H200 550.90.12) and the DGX user guides
 # (bus layout: `nvidia-smi topo -m` / lspci on DGX H100; DGX A100 and B200 system guides).
+# The 8-GPU H100/H200 SXM baseboard: the same GPUs in a DGX and in an OEM HGX server.
+_H100_SXM = Sku(0x233010DE, 0x16C110DE, "96.00.74.00.01", 1980, 1980, 2619, 1545, "hopper",
+                 (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB), "565.57.01", 12070,
+                 "MT_0000000838", "28.41.1000")
+_H200_SXM = Sku(0x233510DE, 0x18BE10DE, "96.00.A5.00.01", 1980, 1980, 3201, 1545, "hopper",
+                 (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB), "550.90.12", 12040,
+                 "MT_0000000838", "28.41.1000")
+
 SKUS: Mapping[str, Sku] = MappingProxyType({
-    "dgx-h100": Sku(0x233010DE, 0x16C110DE, "96.00.74.00.01", 1980, 1980, 2619, 1545, "hopper",
-                    (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB), "565.57.01", 12070,
-                    "MT_0000000838", "28.41.1000"),
-    "dgx-h200": Sku(0x233510DE, 0x18BE10DE, "96.00.A5.00.01", 1980, 1980, 3201, 1545, "hopper",
-                    (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB), "550.90.12", 12040,
-                    "MT_0000000838", "28.41.1000"),
+    "dgx-h100": _H100_SXM,
+    "dgx-h200": _H200_SXM,
     "dgx-b200": Sku(0x290110DE, 0x199910DE, "97.00.4A.00.01", 1965, 1965, 3996, 1710, "blackwell",
                     (0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF), "570.124.06", 12080,
                     "MT_0000000838", "28.43.1014"),
@@ -290,12 +294,8 @@ SKUS: Mapping[str, Sku] = MappingProxyType({
                     "MT_0000000223", "20.39.1002"),
     # HGX 8-GPU baseboards in OEM servers: the DGX's GPUs (the 565.57.01 HGX H100 capture's ids,
     # VBIOS, clocks and bus layout; H200 as dgx-h200).
-    "hgx-h100": Sku(0x233010DE, 0x16C110DE, "96.00.74.00.01", 1980, 1980, 2619, 1545, "hopper",
-                    (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB), "565.57.01", 12070,
-                    "MT_0000000838", "28.41.1000"),
-    "hgx-h200": Sku(0x233510DE, 0x18BE10DE, "96.00.A5.00.01", 1980, 1980, 3201, 1545, "hopper",
-                    (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB), "550.90.12", 12040,
-                    "MT_0000000838", "28.41.1000"),
+    "hgx-h100": _H100_SXM,
+    "hgx-h200": _H200_SXM,
     # PCIe cards: the profile states no count (the chassis decides); the simulator builds the common
     # one (bus numbers one root port apart, as the 8-GPU RTX 6000 Ada capture: 01, 25, 41, ... E1).
     # Device ids: H100 NVL 0x2321 (dcgmi capture of NVIDIA/DCGM#198), H100 PCIe 0x2331, L40S 0x26B9
