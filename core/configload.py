@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import operator
 import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Callable, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -31,41 +32,36 @@ class ConfigError(Exception):
 
 
 @dataclass(frozen=True)
-class Gt:
-    """Number strictly greater than `bound`; `what` names the unit in messages ("seconds")."""
+class _Bound:
+    """Number compared with `bound` by the subclass's `op`; `what` names the unit in messages ("seconds")."""
 
     bound: float
     what: str = "a number"
+    symbol: ClassVar[str]
+    op: ClassVar[Callable[[Any, Any], bool]]
 
     def describe(self) -> str:
-        return f"{self.what} > {self.bound:g}"
+        return f"{self.what} {self.symbol} {self.bound:g}"
 
     def check(self, v: Any) -> str | None:
-        return None if v > self.bound else f"expected {self.what} > {self.bound:g}"
+        return None if type(self).op(v, self.bound) else f"expected {self.describe()}"
 
 
-@dataclass(frozen=True)
-class Ge:
-    bound: float
-    what: str = "a number"
+class Gt(_Bound):
+    """Number strictly greater than `bound`."""
 
-    def describe(self) -> str:
-        return f"{self.what} >= {self.bound:g}"
-
-    def check(self, v: Any) -> str | None:
-        return None if v >= self.bound else f"expected {self.what} >= {self.bound:g}"
+    symbol = ">"
+    op = operator.gt
 
 
-@dataclass(frozen=True)
-class Le:
-    bound: float
-    what: str = "a number"
+class Ge(_Bound):
+    symbol = ">="
+    op = operator.ge
 
-    def describe(self) -> str:
-        return f"{self.what} <= {self.bound:g}"
 
-    def check(self, v: Any) -> str | None:
-        return None if v <= self.bound else f"expected {self.what} <= {self.bound:g}"
+class Le(_Bound):
+    symbol = "<="
+    op = operator.le
 
 
 @dataclass(frozen=True)
