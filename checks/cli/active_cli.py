@@ -4,10 +4,11 @@ report rendering and exit codes (0 pass, 1 fail, 2 could not decide — checks/h
 from __future__ import annotations
 
 import argparse
+import functools
 import socket
 import sys
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from podhealth import cliconfig
 from podhealth import config as config_mod
@@ -16,6 +17,27 @@ from podhealth.checks.handover.report import SuiteReport, render
 from podhealth.config import Config
 from podhealth.exitcodes import EXIT_USAGE
 from podhealth.vocab import CheckResult
+
+# What an active test does once its config and profile are loaded: the exit code.
+Run = Callable[[argparse.Namespace, Config, profiles.Profile], int]
+
+
+def add_command(p: argparse.ArgumentParser, run: Run, *, progress: bool = False) -> argparse.ArgumentParser:
+    """The options every active test takes (and --progress-every with `progress`), and `run` as
+    the command behind the one prologue: config and profile loaded, or exit 2 with the reason."""
+    add_common(p)
+    if progress:
+        add_progress_option(p)
+    p.set_defaults(func=functools.partial(_prologue, run))
+    return p
+
+
+def _prologue(run: Run, args: argparse.Namespace) -> int:
+    got = setup(args)
+    if isinstance(got, int):
+        return got
+    return run(args, *got)
+
 
 def add_common(p: argparse.ArgumentParser) -> None:
     cliconfig.add_option(p)

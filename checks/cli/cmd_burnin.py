@@ -7,7 +7,9 @@ import sys
 import time
 from typing import Callable
 
+from podhealth.checks import profiles
 from podhealth.checks.cli import active_cli
+from podhealth.config import Config
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
@@ -24,19 +26,13 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--metrics-url", help="agent /metrics URL for --watch metrics")
     p.add_argument("--inject-fault", action="append", default=[], metavar="KIND:INDEX",
                    help="testing only: corrupt|flip|slow on one worker (see checks/active/burnin_worker.py)")
-    active_cli.add_common(p)
-    p.set_defaults(func=_run)
-    return p
+    return active_cli.add_command(p, _run)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, cfg: Config, prof: profiles.Profile) -> int:
     from podhealth.checks.active import burnin
     from podhealth.checks.active.burnin_watch import MetricsWatcher, NullWatcher, NvmlWatcher, Watcher
 
-    got = active_cli.setup(args)
-    if isinstance(got, int):
-        return got
-    cfg, prof = got
     try:
         faults = burnin.parse_faults(args.inject_fault)
     except ValueError as e:

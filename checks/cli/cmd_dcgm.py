@@ -6,7 +6,9 @@ import argparse
 import sys
 import time
 
+from podhealth.checks import profiles
 from podhealth.checks.cli import active_cli
+from podhealth.config import Config
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
@@ -18,19 +20,12 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--timeout", type=float, help="seconds (default: active.dcgm.timeout_rN)")
     p.add_argument("--dcgmi", help="dcgmi binary (default: active.dcgm.dcgmi)")
     p.add_argument("--from-file", metavar="FILE", help="judge a saved `dcgmi diag` output (JSON or text) instead of running")
-    active_cli.add_common(p)
-    active_cli.add_progress_option(p)
-    p.set_defaults(func=_run)
-    return p
+    return active_cli.add_command(p, _run, progress=True)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, cfg: Config, prof: profiles.Profile) -> int:
     from podhealth.checks.active import dcgm
 
-    got = active_cli.setup(args)
-    if isinstance(got, int):
-        return got
-    cfg, prof = got
     dc = cfg.active.dcgm
     started = time.time()
     if args.from_file:

@@ -8,7 +8,9 @@ import subprocess
 import sys
 import time
 
+from podhealth.checks import profiles
 from podhealth.checks.cli import active_cli
+from podhealth.config import Config
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
@@ -36,10 +38,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                                                   "instead of running one; multi-node output blames the hosts it names")
     p.add_argument("--parallel", type=int, default=8, help="pair tests run at once")
     p.add_argument("--runner-fault", default="", help="testing only: passed to the runner's --fault (slow:NODE, fail:NODE)")
-    active_cli.add_common(p)
-    active_cli.add_progress_option(p)
-    p.set_defaults(func=_run)
-    return p
+    return active_cli.add_command(p, _run, progress=True)
 
 
 def _device(requested: str) -> str:
@@ -52,11 +51,7 @@ def _device(requested: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _run(args: argparse.Namespace) -> int:
-    got = active_cli.setup(args)
-    if isinstance(got, int):
-        return got
-    cfg, prof = got
+def _run(args: argparse.Namespace, cfg: Config, prof: profiles.Profile) -> int:
     nc = cfg.active.nccl
     min_b = args.min_bytes or nc.min_bytes
     max_b = args.max_bytes or nc.max_bytes

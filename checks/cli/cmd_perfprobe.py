@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import time
 
+from podhealth.checks import profiles
 from podhealth.checks.cli import active_cli
+from podhealth.config import Config
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
@@ -21,20 +23,14 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                                    "idle node. Exit 0 measured, 2 nothing could be measured, 64 usage error.")
     p.add_argument("--budget", type=float, default=None, help="seconds for the whole round (default: failslow.budget)")
     p.add_argument("--gpus", type=active_cli.parse_gpus, help="GPU indices, e.g. 0,1 (default: all)")
-    active_cli.add_common(p)
-    p.set_defaults(func=_run)
-    return p
+    return active_cli.add_command(p, _run)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, cfg: Config, prof: profiles.Profile) -> int:
     from pathlib import Path
 
     from podhealth.checks.active import perfprobe
 
-    got = active_cli.setup(args)
-    if isinstance(got, int):
-        return got
-    cfg, prof = got
     budget = args.budget if args.budget is not None else cfg.failslow.budget
     if not 0 < budget <= 600:
         return active_cli.usage_error("perfprobe", "--budget must be within (0, 600] seconds")
