@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import ClassVar, Mapping
 
 from podhealth.collectors.base import Collection, raise_if_local, specs
+from podhealth.collectors.sysfs import read_attr
 from podhealth.config import Config
 from podhealth.vocab import MetricSpec, Sample
 
@@ -26,7 +27,6 @@ _MC = re.compile(r"^mc[0-9]{1,4}$")
 _DIMM = re.compile(r"^(?:dimm|rank)[0-9]{1,4}$")
 _CSROW = re.compile(r"^csrow[0-9]{1,4}$")
 _CH = re.compile(r"^(ch[0-9]{1,3})_(ce|ue)_count$")
-_MAX_FILE = 4096
 
 METRICS: Mapping[str, MetricSpec] = specs(
     MetricSpec("edac_mc_errors", "counter", "Memory errors a memory controller counted (label type ce|ue)."),
@@ -57,19 +57,8 @@ class EdacCollector:
     def __init__(self, sysfs_root: Path) -> None:
         self.sysfs_root = sysfs_root
 
-    def _read(self, path: Path, errors: list[str]) -> str | None:
-        try:
-            with open(path, "rb") as f:
-                return f.read(_MAX_FILE).decode("utf-8", "replace")
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            raise_if_local(e, str(path))
-            errors.append(f"{path}: {e.strerror or e}")
-            return None
-
     def _count(self, path: Path, errors: list[str]) -> int | None:
-        text = self._read(path, errors)
+        text = read_attr(path, errors)
         if text is None:
             return None
         try:
@@ -106,7 +95,7 @@ class EdacCollector:
             dimms = self._list(d, _DIMM)
             if dimms:
                 for dimm in dimms:
-                    label = parse_label(self._read(d / dimm / "dimm_label", errors) or "")
+                    label = parse_label(read_attr(d / dimm / "dimm_label", errors) or "")
                     for kind in ("ce", "ue"):
                         n = self._count(d / dimm / f"dimm_{kind}_count", errors)
                         if n is not None:
@@ -120,7 +109,7 @@ class EdacCollector:
                     n = self._count(d / row / fname, errors)
                     if n is None:
                         continue
-                    label = parse_label(self._read(d / row / f"{ch}_dimm_label", errors) or "")
+                    label = parse_label(read_attr(d / row / f"{ch}_dimm_label", errors) or "")
                     samples.append(Sample.of("edac_dimm_errors", n, mc=mc, dimm=f"{row}_{ch}", label=label, type=kind))
         return Collection(tuple(samples), errors=tuple(errors[:32]))
 

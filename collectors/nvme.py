@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Callable, ClassVar, Mapping
 
 from podhealth.collectors.base import Collection, raise_if_local, specs
+from podhealth.collectors.sysfs import read_attr
 from podhealth.collectors.nvme_parse import SmartLog, parse_smart_log
 from podhealth.config import Config
 from podhealth.vocab import MetricSpec, Sample
 
 _CTRL = re.compile(r"^nvme[0-9]{1,4}$")
-_MAX_FILE = 4096
 SMART_TIMEOUT = 5.0
 _MAX_OUT = 1 << 20
 
@@ -72,15 +72,7 @@ class NvmeCollector:
         self._smart = smart
 
     def _attr(self, d: Path, name: str, errors: list[str]) -> str:
-        try:
-            with open(d / name, "rb") as f:
-                return f.read(_MAX_FILE).decode("utf-8", "replace").strip()
-        except FileNotFoundError:
-            return ""
-        except OSError as e:
-            raise_if_local(e, str(d / name))
-            errors.append(f"{d / name}: {e.strerror or e}")
-            return ""
+        return (read_attr(d / name, errors) or "").strip()
 
     def collect(self) -> Collection:
         base = self.sysfs_root / "class" / "nvme"

@@ -23,11 +23,11 @@ from typing import ClassVar, Mapping
 from podhealth.collectors.aer_parse import (FILES, ROOTPORT_FILES, SEVERITIES, AerCounts, Severity, device_kind,
                                             parse_aer_file, parse_hex, parse_rootport_total)
 from podhealth.collectors.base import Collection, raise_if_local, specs
+from podhealth.collectors.sysfs import read_attr
 from podhealth.config import Config
 from podhealth.vocab import MetricSpec, Sample
 
 _PCI_ADDR = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-_MAX_FILE = 4096
 MAX_SERVES = 8  # endpoints named on one port's series (a DGX PCIe switch serves 2 GPUs + 2-3 HCAs + NVMe)
 ENDPOINT_KINDS = ("gpu", "hca", "nvswitch")
 
@@ -58,20 +58,8 @@ class _Read:
     rootport: dict[Severity, int] = field(default_factory=dict)
 
 
-def _read(path: Path) -> str:
-    with open(path, "rb") as f:
-        return f.read(_MAX_FILE).decode("ascii", "replace")
-
-
 def _optional(path: Path, errors: list[str]) -> str | None:
-    try:
-        return _read(path)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise_if_local(e, str(path))
-        errors.append(f"{path}: {e.strerror or e}")
-        return None
+    return read_attr(path, errors, "ascii")
 
 
 class PcieAerCollector:
