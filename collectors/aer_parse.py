@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from podhealth.collectors.sysfs import parse_count
+
 Severity = Literal["correctable", "nonfatal", "fatal"]
 SEVERITIES: tuple[Severity, ...] = ("correctable", "nonfatal", "fatal")
 # file name -> severity, and the severity's TOTAL line
@@ -84,11 +86,8 @@ def parse_aer_file(text: str) -> AerCounts:
     return AerCounts(tuple(errors), total)
 
 
-def parse_rootport_total(text: str) -> int:
-    t = text.strip()
-    if not re.fullmatch(r"[0-9]{1,20}", t, re.ASCII):
-        raise ValueError(f"expected a count, got {t[:40]!r}")
-    return int(t)
+# aer_rootport_total_err_* is a plain count attribute.
+parse_rootport_total = parse_count
 
 
 # PCI class codes (PCI Code and ID Assignment spec): base class << 16 | subclass << 8 | prog-if.

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import ClassVar, Mapping
 
 from podhealth.collectors.base import Collection, raise_if_local, specs
-from podhealth.collectors.sysfs import read_attr
+from podhealth.collectors.sysfs import parse_count, read_attr, read_parsed
 from podhealth.config import Config
 from podhealth.vocab import MetricSpec, Sample
 
@@ -38,13 +38,6 @@ METRICS: Mapping[str, MetricSpec] = specs(
 )
 
 
-def parse_count(text: str) -> int:
-    t = text.strip()
-    if not re.fullmatch(r"[0-9]{1,20}", t, re.ASCII):
-        raise ValueError(f"expected a count, got {t[:40]!r}")
-    return int(t)
-
-
 def parse_label(text: str) -> str:
     """A DIMM label: one line, printable; "" when the driver left it empty."""
     return "".join(ch for ch in text.strip().splitlines()[0] if ch.isprintable())[:64] if text.strip() else ""
@@ -58,14 +51,7 @@ class EdacCollector:
         self.sysfs_root = sysfs_root
 
     def _count(self, path: Path, errors: list[str]) -> int | None:
-        text = read_attr(path, errors)
-        if text is None:
-            return None
-        try:
-            return parse_count(text)
-        except ValueError as e:
-            errors.append(f"{path}: {e}")
-            return None
+        return read_parsed(path, parse_count, errors)
 
     def _list(self, d: Path, pattern: re.Pattern[str]) -> list[str]:
         try:

@@ -23,7 +23,7 @@ from typing import ClassVar, Mapping
 from podhealth.collectors.aer_parse import (FILES, ROOTPORT_FILES, SEVERITIES, AerCounts, Severity, device_kind,
                                             parse_aer_file, parse_hex, parse_rootport_total)
 from podhealth.collectors.base import Collection, raise_if_local, specs
-from podhealth.collectors.sysfs import read_attr
+from podhealth.collectors.sysfs import read_attr, read_parsed
 from podhealth.config import Config
 from podhealth.vocab import MetricSpec, Sample
 
@@ -110,18 +110,14 @@ class PcieAerCollector:
         for addr in names:
             per = _Read()
             for sev in SEVERITIES:
-                text = _optional(base / addr / FILES[sev], errors)
-                if text is not None:
-                    try:
-                        per.dev[sev] = parse_aer_file(text)
-                    except ValueError as e:
-                        errors.append(f"{addr}/{FILES[sev]}: {e}")
-                text = _optional(base / addr / ROOTPORT_FILES[sev], errors)
-                if text is not None:
-                    try:
-                        per.rootport[sev] = parse_rootport_total(text)
-                    except ValueError as e:
-                        errors.append(f"{addr}/{ROOTPORT_FILES[sev]}: {e}")
+                dev = read_parsed(base / addr / FILES[sev], parse_aer_file, errors,
+                                  name=f"{addr}/{FILES[sev]}", encoding="ascii")
+                if dev is not None:
+                    per.dev[sev] = dev
+                total = read_parsed(base / addr / ROOTPORT_FILES[sev], parse_rootport_total, errors,
+                                    name=f"{addr}/{ROOTPORT_FILES[sev]}", encoding="ascii")
+                if total is not None:
+                    per.rootport[sev] = total
             if per.dev or per.rootport:
                 counts[addr] = per
         funcs = {a: self._function(base, a, errors) for a in counts}

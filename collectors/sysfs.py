@@ -1,4 +1,4 @@
-"""One small sysfs attribute, read as every sysfs collector reads it (edac, pcie_aer, nvme).
+"""Small sysfs attributes, read and parsed as every sysfs collector does (edac, pcie_aer, nvme).
 
 Absent is None: the driver does not offer that file. A local fault (collectors/base.py
 LOCAL_ERRNOS) fails the whole collection, so nothing is judged from what could not be opened.
@@ -7,11 +7,14 @@ Any other error is said in the collection's errors and reads as None for that on
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from podhealth.collectors.base import raise_if_local
 
 MAX_ATTR = 4096  # a sysfs attribute is one page at most
+T = TypeVar("T")
 
 
 def read_attr(path: Path, errors: list[str], encoding: str = "utf-8") -> str | None:
@@ -24,4 +27,26 @@ def read_attr(path: Path, errors: list[str], encoding: str = "utf-8") -> str | N
     except OSError as e:
         raise_if_local(e, str(path))
         errors.append(f"{path}: {e.strerror or e}")
+        return None
+
+
+def parse_count(text: str) -> int:
+    """A count attribute (edac's ce_count, AER's aer_rootport_total_err_*): decimal digits only."""
+    t = text.strip()
+    if not re.fullmatch(r"[0-9]{1,20}", t, re.ASCII):
+        raise ValueError(f"expected a count, got {t[:40]!r}")
+    return int(t)
+
+
+def read_parsed(path: Path, parse: Callable[[str], T], errors: list[str], *, name: str = "",
+                encoding: str = "utf-8") -> T | None:
+    """read_attr, then `parse` (a pure *_parse function); text it refuses (ValueError) is said as
+    `name: why` (name: the path, unless given) and reads as None, as an unreadable file does."""
+    text = read_attr(path, errors, encoding)
+    if text is None:
+        return None
+    try:
+        return parse(text)
+    except ValueError as e:
+        errors.append(f"{name or path}: {e}")
         return None
