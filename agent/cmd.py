@@ -18,7 +18,7 @@ import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from podhealth import cliconfig, config, credentials
 from podhealth.credentials import CredentialError
@@ -26,29 +26,36 @@ from podhealth.exitcodes import EXIT_CANNOT_BIND, EXIT_USAGE
 from podhealth.hostnames import node_name_problem
 from podhealth.netaddr import parse_listen
 
+if TYPE_CHECKING:
+    from podhealth.agent.simmode import SimulatedNode, Simulator
+
 DEFAULT_SIM_NODE = "dgx01"
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]",
+               simulator: "Simulator | None" = None) -> argparse.ArgumentParser:
+    """The `agent` command; `--simulate` and its options only with a `simulator` (the CLI registers
+    the command through sim/cmd_agent.py, which passes one: agent/simmode.py)."""
     p = sub.add_parser("agent", help="run the node agent (/metrics, /healthz, collectors)",
                        description="Run the node agent: collectors on their intervals, Prometheus "
                                    "exposition on /metrics, liveness on /healthz, sd_notify under systemd.")
     cliconfig.add_option(p)
-    from podhealth.sim.state import simulated_profiles
-
-    sims = simulated_profiles()
-    p.add_argument("--simulate", choices=sims, metavar="PROFILE",
-                   help=f"run against a simulated node ({', '.join(sims)}); binds 127.0.0.1 by default")
-    p.add_argument("--sim-root", type=Path, help="directory of simulated nodes (default $PODHEALTH_SIM_DIR "
-                                                 "or /tmp/podhealth-sim-$UID)")
-    p.add_argument("--sim-no-refresh", action="store_true",
-                   help="with --simulate: leave rewriting the node's trees to another process (the "
-                        "benchmarks do, so that the agent's CPU is its own), instead of a thread here")
+    if simulator is not None:
+        sims = simulator.profiles()
+        p.add_argument("--simulate", choices=sims, metavar="PROFILE",
+                       help=f"run against a simulated node ({', '.join(sims)}); binds 127.0.0.1 by default")
+        p.add_argument("--sim-root", type=Path, help="directory of simulated nodes (default $PODHEALTH_SIM_DIR "
+                                                     "or /tmp/podhealth-sim-$UID)")
+        p.add_argument("--sim-no-refresh", action="store_true",
+                       help="with --simulate: leave rewriting the node's trees to another process (the "
+                            "benchmarks do, so that the agent's CPU is its own), instead of a thread here")
+    else:
+        p.set_defaults(simulate=None, sim_root=None, sim_no_refresh=False)
     p.add_argument("--node", help="node name (default: config node.name, else the short hostname; "
                                   f"'{DEFAULT_SIM_NODE}' when simulating)")
     p.add_argument("--listen", metavar="ADDR:PORT", help="override listen.address and listen.port")
     p.add_argument("--compat", choices=["dcgm-exporter"], help="also expose GPU series under these names")
-    p.set_defaults(func=run)
+    p.set_defaults(func=lambda args: run(args, simulator))
     return p
 
 
@@ -131,7 +138,7 @@ def _cannot_bind(agent: Any, cfg: config.Config, e: OSError) -> int:
     return EXIT_CANNOT_BIND
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, simulator: "Simulator | None" = None) -> int:
     from podhealth import log
 
     if args.sim_no_refresh and not args.simulate:
@@ -171,12 +178,13 @@ def run(args: argparse.Namespace) -> int:
     limit_malloc_arenas()
     raise_fd_limit()
     try:
-        return asyncio.run(_main(args, cfg, node or None))
+        return asyncio.run(_main(args, cfg, node or None, simulator))
     except KeyboardInterrupt:
         return 130
 
 
-async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None) -> int:
+async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None,
+                simulator: "Simulator | None") -> int:
     from podhealth import log
     from podhealth.agent.metrics import compat
     from podhealth.agent import simmode, threadnames
@@ -186,12 +194,11 @@ async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None) 
     threadnames.install()
     seams: dict[str, dict[str, Any]] = {}
     refresher: asyncio.Task[None] | None = None
-    if args.simulate:
-        from podhealth.sim.node import default_root
-
+    sim: "SimulatedNode | None" = None
+    if args.simulate and simulator is not None:
         assert node is not None
         try:
-            sim = simmode.setup(cfg, args.simulate, args.sim_root or default_root(), node)
+            sim = simulator.setup(cfg, args.simulate, args.sim_root or simulator.default_root(), node)
         except (ValueError, OSError) as e:
             return _fail(f"--simulate: {e}")
         cfg, seams = sim.cfg, sim.seams
@@ -204,7 +211,7 @@ async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None) 
                 return _fail(f"--simulate: no agent key for {node}: {e}")
             _log.info("agent key of the simulated node", node=node, file=str(credentials.user_key_dir() / f"{node}.key"))
         if not args.sim_no_refresh:
-            refresher = asyncio.get_running_loop().create_task(simmode.refresher(sim.node), name="sim-refresh")
+            refresher = asyncio.get_running_loop().create_task(simmode.refresher(sim.refresh), name="sim-refresh")
     try:
         agent = Agent(cfg, node=node, seams=seams)
     except ValueError as e:
@@ -219,7 +226,7 @@ async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None) 
                                               hostname_label=cfg.exporters.dcgm_exporter.hostname_label))
     from podhealth.agent import wiring
 
-    spool = sim.node.dir / "spool" if args.simulate else None
+    spool = sim.dir / "spool" if sim is not None else None
     wiring.install(agent, spool_dir=spool)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -3,6 +3,8 @@
 A command module exposes `add_parser(subparsers) -> argparse.ArgumentParser`; the parser's
 `func` default takes the parsed args and returns the exit code. Modules are imported when the
 CLI starts, so they keep heavy imports (pynvml, aiohttp, torch) inside their functions.
+`agent` and `profile` are registered through the simulator's modules, which give the agent's
+commands their `--simulate` (agent/simmode.py): the agent never imports the simulator.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ LOG_LEVELS = ["debug", "info", "warning", "error"]
 # name -> module; order is the order in --help.
 COMMANDS: dict[str, str] = {
     "config": "podhealth.cmd_config",
-    "agent": "podhealth.agent.cmd",
+    "agent": "podhealth.sim.cmd_agent",  # agent/cmd.py with --simulate (agent/simmode.py)
     "check": "podhealth.checks.cli.cmd_check",
     "install-units": "podhealth.cmd_install",
     "assets": "podhealth.cmd_assets",
@@ -32,7 +34,7 @@ COMMANDS: dict[str, str] = {
     "dcgm-diag": "podhealth.checks.cli.cmd_dcgm",
     "nccl": "podhealth.checks.cli.cmd_nccl",
     "perfprobe": "podhealth.checks.cli.cmd_perfprobe",
-    "profile": "podhealth.agent.cmd_profile",
+    "profile": "podhealth.sim.cmd_profile",  # agent/cmd_profile.py with --simulate
 }
 
 

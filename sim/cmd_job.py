@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def state_dir_of(node_dir: Path) -> Path:
-    """Where a simulated node's job records live (agent/simmode.py points the agent there)."""
+    """Where a simulated node's job records live (sim/agentnode.py points the agent there)."""
     return node_dir / "run" / "podhealth" / "jobs"
 
 

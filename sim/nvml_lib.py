@@ -294,7 +294,7 @@ class _Backend:
 
     def loaded_gpus(self) -> set[int]:
         """GPUs a job runs on: the records `podhealth simulate job start` writes beside the node
-        (the directory the simulated agent reads, agent/simmode.py); none when it cannot be read."""
+        (the directory the simulated agent reads, sim/agentnode.py); none when it cannot be read."""
         from podhealth.collectors import job_records
         from podhealth.sim.cmd_job import state_dir_of
 

@@ -367,18 +367,18 @@ def test_simulated_agent_attaches_its_reader_on_the_first_read_only(tmp_path: Pa
     """`podhealth agent --simulate` wiring: setting the simulator up (as `profile capture
     --simulate` does too) neither takes records from a running agent's stream nor replays old
     ones into it; the kmsg collector's first read attaches and gets the newest records."""
-    from podhealth.agent import simmode
+    from podhealth.sim import agentnode
     from podhealth.config import Config
     from podhealth.sim import nvml_lib
 
-    sim = simmode.setup(Config(), "dgx-h100", tmp_path, "n1")
+    sim = agentnode.setup(Config(), "dgx-h100", tmp_path, "n1")
     try:
         node = sim.node
         assert sim.cfg.paths.kmsg == node.kmsg_stream
         node.inject(Fault(kind="xid", injected_at=time.time(), gpu=1, code=48))
         running = KmsgDeviceReader(node.kmsg_stream, from_start=False, fifo=True)  # an agent already there
         assert node.attach_kmsg_reader(running.open, from_start=False) == ""
-        simmode.setup(Config(), "dgx-h100", tmp_path, "n1")  # another command sets the node up
+        agentnode.setup(Config(), "dgx-h100", tmp_path, "n1")  # another command sets the node up
         assert running.read(100, 1 << 20).lines == ()
         running.close()
         reader = sim.seams["kmsg"]["reader"]

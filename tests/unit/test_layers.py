@@ -19,7 +19,7 @@ MAY_IMPORT = {
     "core": set(),
     "collectors": {"core"},
     "checks": {"core", "collectors", "fencing"},  # `--drain-self` drains through the Slurm fencer
-    "agent": {"core", "collectors", "checks", "sim"},  # `agent --simulate` installs the simulated node
+    "agent": {"core", "collectors", "checks"},  # `--simulate` reaches the agent through agent/simmode.py
     "fencing": {"core"},
     "aggregator": {"core", "fencing"},
     "sim": {"core", "collectors", "checks", "agent", "fencing", "aggregator"},

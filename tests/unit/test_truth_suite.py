@@ -54,9 +54,8 @@ def _fails(results: list[CheckResult]) -> Fails:
 
 
 def judge_nvidia_smi(path: Path, tmp: Path, gpu_count: int | None = None) -> Fails:
-    from podhealth.agent import simmode
     from podhealth.checks.handover.suite import LocalCollector, run_suite
-    from podhealth.sim import nvidia_smi, nvml_lib
+    from podhealth.sim import agentnode, nvidia_smi, nvml_lib
     from podhealth.sim.node import SimNode
 
     name = "cap01"
@@ -68,7 +67,7 @@ def judge_nvidia_smi(path: Path, tmp: Path, gpu_count: int | None = None) -> Fai
     base = dataclasses.replace(
         base, checks=dataclasses.replace(base.checks, grace=0, overrides=overrides),
         collectors=dataclasses.replace(base.collectors, nfs=dataclasses.replace(base.collectors.nfs, mounts=())))
-    setup = simmode.setup(base, profile, tmp, name)
+    setup = agentnode.setup(base, profile, tmp, name)
     cfg = dataclasses.replace(setup.cfg, node=dataclasses.replace(setup.cfg.node, profile=profile))
     try:
         rep = asyncio.run(run_suite(cfg, LocalCollector(cfg, seams=setup.seams), name))
