@@ -28,9 +28,9 @@ from podhealth.collectors import nvlink_fields
 from podhealth.collectors.base import Collection, CollectorDisabled, specs
 from podhealth.collectors.nvlink_fields import Ask
 from podhealth.collectors.nvml import field_value
+from podhealth.collectors.nvml_base import SessionCollector
 from podhealth.collectors.nvml_session import (
-    ABSENT_CODES, REPROBE_EVERY, SLOW_CALL_S, Device, DeviceCalls, NvmlSession,
-    collect_with_reinit, error_text, shared,
+    ABSENT_CODES, SLOW_CALL_S, Device, DeviceCalls, NvmlSession, error_text, shared,
 )
 from podhealth.config import Config
 from podhealth.vocab import MetricSpec, Sample
@@ -92,36 +92,20 @@ def _links_known(calls: DeviceCalls) -> bool:
     return not calls.down and not any(k.startswith("link") and "_" not in k for k in calls.unreadable)
 
 
-class NvlinkCollector:
+class NvlinkCollector(SessionCollector[_DeviceState]):
     name: ClassVar[str] = "nvlink"
-    # The NVML lane: NVML collectors share a thread apart from the file readers, so a wedged GPU
-    # that hangs NVML delays no other source (collectors/runtime.py).
-    lane: ClassVar[str] = "nvml"
     metrics: ClassVar[Mapping[str, MetricSpec]] = METRICS
 
     def __init__(self, session: NvmlSession, links_expected: int, slow_call_s: float = SLOW_CALL_S,
                  batch: bool = True) -> None:
         """`batch=False` reads per link only (the equivalence tests compare the two ways)."""
-        self._session = session
-        self._slow_s = slow_call_s
         self._batch = batch
-        self._session.acquire()
         self._expected = links_expected
-        self._states: dict[int, _DeviceState] = {}
-        self._runs = 0
-
-    def close(self) -> None:
-        self._session.release()
-
-    def collect(self) -> Collection:
-        return collect_with_reinit(self._session, self._collect_once)
+        super().__init__(session, _DeviceState, slow_call_s)
 
     def _collect_once(self) -> Collection:
         _, devices = self._session.devices()
-        self._runs += 1
-        if self._runs % REPROBE_EVERY == 0:
-            for st in self._states.values():
-                st.unsupported.clear()
+        self._next_run()
         samples: list[Sample] = []
         errors: list[str] = []
         for dev in devices:
@@ -136,9 +120,7 @@ class NvlinkCollector:
         if dev.handle is None:
             why = error_text(dev.error) if dev.error is not None else "no handle"
             return out, [f"gpu {dev.index}: nvmlDeviceGetHandleByIndex: {why}"]
-        st = self._states.get(dev.index)
-        if st is None or st.generation != dev.generation:
-            st = self._states[dev.index] = _DeviceState(dev.generation)
+        st = self._state(dev)
         calls = DeviceCalls(dev, st.unsupported, self._slow_s)
         h = dev.handle
         if self._batch and "field_values" not in st.unsupported:

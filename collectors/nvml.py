@@ -17,9 +17,9 @@ from typing import Callable, ClassVar, Mapping
 import pynvml
 
 from podhealth.collectors.base import Collection, specs
+from podhealth.collectors.nvml_base import SessionCollector
 from podhealth.collectors.nvml_session import (
-    REPROBE_EVERY, SLOW_CALL_S, Device, DeviceCalls, NvmlSession, SystemInfo,
-    collect_with_reinit, error_text, shared,
+    SLOW_CALL_S, Device, DeviceCalls, NvmlSession, SystemInfo, error_text, shared,
 )
 from podhealth.config import Config
 from podhealth.vocab import MetricKind, MetricSpec, Sample
@@ -229,33 +229,17 @@ def _first(*fns: Callable[[], object]) -> object:
     return fns[-1]()
 
 
-class NvmlCollector:
+class NvmlCollector(SessionCollector[_DeviceState]):
     name: ClassVar[str] = "nvml"
-    # The NVML lane: NVML collectors share a thread apart from the file readers, so a wedged GPU
-    # that hangs NVML delays no other source (collectors/runtime.py).
-    lane: ClassVar[str] = "nvml"
     metrics: ClassVar[Mapping[str, MetricSpec]] = METRICS
 
     def __init__(self, session: NvmlSession, slow_call_s: float = SLOW_CALL_S) -> None:
-        self._session = session
-        self._slow_s = slow_call_s
-        self._session.acquire()
-        self._states: dict[int, _DeviceState] = {}
-        self._runs = 0
-
-    def close(self) -> None:
-        self._session.release()
-
-    def collect(self) -> Collection:
-        return collect_with_reinit(self._session, self._collect_once)
+        super().__init__(session, _DeviceState, slow_call_s)
 
     def _collect_once(self) -> Collection:
         count, devices = self._session.devices()
         system = self._session.system_info()
-        self._runs += 1
-        if self._runs % REPROBE_EVERY == 0:
-            for st in self._states.values():
-                st.unsupported.clear()
+        self._next_run()
         samples: list[Sample] = [Sample.of("gpu_devices", count)]
         errors: list[str] = []
         for dev in devices:
@@ -263,12 +247,6 @@ class NvmlCollector:
             samples.extend(s)
             errors.extend(e)
         return Collection(samples=tuple(samples), errors=tuple(errors))
-
-    def _state(self, dev: Device) -> _DeviceState:
-        st = self._states.get(dev.index)
-        if st is None or st.generation != dev.generation:
-            st = self._states[dev.index] = _DeviceState(dev.generation)
-        return st
 
     def _gpu(self, dev: Device, system: SystemInfo) -> tuple[list[Sample], list[str]]:
         labels = dev.identity.labels()
