@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from podhealth import log as plog
 
 from podhealth.aggregator.context import Context
+from podhealth.aggregator.lifecycle import Kind, Outcome, settle
 from podhealth.aggregator.model import FenceMode, Silence
 from podhealth.aggregator.store import Op, Store
 
@@ -124,7 +125,7 @@ async def mark_healthy(ctx: Context, node: str, reason: str, who: str) -> dict[s
         raise OverrideError(409, f"{node} has an action in flight; try again")
     now = ctx.clock()
     was = {"fence": rec.fence.value, "ladder": rec.ladder, "hold": rec.hold, "hold_reason": rec.hold_reason}
-    ops = mem.set_node(node, ladder="", ladder_at=0.0, hold=False, hold_reason="", released_at=now)
+    ops = settle(mem, node, Outcome(Kind.MARK_HEALTHY), now)
     ops.append(Store.op_audit(now, node, f"operator:{who}", "marked healthy", reason, (), json.dumps(was)))
     await ctx.commit(ops)
     log.warning("node marked healthy by an operator: the ladder is skipped", node=node, who=who, was=was)

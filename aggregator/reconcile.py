@@ -20,7 +20,7 @@ from podhealth.aggregator.model import FenceMode
 from podhealth.aggregator.overrides import drain_event_op
 from podhealth.aggregator.state import Memory
 from podhealth.aggregator.store import Op, Store
-from podhealth.aggregator.lifecycle import Move, Seen, reconcile_move
+from podhealth.aggregator.lifecycle import RECONCILED, Kind, Move, Outcome, Seen, reconcile_move, settle
 from podhealth.fencing.fence import FenceReason, FenceState, Fencer, Transient, parse_reason
 
 log = plog.get("podhealth.aggregator")
@@ -33,6 +33,9 @@ def reason_from_text(text: str, node: str) -> FenceReason:
     if r is not None:
         return dataclasses.replace(r, epoch=0)
     return FenceReason(check="reconcile", entity="node", action="DRAIN", id=slug(node))
+
+
+_STARTS_ACTION = (Move.UNDO_STALE, Move.RELEASE, Move.FENCE_AGAIN)  # a journaled release or fence
 
 
 class Reconciler:
@@ -129,26 +132,28 @@ class Reconciler:
 
     def _carry_out(self, move: Move, node: str, seen: Seen, ours: list[tuple[Fencer, FenceState]],
                    foreign: list[tuple[Fencer, FenceState]], now: float, lines: list[str]) -> list[Op]:
-        """The store's side of a reconcile move (lifecycle.reconcile_move); a fence or release
-        to make is started as a journaled action."""
+        """The store's side of a reconcile move (lifecycle.reconcile_move), settled as the
+        lifecycle's table says (RECONCILED); a fence or release to make is started as a journaled
+        action, its record's move committed with it."""
         mem, runner = self.mem, self.actions
         ops: list[Op] = []
-        if move is Move.ADOPT_UNKNOWN:
+        if seen.store is None:  # adopted or recorded as drained: the store hears of it now
             _, o = mem.ensure_node(node, now)
-            ops += o + mem.set_node(node, fence=FenceMode.FENCED, fence_reason=ours[0][1].reason, fenced_at=now)
+            ops += o
+        reason = (ours[0][1].reason if move in (Move.ADOPT, Move.ADOPT_UNKNOWN)
+                  else foreign[0][1].reason if move in (Move.RECORD_EXTERNAL, Move.TAKEN_OVER) else "")
+        settled = settle(mem, node, Outcome(RECONCILED[move], reason=reason), now)
+        if move not in _STARTS_ACTION:
+            ops += settled  # else committed with the action it starts, by the journal
+        if move is Move.ADOPT_UNKNOWN:
             lines.append(f"{node}: fenced by podhealth in {ours[0][0].name} but unknown to the store: adopted")
         elif move is Move.RECORD_EXTERNAL:
             f, st = foreign[0]
-            if seen.store is None:
-                _, o = mem.ensure_node(node, now)
-                ops += o
-            ops += mem.set_node(node, fence=FenceMode.EXTERNAL, fence_reason=st.reason)
             ops.append(drain_event_op(node, f.name, st.reason, now))
             lines.append(f"{node}: fenced by someone else in {f.name}" + (f" ({st.reason})" if seen.store else "")
                          + ": recorded as drained")
         elif move is Move.TAKEN_OVER:
             f, st = foreign[0]
-            ops += mem.set_node(node, fence=FenceMode.EXTERNAL, fence_reason=st.reason, hold=False, hold_reason="")
             ops.append(drain_event_op(node, f.name, st.reason, now))
             lines.append(f"{node}: podhealth's fence was replaced by someone else's ({st.reason}): now theirs")
         elif move is Move.UNDO_STALE:
@@ -160,26 +165,19 @@ class Reconciler:
             runner.metrics.stale_marks.inc()
             ops.append(Store.op_audit(now, node, "reconcile", "stale mark", why, (), st.reason, False))
             lines.append(f"{node}: {why}")
-            runner.spawn(runner.begin(node, "release", "reconcile", why[:200], now, None, "",
-                                      mem.set_node(node, fence=FenceMode.RELEASING)))
+            runner.spawn(runner.begin(node, "release", "reconcile", why[:200], now, None, "", settled))
         elif move is Move.RELEASE:
             lines.append(f"{node}: fenced by podhealth in {ours[0][0].name} but free in the store: releasing")
-            runner.spawn(runner.begin(node, "release", "reconcile", "store says not fenced", now, None, "",
-                                      mem.set_node(node, fence=FenceMode.RELEASING)))
+            runner.spawn(runner.begin(node, "release", "reconcile", "store says not fenced", now, None, "", settled))
         elif move is Move.ADOPT:
-            ops += mem.set_node(node, fence=FenceMode.FENCED, fence_reason=ours[0][1].reason)
             lines.append(f"{node}: fenced by podhealth in {ours[0][0].name}: adopted")
         elif move is Move.RECORD_FREE:
-            ops += mem.set_node(node, fence=FenceMode.NONE, fence_reason="")
             lines.append(f"{node}: no longer fenced by anyone: recorded as free")
         elif move is Move.FENCE_AGAIN:
-            rec = mem.nodes[node]
-            reason = reason_from_text(rec.fence_reason, node)
+            again = reason_from_text(mem.nodes[node].fence_reason, node)
             lines.append(f"{node}: fenced in the store but not in any backend: fencing again")
-            runner.spawn(runner.begin(node, "fence", "reconcile", "store says fenced", now, reason, "",
-                                      mem.set_node(node, fence=FenceMode.FENCING)))
+            runner.spawn(runner.begin(node, "fence", "reconcile", "store says fenced", now, again, "", settled))
         elif move is Move.RECORD_REMOVED:
-            ops += mem.set_node(node, fence=FenceMode.NONE, fence_reason="", hold=False, hold_reason="")
             lines.append(f"{node}: podhealth's fence was removed by someone else: recorded as free")
         return ops
 
@@ -192,5 +190,5 @@ class Reconciler:
             except Transient:
                 continue
             if not any(st.opted_out for _, st in states if st.exists):
-                await self.actions.commit(mem.set_node(rec.name, opted_out=False))
+                await self.actions.commit(settle(mem, rec.name, Outcome(Kind.OPTED_IN), self.clock()))
                 log.info("backend opt-out lifted", node=rec.name)

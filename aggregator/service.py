@@ -35,6 +35,7 @@ from podhealth.config_aggregator import AggregatorConfig
 from podhealth.config_tls import AgentTlsConfig
 from podhealth.fencing.fence import FenceReason, Fencer, render_reason
 from podhealth.aggregator.gcwatch import Freezer
+from podhealth.aggregator.lifecycle import Kind, Outcome, settle
 from podhealth.aggregator.liveness import Liveness
 from podhealth.aggregator.metrics import Metrics
 from podhealth.aggregator.model import LADDER_STEPS, BreakerState, Decision, FenceMode, FleetState, Silence
@@ -633,8 +634,7 @@ class Aggregator:
         fr = FenceReason(check="operator", entity="node", action="DRAIN", id=slug(who))
         undo = mem.checkpoint(node)
         mem.recent_fences.append(self.mono())
-        extra = mem.set_node(node, fence=FenceMode.FENCING, fence_reason=render_reason(fr), hold=True,
-                             hold_reason="fenced by an operator")
+        extra = settle(mem, node, Outcome(Kind.OPERATOR_FENCE, reason=render_reason(fr)), now)
         t = self.actions.spawn(self.actions.begin(node, "fence", f"operator:{who}", reason, now, fr, "operator",
                                                   extra, undo))
         return await self.actions.await_action(t, wait)
@@ -653,9 +653,8 @@ class Aggregator:
         if rec.fence is not FenceMode.FENCED:
             raise OperatorError(409, f"{node} has a {rec.fence.value} action in flight; try again")
         now = self.clock()
-        # The operator has seen what is open now: only a failure that starts later fences again.
         undo = mem.checkpoint(node)
-        extra = mem.set_node(node, fence=FenceMode.RELEASING, released_at=now)
+        extra = settle(mem, node, Outcome(Kind.OPERATOR_RELEASE), now)  # only later failures fence again
         t = self.actions.spawn(self.actions.begin(node, "release", f"operator:{who}", reason, now, None, "operator",
                                                   extra, undo))
         return await self.actions.await_action(t, wait)

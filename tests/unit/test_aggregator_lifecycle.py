@@ -5,9 +5,13 @@ mark)."""
 
 from __future__ import annotations
 
+import ast
 import itertools
+from pathlib import Path
 
 import pytest
+
+import podhealth.aggregator
 
 from podhealth.aggregator.lifecycle import (
     RECONCILED, Change, Illegal, IllegalMove, Kind, Move, Outcome, Seen, Stand, reconcile_move, settle, stale_mark,
@@ -248,3 +252,26 @@ def test_settle_refuses_an_illegal_move_and_changes_nothing() -> None:
     with pytest.raises(IllegalMove, match="dgx01: release_done from none"):
         settle(mem, "dgx01", Outcome(K.RELEASE_DONE), AT)
     assert rec.fence is N and mem.version == version
+
+
+# ---- settle is the one writer ----------------------------------------------------------------
+
+LIFECYCLE_FIELDS = {"fence", "fence_reason", "fenced_at", "hold", "hold_reason", "released_at", "opted_out"}
+# The action runner's executors still write their own until they return outcomes (issue 30 step 1).
+NOT_YET = ("actions.py", "actions/")
+
+
+def test_no_fence_state_is_written_outside_the_lifecycle() -> None:
+    root = Path(podhealth.aggregator.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel == "lifecycle.py" or rel.startswith(NOT_YET):
+            continue
+        for call in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
+                continue
+            if call.func.attr == "set_evacuated" or (
+                    call.func.attr == "set_node" and LIFECYCLE_FIELDS & {k.arg for k in call.keywords}):
+                found.append(f"{rel}:{call.lineno}")
+    assert found == [], "fence state written beside lifecycle.settle"
