@@ -40,6 +40,7 @@ from podhealth.sim.fleet_config import (
     AgentPlan, FencerChoice, FleetPlan, agent_config, aggregator_config, check_agent_config,
     check_aggregator_config, reboot_program, scrape_config,
 )
+from podhealth.sim.procs import alive, cmdline
 
 MAX_NODES = 256
 HOME = "_fleet"
@@ -423,13 +424,13 @@ def _claim(plan: FleetPlan) -> None:
     me = run / "fleet.pid"
     with contextlib.suppress(OSError, ValueError):
         pid = int(me.read_text().strip())
-        if pid != os.getpid() and _alive(pid) and "simulate" in _cmdline(pid) and "fleet" in _cmdline(pid):
+        if pid != os.getpid() and alive(pid) and "simulate" in cmdline(pid) and "fleet" in cmdline(pid):
             raise FleetError(f"a fleet is already running on {plan.root} (pid {pid}); stop it first")
     marker = str(plan.root)
     for pidfile in run.glob("*.pid"):
         with contextlib.suppress(OSError, ValueError):
             pid = int(pidfile.read_text().strip())
-            if pid > 1 and pid != os.getpid() and _alive(pid) and marker in _cmdline(pid):
+            if pid > 1 and pid != os.getpid() and alive(pid) and marker in cmdline(pid):
                 _kill_group(pid)
         with contextlib.suppress(OSError):
             pidfile.unlink()
@@ -448,7 +449,7 @@ def _sweep_slurm(root: Path) -> None:
     for pidfile in (root / "run").glob("*.pid"):
         with contextlib.suppress(OSError, ValueError):
             pid = int(pidfile.read_text().strip())
-            if pid > 1 and _alive(pid) and str(root) in _cmdline(pid):
+            if pid > 1 and alive(pid) and str(root) in cmdline(pid):
                 _kill_group(pid)
     shutil.rmtree(root, ignore_errors=True)
 
@@ -461,25 +462,10 @@ def _kill_group(pid: int) -> None:
             else:
                 os.kill(pid, sig)
         deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and alive(pid):
             time.sleep(0.05)
-        if not _alive(pid):
+        if not alive(pid):
             return
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _answers(url: str, timeout: float = 1.0) -> bool:

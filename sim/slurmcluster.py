@@ -1,7 +1,8 @@
 """A throwaway loopback Slurm cluster: private munged + slurmctld + one slurmd per fake node.
 
 Used by `podhealth simulate fleet`, bench/ and the tests (tests/harness/slurm.py re-exports it
-and adds the pytest fixture), so it imports only the standard library.
+and adds the pytest fixture), so it imports only the standard library (and sim/procs.py, which
+does too).
 
     with SlurmCluster(nodes=4) as c:
         subprocess.run(["sinfo"], env=c.env, timeout=10)
@@ -29,6 +30,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
+
+from podhealth.sim.procs import alive, cmdline, stat_fields
 
 BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "srun")
 _SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the NUL
@@ -58,22 +61,14 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def kill_pid(pid: int, timeout: float = 5.0) -> None:
     """SIGTERM, wait, then SIGKILL one process we started (never a name-based kill)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and alive(pid):
         time.sleep(0.02)
-    if _alive(pid):
+    if alive(pid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
 
@@ -435,11 +430,7 @@ class SlurmCluster:
 
     def _is_ours(self, pid: int) -> bool:
         """A pid from a pidfile in our directory is only killed if its command line names our root."""
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            return False
-        return str(self.root) in cmdline
+        return str(self.root) in cmdline(pid)
 
 
 def _session_members(sid: int) -> list[int]:
@@ -451,10 +442,8 @@ def _members_of_sessions(sids: set[int]) -> list[int]:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+        fields = stat_fields(entry.name)
+        if fields is None:
             continue
         # fields after the comm: state ppid pgrp session ...
         if len(fields) > 3 and int(fields[3]) in sids and fields[0] != "Z":
@@ -474,11 +463,10 @@ def _ancestors() -> set[int]:
     pid = os.getpid()
     while pid > 1 and pid not in out:
         out.add(pid)
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
+        fields = stat_fields(pid)
+        if fields is None or len(fields) < 2 or not fields[1].isdigit():
             break
+        pid = int(fields[1])
     return out
 
 
@@ -494,12 +482,12 @@ def kill_env_holders(entry: bytes, timeout: float = 5.0) -> list[int]:
                 env = f.read().split(b"\0")
         except OSError:
             continue
-        if entry in env and _alive(int(d.name)):
+        if entry in env and alive(int(d.name)):
             pids.append(int(d.name))
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
     return pids
