@@ -41,3 +41,19 @@ class Replicas:
                         next=self.url)
             status, answer = await send(self.url)
         return status, answer
+
+
+class PushesToReplicas:
+    """The `url` of a sender that pushes through its `replicas` (the heartbeat, the publisher)."""
+
+    replicas: Replicas
+
+    @property
+    def url(self) -> str:
+        """The replica delivering now (the first listed until one fails)."""
+        return self.replicas.url
+
+    @url.setter
+    def url(self, value: str) -> None:
+        """One full URL to push to (tests point an existing object at a server they started)."""
+        self.replicas = Replicas([value], "")

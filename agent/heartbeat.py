@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable
 import aiohttp
 
 from podhealth import httpclient, log as plog
-from podhealth.agent.failover import Replicas
+from podhealth.agent.failover import PushesToReplicas, Replicas
 from podhealth.agent.metrics.family import Family
 from podhealth.agent.sequence import Sequencer
 from podhealth.agent.sink import Sink
@@ -69,7 +69,7 @@ class HeartbeatStats:
     failures: int = 0  # heartbeats that did not get through (the next one tries again)
 
 
-class Heartbeat(Sink):
+class Heartbeat(Sink, PushesToReplicas):
     name = "heartbeat"
 
     def __init__(self, cfg: PublishConfig, clock: Callable[[], float] = time.monotonic,
@@ -197,15 +197,6 @@ class Heartbeat(Sink):
             except (ValueError, RecursionError):
                 return r.status, text[:500]
         return await self.replicas.post(send)
-
-    @property
-    def url(self) -> str:
-        return self.replicas.url
-
-    @url.setter
-    def url(self, value: str) -> None:
-        """One full URL to push to (tests point an existing object at a server they started)."""
-        self.replicas = Replicas([value], "")
 
 
 def session(tls: ssl.SSLContext | None) -> aiohttp.ClientSession:

@@ -34,7 +34,7 @@ import aiohttp
 
 from podhealth import httpclient, log as plog
 from podhealth.backoff import Backoff
-from podhealth.agent.failover import Replicas
+from podhealth.agent.failover import PushesToReplicas, Replicas
 from podhealth.agent.heartbeat import session
 from podhealth.agent.metrics.family import Family
 from podhealth.agent.sequence import Sequencer
@@ -93,7 +93,7 @@ class PublisherStats:
     repaired: int = 0  # half-written spool files cut back or removed
 
 
-class Publisher(Sink):
+class Publisher(Sink, PushesToReplicas):
     """As the agent's sink: transitions and events are spooled as they come; `report()` (the
     node report, None before the first judgement) is spooled after each burst of transitions."""
 
@@ -512,16 +512,6 @@ class Publisher(Sink):
                 self._retry_after = _seconds(r.header("Retry-After"))
             return r.status, r.body[:500].decode(errors="replace")
         return await self.replicas.post(send)
-
-    @property
-    def url(self) -> str:
-        """The replica delivering now (the first listed until one fails)."""
-        return self.replicas.url
-
-    @url.setter
-    def url(self, value: str) -> None:
-        """One full URL to push to (tests point an existing object at a server they started)."""
-        self.replicas = Replicas([value], "")
 
     async def _deliver(self, recs: list[dict[str, Any]]) -> bool:
         recs = [r for r in recs if r.get("id") not in self._rejected_ids]  # already kept aside
