@@ -20,7 +20,7 @@ supports) is learned once and re-probed every REPROBE_EVERY collections.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Mapping
+from typing import Callable, ClassVar, Iterable, Mapping
 
 import pynvml
 
@@ -92,6 +92,34 @@ def _links_known(calls: DeviceCalls) -> bool:
     return not calls.down and not any(k.startswith("link") and "_" not in k for k in calls.unreadable)
 
 
+def _link_samples(calls: DeviceCalls, gpu: dict[str, object], links: Iterable[int],
+                  state_of: Callable[[int], float | None],
+                  counter_of: Callable[[int, str, int], float | None]) -> tuple[list[Sample], int]:
+    """nvlink_up and nvlink_errors per link that has a state, in link order, then nvlink_links_up
+    when known; and the count of links up. Both paths (batch, per link) read through this, so
+    they give the same samples; they differ only in where a state or counter comes from."""
+    out: list[Sample] = []
+    up = 0
+    for n in links:
+        state = state_of(n)
+        if state is None:
+            continue
+        active = int(state == pynvml.NVML_FEATURE_ENABLED)
+        up += active
+        out.append(Sample.of("nvlink_up", active, link=n, **gpu))
+        for name, counter in ERROR_COUNTERS:
+            v = counter_of(n, name, counter)
+            if v is not None:
+                out.append(Sample.of("nvlink_errors", v, link=n, type=name, **gpu))
+    if _links_known(calls):
+        out.append(Sample.of("nvlink_links_up", up, **gpu))
+    return out, up
+
+
+def _counter_call(calls: DeviceCalls, h: object, link: int, name: str, counter: int) -> int | None:
+    return calls.get(f"link{link}_{name}", lambda: pynvml.nvmlDeviceGetNvLinkErrorCounter(h, link, counter))
+
+
 class NvlinkCollector(SessionCollector[_DeviceState]):
     name: ClassVar[str] = "nvlink"
     metrics: ClassVar[Mapping[str, MetricSpec]] = METRICS
@@ -127,22 +155,11 @@ class NvlinkCollector(SessionCollector[_DeviceState]):
             got = self._batched(calls, h, gpu, st)
             if got is not None:
                 return out + got, calls.errors
-        up = 0
-        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
-            state = calls.get(f"link{link}", lambda n=link: pynvml.nvmlDeviceGetNvLinkState(h, n),
-                              absent=NO_SUCH_LINK)
-            if state is None:
-                continue
-            active = int(state == pynvml.NVML_FEATURE_ENABLED)
-            up += active
-            out.append(Sample.of("nvlink_up", active, link=link, **gpu))
-            for name, counter in ERROR_COUNTERS:
-                v = calls.get(f"link{link}_{name}",
-                              lambda n=link, c=counter: pynvml.nvmlDeviceGetNvLinkErrorCounter(h, n, c))
-                if v is not None:
-                    out.append(Sample.of("nvlink_errors", v, link=link, type=name, **gpu))
-        if _links_known(calls):
-            out.append(Sample.of("nvlink_links_up", up, **gpu))
+        links, up = _link_samples(
+            calls, gpu, range(pynvml.NVML_NVLINK_MAX_LINKS),
+            lambda n: calls.get(f"link{n}", lambda: pynvml.nvmlDeviceGetNvLinkState(h, n), absent=NO_SUCH_LINK),
+            lambda n, name, c: _counter_call(calls, h, n, name, c))
+        out += links
         if up:
             out += self._throughput(calls, h, gpu)
         return out, calls.errors
@@ -203,25 +220,10 @@ class NvlinkCollector(SessionCollector[_DeviceState]):
     def _samples(self, calls: DeviceCalls, h: object, gpu: dict[str, object], links: list[int],
                  got: dict[str, float], per_call: list[tuple[int, str, int]]) -> list[Sample]:
         """The batch's answers as samples, in the per-link path's order."""
-        extra = {(n, name): c for n, name, c in per_call}
-        out: list[Sample] = []
-        up = 0
-        for n in links:
-            state = got.get(f"link{n}")
-            if state is None:
-                continue
-            active = int(state == pynvml.NVML_FEATURE_ENABLED)
-            up += active
-            out.append(Sample.of("nvlink_up", active, link=n, **gpu))
-            for name, _ in ERROR_COUNTERS:
-                v = got.get(f"link{n}_{name}")
-                if (n, name) in extra:
-                    v = calls.get(f"link{n}_{name}", lambda n=n, c=extra[(n, name)]:
-                                  pynvml.nvmlDeviceGetNvLinkErrorCounter(h, n, c))
-                if v is not None:
-                    out.append(Sample.of("nvlink_errors", v, link=n, type=name, **gpu))
-        if _links_known(calls):
-            out.append(Sample.of("nvlink_links_up", up, **gpu))
+        extra = {(n, name) for n, name, _ in per_call}  # no field id: asked per link, as the other path
+        out, up = _link_samples(
+            calls, gpu, links, lambda n: got.get(f"link{n}"),
+            lambda n, name, c: _counter_call(calls, h, n, name, c) if (n, name) in extra else got.get(f"link{n}_{name}"))
         if up:
             for metric, _ in THROUGHPUT_FIELDS:
                 if metric in got:
