@@ -98,19 +98,24 @@ def _obj(v: Any, where: str) -> Mapping[str, Any]:
     return v
 
 
+def _objects(d: Mapping[str, Any], key: str, limit: int) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Each object of the list body.<key> (absent: none; at most `limit`), with where it stands."""
+    items = d.get(key, [])
+    if not isinstance(items, list) or len(items) > limit:
+        raise BadPerf(f"body.{key}: expected a list of at most {limit}")
+    for i, item in enumerate(items):
+        where = f"{key}[{i}]"
+        yield where, _obj(item, where)
+
+
 def parse(obj: Any, max_probes: int) -> PerfPost:
     d = _obj(obj, "body")
     node = _name(d, "node", "body")
     problem = node_name_problem(node)
     if problem:
         raise BadPerf(f"body.node: {problem}")
-    raw = d.get("probes", [])
-    if not isinstance(raw, list) or len(raw) > max_probes:
-        raise BadPerf(f"body.probes: expected a list of at most {max_probes}")
     probes = []
-    for i, p in enumerate(raw):
-        where = f"probes[{i}]"
-        p = _obj(p, where)
+    for where, p in _objects(d, "probes", max_probes):
         metric = p.get("metric")
         if metric not in METRICS:
             raise BadPerf(f"{where}.metric: expected one of {', '.join(METRICS)}")
@@ -137,13 +142,8 @@ def parse(obj: Any, max_probes: int) -> PerfPost:
                               _number(g, "sm_clock_mhz", where), tuple(thr), _number(g, "nvlink_gbs", where),
                               _number(g, "ib_gbs", where) if "ib_gbs" in g else None))
         job = JobPost(_name(j, "id", "body.job"), _name(j, "owner", "body.job", empty=True), tuple(obs))
-    raw_passive = d.get("passive", [])
-    if not isinstance(raw_passive, list) or len(raw_passive) > max_probes:
-        raise BadPerf(f"body.passive: expected a list of at most {max_probes}")
     passive = []
-    for i, p in enumerate(raw_passive):
-        where = f"passive[{i}]"
-        p = _obj(p, where)
+    for where, p in _objects(d, "passive", max_probes):
         v = p.get("value")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise BadPerf(f"{where}.value: expected a finite number")

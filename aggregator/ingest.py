@@ -32,7 +32,7 @@ import math
 import operator
 import re
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Literal, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Iterator, Literal, Mapping
 
 import msgspec
 import orjson
@@ -125,6 +125,16 @@ def _obj(v: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(v, dict):
         raise BadRequest(f"{where}: expected an object")
     return v
+
+
+def _objects(d: Mapping[str, Any], key: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Each object of the list body.<key>, with where it stands (for messages)."""
+    items = d.get(key)
+    if not isinstance(items, list):
+        raise BadRequest(f"body.{key}: expected a list")
+    for i, item in enumerate(items):
+        where = f"{key}[{i}]"
+        yield where, _obj(item, where)
 
 
 def _str(d: Mapping[str, Any], key: str, where: str, *, default: str | None = None, limit: int = MAX_NAME) -> str:
@@ -358,13 +368,8 @@ def _read_typed(raw: bytes) -> ParsedReport | Lease | None:
 def parse_events(obj: Any) -> EventBatch:
     d = _obj(obj, "body")
     node = _node(d, "body")
-    events = d.get("events")
-    if not isinstance(events, list):
-        raise BadRequest("body.events: expected a list")
     out: list[WireEvent] = []
-    for i, e in enumerate(events):
-        where = f"events[{i}]"
-        e = _obj(e, where)
+    for where, e in _objects(d, "events"):
         eid = _str(e, "id", where, limit=MAX_ID)
         etype = e.get("type")
         if etype not in _EVENT_TYPES:
@@ -404,13 +409,8 @@ _AM_SEVERITY = {"critical": "critical", "page": "critical", "error": "critical",
 def parse_alertmanager(obj: Any, now: float, parse_time: Callable[[str], float | None]) -> list[AlertObservation]:
     """Alerts with a `node` label; the rest are ignored (a site's rules need not all be about nodes)."""
     d = _obj(obj, "body")
-    alerts = d.get("alerts")
-    if not isinstance(alerts, list):
-        raise BadRequest("body.alerts: expected a list")
     out: list[AlertObservation] = []
-    for i, a in enumerate(alerts):
-        where = f"alerts[{i}]"
-        a = _obj(a, where)
+    for where, a in _objects(d, "alerts"):
         labels = _obj(a.get("labels", {}), f"{where}.labels")
         if "node" not in labels:
             continue
