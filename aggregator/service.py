@@ -1,7 +1,7 @@
 """The aggregator's lifecycle and wiring: open the store, build the parts, run the loops.
 
 The parts, each its own module (none imports this one):
-- actions.py   ActionRunner: journal first, then fences/releases/handovers/ladder steps; the one retrier
+- actions/     ActionRunner: journal first, then fences/releases/handovers/ladder steps; the one retrier
 - reconcile.py Reconciler: restart recovery of the journal, reconcile with the fencers, opt-outs
 - liveness.py  Liveness: agent pull, silence -> UNKNOWN -> unreachable
 - views.py     the JSON the API and the UI show

@@ -2,8 +2,8 @@
 
 Every loop that tries something again after a failure takes its wait from here: the publisher's
 sends and spool flushes, the InfluxDB export, and the aggregator's retries of a fencer call and of
-a pending action (aggregator/actions.py). Callers count their own failures (`n`, 0 for the first
-wait) and reset the count on success; the policy itself holds no state.
+a pending action (aggregator/actions/journal.py). Callers count their own failures (`n`, 0 for
+the first wait) and reset the count on success; the policy itself holds no state.
 """
 
 from __future__ import annotations

@@ -1,0 +1,99 @@
+"""The remediation ladder's rungs: reset one GPU through the node's agent, reboot through the
+schedulers, or hand the node to repair. A reset or reboot carried out is verified by the
+handover suite within ladder.verify_within; one that cannot be is a failed attempt."""
+
+from __future__ import annotations
+
+from podhealth import agentclient, httpclient
+
+from podhealth.aggregator.actions.ctx import Ctx
+from podhealth.aggregator.actions.journal import Marked, Pending
+from podhealth.aggregator.policy import gpu_index
+from podhealth.aggregator.store import Op, Store
+from podhealth.fencing.fence import Refused, Remediator, Transient, render_reason
+
+
+async def step_failed(p: Pending, error: str, ctx: Ctx) -> None:
+    """A reset/reboot that could not be carried out: a failed attempt (the next rung, or REPAIR)."""
+    now = ctx.clock()
+    ctx.mem.ladder_failed(p.node, now)
+    await ctx.journal.finish(p, "failed", error, ctx.mem.set_node(p.node, ladder="", ladder_at=now))
+
+
+async def _step_done(p: Pending, result: str, ops: list[Op], ctx: Ctx) -> None:
+    """Carried out: the node is verified by the handover suite within ladder.verify_within."""
+    now = ctx.clock()
+    await ctx.journal.finish(p, "done", result, ops + [Store.op_action_outcome(p.id, "verifying", now)]
+                             + ctx.mem.set_node(p.node, ladder="verifying", ladder_at=now, handover="",
+                                                handover_at=0.0))
+
+
+async def reset(p: Marked, ctx: Ctx) -> None:
+    """Ask the node's agent to reset one GPU (POST /v1/gpu-reset, the agent token). The agent
+    refuses (409) while processes use the GPU: that is "later", not a failed attempt."""
+    rec = ctx.mem.nodes[p.node]
+    gpu = gpu_index(p.rule or p.reason.entity)
+    if not rec.agent_url or gpu is None:
+        raise Refused("no agent_url to ask for the reset" if gpu is not None
+                      else f"no single GPU to reset in {p.rule!r}")
+    url = rec.agent_url.rstrip("/") + "/v1/gpu-reset"
+    if ctx.cfg.dry_run:  # a dry run touches nothing, not even through the agent
+        await _step_done(p, f"would reset GPU {gpu} (dry run)", [Store.op_audit(
+            ctx.clock(), p.node, p.who, "gpu reset via agent (dry run)", p.why, ("POST", url, f"gpu={gpu}"),
+            "would reset (dry run)")], ctx)
+        return
+    try:
+        reply = await ctx.ask_agent(p.node, url, {"gpu": gpu, "reason": p.why}, ctx.cfg.ladder.reset_timeout)
+        body, status = reply.body.decode(errors="replace")[:2000], reply.status
+    except agentclient.Unproven as e:  # whatever answered is not the node's agent: try later
+        raise Transient(f"POST {url}: answer not proven: {e}") from None
+    except httpclient.ExchangeError as e:
+        raise Transient(f"POST {url}: {e.kind}: {e}") from None
+    audit = Store.op_audit(ctx.clock(), p.node, p.who, "gpu reset via agent", p.why, ("POST", url, f"gpu={gpu}"),
+                           f"HTTP {status}: {body}", status == 200, p.id)
+    if status == 200:
+        await _step_done(p, f"GPU {gpu} reset: {body}", [audit], ctx)
+        return
+    await ctx.journal.commit([audit])
+    if status in (409, 503):  # processes use the GPU / the agent cannot tell yet: try later
+        raise Transient(f"agent: HTTP {status}: {body}")
+    raise Refused(f"agent: HTTP {status}: {body}")
+
+
+async def reboot(p: Marked, ctx: Ctx) -> None:
+    """Reboot through each scheduler that knows the node (Slurm's RebootProgram, the Kubernetes
+    reboot annotation); the node stays fenced until the handover suite passes."""
+    ops: list[Op] = []
+    asked = 0
+    for f, st in await ctx.read_all(p.node):
+        if not isinstance(f, Remediator) or not st.exists:
+            continue
+        target = ctx.target(f, p.node)
+        reason = ctx.marked(p.reason)
+        o = await ctx.journal.call(f, f"{f.name} reboot {target}", lambda f=f, t=target: f.reboot(t, reason))  # type: ignore[misc]
+        ops.append(ctx.audit_outcome(p, f, "reboot", o))
+        if not o.ok:
+            await ctx.journal.commit(ops)
+            raise Refused(f"{f.name} reboot {target}: {o.error or o.output}")
+        asked += 1
+    if not asked:
+        await ctx.journal.commit(ops)
+        raise Refused("no fencer that knows the node can reboot it")
+    await _step_done(p, f"reboot requested from {asked} scheduler(s)", ops, ctx)
+
+
+async def repair(p: Marked, ctx: Ctx) -> None:
+    """Put the REPAIR reason on podhealth's fence in every backend (best effort: the hold and
+    the repair queue are in the store either way)."""
+    ops: list[Op] = []
+    for f, st in await ctx.read_all(p.node):
+        if not isinstance(f, Remediator) or not (st.exists and st.fenced and st.ours):
+            continue
+        target = ctx.target(f, p.node)
+        reason = ctx.marked(p.reason)
+        o = await ctx.journal.call(f, f"{f.name} remark {target}", lambda f=f, t=target: f.remark(t, reason))  # type: ignore[misc]
+        ops.append(ctx.audit_outcome(p, f, "repair reason", o))
+    await ctx.journal.finish(p, "done", f"handed to repair: {render_reason(p.reason)}", ops)
+
+
+__all__ = ["reboot", "repair", "reset", "step_failed"]

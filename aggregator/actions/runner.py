@@ -1,0 +1,299 @@
+"""The action runner: from decide()'s plan to actions, journal first (journal.py), each carried out
+by its kind's executor (one file per kind), one at a time per node and MAX_CONCURRENT_ACTIONS at
+once. It owns the planned ladder rung and what an operator's request waits for."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable, Sequence
+
+import aiohttp
+
+from podhealth import log as plog
+
+from podhealth.config_aggregator import AggregatorConfig
+from podhealth.aggregator.actions import evacuate, fence, handover, jobs, ladder, release
+from podhealth.aggregator.actions.ctx import Ctx
+from podhealth.aggregator.actions.journal import Journal, Marked, NotLeader, OperatorError, Pending
+from podhealth.aggregator.context import Context
+from podhealth.aggregator.metrics import Metrics
+from podhealth.aggregator.model import LADDER_STEPS, FenceMode, Planned
+from podhealth.aggregator.state import Checkpoint, Memory
+from podhealth.aggregator.store import ActionStart, Op, Store
+from podhealth.aggregator.writer import Writer
+from podhealth.fencing.fence import (
+    BatchFencer, FenceReason, Fencer, Refused, Transient, parse_reason, render_reason, repair_reason,
+)
+
+log = plog.get("podhealth.aggregator")
+FAILED_FENCE_COOLDOWN = 600.0  # a fence that failed for good is not planned again for this long
+# A reset/reboot whose agent or scheduler keeps not answering fails (a failed attempt on the
+# ladder) after this many postponements, instead of holding its node's rung forever.
+STEP_POSTPONEMENTS = 10
+MAX_CONCURRENT_ACTIONS = 32
+
+# kind -> its executor: those of MARKED take a Marked (the reason they write into the mark)
+MARKED: dict[str, Callable[[Marked, Ctx], Awaitable[None]]] = {"fence": fence.run, "reset_gpu": ladder.reset,
+                                                                 "reboot": ladder.reboot, "repair": ladder.repair}
+PLAIN: dict[str, Callable[[Pending, Ctx], Awaitable[None]]] = {"release": release.run, "handover": handover.run,
+                                                               "evacuate": evacuate.run}
+
+
+def slug(text: str) -> str:
+    return "".join(ch for ch in text if ch.isalnum() or ch in "-_.")[:16] or "operator"
+
+
+def _retrieve(t: "asyncio.Task[Any]") -> None:
+    """An unrecorded action was logged where it happened (and an operator gets its 503); any
+    other failure is logged here, once, instead of by asyncio at exit."""
+    if t.cancelled():
+        return
+    e = t.exception()
+    if e is not None and not isinstance(e, OperatorError):
+        log.error("action task failed", error=f"{type(e).__name__}: {e}")
+
+
+class ActionRunner:
+    """Records and carries out actions: one at a time per node, MAX_CONCURRENT_ACTIONS at once."""
+
+    def __init__(self, cfg: AggregatorConfig, fencers: Sequence[Fencer], context: Callable[[], Context], writer: Writer,
+                 metrics: Metrics, session: aiohttp.ClientSession, *, clock: Callable[[], float],
+                 mono: Callable[[], float], acting: Callable[[], bool], epoch: Callable[[], int | None],
+                 depose: Callable[[str], Awaitable[None]] | None, poke: Callable[[], None],
+                 evidence: Callable[[str, int], Awaitable[object]]) -> None:
+        """`acting`/`epoch`/`depose`: the replica's lead (depose None: a single aggregator, no
+        epochs); `poke` wakes the decide loop; `evidence` fetches a fenced node's bundle."""
+        self.cfg = cfg
+        self.fencers = list(fencers)
+        self._context = context  # the current one: a takeover builds a new one (aggregator/context.py)
+        self.writer = writer
+        self.metrics = metrics
+        self.mono = mono
+        self.epoch = epoch
+        self.evidence = evidence
+        self.journal = journal = Journal(cfg, context, writer, metrics, clock=clock, acting=acting, epoch=epoch,
+                                         depose=depose, poke=poke)
+        self.ctx = Ctx(cfg, self.fencers, journal, metrics, session, context, clock=clock, mono=mono,
+                       acting=acting, epoch=epoch, after_fence=self._after_fence,
+                       release_after_handover=self.release_after_handover)
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._sem = asyncio.Semaphore(MAX_CONCURRENT_ACTIONS)
+        # What reconcile and the service use of the journal (the one retrier among them) and of
+        # the executors' context.
+        self.commit, self.commit_journal, self.finish = journal.commit, journal.commit_journal, journal.finish
+        self.call, self.target, self.read_all = journal.call, self.ctx.target, self.ctx.read_all
+
+    @property
+    def pending(self) -> dict[int, Pending]:
+        return self.journal.pending
+
+    @property
+    def mem(self) -> Memory:  # the current takeover's mirror (read through the context, never kept)
+        return self._context().mem
+
+    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        t = asyncio.ensure_future(coro)
+        self.tasks.add(t)
+        t.add_done_callback(self.tasks.discard)
+        t.add_done_callback(_retrieve)
+        return t
+
+    async def cancel_all(self) -> None:
+        """Stop every action in flight; what was recorded stays pending in the journal."""
+        tasks = list(self.tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def begin(self, node: str, kind: str, who: str, why: str, now: float, reason: FenceReason | None,
+                    rule: str, extra: list[Op], undo: Checkpoint | None = None) -> Pending:
+        """Record the action as pending (durably) and only then carry it out."""
+        [p] = await self.journal.begin([ActionStart(node, kind, who, why, now, reason, rule, self.cfg.dry_run,
+                                                    tuple(extra))], undo)
+        await self.execute(p)
+        return p
+
+    async def await_action(self, t: "asyncio.Task[Any]", wait: float) -> dict[str, Any]:
+        """What an operator's request answers: the result, or that it is still pending."""
+        try:
+            p: Pending = await asyncio.wait_for(asyncio.shield(t), wait)
+        except asyncio.TimeoutError:
+            return {"state": "pending", "result": "still running; see the node's history"}
+        if p.done.is_set():
+            return p.result
+        return {"id": p.id, "node": p.node, "kind": p.kind, "state": "pending", "result": "will be retried"}
+
+    # ---- from a decision to actions ------------------------------------------------------------
+
+    def act(self, actions: Sequence[Planned], now: float, undo: Checkpoint | None) -> None:
+        """Start what decide() planned: notes at once, every fence of the decision in one
+        transaction and one batch for the fencers, the rest each on its own."""
+        fences: list[ActionStart] = []
+        for a in actions:
+            start = self._dispatch(a, now, undo)
+            if start is not None:
+                fences.append(start)
+        if len(fences) == 1:
+            f = fences[0]
+            self.spawn(self.begin(f.node, f.kind, f.who, f.why, now, f.reason, f.rule, list(f.extra), undo))
+        elif fences:
+            self.spawn(self.begin_fences(fences, undo))
+
+    def _dispatch(self, a: Planned, now: float, undo: Checkpoint | None = None) -> ActionStart | None:
+        """Carry out a notify or a handover; a fence comes back to be recorded with the others
+        of this decision (one transaction, one batch for the fencers)."""
+        mem = self.mem
+        if a.kind == "notify":
+            assert a.condition is not None
+            c = mem.conditions.get(a.condition)
+            ops = mem.mark_notified(a.condition)
+            if c is not None:
+                log.warning("node condition", node=a.node, check=c.check, entity=c.entity, status=c.status.value,
+                            action=c.action.value, summary=c.summary)
+                ops.append(Store.op_audit(now, a.node, "podhealth", "notify", a.why))
+            self.metrics.actions.labels("notify", "done").inc()
+            self.writer.write_nowait(ops)
+            return None
+        if a.kind == "fence":
+            assert a.reason is not None
+            failed = self.ctx.fence_failed.get(a.node)
+            if failed is not None and self.mono() - failed < FAILED_FENCE_COOLDOWN:
+                return None  # it failed for good a moment ago: do not fill the audit log with retries
+            mem.recent_fences.append(self.mono())
+            extra = mem.set_node(a.node, fence=FenceMode.FENCING, fence_reason=render_reason(a.reason), hold=False,
+                                 hold_reason="")
+            return ActionStart(a.node, "fence", "policy", a.why, now, a.reason, a.rule, self.cfg.dry_run, tuple(extra))
+        if a.kind == "handover":
+            self.spawn(self.begin(a.node, "handover", "policy", a.why, now, None, "",
+                                  mem.set_node(a.node, handover="running", handover_at=now), undo))
+        if a.kind in LADDER_STEPS or a.kind == "repair":
+            self._ladder_step(a, now, undo)
+        if a.kind == "evacuate" and a.node not in self.journal.evacuating and not any(
+                p.node == a.node and p.kind == "evacuate" for p in self.pending.values()):  # one recovered at start
+            self.journal.evacuating.add(a.node)  # until it is finished: decide() plans it again meanwhile
+            self.spawn(self.begin(a.node, "evacuate", "policy", a.why, now, None, "force" if a.force else "", [],
+                                  undo))
+        return None
+
+    def _ladder_step(self, a: Planned, now: float, undo: Checkpoint | None) -> None:
+        """Record and start a rung: a reset or reboot (the node is `acting` until it is carried
+        out), or REPAIR (held for an operator, with the distinct reason, never retried)."""
+        mem = self.mem
+        rec = mem.nodes[a.node]
+        ops: list[Op] = []
+        if a.failed_verify:  # the attempt being verified ran out of time: a failed attempt
+            ops.append(Store.op_ladder_outcome(
+                a.node, "failed", now, f"the node did not pass the handover suite within {self.cfg.ladder.verify_within:g} s"))
+            mem.ladder_failed(a.node, now)
+        reason = parse_reason(rec.fence_reason) or FenceReason("ladder", "node", "REBOOT", slug(a.node))
+        if a.kind == "repair":
+            reason = repair_reason(reason)
+            why = f"REPAIR: {a.why}"
+            ops += mem.set_node(a.node, ladder="repair", ladder_at=now, hold=True, hold_reason=why,
+                                fence_reason=render_reason(reason))
+            self.metrics.repairs.inc()
+            log.error("node handed to repair: no more automatic remediation", node=a.node, why=a.why)
+        else:
+            mem.recent_steps.append(self.mono())
+            ops += mem.set_node(a.node, ladder="acting", ladder_at=now)
+        self.spawn(self.begin(a.node, a.kind, "policy", a.why, now, reason, a.entity, ops, undo))
+
+    # ---- executing actions -------------------------------------------------------------------
+
+    def lock(self, node: str) -> asyncio.Lock:
+        return self._locks.setdefault(node, asyncio.Lock())
+
+    async def execute(self, p: Pending) -> None:
+        async with self.lock(p.node), self._sem:
+            try:
+                if isinstance(p, Marked) and p.kind in MARKED:
+                    await MARKED[p.kind](p, self.ctx)
+                elif p.kind in PLAIN:
+                    await PLAIN[p.kind](p, self.ctx)
+                elif p.kind in MARKED:  # a fence or step whose reason the journal lost (an edited database)
+                    raise Refused(f"no reason recorded for this {p.kind}")
+            except Transient as e:
+                if p.kind in LADDER_STEPS and p.attempts + 1 >= STEP_POSTPONEMENTS:
+                    await ladder.step_failed(p, f"{e} (gave up after {p.attempts + 1} tries)", self.ctx)
+                else:
+                    await self.journal.postpone(p, str(e))
+            except NotLeader as e:
+                log.warning("action left pending for the leader", id=p.id, node=p.node, kind=p.kind, why=str(e))
+            except Refused as e:
+                ops: list[Op] = []
+                if p.kind == "fence":
+                    self.ctx.fence_failed[p.node] = self.mono()
+                    ops = self.mem.set_node(p.node, fence=FenceMode.NONE, fence_reason="")
+                elif p.kind == "release":
+                    ops = self.mem.set_node(p.node, fence=FenceMode.FENCED)
+                elif p.kind in LADDER_STEPS:
+                    await ladder.step_failed(p, str(e), self.ctx)
+                    return
+                elif p.kind == "evacuate":  # not planned again for this fence: the audit log says why
+                    self.mem.set_evacuated(p.node, "failed")
+                await self.journal.finish(p, "failed", str(e), ops)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a bug must not lose the pending record
+                log.exception("action failed unexpectedly", id=p.id, node=p.node)
+                await self.journal.postpone(p, f"{type(e).__name__}: {e}")
+
+    def due(self, now: float) -> list[Pending]:
+        """Pending actions whose next round is due and whose node is free."""
+        return self.journal.due(now, lambda node: self.lock(node).locked())
+
+    def _after_fence(self, p: Marked) -> None:
+        if self.cfg.jobs.enabled:
+            self.spawn(jobs.note(p.node, p.reason, self.ctx))
+        if self.cfg.bundles.enabled and not self.cfg.dry_run:  # RMA evidence, beside the fence, never in its way
+            self.spawn(self.evidence(p.node, p.id))
+
+    async def release_after_handover(self, node: str, now: float) -> None:
+        extra = self.mem.set_node(node, fence=FenceMode.RELEASING)
+        # Not awaited under this node's lock (we hold it): run as its own task.
+        self.spawn(self.begin(node, "release", "podhealth", "handover suite passed", now, None, "", extra))
+
+    # ---- fencing many nodes at once ------------------------------------------------------------
+
+    async def begin_fences(self, starts: list[ActionStart], undo: Checkpoint | None = None) -> list[Pending]:
+        """Record every fence as pending (one transaction) and only then carry them out together."""
+        ps = await self.journal.begin(starts, undo)
+        await self._execute_many(ps)
+        return ps
+
+    async def _execute_many(self, ps: list[Pending]) -> None:
+        """Fence `ps` with one read and one fence call per fencer when every fencer can batch
+        (BatchFencer); whatever the batch cannot settle goes the single-node way (execute)."""
+        mine: list[Marked] = []
+        single: list[Pending] = []
+        for p in ps:
+            lock = self.lock(p.node)
+            if lock.locked() or not isinstance(p, Marked) or not all(isinstance(f, BatchFencer) for f in self.fencers):
+                single.append(p)  # someone is working on this node (a retry, an operator): after them
+            else:
+                await lock.acquire()  # free: taken without yielding, so no one slips in between
+                mine.append(p)
+        try:
+            if mine:
+                async with self._sem:
+                    single += await fence.run_batch(mine, self.ctx)
+        except asyncio.CancelledError:
+            raise
+        except NotLeader as e:
+            log.warning("fences left pending for the leader", nodes=len(mine), why=str(e))
+            return
+        except Exception as e:  # noqa: BLE001 - a bug must not lose the pending records
+            log.exception("batch of fences failed unexpectedly", nodes=len(mine))
+            for p in mine:
+                if not p.done.is_set() and not p.next_attempt:
+                    await self.journal.postpone(p, f"{type(e).__name__}: {e}")
+        finally:
+            for p in mine:
+                self.lock(p.node).release()
+        for p in single:
+            if p.id in self.pending and not p.done.is_set():
+                self.spawn(self.execute(p))
+
+
+__all__ = ["FAILED_FENCE_COOLDOWN", "MAX_CONCURRENT_ACTIONS", "STEP_POSTPONEMENTS", "ActionRunner", "slug"]
