@@ -234,8 +234,7 @@ class PublishConfig:
         for u in self.aggregators:
             if not u.startswith(("http://", "https://")):
                 return ("aggregators", f'expected http(s):// base URLs, got "{u}"')
-        problem = credentials.secret_problem(self.token, self.token_file, "token")
-        return ("token_file" if self.token_file else "token", problem) if problem else None
+        return credentials.secret_problem(self.token, self.token_file, "token")
 
     def resolved(self) -> "PublishConfig":
         """A copy with the token read from token_file or $PODHEALTH_NODE_TOKEN (once, at start)."""
@@ -368,8 +367,7 @@ class AuthConfig:
     token_file: str = doc("File holding token (0640 root:podhealth: root's hooks read it too).", "")
 
     def validate(self) -> tuple[str, str] | None:
-        problem = credentials.secret_problem(self.token, self.token_file, "token")
-        return ("token_file" if self.token_file else "token", problem) if problem else None
+        return credentials.secret_problem(self.token, self.token_file, "token")
 
     def resolved(self) -> "AuthConfig":
         """A copy with the key read from token_file or $PODHEALTH_AGENT_TOKEN, else from

@@ -66,9 +66,9 @@ class AggAuthConfig:
             if not token:
                 return ("node_tokens", f"empty token for node {name}")
         for what in _SECRETS:
-            problem = credentials.secret_problem(getattr(self, what), getattr(self, f"{what}_file"), what)
-            if problem:
-                return (f"{what}_file" if getattr(self, f"{what}_file") else what, problem)
+            secret = credentials.secret_problem(getattr(self, what), getattr(self, f"{what}_file"), what)
+            if secret:
+                return secret
         if self.cluster_secret and len(self.cluster_secret) < credentials.MIN_SECRET_CHARS:
             return ("cluster_secret", f"expected at least {credentials.MIN_SECRET_CHARS} characters "
                                       "(a short secret can be guessed from one node's token)")

@@ -70,9 +70,9 @@ class FederatedSet:
         problem = set_url_problem(self.url)
         if problem:
             return ("url", problem)
-        problem = credentials.secret_problem(self.token, self.token_file, "token")
-        if problem:
-            return ("token_file" if self.token_file else "token", problem)
+        secret = credentials.secret_problem(self.token, self.token_file, "token")
+        if secret:
+            return secret
         if (self.token or self.token_file) and not sends_safely(self.url):
             return ("url", f"{self.url} is plain http to another host: its token would cross the network "
                            "readable by anyone on the way; use https")

@@ -144,12 +144,13 @@ def ensure_user_key(node: str) -> str:
     return key
 
 
-def secret_problem(inline: str, file: str, what: str) -> str | None:
-    """Why a (inline, file) pair is not a usable configuration, or None (for config validation)."""
+def secret_problem(inline: str, file: str, what: str) -> tuple[str, str] | None:
+    """(the config key to blame, why) when an (inline, file) pair is not a usable configuration,
+    else None: a config section's validate() returns it as it is."""
     if inline and file:
-        return f"set {what} or {what}_file, not both"
+        return (f"{what}_file", f"set {what} or {what}_file, not both")
     if file and not file.startswith("/"):
-        return f'expected an absolute path, got "{file}"'
+        return (f"{what}_file", f'expected an absolute path, got "{file}"')
     return None
 
 
