@@ -1,23 +1,16 @@
 """The node agent: builds the collectors, schedules them, serves the snapshot, talks to systemd.
 
-Hooks for modules written later (the checks engine, the publisher):
-- `agent.on_snapshot.append(fn)`: `fn(snapshot)` runs on the event loop with the latest snapshot
-  once a burst of changes is over: when no collection is in flight any more (collectors that
-  start together finish one after the other), or HOOK_MAX_DELAY after the first change of the
-  burst, whichever comes first. So the checks judge a cycle's data once, not once per collector
-  that finished (which cost a full evaluation each, and let one collection's data count several
-  times toward flap damping). Keep `fn` cheap (no I/O): it delays the loop.
-- `agent.on_events.append(fn)`: `fn(events)` with only the newly seen events (XID, SXid).
-- `agent.add_routes([web.get("/health", handler), ...])` before `start()`; handlers find the
-  agent in `request.app[AGENT_KEY]`.
-- `agent.add_metric_source(fn)` before `start()`: `fn(snapshot) -> Iterable[Family]`, rendered
-  with every snapshot (runs in the render thread: read immutable state only). Call
-  `agent.invalidate()` when a source's data changed without a new snapshot.
-- `agent.add_sink(sink)` before `start()`: somewhere the agent sends what it sees (agent/sink.py:
-  the aggregator publisher, the heartbeat, the InfluxDB export). Sinks start when the agent
-  serves and stop first; each is fed snapshots and events by these hooks through its own bounded
-  queue, so a slow or broken sink holds up nothing else. `agent.sinks.transition` takes verdict
-  transitions (agent/wiring.py connects the checks engine to it).
+What else it does comes in through two seams, both before `start()`:
+- `agent.add_plugin(plugin)`: a part of the agent on its event loop (agent/plugin.py): it sees
+  each burst's snapshot (once, when the burst is over: the judge judges a cycle's data once) and
+  the new kernel-log events, and may serve routes and add metric families. The judge
+  (agent/health.py) is the one added by `add_judge()`: its verdict transitions go to the sinks
+  and its node report is `agent.report()`.
+- `agent.add_sink(sink)`: somewhere the agent sends what it sees (agent/sink.py: the aggregator
+  publisher, the heartbeat, the InfluxDB export). Sinks start when the agent serves and stop
+  first; each is fed snapshots, events and the judge's transitions through its own bounded
+  queue, so a slow or broken sink holds up nothing else. The plugins see a snapshot or events
+  before the sinks do.
 
 A collector whose factory raises (CollectorDisabled with a reason, or anything else), does not
 return in time, or is disabled in config is reported disabled with the reason; the agent keeps
@@ -29,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from aiohttp import web
 
@@ -40,9 +33,10 @@ from podhealth.agent.metrics.render import ExpositionCache, RenderContext
 from podhealth.agent.scheduler import Scheduler
 from podhealth.agent.sdnotify import Notifier, watchdog, watchdog_interval
 from podhealth.agent.nodeauth import NodeAuth
+from podhealth.agent.plugin import AgentView, Plugin
 from podhealth.agent.server import AGENT_KEY, build_app
 from podhealth.agent.sink import Sink, Sinks
-from podhealth.agent.store import EventsCallback, SnapshotCallback, SnapshotStore
+from podhealth.agent.store import SnapshotCallback, SnapshotStore
 from podhealth.checks import profiles
 from podhealth.collectors.base import Collector
 from podhealth.collectors.runtime import (
@@ -55,13 +49,16 @@ from podhealth.httpguard import ConnLimits, GuardedSite, fd_share
 from podhealth.logrepeat import Repeats, loop_exception_handler
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.tls import ServerTls
-from podhealth.vocab import MetricSpec, Sample
+from podhealth.vocab import MetricSpec, NodeReport, Sample
+
+if TYPE_CHECKING:
+    from podhealth.agent.health import Health
 
 __all__ = ["AGENT_KEY", "Agent", "Family", "MetricSource", "registry_factories"]
 
 _log = log.get("podhealth.agent")
 
-# The longest the on_snapshot hooks wait for a burst of snapshot changes to end.
+# The longest the plugins and sinks wait for a burst of snapshot changes to end (agent/plugin.py).
 HOOK_MAX_DELAY = 0.5
 # HTTP: Prometheus, the aggregator and an operator need a handful of connections; a flood of idle
 # or slow ones must never take the descriptors the collectors read through (httpguard.py).
@@ -102,19 +99,18 @@ class Agent:
             RenderContext(self.node, version, cfg.node.profile, {}), self.store.snapshot)
         self.started_monotonic = time.monotonic()
         self.port = 0
-        self._routes: list[web.AbstractRouteDef] = []
-        self._sources: list[MetricSource] = []
+        self.plugins: list[Plugin] = []
+        self.judge: "Health | None" = None  # add_judge()
         self._runner: web.AppRunner | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._status = ""
         self._started = False
-        self._hooks: list[SnapshotCallback] = []
+        self._on_snapshot: list[SnapshotCallback] = []  # at start: the plugins', then the agent's own
         self._hooks_pending = False
         self._hooks_timer: asyncio.TimerHandle | None = None
         self.http_refused = 0
         self.http_limits: ConnLimits | None = None  # None: HTTP_MAX_CONNECTIONS / HTTP_IDLE_TIMEOUT
         self._repeats = Repeats(_log)
-        self._sources.append(self._http_families)
         self.sinks = Sinks()
         # Signed requests to the protected routes, proven answers (core/nodeproof.py).
         self.nodeauth = NodeAuth(self.node, cfg.auth.token)
@@ -122,29 +118,37 @@ class Agent:
         # newest files (core/tls.py); wiring.install re-reads them on SIGHUP or change.
         self.tls: ServerTls | None = ServerTls(cfg.tls.server()) if cfg.tls.serve else None
 
-    # ---- hooks ------------------------------------------------------------------------------
-
-    @property
-    def on_snapshot(self) -> list[SnapshotCallback]:
-        return self._hooks
-
-    @property
-    def on_events(self) -> list[EventsCallback]:
-        return self.store.on_events
+    # ---- plug-ins ---------------------------------------------------------------------------
 
     @property
     def snapshot(self) -> Snapshot:
         return self.store.snapshot
 
-    def add_routes(self, routes: Iterable[web.AbstractRouteDef]) -> None:
-        if self._started:
-            raise RuntimeError("add_routes() must be called before start()")
-        self._routes.extend(routes)
+    def view(self) -> AgentView:
+        """What a plugin may use of this agent (agent/plugin.py)."""
+        return AgentView(self.cfg, self.node, self.version, self.seams, self.nodeauth,
+                         snapshot=lambda: self.store.snapshot, store_version=lambda: self.store.version,
+                         collectors=lambda: self.collectors.keys(), collect_now=self.scheduler.collect_now,
+                         invalidate=self.invalidate)
 
-    def add_metric_source(self, source: MetricSource) -> None:
+    def add_plugin(self, plugin: Plugin) -> None:
         if self._started:
-            raise RuntimeError("add_metric_source() must be called before start()")
-        self._sources.append(source)
+            raise RuntimeError("add_plugin() must be called before start()")
+        self.plugins.append(plugin)
+
+    def add_judge(self, judge: "Health") -> None:
+        """The judge (agent/health.py): a plugin whose verdict transitions go to the sinks and whose
+        node report the sinks read (`report()`)."""
+        if self.judge is not None:
+            raise RuntimeError("the agent has a judge already")
+        self.add_plugin(judge)
+        self.judge = judge
+        judge.on_transition.append(self.sinks.transition)
+
+    def report(self) -> NodeReport | None:
+        """The judge's node report now; None before its first judgement (or without a judge)."""
+        judge = self.judge
+        return judge.report() if judge is not None and judge.evaluated_at else None
 
     def add_sink(self, sink: Sink) -> None:
         if self._started:
@@ -171,22 +175,22 @@ class Agent:
     async def start(self) -> None:
         self.started_monotonic = time.monotonic()
         self._started = True
-        self._sources.append(self.sinks.families)  # after the sources added before start()
         await self._build_collectors()
         detail = self._export_filter()
         specs = {name: detail.specs(name, s) for name, s in self.specs.items()}
+        sources: list[MetricSource] = [self._http_families, *(p.families for p in self.plugins), self.sinks.families]
         self.exposition.ctx = RenderContext(
-            self.node, self.version, self.cfg.node.profile, specs, tuple(self._sources), detail)
+            self.node, self.version, self.cfg.node.profile, specs, tuple(sources), detail)
         self.store.on_snapshot.insert(0, self._changed)
-        self._hooks.append(self._update_status)
-        # After the hooks installed before start() (the checks engine), as they were registered.
-        self._hooks.append(self.sinks.snapshot)
-        self.store.on_events.append(self.sinks.events)
+        # The plugins first (the judge schedules its judgement), in the order they were added.
+        self._on_snapshot = [*(p.on_snapshot for p in self.plugins), self._update_status, self.sinks.snapshot]
+        # New kernel-log events: to the plugins (the judge's fast path), then the sinks.
+        self.store.on_events.extend([*(p.on_events for p in self.plugins), self.sinks.events])
         self.invalidate()
         self.scheduler.start()
         # The loop's own error reports (a failed accept() when fds run out) once per kind a minute.
         asyncio.get_running_loop().set_exception_handler(loop_exception_handler(self._repeats))
-        app = build_app(self, self._routes)
+        app = build_app(self, [r for p in self.plugins for r in p.routes()])
         limits = self.http_limits or ConnLimits(min(HTTP_MAX_CONNECTIONS, fd_share(soft_limit(), 1 / 8)),
                                                 HTTP_IDLE_TIMEOUT)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, **limits.runner_kwargs())
@@ -291,15 +295,14 @@ class Agent:
             self.exposition.prerender()
 
     def _run_hooks(self) -> None:
-        """Hand the latest snapshot to the on_snapshot hooks (once per burst of changes)."""
+        """Hand the latest snapshot to the plugins and the sinks (once per burst of changes)."""
         if self._hooks_timer is not None:
             self._hooks_timer.cancel()
             self._hooks_timer = None
         if not self._hooks_pending:
             return
         self._hooks_pending = False
-        self.store.call_each(self._hooks, self.store.snapshot)
-
+        self.store.call_each(self._on_snapshot, self.store.snapshot)
     # ---- systemd STATUS= ----------------------------------------------------------------------
 
     @staticmethod

@@ -31,15 +31,15 @@ import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from aiohttp import web
 
 from podhealth import log, webguard
+from podhealth.agent.plugin import AgentView, Plugin
 from podhealth.worker import call_off_loop
 
 if TYPE_CHECKING:
-    from podhealth.agent.agent import Agent
     from podhealth.agent.health import Health
     from podhealth.checks.passive.engine import Evaluator
 
@@ -155,7 +155,7 @@ def kernel_release(procfs_root: Path) -> str:
         return ""
 
 
-async def collect(agent: "Agent", health: "Health") -> list[Part]:
+async def collect(agent: AgentView, health: "Health") -> list[Part]:
     """Every part, read now; the commands run in threads with timeouts, concurrently. The seam
     `bundle.dmesg` (a callable giving (bytes, note)) replaces `dmesg` where the node's kernel
     log is not this machine's (`agent --simulate`: the simulated node's kernel log)."""
@@ -164,7 +164,7 @@ async def collect(agent: "Agent", health: "Health") -> list[Part]:
     read_dmesg = agent.seams.get("bundle", {}).get("dmesg") or (lambda: run_command(DMESG))
     smi, dmesg = await asyncio.gather(call_off_loop("bundle-smi", lambda: run_command(NVIDIA_SMI)),
                                       call_off_loop("bundle-dmesg", read_dmesg))
-    snap = agent.snapshot
+    snap = agent.snapshot()
     events = [e.to_json() for e in snap.events]
     ib = await health.on_evaluator(ib_history)
     last = health.last_handover
@@ -192,11 +192,19 @@ async def collect(agent: "Agent", health: "Health") -> list[Part]:
     ]
 
 
-class Bundles:
-    def __init__(self, agent: "Agent", health: "Health") -> None:
+class Bundles(Plugin):
+    """The endpoint, given the agent's view (node, version, snapshot, the `bundle` seam) and the
+    judge (the credential check, the report, the handover and rate history it holds)."""
+
+    name = "bundle"
+
+    def __init__(self, agent: AgentView, health: "Health") -> None:
         self.agent = agent
         self.health = health
         self._lock = asyncio.Lock()
+
+    def routes(self) -> Iterable[web.AbstractRouteDef]:
+        return [web.post("/v1/bundle", webguard.same_site_only(self.post))]
 
     async def post(self, request: web.Request) -> web.Response:
         refusal, _ = await self.health.admit(request)
@@ -217,8 +225,3 @@ class Bundles:
             "Content-Disposition": f'attachment; filename="{self.agent.node}-bundle.tar.gz"',
             "X-Podhealth-Sha256": hashlib.sha256(body).hexdigest()})
 
-
-def install(agent: "Agent", health: "Health") -> Bundles:
-    b = Bundles(agent, health)
-    agent.add_routes([web.post("/v1/bundle", webguard.same_site_only(b.post))])
-    return b

@@ -189,6 +189,7 @@ async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None,
     from podhealth.agent.metrics import compat
     from podhealth.agent import simmode, threadnames
     from podhealth.agent.agent import Agent
+    from podhealth.agent.plugin import Families
 
     _log = log.get("podhealth.agent.cmd")
     threadnames.install()
@@ -222,8 +223,8 @@ async def _main(args: argparse.Namespace, cfg: config.Config, node: str | None,
                      "provisions the key (docs/security.md)", node=agent.node)
     # exporters.compat in the config, or --compat on the command line (either turns a mode on).
     for mode in dict.fromkeys((*cfg.exporters.compat, *([args.compat] if args.compat else []))):
-        agent.add_metric_source(compat.source(mode, agent.node,
-                                              hostname_label=cfg.exporters.dcgm_exporter.hostname_label))
+        agent.add_plugin(Families(f"compat-{mode}", compat.source(
+            mode, agent.node, hostname_label=cfg.exporters.dcgm_exporter.hostname_label)))
     from podhealth.agent import wiring
 
     spool = sim.dir / "spool" if sim is not None else None

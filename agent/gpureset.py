@@ -22,17 +22,15 @@ import asyncio
 import json
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import Awaitable, Callable, Iterable
 
 import pynvml
 from aiohttp import web
 
 from podhealth import log, subproc, webguard
+from podhealth.agent.plugin import Plugin
+from podhealth.config import GpuResetConfig
 from podhealth.worker import call_off_loop, call_with_timeout
-
-if TYPE_CHECKING:
-    from podhealth.agent.agent import Agent
-    from podhealth.agent.health import Health
 
 _log = log.get("podhealth.agent.gpureset")
 NVML_TIMEOUT_S = 10.0  # listing a GPU's processes; a wedged driver must not hold the request
@@ -76,14 +74,31 @@ def gpu_pids(library_path: str, index: int) -> list[int]:
         session.release()
 
 
-class GpuReset:
-    def __init__(self, agent: "Agent", health: "Health") -> None:
-        self.agent = agent
-        self.health = health
+# (request, body limit, body timeout) -> (the refusal, or None and the body): the judge's admit
+# (agent/health.py), the handover suite's credential.
+Admit = Callable[[web.Request, int, float], Awaitable[tuple[web.Response | None, bytes]]]
+
+
+class GpuReset(Plugin):
+    """The endpoint, given what it needs: its config section, the NVML library, the credential
+    check (`admit`), whether a handover suite runs (`busy`), and /metrics' re-render."""
+
+    name = "gpu-reset"
+
+    def __init__(self, cfg: GpuResetConfig, nvml_library: str, admit: Admit, *, busy: Callable[[], bool],
+                 invalidate: Callable[[], None]) -> None:
+        self.cfg = cfg
+        self.nvml_library = nvml_library
+        self.admit = admit
+        self.busy = busy
+        self.invalidate = invalidate
         self._lock = asyncio.Lock()
 
+    def routes(self) -> Iterable[web.AbstractRouteDef]:
+        return [web.post("/v1/gpu-reset", webguard.same_site_only(self.post))]
+
     async def post(self, request: web.Request) -> web.Response:
-        refusal, raw = await self.health.admit(request, MAX_BODY, BODY_TIMEOUT_S)
+        refusal, raw = await self.admit(request, MAX_BODY, BODY_TIMEOUT_S)
         if refusal is not None:
             return refusal
         try:
@@ -94,16 +109,16 @@ class GpuReset:
         except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: JSON nested ~1,000 deep
             return web.json_response({"error": f'expected {{"gpu": 0..{MAX_GPU_INDEX}}}'}, status=400)
         reason = str(body.get("reason", ""))[:200] if isinstance(body, dict) else ""
-        if self._lock.locked() or self.health.handover_running():
+        if self._lock.locked() or self.busy():
             return web.json_response({"error": "a handover suite or another GPU reset is running"}, status=409)
         async with self._lock:
             return await self._reset(gpu, reason)
 
     async def _reset(self, gpu: int, reason: str) -> web.Response:
-        cfg = self.agent.cfg
+        library = self.nvml_library
         try:
             # A wedged NVML hangs the call: its own daemon thread, abandoned after the timeout.
-            pids = await call_with_timeout("gpu-pids", lambda: gpu_pids(cfg.paths.nvml_library, gpu), NVML_TIMEOUT_S)
+            pids = await call_with_timeout("gpu-pids", lambda: gpu_pids(library, gpu), NVML_TIMEOUT_S)
         except LookupError as e:
             return web.json_response({"error": str(e), "gpu": gpu}, status=404)
         except (Unreadable, asyncio.TimeoutError) as e:
@@ -114,16 +129,16 @@ class GpuReset:
             _log.warning("GPU reset refused: processes use the GPU", gpu=gpu, pids=pids[:20])
             return web.json_response({"error": f"{len(pids)} process(es) use GPU {gpu}: not reset", "gpu": gpu,
                                       "pids": pids}, status=409)
-        argv = [a.replace("{gpu}", str(gpu)) for a in cfg.gpu_reset.command]
+        argv = [a.replace("{gpu}", str(gpu)) for a in self.cfg.command]
         started = time.monotonic()
-        rc, output = await _run(argv, cfg.gpu_reset.timeout)
+        rc, output = await _run(argv, self.cfg.timeout)
         took = round(time.monotonic() - started, 3)
         if rc != 0:
             _log.error("GPU reset failed", gpu=gpu, rc=rc, output=output[:500], reason=reason)
             return web.json_response({"error": f"GPU {gpu} reset failed (rc {rc})", "gpu": gpu, "ok": False,
                                       "command": argv, "output": output, "seconds": took}, status=500)
         _log.warning("GPU reset", gpu=gpu, reason=reason, seconds=took)
-        self.agent.invalidate()
+        self.invalidate()
         return web.json_response({"gpu": gpu, "ok": True, "command": argv, "output": output, "seconds": took})
 
 
@@ -140,8 +155,3 @@ async def _run(argv: list[str], timeout: float) -> tuple[int | None, str]:
     out = run.stdout.decode(errors="replace")[-OUTPUT_CHARS:]
     return (run.exit_code if run.exit_code is not None else -run.signal if run.signal is not None else None), out
 
-
-def install(agent: "Agent", health: "Health") -> GpuReset:
-    g = GpuReset(agent, health)
-    agent.add_routes([web.post("/v1/gpu-reset", webguard.same_site_only(g.post))])
-    return g

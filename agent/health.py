@@ -1,6 +1,7 @@
 """Verdicts inside the agent: /health, the check_status/node_health series, the handover endpoint.
 
-`install(agent)` wires the checks engine into a built (not yet started) Agent:
+`install(agent)` adds the checks engine to a built (not yet started) Agent as its judge, a plugin
+(agent/plugin.py) given the agent's `AgentView`, with the endpoints that share its credential:
 - after every snapshot change the Evaluator judges it (damped), and the latest results become
   the node report served at GET /health and rendered as `check_status` / `node_health`;
 - POST /v1/handover (signed with this node's agent key, agent/nodeauth.py; closed without one;
@@ -21,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, TypeVar
 
 from aiohttp import web
 
 from podhealth import bodycoding, log, webguard
 from podhealth.agent.metrics.family import Family
 from podhealth.agent.nodeauth import StreamHash
+from podhealth.agent.plugin import AgentView, Plugin
 from podhealth.checks import profiles
 from podhealth.checks.passive.engine import Evaluator
 from podhealth.checks.handover.suite import ActiveTest, run_suite
@@ -59,8 +61,12 @@ HANDOVER_BODY_MAX = 64 * 1024  # {"reason": ...}
 BODY_TIMEOUT_S = 30.0  # seconds the body may take after its head (core/bodyread.py)
 
 
-class Health:
-    def __init__(self, agent: "Agent", active_tests: Callable[[], list[ActiveTest]] | None = None) -> None:
+class Health(Plugin):
+    """The judge: the agent's verdicts, /health and the handover suite."""
+
+    name = "health"
+
+    def __init__(self, agent: AgentView, active_tests: Callable[[], list[ActiveTest]] | None = None) -> None:
         self.agent = agent
         cfg = agent.cfg
         self.profile = profiles.of_config(cfg)
@@ -89,7 +95,7 @@ class Health:
 
     def _ensure_evaluator(self, snap: Snapshot) -> Evaluator:
         if self.evaluator is None:
-            enabled = [n for n, st in snap.collectors.items() if st.enabled or n in self.agent.collectors]
+            enabled = [n for n, st in snap.collectors.items() if st.enabled or n in self.agent.collectors()]
             # The checks remember events past the snapshot's ring (collectors.kmsg.keep_events, 256):
             # 4x it (1,024 by default), so the bound is the config's too.
             self.evaluator = Evaluator(self.profile, self.agent.cfg.checks, mounts=self.mounts, enabled=enabled,
@@ -106,7 +112,7 @@ class Health:
         if not self._material(snap):
             return
         self._latest = snap
-        self._latest_version = self.agent.store.version
+        self._latest_version = self.agent.store_version()
         if self._judging is None or self._judging.done():
             self._judging = asyncio.get_running_loop().create_task(self._judge_loop(), name="health-judge")
 
@@ -153,7 +159,7 @@ class Health:
     async def _fast_loop(self) -> None:
         while self._fast_pending and self.evaluator is not None:
             self._fast_pending = False
-            snap, version = self.agent.store.snapshot, self.agent.store.version
+            snap, version = self.agent.snapshot(), self.agent.store_version()
             now = time.time()
             try:
                 # The same single worker as the full evaluation: the Evaluator is not thread-safe,
@@ -211,7 +217,7 @@ class Health:
         self.agent.invalidate()  # check_status / node_health changed without a new snapshot
 
     def report(self) -> NodeReport:
-        snap = self.agent.snapshot
+        snap = self.agent.snapshot()
         stale = tuple((n, round(time.time() - st.last_success, 3) if st.last_success else -1.0)
                       for n, st in sorted(snap.collectors.items()) if st.enabled)
         return NodeReport(self.agent.node, self.agent.version, self.profile.name, self.results, stale, self.evaluated_at)
@@ -226,6 +232,9 @@ class Health:
         yield Family(NODE_HEALTH, (Sample.of("node_health", worst.metric_value, action=action.value),))
 
     # ---- HTTP -----------------------------------------------------------------------------------
+
+    def routes(self) -> Iterable[web.AbstractRouteDef]:
+        return [web.get("/health", self.get_health), web.post("/v1/handover", webguard.same_site_only(self.post_handover))]
 
     async def get_health(self, request: web.Request) -> web.Response:
         body: dict[str, Any] = self.report().to_json()
@@ -247,7 +256,7 @@ class Health:
         problem = bodycoding.unsupported(bodycoding.header_of(request.headers.getall("Content-Encoding", [])))
         if problem is not None:  # the body arrives as sent; bodycoding.decode reads what is not refused here
             return web.json_response({"error": problem}, status=415), b""
-        return await self.agent.nodeauth.admit(request, limit, timeout)
+        return await self.agent.auth.admit(request, limit, timeout)
 
     async def post_handover(self, request: web.Request) -> web.StreamResponse:
         refusal, _ = await self.admit(request)
@@ -281,14 +290,14 @@ class Health:
             except Exception as e:  # noqa: BLE001
                 await resp.write(sent.add(json.dumps({"type": "error", "error": f"{type(e).__name__}: {e}"}).encode()
                                           + b"\n"))
-            await resp.write(self.agent.nodeauth.stream_proof(request, resp.status, sent.hexdigest()))
+            await resp.write(self.agent.auth.stream_proof(request, resp.status, sent.hexdigest()))
             await resp.write_eof()
             return resp
 
     async def run_handover(self, progress: Callable[[str, int, int], None] | None = None) -> SuiteReport:
         # Deciding which active tests can run may probe CUDA in a subprocess: not on the loop.
         tests = await call_off_loop("handover-tests", self.active_tests)
-        rep = await run_suite(self.agent.cfg, _AgentSource(self.agent), self.agent.node, progress, tests)
+        rep = await run_suite(self.agent.cfg, _AgentSource(self.agent.collect_now), self.agent.node, progress, tests)
         self.last_handover = (time.time(), rep)
         return rep
 
@@ -304,28 +313,28 @@ class Health:
 class _AgentSource:
     """Fresh data for the handover suite from the agent's own scheduler."""
 
-    def __init__(self, agent: "Agent") -> None:
-        self.agent = agent
+    def __init__(self, collect_now: Callable[[], Awaitable[Snapshot]]) -> None:
+        self._collect_now = collect_now
 
     async def collect_now(self) -> Snapshot:
-        return await self.agent.scheduler.collect_now()
+        return await self._collect_now()
 
 
 def install(agent: "Agent", active_tests: Callable[[], list[ActiveTest]] | None = None) -> Health:
     from podhealth.checks.passive import xid
 
     xid.load_catalog()  # parse the catalog now, not inside the first evaluation
-    h = Health(agent, active_tests)
-    agent.on_snapshot.append(h.on_snapshot)
-    agent.on_events.append(h.on_events)
-    agent.add_metric_source(h.families)
-    agent.add_routes([web.get("/health", h.get_health), web.post("/v1/handover", webguard.same_site_only(h.post_handover))])
+    view = agent.view()
+    h = Health(view, active_tests)
+    agent.add_judge(h)
     from podhealth.agent import gpureset
 
-    gpureset.install(agent, h)  # POST /v1/gpu-reset, behind the same credential as the handover suite
+    # POST /v1/gpu-reset, behind the same credential as the handover suite
+    agent.add_plugin(gpureset.GpuReset(view.cfg.gpu_reset, view.cfg.paths.nvml_library, h.admit,
+                                       busy=h.handover_running, invalidate=view.invalidate))
     from podhealth.agent import bundle
 
-    bundle.install(agent, h)  # POST /v1/bundle (the evidence for an RMA ticket), the same credential
+    agent.add_plugin(bundle.Bundles(view, h))  # POST /v1/bundle (the evidence for an RMA ticket), the same credential
     from podhealth.agent import jobmap
 
     h.jobmap = jobmap.install(agent)  # the job on each GPU, in GPU evidence and dcgm-exporter's files

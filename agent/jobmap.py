@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from podhealth import log
+from podhealth.agent.plugin import Plugin
 from podhealth.atomicfile import write_atomic
 from podhealth.collectors.job_records import JobRecord
 from podhealth.collectors.jobs import records_from_samples
@@ -103,8 +104,10 @@ def write_mapping(directory: Path, files: dict[str, str]) -> list[str]:
     return errors
 
 
-class JobMap:
+class JobMap(Plugin):
     """Holds the latest GPU -> jobs and keeps the dcgm-exporter files in step with it."""
+
+    name = "jobmap"
 
     def __init__(self, mapping_dir: Path | None) -> None:
         self.jobs: Jobs = {}
@@ -146,6 +149,6 @@ class JobMap:
 
 def install(agent: "Agent") -> JobMap:
     jm = JobMap(agent.cfg.collectors.jobs.dcgm_job_mapping_dir)
-    agent.on_snapshot.append(jm.on_snapshot)
+    agent.add_plugin(jm)
     agent.sinks.annotate_event = lambda ev: tag_event(ev, jm.jobs)  # published XID events name the job
     return jm

@@ -1,7 +1,7 @@
 """The agent's HTTP endpoints: /metrics (cached exposition), /healthz (alive), / (index).
 
-/health (the node verdict) belongs to the checks engine, which adds its routes through
-`Agent.add_routes()` and finds the agent in `request.app[AGENT_KEY]`.
+/health (the node verdict) belongs to the judge, a plugin (agent/plugin.py): the routes of the
+agent's plugins are served beside these.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the agent does with its snapshot besides /metrics: verdicts and the sinks config asks for.
 
-`install(agent)` (before `agent.start()`) installs the checks engine (/health, check_status,
-the handover endpoint) and adds the sinks `build_sinks` makes from config (agent/sink.py):
+`install(agent)` (before `agent.start()`) installs the checks engine as the agent's judge
+(/health, check_status, the handover endpoint; its transitions go to every sink) and adds the sinks `build_sinks` makes from config (agent/sink.py):
 - the publisher (verdict transitions, node reports and XID/SXid events pushed to the
   aggregator, spooled on disk while it is away) and the heartbeat (the node's report every
   interval, as a small lease while nothing changed), when `publish` names an aggregator;
@@ -116,9 +116,6 @@ def install(agent: "Agent", spool_dir: Path | None = None) -> health.Health:
 
     h = health.install(agent, active_tests=lambda: active_tests(agent.cfg))
 
-    def report() -> NodeReport | None:
-        return h.report() if h.evaluated_at else None
-
     def specs() -> dict[str, MetricSpec]:
         out: dict[str, MetricSpec] = {}
         for by_name in agent.specs.values():
@@ -126,11 +123,10 @@ def install(agent: "Agent", spool_dir: Path | None = None) -> health.Health:
         return out
 
     tls = client_tls(agent.cfg)  # one context for every push, re-read by the one TlsReload sink
-    for sink in build_sinks(agent.cfg, agent.node, report=report, specs=specs, spool_dir=spool_dir, tls=tls,
+    for sink in build_sinks(agent.cfg, agent.node, report=agent.report, specs=specs, spool_dir=spool_dir, tls=tls,
                             server_tls=agent.tls):
         agent.add_sink(sink)
     fs = failslow_sink(agent.cfg, agent.node, agent.seams.get("failslow", {}), tls=tls)
     if fs is not None:
         agent.add_sink(fs)
-    h.on_transition.append(agent.sinks.transition)
     return h

@@ -19,6 +19,7 @@ from podhealth.agent.metrics.render import Format, negotiate, wants_gzip
 from podhealth.collectors.base import Collection, specs
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import Event, MetricSpec, Sample, labels_of
+from tests.harness.plugins import Watcher
 from tests.harness.proc import need
 from tests.oracles.exposition import render
 
@@ -259,13 +260,13 @@ async def test_routes_hook_and_app_key() -> None:
 
     cfg = config.loads("listen: {address: 127.0.0.1, port: 0}\n")
     agent = Agent(cfg, node="dgx07", factories={"nvml": lambda c: _One()})
-    agent.add_routes([web.get("/health", health)])
+    agent.add_plugin(Watcher(routes=[web.get("/health", health)]))
     await agent.start()
     try:
         _, body = await asyncio.to_thread(_get, agent.url + "/health", {})
         assert body == b'{"node": "dgx07", "collectors": ["nvml"]}'
         with pytest.raises(RuntimeError):
-            agent.add_routes([web.get("/late", health)])
+            agent.add_plugin(Watcher(routes=[web.get("/late", health)]))
     finally:
         await agent.stop()
 

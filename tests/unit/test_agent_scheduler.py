@@ -21,6 +21,7 @@ from podhealth.agent.scheduler import succeeded
 from podhealth.collectors.base import Collection, CollectorDisabled, specs
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import MetricSpec, Sample
+from tests.harness.plugins import Watcher
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -124,8 +125,8 @@ async def test_hung_collector_goes_stale_and_metrics_keep_answering_fast() -> No
     agent = Agent(cfg_with(nvml=(0.1, 0.3), infiniband=(0.1, 0.3)), node="n1",
                   factories={"nvml": lambda c: hung, "infiniband": lambda c: other})
     seen: list[float] = []
-    agent.on_snapshot.append(
-        lambda snap: seen.extend(s.value for s in snap.collectors.get("nvml", CollectorState(name="none")).samples))
+    agent.add_plugin(Watcher(
+        lambda snap: seen.extend(s.value for s in snap.collectors.get("nvml", CollectorState(name="none")).samples)))
     await agent.start()
     try:
         await scrape_until(agent, lambda b: sorted(series(b, "podhealth_fake_value")) == [7.0, 42.0],
@@ -246,9 +247,8 @@ async def test_on_snapshot_and_on_events_hooks() -> None:
     snaps: list[Snapshot] = []
     batches: list[tuple[Event, ...]] = []
     agent = Agent(cfg_with(kmsg=(0.05, 0.5)), node="n1", factories={"kmsg": lambda c: WithEvents()})
-    agent.on_snapshot.append(snaps.append)
-    agent.on_events.append(batches.append)
-    agent.on_snapshot.append(lambda s: 1 / 0)  # a broken hook is logged and does not stop the others
+    agent.add_plugin(Watcher(snaps.append, batches.append))
+    agent.add_plugin(Watcher(lambda s: 1 / 0))  # a broken plugin is logged and does not stop the others
     await agent.start()
     try:
         await until(lambda: len(snaps) >= 5, what="snapshots")
@@ -325,7 +325,7 @@ async def test_on_snapshot_hooks_run_once_per_burst_of_collections() -> None:
             overruns[0] = s.collectors["infiniband"].overruns
             late.append(len(runs) - 1)
 
-    agent.on_snapshot.append(hook)
+    agent.add_plugin(Watcher(hook))
     await agent.start()
     try:
         await until(lambda: len(slow.calls) >= 8, what="8 runs of the slow collector")
@@ -349,7 +349,7 @@ async def test_a_hung_collector_does_not_hold_the_hooks_back() -> None:
     agent = Agent(cfg_with(nvml=(0.1, 1.0), infiniband=(1.0, 10.0)), node="n1",
                   factories={"nvml": lambda c: fast, "infiniband": lambda c: hung})
     seen: list[float] = []
-    agent.on_snapshot.append(lambda s: seen.append(time.monotonic()))
+    agent.add_plugin(Watcher(lambda s: seen.append(time.monotonic())))
     await agent.start()
     try:
         await until(lambda: len(seen) >= 4, what="hooks while a collection hangs")

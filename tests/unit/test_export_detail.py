@@ -22,6 +22,7 @@ from podhealth.sim.node import SimNode
 from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import MetricSpec, Sample
 from tests.harness.nvmlsim import inject, node, session  # noqa: F401 - fixtures
+from tests.harness.plugins import Watcher
 from tests.harness.proc import wait_until
 from tests.oracles.exposition import Encoder, families
 
@@ -169,7 +170,7 @@ async def test_checks_see_what_basic_does_not_export() -> None:
     cfg = loads("listen: {address: 127.0.0.1, port: 0}\ncollectors: {host: {interval: 0.2, timeout: 1}}\n")
     agent = Agent(cfg, node="dgx01", factories={"host": lambda c: Host()})
     seen: list[float] = []
-    agent.on_snapshot.append(lambda s: seen.extend(x.value for x in s.samples("host_load1")))
+    agent.add_plugin(Watcher(lambda s: seen.extend(x.value for x in s.samples("host_load1"))))
     await agent.start()
     try:
         for _ in range(200):

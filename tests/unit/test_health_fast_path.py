@@ -44,7 +44,7 @@ def xid79(now: float) -> Event:
 class Setup:
     def __init__(self) -> None:
         self.agent = Agent(Config(), node="dgx01", factories={})
-        self.health = health.Health(self.agent)
+        self.health = health.Health(self.agent.view())
         self.agent.store.on_events.append(self.health.on_events)
         self.transitions: list[tuple[CheckResult | None, CheckResult]] = []
         self.health.on_transition.append(lambda old, new, at: self.transitions.append((old, new)))
