@@ -39,7 +39,7 @@ class Plugin(Protocol):
     """What the agent calls. A plugin may subclass it to inherit the defaults (they do nothing) of
     the members it does not need; a structural match without subclassing is a Plugin as well."""
 
-    name: str  # in logs
+    name: str  # what the plugin is ("health", "jobmap"): for a reader of Agent.plugins
 
     def on_snapshot(self, snap: Snapshot) -> None:
         """The latest snapshot, once a burst of collections is over (on the loop: cheap)."""
