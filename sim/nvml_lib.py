@@ -364,6 +364,15 @@ def _struct(ptr: int | None, ctype: Any) -> Any:
     return cast(ptr, POINTER(ctype)).contents
 
 
+def _versioned(ptr: int | None, ctype: Any, version: int) -> Any:
+    """A versioned struct the caller passed: refused as the real library does (VERSION_MISMATCH)
+    unless its `version` is the one this call speaks."""
+    st = _struct(ptr, ctype)
+    if st.version != version:
+        raise _Fail(VERSION_MISMATCH)
+    return st
+
+
 _backend: _Backend | None = None
 _install_lock = threading.Lock()
 
@@ -623,9 +632,7 @@ def _mem_v1(h: int, ptr: int) -> None:
 def _mem_v2(h: int, ptr: int) -> None:
     mig = _mig(h)
     g = _b().device(h).spec if mig is None else mig[0].spec
-    m = _struct(ptr, pynvml.c_nvmlMemory_v2_t)
-    if m.version != pynvml.nvmlMemory_v2:
-        raise _Fail(VERSION_MISMATCH)
+    m = _versioned(ptr, pynvml.c_nvmlMemory_v2_t, pynvml.nvmlMemory_v2)
     total = (g.memory_total_mib if mig is None else mig_memory_mib(mig[1])) << 20
     m.total, m.reserved, m.used = total, _RESERVED_MIB << 20, _USED_MIB << 20
     m.free = total - m.reserved - m.used
@@ -645,9 +652,7 @@ def _temp(h: int, sensor: int, ptr: int) -> None:
 @_impl("nvmlDeviceGetTemperatureV", args=[P, P])
 def _temp_v(h: int, ptr: int) -> None:
     v = _b().device(h)
-    t = _struct(ptr, pynvml.c_nvmlTemperature_v1_t)
-    if t.version != pynvml.nvmlTemperature_v1:
-        raise _Fail(VERSION_MISMATCH)
+    t = _versioned(ptr, pynvml.c_nvmlTemperature_v1_t, pynvml.nvmlTemperature_v1)
     t.temperature = _temperature(v, t.sensorType)
 
 
@@ -656,9 +661,7 @@ def _margin(h: int, ptr: int) -> None:
     # nvml.h: nvmlMarginTemperature_v1_t {version, marginTemperature}; the margin is signed (a GPU
     # above T.Limit reads negative), nvidia-smi prints it as "GPU T.Limit Temp".
     v = _b().device(h)
-    m = _struct(ptr, pynvml.c_nvmlMarginTemperature_v1_t)
-    if m.version != pynvml.nvmlMarginTemperature_v1:
-        raise _Fail(VERSION_MISMATCH)
+    m = _versioned(ptr, pynvml.c_nvmlMarginTemperature_v1_t, pynvml.nvmlMarginTemperature_v1)
     m.marginTemperature = v.spec.temp_max_operating_c - v.temperature_c
 
 
