@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
+from typing import TypeVar
 
 NFS_FSTYPES = frozenset({"nfs", "nfs4"})
 AUTOFS = "autofs"
@@ -64,6 +65,15 @@ PROCEDURES: dict[str, tuple[str, ...]] = {
 _DEVICE = re.compile(r"^device (\S+) mounted on (\S+) with fstype (\S+)(?: statvers=(\S+))?\s*$")
 _RPC_VERSION = re.compile(r"^RPC iostats version:\s*(\S+)\s+p/v:\s*(\d+)/(\d+)")
 _OCTAL = re.compile(r"\\([0-7]{3})")
+_T = TypeVar("_T")
+
+
+def _first(pairs: tuple[tuple[str, _T], ...], key: str) -> _T | None:
+    """The value of the first (key, value) pair named `key` (fields and options in kernel order)."""
+    for k, v in pairs:
+        if k == key:
+            return v
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +94,7 @@ class NfsTransport:
     values: tuple[tuple[str, int], ...]  # named fields in kernel order; absent = older kernel
 
     def get(self, name: str) -> int | None:
-        for k, v in self.values:
-            if k == name:
-                return v
-        return None
+        return _first(self.values, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,16 +130,10 @@ class NfsMount:
     def protocol(self) -> str:
         if self.transports:
             return self.transports[0].protocol
-        for k, v in self.opts:
-            if k == "proto":
-                return v
-        return ""
+        return self.opt("proto") or ""
 
     def opt(self, key: str) -> str | None:
-        for k, v in self.opts:
-            if k == key:
-                return v
-        return None
+        return _first(self.opts, key)
 
 
 @dataclass(frozen=True, slots=True)
