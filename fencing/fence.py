@@ -2,8 +2,15 @@
 
 Fencers are thin and idempotent: `fence` on a node that is already fenced by us changes
 nothing; `release` only undoes a fence that podhealth itself made (`FenceState.ours`), so a
-node an operator drained by hand is never resumed. Every call returns a typed outcome with the
-command run and its output, which the store appends to the audit log verbatim.
+node an operator drained by hand is never resumed.
+
+The contract of every call that changes something (fence, release, reboot, remark, evacuate):
+it returns a `FenceOutcome` only when the thing is done (changed=True) or was already done
+(changed=False). Otherwise it raises: `Transient` when the backend could not be reached or did
+not complete the call (the same call may work later), `Refused` when the backend refuses the
+request for good (an unknown node, a fence that is not ours, an opt-out, a name it refuses).
+Both carry the command run and the backend's answer (`FenceError`), as an outcome does: the
+store appends them to the audit log verbatim.
 """
 
 from __future__ import annotations
@@ -50,14 +57,28 @@ class FenceState:
 
 @dataclass(frozen=True)
 class FenceOutcome:
-    ok: bool
+    """A call that is done: changed=True when this call did it, False when it was already so."""
+
     changed: bool
     command: tuple[str, ...] = ()
     output: str = ""
     error: str = ""
 
 
-class Transient(RuntimeError):
+class FenceError(Exception):
+    """A fencer call that is not done, with what the audit log records of it: `command` (() when
+    none was run), `output` (the backend's answer) and `error`, the fencer's own words on why
+    (str(e), unless a caller that names the call in front passes the fencer's words on)."""
+
+    def __init__(self, message: str, *, command: tuple[str, ...] = (), output: str = "",
+                 error: str | None = None) -> None:
+        super().__init__(message)
+        self.error = message if error is None else error
+        self.command = command
+        self.output = output
+
+
+class Transient(FenceError, RuntimeError):
     """The backend could not answer (slurmctld down, an API timeout): the same call may work later.
     A fencer raises it after its ONE attempt; the action runner (aggregator/actions.py) is the
     only place that tries again, with backoff and a cap."""
@@ -85,9 +106,18 @@ def time_left(guard: Guard | None, what: str) -> float:
     return left
 
 
-class Refused(ValueError):
-    """The request itself cannot be carried out (a node name the backend refuses, an agent's
-    final "no"): trying again changes nothing. A ValueError, which is what the name validators raise."""
+class Refused(FenceError, ValueError):
+    """The request itself cannot be carried out (a node name the backend refuses, an unknown node,
+    a fence that is not podhealth's, an opt-out, an agent's final "no"): trying again changes
+    nothing. A ValueError, which is what the name validators raise."""
+
+
+def refuse_bad_name(validate: Callable[[str], object], node: str) -> None:
+    """`validate(node)`, a backend's name rule, with its ValueError raised as Refused."""
+    try:
+        validate(node)
+    except ValueError as e:
+        raise Refused(str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -102,7 +132,10 @@ class NodeNames:
 
 @runtime_checkable
 class Fencer(Protocol):
-    """One attempt per call, bounded by the fencer's own timeout; never a retry loop inside."""
+    """One attempt per call, bounded by the fencer's own timeout; never a retry loop inside.
+
+    A call that changes something returns an outcome only for done or already done, and raises
+    Transient (try again later) or Refused (never) otherwise (see the module docstring)."""
 
     name: str
     # Seconds one backend call may take (`fencers.<name>.timeout`). A public call is a few of them
@@ -116,11 +149,11 @@ class Fencer(Protocol):
     async def read(self, node: str) -> FenceState: ...
 
     async def fence(self, node: str, reason: FenceReason) -> FenceOutcome:
-        """Idempotent: already fenced (by anyone) → ok, changed=False."""
+        """Idempotent: already fenced (by anyone) → changed=False."""
         ...
 
     async def release(self, node: str) -> FenceOutcome:
-        """Only if ours: a fence podhealth did not make is left alone (ok=False, error says why)."""
+        """Only if ours: a fence podhealth did not make is left alone (Refused says why)."""
         ...
 
     async def list_fenced(self) -> dict[str, FenceState]:
@@ -133,14 +166,16 @@ class BatchFencer(Protocol):
     """Optional extension of Fencer: read and fence many nodes per backend round trip.
 
     Per node, the answers mean exactly what `read` and `fence` answer for it (fence_many is
-    idempotent and reads before and after, like fence). A node missing from an answer means
+    idempotent and reads before and after, like fence): fence_many's value for a node is the
+    outcome, or the Transient/Refused that fence would raise for it. A node missing from an answer means
     "could not say for this one" (a name the backend refuses, an ambiguous error): the caller
     then uses the single-node call for it, which gives the precise error.
     """
 
     async def read_many(self, nodes: Sequence[str]) -> dict[str, FenceState]: ...
 
-    async def fence_many(self, items: Sequence[tuple[str, FenceReason]]) -> dict[str, FenceOutcome]: ...
+    async def fence_many(self, items: Sequence[tuple[str, FenceReason]]
+                         ) -> dict[str, FenceOutcome | FenceError]: ...
 
 
 @runtime_checkable
@@ -150,7 +185,7 @@ class SeenFencer(Protocol):
     `fence_seen(node, reason, seen)` answers what `fence` answers, with `seen` (this fencer's
     `read` of the node, taken right before) standing for fence's own read before the change, so
     a fence is one read and one change. It is idempotent the same way (already fenced, by anyone:
-    ok, changed=False, nothing sent). A caller retrying after a wait calls `fence`, which reads
+    changed=False, nothing sent). A caller retrying after a wait calls `fence`, which reads
     again: in the wait someone may have drained the node.
     """
 
@@ -166,11 +201,11 @@ class Remediator(Protocol):
     async def reboot(self, node: str, reason: FenceReason) -> FenceOutcome:
         """Have the node rebooted once its jobs are done, and kept out of service afterwards (the
         handover suite returns it). Only on a fence podhealth made; a reboot already requested
-        is ok, changed=False."""
+        is changed=False."""
         ...
 
     async def remark(self, node: str, reason: FenceReason) -> FenceOutcome:
-        """Give podhealth's fence on `node` a new reason; someone else's fence -> ok=False."""
+        """Give podhealth's fence on `node` a new reason; someone else's fence -> Refused."""
         ...
 
 
@@ -283,36 +318,36 @@ class DryRunFencer:
         cmd = ("dryrun", "fence", node, text)
         n = self._nodes.get(node)
         if n is not None and n.fenced:
-            return FenceOutcome(ok=True, changed=False, command=cmd, output="already fenced")
+            return FenceOutcome(changed=False, command=cmd, output="already fenced")
         self._nodes[node] = _DryRunNode(fenced=True, reason=text, at=time.time())
-        return FenceOutcome(ok=True, changed=True, command=cmd, output="would fence (dry run)")
+        return FenceOutcome(changed=True, command=cmd, output="would fence (dry run)")
 
     async def release(self, node: str) -> FenceOutcome:
         cmd = ("dryrun", "release", node)
         n = self._nodes.get(node)
         if n is None or not n.fenced:
-            return FenceOutcome(ok=True, changed=False, command=cmd, output="not fenced")
+            return FenceOutcome(changed=False, command=cmd, output="not fenced")
         n.fenced = False
-        return FenceOutcome(ok=True, changed=True, command=cmd, output="would release (dry run)")
+        return FenceOutcome(changed=True, command=cmd, output="would release (dry run)")
 
     async def list_fenced(self) -> dict[str, FenceState]:
         return {k: await self.read(k) for k, v in self._nodes.items() if v.fenced}
 
     async def reboot(self, node: str, reason: FenceReason) -> FenceOutcome:
-        return FenceOutcome(ok=True, changed=False, command=("dryrun", "reboot", node),
+        return FenceOutcome(changed=False, command=("dryrun", "reboot", node),
                             output="would reboot (dry run)")
 
     async def remark(self, node: str, reason: FenceReason) -> FenceOutcome:
         n = self._nodes.get(node)
         if n is not None and n.fenced:
             n.reason = render_reason(reason)
-        return FenceOutcome(ok=True, changed=n is not None, command=("dryrun", "remark", node, render_reason(reason)),
+        return FenceOutcome(changed=n is not None, command=("dryrun", "remark", node, render_reason(reason)),
                             output="would mark (dry run)")
 
     async def read_many(self, nodes: Sequence[str]) -> dict[str, FenceState]:
         return {n: await self.read(n) for n in nodes}
 
-    async def fence_many(self, items: Sequence[tuple[str, FenceReason]]) -> dict[str, FenceOutcome]:
+    async def fence_many(self, items: Sequence[tuple[str, FenceReason]]) -> dict[str, FenceOutcome | FenceError]:
         return {n: await self.fence(n, r) for n, r in items}
 
 

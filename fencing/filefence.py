@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from podhealth.atomicfile import write_atomic
-from podhealth.fencing.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, NodeNames, render_reason
+from podhealth.fencing.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, NodeNames, Refused, render_reason
 
 if TYPE_CHECKING:
     from podhealth.config_aggregator import FileFencerConfig
@@ -76,13 +76,13 @@ class FileFencer:
             data = self._load()
             cur = data["nodes"].get(node)
             if cur and cur.get("fenced"):
-                return FenceOutcome(ok=True, changed=False, command=cmd, output="already fenced")
+                return FenceOutcome(changed=False, command=cmd, output="already fenced")
             data["nodes"][node] = {"fenced": True, "reason": render_reason(reason), "opted_out": False}
             data["fences"][node] = data["fences"].get(node, 0) + 1
             self._save(data)
             if self.gate_after:
                 await self._wait_gate()
-        return FenceOutcome(ok=True, changed=True, command=cmd, output="fenced")
+        return FenceOutcome(changed=True, command=cmd, output="fenced")
 
     async def release(self, node: str) -> FenceOutcome:
         cmd = ("file-release", str(self.path), node)
@@ -90,13 +90,13 @@ class FileFencer:
             data = self._load()
             st = self._state(node, data["nodes"].get(node))
             if not st.fenced:
-                return FenceOutcome(ok=True, changed=False, command=cmd, output="not fenced")
+                return FenceOutcome(changed=False, command=cmd, output="not fenced")
             if not st.ours:
-                return FenceOutcome(ok=False, changed=False, command=cmd, error=f"not ours: {st.reason}")
+                raise Refused(f"not ours: {st.reason}", command=cmd)
             data["nodes"][node]["fenced"] = False
             data["nodes"][node]["reason"] = ""
             self._save(data)
-        return FenceOutcome(ok=True, changed=True, command=cmd, output="released")
+        return FenceOutcome(changed=True, command=cmd, output="released")
 
     async def list_fenced(self) -> dict[str, FenceState]:
         nodes = self._load()["nodes"]

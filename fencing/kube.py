@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from podhealth.fencing.fence import (
-    FenceOutcome, FenceReason, FenceState, Guard, Job, LeaseExpired, NodeNames, Transient, mark_epoch, render_reason,
-    time_left,
+    FenceError, FenceOutcome, FenceReason, FenceState, Guard, Job, LeaseExpired, NodeNames, Refused, Transient,
+    mark_epoch, refuse_bad_name, render_reason, time_left,
 )
 from podhealth.fencing.kubeauth import DEFAULT_SA_DIR, InClusterError, in_cluster_configuration
 from podhealth.hostnames import node_name_problem
@@ -316,10 +316,7 @@ class KubeFencer:
         return view.state()
 
     async def fence(self, node: str, reason: FenceReason) -> FenceOutcome:
-        try:
-            validate_kube_node_name(node)
-        except ValueError as e:
-            return FenceOutcome(ok=False, changed=False, error=str(e))
+        refuse_bad_name(validate_kube_node_name, node)
         why = render_reason(reason)[:MAX_WHY_CHARS]
         value = taint_value(reason.check, reason.epoch)
         command = ("PATCH", f"/api/v1/nodes/{node}", f"cordon + taint {TAINT_KEY}={value}"
@@ -329,15 +326,14 @@ class KubeFencer:
             for _ in range(self.attempts):
                 view = await self._view(node, deadline)
                 if view is None:
-                    return FenceOutcome(ok=False, changed=False, command=command, error=f"node {node} not found")
+                    raise Refused(f"node {node} not found", command=command)
                 if view.opted_out:
-                    return FenceOutcome(ok=False, changed=False, command=command,
-                                        error=f"node {node} is opted out ({MANAGED_LABEL}=false)")
+                    raise Refused(f"node {node} is opted out ({MANAGED_LABEL}=false)", command=command)
                 if view.complete:
                     note = "" if view.condition == "True" else await self._condition(
                         node, True, condition_reason(view.record.check if view.record else reason.check),
                         view.record.why if view.record else why, deadline)
-                    return FenceOutcome(ok=True, changed=False, command=command,
+                    return FenceOutcome(changed=False, command=command,
                                         output=f"already fenced by podhealth: {view.state().reason}{note}")
                 record = FenceRecord(why=why, when=_iso(self.clock()), id=reason.id, check=reason.check,
                                      cordoned_before=view.unschedulable and not view.ours)
@@ -346,26 +342,22 @@ class KubeFencer:
                 except _Conflict:
                     continue
                 except _Gone:
-                    return _gone(node, command, "fencing")
+                    raise _gone(node, command, "fencing") from None
                 done = NodeView.of(after)
                 if not done.complete:
-                    return FenceOutcome(ok=False, changed=True, command=command, output=done.state().raw,
-                                        error="the patch was accepted but the node does not show the fence")
+                    raise Transient("the patch was accepted but the node does not show the fence",
+                                    command=command, output=done.state().raw)
                 note = await self._event(done, "PodhealthFenced", "Warning", "Fence", why, deadline)
                 note += await self._condition(node, True, condition_reason(reason.check), why, deadline)
                 extra = " (was already cordoned by someone else; release will leave that cordon)" \
                     if (done.record and done.record.cordoned_before) else ""
-                return FenceOutcome(ok=True, changed=True, command=command, output=f"fenced: {why}{extra}{note}")
-            return FenceOutcome(ok=False, changed=False, command=command,
-                                error=f"gave up after {self.attempts} conflicting updates (409)")
+                return FenceOutcome(changed=True, command=command, output=f"fenced: {why}{extra}{note}")
+            raise Transient(f"gave up after {self.attempts} conflicting updates (409)", command=command)
         except KubeUnavailable as e:
-            return FenceOutcome(ok=False, changed=False, command=command, error=str(e))
+            raise KubeUnavailable(str(e), command=command) from None
 
     async def release(self, node: str) -> FenceOutcome:
-        try:
-            validate_kube_node_name(node)
-        except ValueError as e:
-            return FenceOutcome(ok=False, changed=False, error=str(e))
+        refuse_bad_name(validate_kube_node_name, node)
         command = ("PATCH", f"/api/v1/nodes/{node}", f"remove taint {TAINT_KEY}, annotation {ANNOTATION}, "
                    "and the cordon unless it predates podhealth")
         deadline = time.monotonic() + self.budget
@@ -373,34 +365,32 @@ class KubeFencer:
             for _ in range(self.attempts):
                 view = await self._view(node, deadline)
                 if view is None:
-                    return FenceOutcome(ok=False, changed=False, command=command, error=f"node {node} not found")
+                    raise Refused(f"node {node} not found", command=command)
                 if not view.ours:
                     left = " (its cordon is someone else's and stays)" if view.unschedulable else ""
-                    return FenceOutcome(ok=True, changed=False, command=command,
+                    return FenceOutcome(changed=False, command=command,
                                         output=f"no podhealth fence on {node}{left}")
                 if view.opted_out:
-                    return FenceOutcome(ok=False, changed=False, command=command,
-                                        error=f"node {node} is opted out ({MANAGED_LABEL}=false); podhealth "
-                                              "leaves its marks for an operator to remove")
+                    raise Refused(f"node {node} is opted out ({MANAGED_LABEL}=false); podhealth "
+                                  "leaves its marks for an operator to remove", command=command)
                 try:
                     after = await self._patch(node, release_patch(view), deadline)
                 except _Conflict:
                     continue
                 except _Gone:
-                    return _gone(node, command, "releasing")
+                    raise _gone(node, command, "releasing") from None
                 done = NodeView.of(after)
                 if done.ours:
-                    return FenceOutcome(ok=False, changed=True, command=command, output=done.state().raw,
-                                        error="the patch was accepted but podhealth's marks are still there")
+                    raise Transient("the patch was accepted but podhealth's marks are still there",
+                                    command=command, output=done.state().raw)
                 kept = done.unschedulable
                 msg = f"released: {view.state().reason}" + (" (cordon kept: not podhealth's)" if kept else "")
                 note = await self._event(done, "PodhealthReleased", "Normal", "Release", msg, deadline)
                 note += await self._condition(node, False, "PodhealthReleased", msg, deadline)
-                return FenceOutcome(ok=True, changed=True, command=command, output=msg + note)
-            return FenceOutcome(ok=False, changed=False, command=command,
-                                error=f"gave up after {self.attempts} conflicting updates (409)")
+                return FenceOutcome(changed=True, command=command, output=msg + note)
+            raise Transient(f"gave up after {self.attempts} conflicting updates (409)", command=command)
         except KubeUnavailable as e:
-            return FenceOutcome(ok=False, changed=False, command=command, error=str(e))
+            raise KubeUnavailable(str(e), command=command) from None
 
     # ---- JobSource: the GPU pods on a node, and evicting them ------------------------------------
 
@@ -453,9 +443,11 @@ class KubeFencer:
         if refused or failed:
             why = "; ".join(refused + failed)
             code = "429 (a PodDisruptionBudget refuses; later)" if refused and not failed else "failed"
-            return FenceOutcome(ok=False, changed=bool(done), command=command, output=text,
-                                error=f"eviction {code}: {why}")
-        return FenceOutcome(ok=True, changed=bool(done), command=command, output=text)
+            error = f"eviction {code}: {why}"
+            # A budget that refuses (429) may allow it later; any other failure is final here.
+            later = "429" in error or "disruption budget" in error.lower()
+            raise (Transient if later else Refused)(error, command=command, output=text)
+        return FenceOutcome(changed=bool(done), command=command, output=text)
 
     async def announce_jobs(self, node: str, message: str) -> str:
         """An Event `PodhealthJobsAffected` on the Node naming the GPU pods a fence hurts (best
@@ -487,23 +479,19 @@ class KubeFencer:
 
     async def _annotate(self, node: str, verb: str, key: str, value: str | None, same: Callable[[str], bool],
                         why: str, event: str) -> FenceOutcome:
-        try:
-            validate_kube_node_name(node)
-        except ValueError as e:
-            return FenceOutcome(ok=False, changed=False, error=str(e))
+        refuse_bad_name(validate_kube_node_name, node)
         command = ("PATCH", f"/api/v1/nodes/{node}", f"annotation {key}")
         deadline = time.monotonic() + self.budget
         try:
             for _ in range(self.attempts):
                 view = await self._view(node, deadline)
                 if view is None:
-                    return FenceOutcome(ok=False, changed=False, command=command, error=f"node {node} not found")
+                    raise Refused(f"node {node} not found", command=command)
                 if not view.complete or view.opted_out:
-                    return FenceOutcome(ok=False, changed=False, command=command,
-                                        error=f"{node} is not fenced by podhealth (or opted out): not touched")
+                    raise Refused(f"{node} is not fenced by podhealth (or opted out): not touched", command=command)
                 old = view.annotations.get(key, "")
                 if old and same(old):
-                    return FenceOutcome(ok=True, changed=False, command=command, output=f"already {verb}: {old}")
+                    return FenceOutcome(changed=False, command=command, output=f"already {verb}: {old}")
                 text = value
                 if text is None and view.record is not None:  # remark: the record with the new why
                     text = dataclasses.replace(view.record, why=why).to_json()
@@ -513,13 +501,12 @@ class KubeFencer:
                 except _Conflict:
                     continue
                 except _Gone:
-                    return _gone(node, command, "annotating")
+                    raise _gone(node, command, "annotating") from None
                 note = await self._event(NodeView.of(after), event, "Warning", verb.capitalize(), why, deadline)
-                return FenceOutcome(ok=True, changed=True, command=command, output=f"{key}: {text}{note}")
-            return FenceOutcome(ok=False, changed=False, command=command,
-                                error=f"gave up after {self.attempts} conflicting updates (409)")
+                return FenceOutcome(changed=True, command=command, output=f"{key}: {text}{note}")
+            raise Transient(f"gave up after {self.attempts} conflicting updates (409)", command=command)
         except KubeUnavailable as e:
-            return FenceOutcome(ok=False, changed=False, command=command, error=str(e))
+            raise KubeUnavailable(str(e), command=command) from None
 
     # ---- BatchFencer: the API has no multi-node patch, so a batch is single calls side by side --
 
@@ -538,13 +525,16 @@ class KubeFencer:
         states = await asyncio.gather(*(one(n) for n in dict.fromkeys(nodes)))
         return {st.node: st for st in states if st is not None}
 
-    async def fence_many(self, items: Sequence[tuple[str, FenceReason]]) -> dict[str, FenceOutcome]:
-        """fence() for many nodes, BATCH_CONCURRENCY at a time (fence() answers every failure itself)."""
+    async def fence_many(self, items: Sequence[tuple[str, FenceReason]]) -> dict[str, FenceOutcome | FenceError]:
+        """fence() for many nodes, BATCH_CONCURRENCY at a time: per node its outcome or its error."""
         sem = asyncio.Semaphore(BATCH_CONCURRENCY)
 
-        async def one(n: str, r: FenceReason) -> tuple[str, FenceOutcome]:
+        async def one(n: str, r: FenceReason) -> tuple[str, FenceOutcome | FenceError]:
             async with sem:
-                return n, await self.fence(n, r)
+                try:
+                    return n, await self.fence(n, r)
+                except FenceError as e:
+                    return n, e
 
         return dict(await asyncio.gather(*(one(n, r) for n, r in dict(items).items())))
 
@@ -701,11 +691,10 @@ def _json_body(resp: Any) -> Json:
     return doc
 
 
-def _gone(node: str, command: tuple[str, ...], doing: str) -> FenceOutcome:
+def _gone(node: str, command: tuple[str, ...], doing: str) -> Refused:
     """The Node was deleted between podhealth's read and its write (404): nothing was changed, and
     nothing is worth retrying until the node registers again (a read then says exists=False)."""
-    return FenceOutcome(ok=False, changed=False, command=command,
-                        error=f"node {node} not found: deleted while podhealth was {doing} it")
+    return Refused(f"node {node} not found: deleted while podhealth was {doing} it", command=command)
 
 
 def _request_id(text: str) -> str:

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from podhealth.fencing.fence import (
-    REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Guard, Job, LeaseExpired, NodeNames, Transient, mark_epoch,
-    parse_reason, render_reason, time_left,
+    REASON_PREFIX, FenceError, FenceOutcome, FenceReason, FenceState, Guard, Job, LeaseExpired, NodeNames, Refused,
+    Transient, mark_epoch, parse_reason, refuse_bad_name, render_reason, time_left,
 )
 from podhealth.hostnames import is_valid_node_name, validate_node_name
 from podhealth.fencing.slurmjobs import SQUEUE_FORMAT, parse_show_job, parse_squeue
@@ -314,23 +314,17 @@ class SlurmFencer:
         return await self._read(node, deadline)
 
     async def fence(self, node: str, reason: FenceReason) -> FenceOutcome:
-        try:
-            validate_node_name(node)
-        except ValueError as e:
-            return FenceOutcome(ok=False, changed=False, error=str(e))
+        refuse_bad_name(validate_node_name, node)
         deadline = time.monotonic() + self.budget
         try:
             before = await self._read(node, deadline)
         except SlurmUnavailable as e:
-            return FenceOutcome(ok=False, changed=False, command=self._drain_argv(node, reason), error=str(e))
+            raise SlurmUnavailable(str(e), command=self._drain_argv(node, reason)) from None
         return await self._drain(node, reason, before, deadline)
 
     async def fence_seen(self, node: str, reason: FenceReason, seen: FenceState) -> FenceOutcome:
         """fence() from the caller's read of the node just before (SeenFencer): one scontrol run."""
-        try:
-            validate_node_name(node)
-        except ValueError as e:
-            return FenceOutcome(ok=False, changed=False, error=str(e))
+        refuse_bad_name(validate_node_name, node)
         return await self._drain(node, reason, seen, time.monotonic() + self.budget)
 
     def _drain_argv(self, node: str, reason: FenceReason) -> tuple[str, ...]:
@@ -346,37 +340,31 @@ class SlurmFencer:
         if before.node != node:
             raise ValueError(f"the state given is {before.node}'s, not {node}'s")
         if not before.exists:
-            return FenceOutcome(ok=False, changed=False, command=argv, output=before.raw,
-                                error=f"node {node} is not known to Slurm")
+            raise Refused(f"node {node} is not known to Slurm", command=argv, output=before.raw)
         if before.fenced:
             who = "podhealth" if before.ours else "someone else; left alone"
-            return FenceOutcome(ok=True, changed=False, command=argv,
+            return FenceOutcome(changed=False, command=argv,
                                 output=f"already drained by {who}: {before.reason}")
         run = await self._run_once(argv, deadline)
         if run.rc != 0:
-            return FenceOutcome(ok=False, changed=False, command=argv, output=run.text,
-                                error=f"scontrol drain failed: {run.text or 'rc ' + str(run.rc)}")
-        return FenceOutcome(ok=True, changed=True, command=argv,
+            raise Refused(f"scontrol drain failed: {run.text or 'rc ' + str(run.rc)}", command=argv, output=run.text)
+        return FenceOutcome(changed=True, command=argv,
                             output=run.text or f"drained: {sanitise_reason(reason)}")
 
     async def release(self, node: str) -> FenceOutcome:
-        try:
-            validate_node_name(node)
-        except ValueError as e:
-            return FenceOutcome(ok=False, changed=False, error=str(e))
+        refuse_bad_name(validate_node_name, node)
         argv = (self.scontrol, "update", f"NodeName={node}", "State=RESUME")
         deadline = time.monotonic() + self.budget
         try:
             before = await self._read(node, deadline)
         except SlurmUnavailable as e:
-            return FenceOutcome(ok=False, changed=False, command=argv, error=str(e))
+            raise SlurmUnavailable(str(e), command=argv) from None
         if not before.exists:
-            return FenceOutcome(ok=False, changed=False, command=argv, error=f"node {node} is not known to Slurm")
+            raise Refused(f"node {node} is not known to Slurm", command=argv)
         if not before.fenced:
-            return FenceOutcome(ok=True, changed=False, command=argv, output="not drained")
+            return FenceOutcome(changed=False, command=argv, output="not drained")
         if not before.ours:
-            return FenceOutcome(ok=False, changed=False, command=argv,
-                                error=f"drained by someone else ({before.reason!r}); podhealth does not resume it")
+            raise Refused(f"drained by someone else ({before.reason!r}); podhealth does not resume it", command=argv)
         # Slurm has no compare-and-set: re-reading right before RESUME keeps the window small.
         return await self._update_and_confirm(
             node, argv, deadline, "resume", lambda a: not a.fenced,
@@ -409,7 +397,7 @@ class SlurmFencer:
         otherwise nothing: the drain already lets them finish."""
         names = ", ".join(j.label() for j in jobs) or "none"
         if not force or not jobs:
-            return FenceOutcome(ok=True, changed=False, command=(),
+            return FenceOutcome(changed=False, command=(),
                                 output=f"drain lets the job(s) on {node} finish: {names}")
         ids = [j.id for j in jobs if j.id.replace("_", "").isdigit()]
         argv = (self.scontrol, "requeue", ",".join(ids))
@@ -417,9 +405,8 @@ class SlurmFencer:
         if run.rc is None or run.transient:
             raise SlurmUnavailable(run.text or run.err)
         if run.rc != 0:
-            return FenceOutcome(ok=False, changed=False, command=argv, output=run.text,
-                                error=f"scontrol requeue failed: {run.text or 'rc ' + str(run.rc)}")
-        return FenceOutcome(ok=True, changed=True, command=argv, output=f"requeued {names}")
+            raise Refused(f"scontrol requeue failed: {run.text or 'rc ' + str(run.rc)}", command=argv, output=run.text)
+        return FenceOutcome(changed=True, command=argv, output=f"requeued {names}")
 
     async def announce_jobs(self, node: str, message: str) -> str:
         """Name the jobs a fence hurts in the node's reason, after podhealth's own mark
@@ -454,47 +441,41 @@ class SlurmFencer:
         (State=RESUME) returns it. One scontrol run: the action runner is the one retrier.
         Idempotent: a reboot already requested or issued (the REBOOT_REQUESTED / REBOOT_ISSUED
         flags) is not asked again, so a restart never reboots a node twice."""
-        try:
-            validate_node_name(node)
-        except ValueError as e:
-            return FenceOutcome(ok=False, changed=False, error=str(e))
+        refuse_bad_name(validate_node_name, node)
         text = sanitise_reason(reason)
         argv = (self.scontrol, "reboot", "ASAP", "nextstate=DOWN", f"reason={text}", node)
         deadline = time.monotonic() + self.budget
         before = await self._read(node, deadline)  # SlurmUnavailable: the runner tries again later
         if not before.exists:
-            return FenceOutcome(ok=False, changed=False, command=argv, error=f"node {node} is not known to Slurm")
+            raise Refused(f"node {node} is not known to Slurm", command=argv)
         if not (before.fenced and before.ours):
-            return FenceOutcome(ok=False, changed=False, command=argv, output=before.raw,
-                                error=f"{node} is not fenced by podhealth ({before.reason!r}): not rebooted")
+            raise Refused(f"{node} is not fenced by podhealth ({before.reason!r}): not rebooted",
+                          command=argv, output=before.raw)
         if _rebooting(before):
-            return FenceOutcome(ok=True, changed=False, command=argv, output=f"reboot already requested: {before.raw}")
+            return FenceOutcome(changed=False, command=argv, output=f"reboot already requested: {before.raw}")
         run = await self._run(argv, max(0.1, min(self.timeout, deadline - time.monotonic())))
         if run.rc is None or run.transient:
             raise SlurmUnavailable(run.text or run.err)
         if run.rc != 0:
-            return FenceOutcome(ok=False, changed=False, command=argv, output=run.text,
-                                error=f"scontrol reboot failed: {run.text or 'rc ' + str(run.rc)}")
+            raise Refused(f"scontrol reboot failed: {run.text or 'rc ' + str(run.rc)}", command=argv, output=run.text)
         after = await self._read(node, deadline)
         if not (_rebooting(after) or after.raw != before.raw):
-            return FenceOutcome(ok=False, changed=True, command=argv, output=after.raw,
-                                error=f"after scontrol reboot {node} shows no reboot pending: {_shown(after)}")
-        return FenceOutcome(ok=True, changed=True, command=argv, output=run.text or f"reboot requested: {after.raw}")
+            # Asked, but Slurm shows nothing pending: the ladder counts it a failed attempt (Refused).
+            raise Refused(f"after scontrol reboot {node} shows no reboot pending: {_shown(after)}",
+                          command=argv, output=after.raw)
+        return FenceOutcome(changed=True, command=argv, output=run.text or f"reboot requested: {after.raw}")
 
     async def remark(self, node: str, reason: FenceReason) -> FenceOutcome:
         """Replace the reason on podhealth's drain (REPAIR). State=DRAIN keeps a drained node
         drained and adds the drain to one left DOWN by a reboot, so nothing schedules on it."""
-        try:
-            validate_node_name(node)
-        except ValueError as e:
-            return FenceOutcome(ok=False, changed=False, error=str(e))
+        refuse_bad_name(validate_node_name, node)
         text = sanitise_reason(reason)
         argv = (self.scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={text}")
         deadline = time.monotonic() + self.budget
         before = await self._read(node, deadline)
         if not (before.exists and before.fenced and before.ours):
-            return FenceOutcome(ok=False, changed=False, command=argv, output=before.raw,
-                                error=f"{node} is not fenced by podhealth ({before.reason!r}): reason left alone")
+            raise Refused(f"{node} is not fenced by podhealth ({before.reason!r}): reason left alone",
+                          command=argv, output=before.raw)
         return await self._update_and_confirm(
             node, argv, deadline, "drain", lambda a: a.fenced and a.reason.startswith(text),
             lambda a: f"after the update {node} shows reason {a.reason!r}", lambda a: f"reason now: {a.reason}")
@@ -505,17 +486,15 @@ class SlurmFencer:
         """Run one `scontrol update` and read the node back: only what Slurm then shows counts."""
         run = await self._run_once(argv, deadline)
         if run.rc != 0:
-            return FenceOutcome(ok=False, changed=False, command=argv, output=run.text,
-                                error=f"scontrol {verb} failed: {run.text or 'rc ' + str(run.rc)}")
+            raise Refused(f"scontrol {verb} failed: {run.text or 'rc ' + str(run.rc)}", command=argv, output=run.text)
         past = "drained" if verb == "drain" else "resumed"
         try:
             after = await self._read(node, deadline)
         except SlurmUnavailable as e:
-            return FenceOutcome(ok=False, changed=True, command=argv, output=run.text,
-                                error=f"{past}, but could not read it back: {e}")
-        if not done(after):
-            return FenceOutcome(ok=False, changed=True, command=argv, output=after.raw, error=not_done(after))
-        return FenceOutcome(ok=True, changed=True, command=argv, output=run.text or default_output(after))
+            raise SlurmUnavailable(f"{past}, but could not read it back: {e}", command=argv, output=run.text) from None
+        if not done(after):  # the update ran and did not take (someone else's change between): later
+            raise Transient(not_done(after), command=argv, output=after.raw)
+        return FenceOutcome(changed=True, command=argv, output=run.text or default_output(after))
 
     # ---- BatchFencer: many nodes per scontrol process ---------------------------------------
     #
@@ -530,16 +509,16 @@ class SlurmFencer:
         names = [n for n in dict.fromkeys(nodes) if is_valid_node_name(n)]
         return await self._read_many(names, time.monotonic() + self.budget)
 
-    async def fence_many(self, items: Sequence[tuple[str, FenceReason]]) -> dict[str, FenceOutcome]:
-        """fence() for many nodes: the same checks and outcomes per node. A node whose state
+    async def fence_many(self, items: Sequence[tuple[str, FenceReason]]) -> dict[str, FenceOutcome | FenceError]:
+        """fence() for many nodes: the same checks, outcomes and errors per node. A node whose state
         could not be told apart (missing from a read) is left out for the caller's fence()."""
-        out: dict[str, FenceOutcome] = {}
+        out: dict[str, FenceOutcome | FenceError] = {}
         texts: dict[str, str] = {}
         for node, reason in items:
             try:
                 validate_node_name(node)
             except ValueError as e:
-                out[node] = FenceOutcome(ok=False, changed=False, error=str(e))
+                out[node] = Refused(str(e))
                 continue
             text = sanitise_reason(reason)
             # sanitise_reason already drops these; should one ever get through, that node is
@@ -551,18 +530,17 @@ class SlurmFencer:
         try:
             before = await self._read_many(list(texts), deadline)
         except SlurmUnavailable as e:
-            return out | {n: FenceOutcome(ok=False, changed=False, command=argv[n], error=str(e)) for n in texts}
+            return out | {n: SlurmUnavailable(str(e), command=argv[n]) for n in texts}
         todo: list[str] = []
         for n in texts:
             st = before.get(n)
             if st is None:
                 continue
             if not st.exists:
-                out[n] = FenceOutcome(ok=False, changed=False, command=argv[n], output=st.raw,
-                                      error=f"node {n} is not known to Slurm")
+                out[n] = Refused(f"node {n} is not known to Slurm", command=argv[n], output=st.raw)
             elif st.fenced:
                 who = "podhealth" if st.ours else "someone else; left alone"
-                out[n] = FenceOutcome(ok=True, changed=False, command=argv[n],
+                out[n] = FenceOutcome(changed=False, command=argv[n],
                                       output=f"already drained by {who}: {st.reason}")
             else:
                 todo.append(n)
@@ -574,23 +552,22 @@ class SlurmFencer:
         try:
             after = await self._read_many(todo, deadline)
         except SlurmUnavailable as e:
-            return out | {n: FenceOutcome(ok=False, changed=True, command=argv[n], output=said[n].text,
-                                          error=f"drained, but could not read it back: {e}") for n in todo}
+            return out | {n: SlurmUnavailable(f"drained, but could not read it back: {e}", command=argv[n],
+                                              output=said[n].text) for n in todo}
         for n in todo:
             st, run = after.get(n), said[n]
             if st is None:
                 continue
             if st.fenced and st.ours:
-                out[n] = FenceOutcome(ok=True, changed=True, command=argv[n],
+                out[n] = FenceOutcome(changed=True, command=argv[n],
                                       output=f"drained: {st.reason} (a batch of {len(todo)}, "
                                              f"{len(chunks)} scontrol session(s))")
             elif run.rc is None or run.transient:
                 continue  # slurmctld did not answer: left out, for the caller's fence() of this one
             else:
                 err = run.err.strip()[:MAX_OUTPUT_CHARS]
-                out[n] = FenceOutcome(ok=False, changed=False, command=argv[n], output=st.raw,
-                                      error=f"after the drain {n} shows {_shown(st)}"
-                                            + (f"; scontrol said: {err}" if err else ""))
+                out[n] = Refused(f"after the drain {n} shows {_shown(st)}" + (f"; scontrol said: {err}" if err else ""),
+                                 command=argv[n], output=st.raw)
         return out
 
     async def _read_many(self, names: list[str], deadline: float) -> dict[str, FenceState]:

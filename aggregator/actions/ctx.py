@@ -22,7 +22,9 @@ from podhealth.aggregator.metrics import Metrics
 from podhealth.aggregator.state import Memory
 from podhealth.aggregator.store import Op, Store
 from podhealth.fencing.build import build_fencers
-from podhealth.fencing.fence import FenceOutcome, FenceReason, FenceState, Fencer, Job, JobSource, NodeNames
+from podhealth.fencing.fence import (
+    FenceError, FenceOutcome, FenceReason, FenceState, Fencer, Job, JobSource, NodeNames,
+)
 
 log = plog.get("podhealth.aggregator")
 
@@ -71,9 +73,22 @@ class Ctx:
             out.append((f, st))
         return out
 
-    def audit_outcome(self, p: Pending, fencer: Fencer, what: str, o: FenceOutcome) -> Op:
+    def audit_outcome(self, p: Pending, fencer: Fencer, what: str, o: FenceOutcome | FenceError) -> Op:
+        if isinstance(o, FenceError):  # not done: the fencer's own account of why
+            return Store.op_audit(self.clock(), p.node, p.who, f"{what} via {fencer.name}", p.why, o.command,
+                                  o.error or o.output, False, p.id)
         return Store.op_audit(self.clock(), p.node, p.who, f"{what} via {fencer.name}", p.why, o.command,
-                              o.output if o.ok else (o.error or o.output), o.ok, p.id)
+                              o.output, True, p.id)
+
+    async def not_done(self, p: Pending, f: Fencer, what: str, target: str, e: FenceError, ops: list[Op]) -> str:
+        """A call the fencer could not do: audited like an outcome with the command it ran, and
+        committed with `ops`; '<fencer> <what> <target>: why' for the action's result. One with no
+        command (the backend did not answer before any was run) was never an outcome: it goes up."""
+        if not e.command:
+            raise e
+        ops.append(self.audit_outcome(p, f, what, e))
+        await self.journal.commit(ops)
+        return f"{f.name} {what} {target}: {e.error or e.output}"
 
     async def ask_agent(self, node: str, url: str, payload: dict[str, Any], deadline_s: float) -> Reply:
         """POST `payload` to the node's agent, signed with its agent key; the answer only once

@@ -21,14 +21,15 @@ async def run(p: Pending, ctx: Ctx) -> None:
             ops.append(Store.op_audit(ctx.clock(), p.node, p.who, f"evacuate via {f.name} (dry run)", p.why,
                                       (), f"{verb}: {', '.join(j.label() for j in jobs) or 'no jobs'}"))
             continue
-        o = await ctx.journal.call(f, f"{f.name} evacuate {target}",
-                                   lambda f=f, t=target, js=jobs: f.evacuate(t, js, force))  # type: ignore[misc]
+        try:
+            o = await ctx.journal.call(f, f"{f.name} evacuate {target}",
+                                       lambda f=f, t=target, js=jobs: f.evacuate(t, js, force))  # type: ignore[misc]
+        except (Transient, Refused) as e:
+            why = await ctx.not_done(p, f, "evacuate", target, e, ops)
+            if "429" in e.error or "disruption budget" in e.error.lower():
+                raise Transient(f"{f.name}: {e.error}") from None
+            raise Refused(why) from None
         ops.append(ctx.audit_outcome(p, f, "evacuate", o))
-        if not o.ok:
-            await ctx.journal.commit(ops)
-            if "429" in o.error or "disruption budget" in o.error.lower():
-                raise Transient(f"{f.name}: {o.error}")
-            raise Refused(f"{f.name} evacuate {target}: {o.error or o.output}")
     rec = ctx.mem.nodes.get(p.node)
     if rec is not None:
         rec.jobs = tuple(j.to_json() for j in touched)

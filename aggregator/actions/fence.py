@@ -14,7 +14,7 @@ from podhealth.aggregator.model import FenceMode
 from podhealth.aggregator.overrides import drain_event_op
 from podhealth.aggregator.store import Op, Store
 from podhealth.fencing.fence import (
-    BatchFencer, FenceOutcome, FenceReason, FenceState, Fencer, Refused, SeenFencer, Transient,
+    BatchFencer, FenceError, FenceOutcome, FenceReason, FenceState, Fencer, Refused, SeenFencer, Transient,
 )
 
 log = plog.get("podhealth.aggregator")
@@ -116,11 +116,11 @@ async def run(p: Marked, ctx: Ctx) -> None:
             ops.append(_already_fenced(p, f, st, ctx))
             continue
         target = ctx.target(f, p.node)
-        o = await ctx.journal.call(f, f"{f.name} fence {target}", _fence_from(f, target, ctx.marked(p.reason), st))
+        try:
+            o = await ctx.journal.call(f, f"{f.name} fence {target}", _fence_from(f, target, ctx.marked(p.reason), st))
+        except (Transient, Refused) as e:  # refused or not: the fence is tried again later
+            raise Transient(await ctx.not_done(p, f, "fence", target, e, ops)) from None
         ops.append(ctx.audit_outcome(p, f, "fence", o))
-        if not o.ok:
-            await ctx.journal.commit(ops)
-            raise Transient(f"{f.name} fence {target}: {o.error or o.output}")
         changed = changed or o.changed
     await _fenced(p, ops, changed, ctx)
 
@@ -187,7 +187,7 @@ async def run_batch(ps: list[Marked], ctx: Ctx) -> list[Marked]:
                 left[pid] = todo.pop(pid)[0]
                 continue
             ops[pid].append(ctx.audit_outcome(p, f, "fence", o))
-            if not o.ok:
+            if isinstance(o, FenceError):
                 del todo[pid]
                 failed.append((p, f"{f.name} fence {target}: {o.error or o.output}"))
             else:

@@ -25,7 +25,7 @@ from podhealth.aggregator.metrics import Metrics
 from podhealth.aggregator.state import Checkpoint, Memory
 from podhealth.aggregator.store import ActionRow, ActionStart, Op, StaleEpoch, Store, StoreError, db_errors
 from podhealth.aggregator.writer import Writer
-from podhealth.fencing.fence import FenceReason, Fencer, LeaseExpired, Refused, Transient
+from podhealth.fencing.fence import FenceError, FenceReason, Fencer, LeaseExpired, Refused, Transient
 
 T = TypeVar("T")
 log = plog.get("podhealth.aggregator")
@@ -92,6 +92,14 @@ def delay(r: RetryConfig, n: int) -> float:
     most `retries.max_backoff`. Between the calls of one round n = 0, 1, ...; before a pending
     action's next round n = its attempts."""
     return Backoff(r.backoff, r.max_backoff).delay(n)
+
+
+def _detail(e: BaseException) -> dict[str, Any]:
+    """What a fencer's own Transient/Refused says of its call (command, output, its own words),
+    kept when `call()` names the call in front of it: the caller audits it as the fencer said it."""
+    if not isinstance(e, FenceError):
+        return {}
+    return {"command": e.command, "output": e.output, "error": e.error}
 
 
 class Journal:
@@ -191,12 +199,12 @@ class Journal:
                     raise NotLeader(str(e)) from None
                 err = e  # cut at a deadline a renewal has since moved on: tried again under the new one
             except ValueError as e:  # Refused, or the fencer's own validation (a node name it refuses)
-                raise Refused(f"{what}: {e}") from None
+                raise Refused(f"{what}: {e}", **_detail(e)) from None
             except Exception as e:  # noqa: BLE001 - any other fencer failure is tried again, then left pending
                 err = e
             if attempt + 1 < r.attempts:
                 await asyncio.sleep(delay(r, attempt))
-        raise Transient(f"{what}: {type(err).__name__}: {err}")
+        raise Transient(f"{what}: {type(err).__name__}: {err}", **_detail(err))
 
     def due(self, now: float, busy: Callable[[str], bool]) -> list[Pending]:
         """Pending actions whose next round is due and whose node is not `busy`."""

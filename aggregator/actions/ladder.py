@@ -10,7 +10,7 @@ from podhealth.aggregator.actions.ctx import Ctx
 from podhealth.aggregator.actions.journal import Marked, Pending
 from podhealth.aggregator.policy import gpu_index
 from podhealth.aggregator.store import Op, Store
-from podhealth.fencing.fence import Refused, Remediator, Transient, render_reason
+from podhealth.fencing.fence import FenceError, FenceOutcome, Refused, Remediator, Transient, render_reason
 
 
 async def step_failed(p: Pending, error: str, ctx: Ctx) -> None:
@@ -70,11 +70,11 @@ async def reboot(p: Marked, ctx: Ctx) -> None:
             continue
         target = ctx.target(f, p.node)
         reason = ctx.marked(p.reason)
-        o = await ctx.journal.call(f, f"{f.name} reboot {target}", lambda f=f, t=target: f.reboot(t, reason))  # type: ignore[misc]
+        try:
+            o = await ctx.journal.call(f, f"{f.name} reboot {target}", lambda f=f, t=target: f.reboot(t, reason))  # type: ignore[misc]
+        except (Transient, Refused) as e:  # a failed attempt, whichever: the ladder's next rung
+            raise Refused(await ctx.not_done(p, f, "reboot", target, e, ops)) from None
         ops.append(ctx.audit_outcome(p, f, "reboot", o))
-        if not o.ok:
-            await ctx.journal.commit(ops)
-            raise Refused(f"{f.name} reboot {target}: {o.error or o.output}")
         asked += 1
     if not asked:
         await ctx.journal.commit(ops)
@@ -91,7 +91,13 @@ async def repair(p: Marked, ctx: Ctx) -> None:
             continue
         target = ctx.target(f, p.node)
         reason = ctx.marked(p.reason)
-        o = await ctx.journal.call(f, f"{f.name} remark {target}", lambda f=f, t=target: f.remark(t, reason))  # type: ignore[misc]
+        try:
+            o: FenceOutcome | FenceError = await ctx.journal.call(
+                f, f"{f.name} remark {target}", lambda f=f, t=target: f.remark(t, reason))  # type: ignore[misc]
+        except (Transient, Refused) as e:
+            if not e.command:
+                raise
+            o = e  # best effort: audited, and the node goes to repair all the same
         ops.append(ctx.audit_outcome(p, f, "repair reason", o))
     await ctx.journal.finish(p, "done", f"handed to repair: {render_reason(p.reason)}", ops)
 

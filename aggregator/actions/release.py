@@ -7,7 +7,7 @@ from podhealth.aggregator.actions.ctx import Ctx
 from podhealth.aggregator.actions.journal import Pending
 from podhealth.aggregator.model import FenceMode
 from podhealth.aggregator.store import Op, Store
-from podhealth.fencing.fence import Transient
+from podhealth.fencing.fence import Refused, Transient
 
 
 async def run(p: Pending, ctx: Ctx) -> None:
@@ -24,11 +24,11 @@ async def run(p: Pending, ctx: Ctx) -> None:
                                       f"left alone, fenced by someone else: {st.reason}", True, p.id))
             continue
         target = ctx.target(f, p.node)
-        o = await ctx.journal.call(f, f"{f.name} release {target}", lambda f=f, t=target: f.release(t))  # type: ignore[misc]
+        try:
+            o = await ctx.journal.call(f, f"{f.name} release {target}", lambda f=f, t=target: f.release(t))  # type: ignore[misc]
+        except (Transient, Refused) as e:  # refused or not: the release is tried again later
+            raise Transient(await ctx.not_done(p, f, "release", target, e, ops)) from None
         ops.append(ctx.audit_outcome(p, f, "release", o))
-        if not o.ok:
-            await ctx.journal.commit(ops)
-            raise Transient(f"{f.name} release {target}: {o.error or o.output}")
     mode = FenceMode.EXTERNAL if foreign else FenceMode.NONE
     if p.who.startswith("operator:"):
         mem.nodes[p.node].cycles.clear()  # an operator looked at it: the flap count starts afresh

@@ -10,7 +10,7 @@ import asyncio
 import hashlib
 import os
 
-from podhealth.fencing.fence import FenceReason
+from podhealth.fencing.fence import FenceError, FenceReason
 from podhealth.fencing.slurm import SlurmFencer, SlurmUnavailable
 from podhealth.vocab import CheckResult
 
@@ -33,9 +33,23 @@ async def _apply(f: SlurmFencer, node: str, failing: CheckResult | None) -> str:
         if state.fenced:
             return "" if state.ours else f"podhealth: drain-self: {node} already drained by someone else; left alone"
         rid = hashlib.sha1(f"{failing.check}|{failing.entity}|{failing.since}".encode()).hexdigest()[:8]
-        out = await f.fence(node, FenceReason(failing.check, failing.entity, failing.action.value, rid))
-        return f"podhealth: drain-self: drained {node}" if out.ok else f"podhealth: drain-self: drain failed: {out.error}"
+        try:
+            await f.fence(node, FenceReason(failing.check, failing.entity, failing.action.value, rid))
+        except FenceError as e:
+            return f"podhealth: drain-self: drain failed: {_told(e)}"
+        return f"podhealth: drain-self: drained {node}"
     if state.fenced and state.ours:
-        out = await f.release(node)
-        return f"podhealth: drain-self: resumed {node}" if out.ok else f"podhealth: drain-self: resume failed: {out.error}"
+        try:
+            await f.release(node)
+        except FenceError as e:
+            return f"podhealth: drain-self: resume failed: {_told(e)}"
+        return f"podhealth: drain-self: resumed {node}"
     return ""
+
+
+def _told(e: FenceError) -> str:
+    """The fencer's words on a call it could not do; one it ran no command for (slurmctld stopped
+    answering mid-call) is not a note here: it goes up, as it always has."""
+    if not e.command:
+        raise e
+    return e.error

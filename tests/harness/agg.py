@@ -18,7 +18,9 @@ from typing import Any, AsyncIterator, Callable, Sequence
 from aiohttp import web
 
 from podhealth.config_aggregator import AggregatorConfig, NodeEntry
-from podhealth.fencing.fence import REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Job, NodeNames, mark_epoch, render_reason
+from podhealth.fencing.fence import (
+    REASON_PREFIX, FenceOutcome, FenceReason, FenceState, Job, NodeNames, Refused, mark_epoch, render_reason,
+)
 from podhealth import bodycoding
 from podhealth.aggregator.server import make_app
 from podhealth.aggregator.service import Aggregator
@@ -60,20 +62,20 @@ class MemFencer:
         self._maybe_fail("fence", node)
         cmd = ("mem", "fence", node)
         if node in self.fenced:
-            return FenceOutcome(ok=True, changed=False, command=cmd, output="already")
+            return FenceOutcome(changed=False, command=cmd, output="already")
         self.fenced[node] = render_reason(reason)
-        return FenceOutcome(ok=True, changed=True, command=cmd, output="fenced")
+        return FenceOutcome(changed=True, command=cmd, output="fenced")
 
     async def release(self, node: str) -> FenceOutcome:
         self._maybe_fail("release", node)
         cmd = ("mem", "release", node)
         reason = self.fenced.get(node)
         if reason is None:
-            return FenceOutcome(ok=True, changed=False, command=cmd)
+            return FenceOutcome(changed=False, command=cmd)
         if not reason.startswith(REASON_PREFIX):
-            return FenceOutcome(ok=False, changed=False, command=cmd, error="not ours")
+            raise Refused("not ours", command=cmd)
         del self.fenced[node]
-        return FenceOutcome(ok=True, changed=True, command=cmd, output="released")
+        return FenceOutcome(changed=True, command=cmd, output="released")
 
     async def list_fenced(self) -> dict[str, FenceState]:
         self.calls.append(("list", ""))
@@ -86,11 +88,11 @@ class MemFencer:
         self._maybe_fail("reboot", node)
         cmd = ("mem", "reboot", node)
         if not self.fenced.get(node, "").startswith(REASON_PREFIX):
-            return FenceOutcome(ok=False, changed=False, command=cmd, error="not fenced by podhealth")
+            raise Refused("not fenced by podhealth", command=cmd)
         if node in self.rebooting:
-            return FenceOutcome(ok=True, changed=False, command=cmd, output="reboot already requested")
+            return FenceOutcome(changed=False, command=cmd, output="reboot already requested")
         self.rebooting.add(node)
-        return FenceOutcome(ok=True, changed=True, command=cmd, output="reboot requested")
+        return FenceOutcome(changed=True, command=cmd, output="reboot requested")
 
     # JobSource: the jobs on each node, as the test sets them; evacuate() records what it was asked.
     jobs_on: dict[str, list[Job]] = dataclasses.field(default_factory=dict)
@@ -103,15 +105,16 @@ class MemFencer:
         self._maybe_fail("evacuate" + (" force" if force else ""), node)
         if force:
             self.jobs_on[node] = [j for j in self.jobs_on.get(node, []) if j not in jobs]
-        return FenceOutcome(ok=True, changed=force, command=("mem", "requeue" if force else "wait", node),
+        return FenceOutcome(changed=force, command=("mem", "requeue" if force else "wait", node),
                             output=", ".join(j.label() for j in jobs))
 
     async def remark(self, node: str, reason: FenceReason) -> FenceOutcome:
         self._maybe_fail("remark", node)
         if not self.fenced.get(node, "").startswith(REASON_PREFIX):
-            return FenceOutcome(ok=False, changed=False, error="not fenced by podhealth")
+            # a command, as a fencer's own refusal carries: the runner audits it, as it did the outcome
+            raise Refused("not fenced by podhealth", command=("mem", "remark", node))
         self.fenced[node] = render_reason(reason)
-        return FenceOutcome(ok=True, changed=True, command=("mem", "remark", node), output=self.fenced[node])
+        return FenceOutcome(changed=True, command=("mem", "remark", node), output=self.fenced[node])
 
 
 def config(tmp_path: Path, nodes: int = 4, **kw: Any) -> AggregatorConfig:

@@ -67,16 +67,16 @@ async def test_jobs_and_gpus_on_a_node_and_requeue(slurm: SlurmCluster) -> None:
         assert await f.jobs("dgx04") == []
 
         polite = await f.evacuate("dgx01", list(jobs.values()), force=False)
-        assert polite.ok and not polite.changed and polite.command == ()
+        assert not polite.changed and polite.command == ()
         assert job_state(slurm, job)[0] == "RUNNING"
 
         from podhealth.fencing.fence import FenceReason
-        assert (await f.fence("dgx01", FenceReason("gpu_lost", "gpu0", "REBOOT", "t1"))).ok
+        assert (await f.fence("dgx01", FenceReason("gpu_lost", "gpu0", "REBOOT", "t1"))).changed
         o = await f.evacuate("dgx01", list(jobs.values()), force=True)
-        assert o.ok and o.changed and o.command[:2] == ("scontrol", "requeue"), o
+        assert o.changed and o.command[:2] == ("scontrol", "requeue"), o
         await until(lambda: job_state(slurm, job)[0] not in ("RUNNING", "COMPLETING"), 30, "the requeue")
         assert job_state(slurm, job)[0] in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING")
-        assert (await f.release("dgx01")).ok
+        assert (await f.release("dgx01")).changed
     finally:
         cancel(slurm, job, other)
 

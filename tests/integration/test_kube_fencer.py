@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from podhealth.fencing.fence import BatchFencer, FenceReason, Fencer
+from podhealth.fencing.fence import BatchFencer, FenceOutcome, FenceReason, Fencer, Refused, Transient
 from podhealth.fencing.kube import ANNOTATION, TAINT_KEY, FenceRecord, KubeFencer, KubeUnavailable
 from tests.harness.kubeapi import KubeAPI, Kubectl, kubectl_for
 
@@ -50,7 +50,7 @@ def test_is_a_fencer(fencer: KubeFencer) -> None:
 async def test_cordon_matches_kubectl_and_release_restores(api: KubeAPI, kubectl: Any, fencer: KubeFencer) -> None:
     original = {n: api.node(n) for n in ("dgx01", "dgx02")}
     o = await fencer.fence("dgx01", XID)
-    assert o.ok and o.changed, o
+    assert o.changed, o
     kubectl("cordon", "dgx02")
 
     # What real kubectl sent (checked with -v=8): a strategic merge patch of spec.unschedulable.
@@ -79,11 +79,11 @@ async def test_cordon_matches_kubectl_and_release_restores(api: KubeAPI, kubectl
     assert events[0]["message"] == rec.why
 
     again = await fencer.fence("dgx01", FenceReason("nvlink", "GPU0", "REPLACE", "ev-2"))
-    assert again.ok and not again.changed
+    assert not again.changed
     assert kget(kubectl, "dgx01")["metadata"]["annotations"][ANNOTATION] == ours["metadata"]["annotations"][ANNOTATION]
 
     r = await fencer.release("dgx01")
-    assert r.ok and r.changed, r
+    assert r.changed, r
     kubectl("uncordon", "dgx02")
     for n in ("dgx01", "dgx02"):
         now = kget(kubectl, n)
@@ -93,7 +93,7 @@ async def test_cordon_matches_kubectl_and_release_restores(api: KubeAPI, kubectl
         ["PodhealthFenced", "PodhealthReleased"]
     assert not (await fencer.read("dgx01")).fenced
     again_r = await fencer.release("dgx01")
-    assert again_r.ok and not again_r.changed
+    assert not again_r.changed
 
 
 async def test_hand_cordoned_node_stays_cordoned(api: KubeAPI, kubectl: Any, fencer: KubeFencer) -> None:
@@ -101,23 +101,23 @@ async def test_hand_cordoned_node_stays_cordoned(api: KubeAPI, kubectl: Any, fen
     st = await fencer.read("dgx03")
     assert not st.fenced and not st.ours and st.reason == "cordoned, not by podhealth"
     o = await fencer.fence("dgx03", XID)
-    assert o.ok and o.changed and "already cordoned" in o.output
+    assert o.changed and "already cordoned" in o.output
     node = kget(kubectl, "dgx03")
     rec = FenceRecord.parse(node["metadata"]["annotations"][ANNOTATION])
     assert rec is not None and rec.cordoned_before
 
     r = await fencer.release("dgx03")
-    assert r.ok and r.changed and "cordon kept" in r.output
+    assert r.changed and "cordon kept" in r.output
     node = kget(kubectl, "dgx03")
     assert node["spec"]["unschedulable"] is True
     assert "taints" not in node["spec"] and ANNOTATION not in node["metadata"]["annotations"]
 
 
 async def test_release_keeps_taints_others_added(api: KubeAPI, kubectl: Any, fencer: KubeFencer) -> None:
-    assert (await fencer.fence("dgx04", XID)).ok
+    await fencer.fence("dgx04", XID)
     kubectl("taint", "nodes", "dgx04", "nvidia.com/gpu-maintenance=true:NoExecute")
     r = await fencer.release("dgx04")
-    assert r.ok and r.changed
+    assert r.changed
     node = kget(kubectl, "dgx04")
     assert node["spec"]["taints"] == [{"effect": "NoExecute", "key": "nvidia.com/gpu-maintenance", "value": "true"}]
     assert "unschedulable" not in node["spec"]
@@ -133,7 +133,7 @@ async def test_conflict_is_re_read_and_retried(api: KubeAPI, kubectl: Any, fence
     api.inject_concurrent_update("dgx05", other_writer)
     before = api.conflicts_sent
     o = await fencer.fence("dgx05", XID)
-    assert o.ok and o.changed, o
+    assert o.changed, o
     assert api.conflicts_sent == before + 1
     assert len(api.writes("dgx05")) == 2
     node = kget(kubectl, "dgx05")
@@ -144,7 +144,7 @@ async def test_conflict_is_re_read_and_retried(api: KubeAPI, kubectl: Any, fence
 
     api.inject_concurrent_update("dgx05", lambda n: n["metadata"]["labels"].update(again="yes"))
     r = await fencer.release("dgx05")
-    assert r.ok and r.changed
+    assert r.changed
     node = kget(kubectl, "dgx05")
     assert node["spec"]["taints"] == [{"effect": "NoExecute", "key": "other.io/x", "value": "1"}]
     assert node["metadata"]["labels"]["again"] == "yes"
@@ -152,8 +152,8 @@ async def test_conflict_is_re_read_and_retried(api: KubeAPI, kubectl: Any, fence
 
 async def test_endless_conflicts_give_up_without_fencing(api: KubeAPI, fencer: KubeFencer) -> None:
     api.inject_concurrent_update("dgx06", lambda n: None, times=fencer.attempts)
-    o = await fencer.fence("dgx06", XID)
-    assert not o.ok and not o.changed and "409" in o.error
+    with pytest.raises(Transient, match="409"):
+        await fencer.fence("dgx06", XID)
     node = api.node("dgx06")
     assert "unschedulable" not in node["spec"] and ANNOTATION not in node["metadata"]["annotations"]
 
@@ -163,8 +163,8 @@ async def test_opted_out_node_is_left_alone(api: KubeAPI, kubectl: Any, fencer: 
     st = await fencer.read("dgx07")
     assert st.opted_out and not st.fenced
     rv = api.node("dgx07")["metadata"]["resourceVersion"]
-    o = await fencer.fence("dgx07", XID)
-    assert not o.ok and "opted out" in o.error
+    with pytest.raises(Refused, match="opted out"):
+        await fencer.fence("dgx07", XID)
     assert api.node("dgx07")["metadata"]["resourceVersion"] == rv
 
 
@@ -177,26 +177,29 @@ async def test_batch_calls_answer_per_node_like_the_single_calls(api: KubeAPI, k
     assert sorted(read) == ["dgx10", "dgx11", "dgx12", "nosuch"]  # a bad name is left for read() to refuse
     assert not read["nosuch"].exists and read["dgx12"].ours and not read["dgx10"].fenced
     out = await fencer.fence_many([(n, FenceReason("xid", "GPU1", "REBOOT", f"ev-{n}")) for n in nodes])
-    assert out["dgx10"].ok and out["dgx10"].changed and out["dgx11"].ok and out["dgx11"].changed
-    assert out["dgx12"].ok and not out["dgx12"].changed
-    assert not out["nosuch"].ok and "not found" in out["nosuch"].error and not out["DGX01"].ok
+    done = {n: o.changed for n, o in out.items() if isinstance(o, FenceOutcome)}
+    assert done == {"dgx10": True, "dgx11": True, "dgx12": False}, out
+    nosuch, upper = out["nosuch"], out["DGX01"]
+    assert isinstance(nosuch, Refused) and "not found" in nosuch.error and isinstance(upper, Refused)
     doc = kget(kubectl, "dgx11")
     assert doc["spec"]["unschedulable"] is True and "ev-dgx11" in doc["metadata"]["annotations"][ANNOTATION]
     for n in ("dgx10", "dgx11", "dgx12"):
-        assert (await fencer.release(n)).ok
+        await fencer.release(n)
 
 
 async def test_bad_and_unknown_nodes(api: KubeAPI, fencer: KubeFencer) -> None:
     n = len(api.requests)
     for bad in ("DGX01", "dgx_01", "dgx01/status", "", "a" * 254):
-        o = await fencer.fence(bad, XID)
-        assert not o.ok and ("not a valid Kubernetes node name" in o.error or "empty" in o.error), bad
-        assert not (await fencer.release(bad)).ok
+        with pytest.raises(Refused) as e:
+            await fencer.fence(bad, XID)
+        assert "not a valid Kubernetes node name" in e.value.error or "empty" in e.value.error, bad
+        with pytest.raises(Refused):
+            await fencer.release(bad)
     assert len(api.requests) == n, "an invalid name reached the API server"
     st = await fencer.read("nosuch")
     assert not st.exists
-    o = await fencer.fence("nosuch", XID)
-    assert not o.ok and "not found" in o.error
+    with pytest.raises(Refused, match="not found"):
+        await fencer.fence("nosuch", XID)
 
 
 async def test_wrong_token_is_refused_not_retried(api: KubeAPI, tmp_path: Path) -> None:
@@ -209,8 +212,8 @@ async def test_wrong_token_is_refused_not_retried(api: KubeAPI, tmp_path: Path) 
     with pytest.raises(KubeUnavailable, match="401"):
         await f.read("dgx08")
     assert len(api.requests) == n + 1
-    o = await f.fence("dgx08", XID)
-    assert not o.ok and "401" in o.error
+    with pytest.raises(Transient, match="401"):
+        await f.fence("dgx08", XID)
 
 
 async def test_api_server_gone(tmp_path: Path) -> None:
@@ -219,8 +222,8 @@ async def test_api_server_gone(tmp_path: Path) -> None:
     server.stop()
     f = KubeFencer(kubeconfig=kubeconfig, timeout=1.0)
     t0 = time.monotonic()
-    o = await f.fence("dgx01", XID)
-    assert not o.ok and "Kubernetes API" in o.error
+    with pytest.raises(Transient, match="Kubernetes API"):
+        await f.fence("dgx01", XID)
     assert time.monotonic() - t0 < f.budget + 2.0
     with pytest.raises(KubeUnavailable):
         await f.list_fenced()
@@ -286,7 +289,7 @@ async def test_fence_sets_a_node_condition_that_kubectl_describe_shows(api: Kube
     node = "dgx06"
     before = {c["type"]: c for c in kget(kubectl, node)["status"]["conditions"]}
     out = await fencer.fence(node, FenceReason(check="ib_port", entity="mlx5_0/1", action="DRAIN", id="ev-cond"))
-    assert out.ok and "not recorded" not in out.output, out
+    assert "not recorded" not in out.output, out
     conds = {c["type"]: c for c in kget(kubectl, node)["status"]["conditions"]}
     ours = conds["PodhealthFenced"]
     assert (ours["status"], ours["reason"]) == ("True", "IbPort") and "mlx5_0/1" in ours["message"]
@@ -295,7 +298,7 @@ async def test_fence_sets_a_node_condition_that_kubectl_describe_shows(api: Kube
     described = kubectl("describe", "node", node)
     assert "PodhealthFenced" in described and "IbPort" in described
     out = await fencer.release(node)
-    assert out.ok and "not recorded" not in out.output, out
+    assert "not recorded" not in out.output, out
     ours = {c["type"]: c for c in kget(kubectl, node)["status"]["conditions"]}["PodhealthFenced"]
     assert (ours["status"], ours["reason"]) == ("False", "PodhealthReleased")
     # A second fence of a node whose condition someone removed puts it back.
@@ -303,7 +306,7 @@ async def test_fence_sets_a_node_condition_that_kubectl_describe_shows(api: Kube
     api.update_node(node, lambda n: n["status"].update(
         conditions=[c for c in n["status"]["conditions"] if c["type"] != "PodhealthFenced"]))
     again = await fencer.fence(node, FenceReason(check="xid", entity="gpu1", action="REBOOT", id="ev-cond2"))
-    assert again.ok and not again.changed
+    assert not again.changed
     ours = {c["type"]: c for c in kget(kubectl, node)["status"]["conditions"]}["PodhealthFenced"]
     assert (ours["status"], ours["reason"]) == ("True", "Xid")
     await fencer.release(node)
@@ -321,9 +324,9 @@ async def test_no_api_call_after_the_lease_deadline_and_the_epoch_is_in_the_mark
     assert len(api.writes("dgx13")) == before and not api.node("dgx13")["spec"].get("unschedulable")
     f.guard = lambda: 30.0
     o = await f.fence("dgx13", FenceReason("xid", "GPU3", "DRAIN", "ev-0009", epoch=12))
-    assert o.ok and o.changed, o
+    assert o.changed, o
     node = api.node("dgx13")
     assert {"key": TAINT_KEY, "value": "xid.e12", "effect": "NoSchedule"} in node["spec"]["taints"]
     st = await f.read("dgx13")
     assert st.ours and st.epoch == 12 and st.reason.endswith("[ev-0009] e12")
-    assert (await f.release("dgx13")).ok
+    await f.release("dgx13")

@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from podhealth.config_aggregator import CapsConfig, JobsConfig, RetryConfig
+from podhealth.fencing.fence import Transient
 from podhealth.fencing.kube import KubeFencer
 from tests.harness.agg import config, running
 from tests.harness.kubeapi import KubeAPI, Kubectl, kubectl_for
@@ -57,12 +58,13 @@ async def test_gpu_pods_and_eviction_under_a_disruption_budget(api: KubeAPI, kub
     assert [(j.id, j.owner, j.state) for j in jobs] == [("ml/infer-0", "ml", "Running"), ("ml/train-0", "ml", "Running")]
     assert pods_on(kubectl, "dgx01") == ["kube-system/dcgm-exporter-x", "ml/infer-0", "ml/train-0"]
 
-    o = await f.evacuate("dgx01", jobs, force=True)  # force: still the Eviction API, never past a budget
-    assert not o.ok and "429" in o.error and "disruption budget" in o.error and "ml/infer-0" in o.output, o
+    with pytest.raises(Transient) as e:  # force: still the Eviction API, never past a budget
+        await f.evacuate("dgx01", jobs, force=True)
+    assert "429" in e.value.error and "disruption budget" in e.value.error and "ml/infer-0" in e.value.output, e.value
     assert pods_on(kubectl, "dgx01") == ["kube-system/dcgm-exporter-x", "ml/train-0"]
     budget[0] = 1  # the budget allows one disruption now
     o = await f.evacuate("dgx01", await f.jobs("dgx01"), force=False)
-    assert o.ok and o.changed and "ml/train-0" in o.output, o
+    assert o.changed and "ml/train-0" in o.output, o
     assert pods_on(kubectl, "dgx01") == ["kube-system/dcgm-exporter-x"]  # a pod without GPUs is not ours to move
     assert pods_on(kubectl, "dgx02") == ["ml/elsewhere"]
 

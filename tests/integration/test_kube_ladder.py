@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from podhealth.fencing.fence import FenceReason, Remediator, repair_reason
+from podhealth.fencing.fence import FenceReason, Refused, Remediator, repair_reason
 from podhealth.fencing.kube import ANNOTATION, REBOOT_ANNOTATION, FenceRecord, KubeFencer
 from tests.harness.kubeapi import KubeAPI, Kubectl, kubectl_for
 
@@ -36,25 +36,26 @@ def node_annotations(kubectl: Any, node: str) -> dict[str, str]:
 async def test_reboot_request_repair_reason_and_release(api: KubeAPI, kubectl: Any) -> None:
     f = KubeFencer(kubeconfig=str(api.kubeconfig), timeout=5.0)
     assert isinstance(f, Remediator)
-    refused = await f.reboot("dgx01", R)  # not fenced by podhealth: no request
-    assert not refused.ok and REBOOT_ANNOTATION not in node_annotations(kubectl, "dgx01")
+    with pytest.raises(Refused):  # not fenced by podhealth: no request
+        await f.reboot("dgx01", R)
+    assert REBOOT_ANNOTATION not in node_annotations(kubectl, "dgx01")
 
-    assert (await f.fence("dgx01", R)).ok
+    await f.fence("dgx01", R)
     o = await f.reboot("dgx01", R)
-    assert o.ok and o.changed, o
+    assert o.changed, o
     req = json.loads(node_annotations(kubectl, "dgx01")[REBOOT_ANNOTATION])
     assert req["id"] == "ev-0009" and req["why"] == "podhealth: xid gpu3 REBOOT [ev-0009]" and req["when"].endswith("Z")
     # What a kured --reboot-sentinel-command reads (README): the annotation through kubectl's jsonpath.
     path = "{.metadata.annotations.podhealth\\.io/reboot-requested}"
     assert json.loads(kubectl("get", "node", "dgx01", "-o", f"jsonpath={path}"))["id"] == "ev-0009"
     again = await f.reboot("dgx01", R)
-    assert again.ok and not again.changed  # the same request: never asked twice
+    assert not again.changed  # the same request: never asked twice
     # still cordoned and tainted by podhealth across the reboot
     st = await f.read("dgx01")
     assert st.fenced and st.ours
 
     o = await f.remark("dgx01", repair_reason(R))
-    assert o.ok, o
+    assert o.changed, o
     rec = FenceRecord.parse(node_annotations(kubectl, "dgx01")[ANNOTATION])
     assert rec is not None and rec.why == "podhealth: REPAIR xid/gpu3 REBOOT [ev-0009]" and rec.id == "ev-0009"
     assert (await f.read("dgx01")).reason == "podhealth: REPAIR xid/gpu3 REBOOT [ev-0009]"
@@ -62,6 +63,6 @@ async def test_reboot_request_repair_reason_and_release(api: KubeAPI, kubectl: A
     reasons = [e["reason"] for e in json.loads(events)["items"]]
     assert "PodhealthRebootRequested" in reasons and "PodhealthRepair" in reasons
 
-    assert (await f.release("dgx01")).ok
+    await f.release("dgx01")
     left = node_annotations(kubectl, "dgx01")
     assert ANNOTATION not in left and REBOOT_ANNOTATION not in left

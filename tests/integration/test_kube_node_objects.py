@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from podhealth.fencing.fence import FenceReason
+from podhealth.fencing.fence import FenceReason, Refused
 from podhealth.fencing.kube import ANNOTATION, CONDITION_TYPE, REBOOT_ANNOTATION, TAINT_KEY, KubeFencer, NodeView
 from tests.harness.kubeapi import UNSCHEDULABLE_TAINT, KubeAPI, Kubectl, kubectl_for
 
@@ -88,13 +88,13 @@ async def test_admin_cordon_stays_and_every_other_mark_survives(api: KubeAPI, ku
     name = api.add_node_object(named(CORDONED, "dgx-h100-07"))
     before = others(kget(kubectl, name))
     o = await fencer.fence(name, XID)
-    assert o.ok and o.changed and "already cordoned by someone else" in o.output, o
+    assert o.changed and "already cordoned by someone else" in o.output, o
     node = kget(kubectl, name)
     assert json.loads(node["metadata"]["annotations"][ANNOTATION])["cordoned_before"] is True
     assert [t["key"] for t in node["spec"]["taints"]] == ["nvidia.com/gpu", UNSCHEDULABLE_TAINT, TAINT_KEY]
     assert others(node) == before  # the fence itself touched nothing of theirs
     r = await fencer.release(name)
-    assert r.ok and r.changed and "cordon kept" in r.output, r
+    assert r.changed and "cordon kept" in r.output, r
     node = kget(kubectl, name)
     assert others(node) == before
     assert ANNOTATION not in node["metadata"]["annotations"] and node["spec"]["unschedulable"] is True
@@ -108,7 +108,7 @@ async def test_release_of_our_cordon_keeps_npd_gpu_operator_and_other_taints(api
     name = api.add_node_object(named(NPD, "dgx-h100-08"))
     before = others(kget(kubectl, name))
     o = await fencer.fence(name, XID)
-    assert o.ok and o.changed and "already cordoned" not in o.output, o
+    assert o.changed and "already cordoned" not in o.output, o
     node = kget(kubectl, name)
     # The controller's taint came after our write, behind ours: nothing of the other tools moved.
     assert [t["key"] for t in node["spec"]["taints"]] == ["nvidia.com/gpu", "example.com/hw-check", TAINT_KEY,
@@ -116,9 +116,9 @@ async def test_release_of_our_cordon_keeps_npd_gpu_operator_and_other_taints(api
     assert node["spec"]["taints"][1]["timeAdded"] == "2024-12-01T09:40:00Z"
     # fence() is idempotent on this node too: the controller's later write is no reason to patch again.
     again = await fencer.fence(name, XID)
-    assert again.ok and not again.changed, again
+    assert not again.changed, again
     r = await fencer.release(name)
-    assert r.ok and r.changed and "cordon kept" not in r.output, r
+    assert r.changed and "cordon kept" not in r.output, r
     node = kget(kubectl, name)
     assert "unschedulable" not in node["spec"]
     assert others(node) == before  # the controller removed its taint again; NPD's KernelDeadlock=True stays
@@ -142,7 +142,7 @@ async def test_conflicts_from_other_controllers_are_re_read(api: KubeAPI, kubect
     api.inject_concurrent_update(name, other_tool)
     sent = api.conflicts_sent
     o = await fencer.fence(name, XID)
-    assert o.ok and o.changed, o
+    assert o.changed, o
     assert api.conflicts_sent == sent + 2
     node = kget(kubectl, name)
     assert node["metadata"]["labels"]["nvidia.com/gpu-driver-upgrade-state"] == "upgrade-done"
@@ -151,7 +151,7 @@ async def test_conflicts_from_other_controllers_are_re_read(api: KubeAPI, kubect
     api.inject_concurrent_update(name, lambda n: n["spec"]["taints"].append(
         {"key": "example.com/during-release", "effect": "NoSchedule"}))
     r = await fencer.release(name)
-    assert r.ok and r.changed, r
+    assert r.changed, r
     keys = [t["key"] for t in kget(kubectl, name)["spec"]["taints"]]
     assert keys == ["nvidia.com/gpu", "example.com/hw-check", "example.com/late", "example.com/during-release"]
 
@@ -161,22 +161,25 @@ async def test_node_deleted_while_fencing(api: KubeAPI, kubectl: Any, fencer: Ku
     nothing recreated; the next read says the node does not exist."""
     name = api.add_node_object(named(NPD, "dgx-h100-10"))
     api.inject_delete(name)
-    o = await fencer.fence(name, XID)
-    assert not o.ok and not o.changed and o.error == f"node {name} not found: deleted while podhealth was fencing it"
+    with pytest.raises(Refused) as e:
+        await fencer.fence(name, XID)
+    assert e.value.error == f"node {name} not found: deleted while podhealth was fencing it"
     assert kubectl.run("get", "node", name, ok=False).returncode != 0
     st = await fencer.read(name)
     assert not st.exists and not st.fenced
-    again = await fencer.fence(name, XID)
-    assert not again.ok and again.error == f"node {name} not found"
+    with pytest.raises(Refused) as e:
+        await fencer.fence(name, XID)
+    assert e.value.error == f"node {name} not found"
 
 
 async def test_node_deleted_while_releasing_or_annotating(api: KubeAPI, kubectl: Any, fencer: KubeFencer) -> None:
     for verb in ("release", "reboot", "remark"):
         name = api.add_node_object(named(NPD, f"dgx-h100-1{len(verb)}"))
-        assert (await fencer.fence(name, XID)).ok
+        await fencer.fence(name, XID)
         api.inject_delete(name)
-        o = await (fencer.release(name) if verb == "release" else getattr(fencer, verb)(name, XID))
-        assert not o.ok and not o.changed and "deleted while podhealth was" in o.error, (verb, o)
+        with pytest.raises(Refused) as e:
+            await (fencer.release(name) if verb == "release" else getattr(fencer, verb)(name, XID))
+        assert "deleted while podhealth was" in e.value.error, (verb, e.value)
         assert (await fencer.read(name)).exists is False
 
 
@@ -188,28 +191,30 @@ async def test_node_replaced_under_the_same_name(api: KubeAPI, kubectl: Any, fen
     old_uid = kget(kubectl, name)["metadata"]["uid"]
     api.inject_replace(name, named(CORDONED, name))
     o = await fencer.fence(name, XID)
-    assert o.ok and o.changed and "already cordoned by someone else" in o.output, o
+    assert o.changed and "already cordoned by someone else" in o.output, o
     node = kget(kubectl, name)
     assert node["metadata"]["uid"] != old_uid
     assert json.loads(node["metadata"]["annotations"][ANNOTATION])["cordoned_before"] is True
-    r = await fencer.release(name)
-    assert r.ok and kget(kubectl, name)["spec"]["unschedulable"] is True  # the new admin cordon stays
+    await fencer.release(name)
+    assert kget(kubectl, name)["spec"]["unschedulable"] is True  # the new admin cordon stays
 
 
 async def test_kubectl_delete_node_then_reconcile(api: KubeAPI, kubectl: Any, fencer: KubeFencer) -> None:
     name = api.add_node_object(named(NPD, "dgx-h100-21"))
-    assert (await fencer.fence(name, XID)).ok
+    await fencer.fence(name, XID)
     assert name in await fencer.list_fenced()
     kubectl("delete", "node", name)
     assert name not in await fencer.list_fenced()
-    r = await fencer.release(name)
-    assert not r.ok and not r.changed and r.error == f"node {name} not found"
+    with pytest.raises(Refused) as e:
+        await fencer.release(name)
+    assert e.value.error == f"node {name} not found"
 
 
 async def test_every_write_names_podhealth_as_field_manager(api: KubeAPI, fencer: KubeFencer) -> None:
     """So a real API server's managedFields attribute the cordon, taint and annotation to podhealth."""
     name = api.add_node_object(named(NPD, "dgx-h100-22"))
-    assert (await fencer.fence(name, XID)).ok and (await fencer.release(name)).ok
+    await fencer.fence(name, XID)
+    await fencer.release(name)
     writes = [r for r in api.requests if r.method in ("PATCH", "POST") and name in r.path + r.body.decode()]
     assert {r.path for r in writes} >= {f"/api/v1/nodes/{name}", f"/api/v1/nodes/{name}/status",
                                         "/api/v1/namespaces/default/events"}

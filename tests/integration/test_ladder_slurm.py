@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import pytest
 
 from podhealth.config_aggregator import AggAuthConfig, LadderConfig, NodeEntry, RetryConfig
-from podhealth.fencing.fence import FenceReason, repair_reason
+from podhealth.fencing.fence import FenceReason, Refused, repair_reason
 from podhealth.aggregator.model import FenceMode
 from podhealth.fencing.slurm import SlurmFencer
 from tests.harness.agg import config, running
@@ -103,16 +103,17 @@ async def test_reboot_runs_the_reboot_program_once_and_keeps_the_node_out(slurm:
     (d / "target").write_text("dgx01")
     f = SlurmFencer(slurm_conf=slurm.conf, env=slurm.env, timeout=5.0)
 
-    refused = await f.reboot("dgx01", R)  # not fenced by podhealth: never rebooted
-    assert not refused.ok and "not fenced by podhealth" in refused.error and calls(d) == []
+    with pytest.raises(Refused, match="not fenced by podhealth"):  # not fenced by podhealth: never rebooted
+        await f.reboot("dgx01", R)
+    assert calls(d) == []
 
-    assert (await f.fence("dgx01", R)).ok
+    assert (await f.fence("dgx01", R)).changed
     o = await f.reboot("dgx01", R)
-    assert o.ok and o.changed, o
+    assert o.changed, o
     assert o.command == ("scontrol", "reboot", "ASAP", "nextstate=DOWN", "reason=podhealth: xid gpu3 REBOOT [ev-0001]",
                          "dgx01")
     again = await f.reboot("dgx01", R)  # requested already: not asked twice
-    assert again.ok and not again.changed and "already requested" in again.output
+    assert not again.changed and "already requested" in again.output
     await until(lambda: calls(d) == ["dgx01"], 30, "slurmd to run the RebootProgram")
     await until(lambda: ("reboot", None) in faults(d, "dgx01"), 30, "the simulated node to reboot")
     assert sorted(faults(d, "dgx01"), key=str) == [("reboot", None), ("row-remap-failure", 5)]
@@ -121,11 +122,11 @@ async def test_reboot_runs_the_reboot_program_once_and_keeps_the_node_out(slurm:
     assert "NextState=DOWN" in show(slurm, "dgx01")  # never back to users before the handover suite
 
     o = await f.remark("dgx01", repair_reason(R))
-    assert o.ok, o
+    assert o.changed, o
     st = await f.read("dgx01")
     assert st.fenced and st.ours and st.reason == "podhealth: REPAIR xid/gpu3 REBOOT [ev-0001]"
     assert calls(d) == ["dgx01"]
-    assert (await f.release("dgx01")).ok
+    assert (await f.release("dgx01")).changed
 
 
 @pytest.fixture

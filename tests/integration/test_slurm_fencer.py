@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from podhealth.fencing.fence import BatchFencer, FenceReason, Fencer
+from podhealth.fencing.fence import BatchFencer, FenceOutcome, FenceReason, Fencer, Refused, Transient
 from podhealth.fencing.slurm import SlurmFencer, SlurmUnavailable, sanitise_reason
 from tests.harness.slurm import SlurmCluster, slurm_fixture
 
@@ -57,7 +57,7 @@ async def test_drain_release_round_trip(slurm: SlurmCluster) -> None:
     assert before.exists and not before.fenced
 
     o = await f.fence("dgx01", XID)
-    assert o.ok and o.changed, o
+    assert o.changed, o
     assert o.command == ("scontrol", "update", "NodeName=dgx01", "State=DRAIN",
                          "Reason=podhealth: xid GPU3 DRAIN [ev-0001]")
     assert sinfo(slurm, "dgx01") == ("drained", "podhealth: xid GPU3 DRAIN [ev-0001]")
@@ -70,18 +70,18 @@ async def test_drain_release_round_trip(slurm: SlurmCluster) -> None:
     # Idempotent: the second drain runs no update, so the reason (and its timestamp) is unchanged.
     stamp = scontrol_field(slurm, "dgx01", "Reason")
     again = await f.fence("dgx01", FenceReason("nvlink", "GPU0", "REPLACE", "ev-0002"))
-    assert again.ok and not again.changed and "already drained by podhealth" in again.output
+    assert not again.changed and "already drained by podhealth" in again.output
     assert scontrol_field(slurm, "dgx01", "Reason") == stamp
 
     r = await f.release("dgx01")
-    assert r.ok and r.changed, r
+    assert r.changed, r
     assert r.command == ("scontrol", "update", "NodeName=dgx01", "State=RESUME")
     state, reason = sinfo(slurm, "dgx01")
     assert state in ("idle", "idle*") and reason == "none"  # idle* for ~1 s until slurmd's next ping
     assert not (await f.read("dgx01")).fenced
     assert "dgx01" not in await f.list_fenced()
     again_r = await f.release("dgx01")
-    assert again_r.ok and not again_r.changed
+    assert not again_r.changed
 
 
 async def test_drain_while_a_job_runs_gives_draining(slurm: SlurmCluster) -> None:
@@ -96,7 +96,7 @@ async def test_drain_while_a_job_runs_gives_draining(slurm: SlurmCluster) -> Non
             time.sleep(0.05)
         f = fencer(slurm)
         o = await f.fence("dgx05", XID)
-        assert o.ok and o.changed, o
+        assert o.changed, o
         assert scontrol_field(slurm, "dgx05", "State") == "MIXED+DRAIN"
         assert sinfo(slurm, "dgx05")[0] == "draining"
         st = await f.read("dgx05")
@@ -117,9 +117,9 @@ async def test_hand_drained_node_is_never_resumed(slurm: SlurmCluster) -> None:
     assert st.fenced and not st.ours and st.opted_out and st.reason == "maintenance by hand: DIMM B2"
 
     o = await f.fence("dgx02", XID)
-    assert o.ok and not o.changed and "someone else" in o.output
-    r = await f.release("dgx02")
-    assert not r.ok and not r.changed and "someone else" in r.error
+    assert not o.changed and "someone else" in o.output
+    with pytest.raises(Refused, match="someone else"):
+        await f.release("dgx02")
     assert sinfo(slurm, "dgx02") == ("drained", "maintenance by hand: DIMM B2")
     assert scontrol_field(slurm, "dgx02", "Reason") == stamp
     listed = await f.list_fenced()
@@ -130,9 +130,10 @@ async def test_hand_downed_node_is_left_alone(slurm: SlurmCluster) -> None:
     slurm.run("scontrol", "update", "NodeName=dgx06", "State=DOWN", "Reason=bad DIMM slot=3 [ticket 42]")
     f = fencer(slurm)
     o = await f.fence("dgx06", XID)
-    assert o.ok and not o.changed
+    assert not o.changed
     assert sinfo(slurm, "dgx06") == ("down", "bad DIMM slot=3 [ticket 42]")
-    assert not (await f.release("dgx06")).ok
+    with pytest.raises(Refused):
+        await f.release("dgx06")
     assert sinfo(slurm, "dgx06")[0] == "down"
 
 
@@ -143,7 +144,7 @@ async def test_site_time_format_and_an_operators_fail(slurm: SlurmCluster) -> No
     env = dict(slurm.env, SLURM_TIME_FORMAT="%d/%m %H:%M")
     f = SlurmFencer(slurm_conf=slurm.conf, env=env, timeout=5.0)
     o = await f.fence("dgx11", XID)
-    assert o.ok and o.changed, o
+    assert o.changed, o
     st = await f.read("dgx11")
     assert st.ours and st.reason == "podhealth: xid GPU3 DRAIN [ev-0001]"
     import re
@@ -157,8 +158,9 @@ async def test_site_time_format_and_an_operators_fail(slurm: SlurmCluster) -> No
     assert st.fenced and not st.ours and st.opted_out and st.reason == "ops: PSU fan [INC-9]"
     assert scontrol_field(slurm, "dgx12", "State") == "IDLE+FAIL"
     again = await f.fence("dgx12", XID)
-    assert again.ok and not again.changed and "someone else" in again.output
-    assert not (await f.release("dgx12")).ok
+    assert not again.changed and "someone else" in again.output
+    with pytest.raises(Refused):
+        await f.release("dgx12")
     assert sinfo(slurm, "dgx12") == ("fail", "ops: PSU fan [INC-9]")
     assert (await f.release("dgx11")).changed
 
@@ -166,9 +168,11 @@ async def test_site_time_format_and_an_operators_fail(slurm: SlurmCluster) -> No
 async def test_bad_names_never_reach_scontrol(slurm: SlurmCluster) -> None:
     f = fencer(slurm)
     for bad in ("dgx[03-04]", "dgx03,dgx04", "dgx03 State=RESUME", "ALL", ""):
-        o = await f.fence(bad, XID)
-        assert not o.ok and o.command == () and o.error, bad
-        assert not (await f.release(bad)).ok
+        with pytest.raises(Refused) as e:
+            await f.fence(bad, XID)
+        assert e.value.command == () and e.value.error, bad
+        with pytest.raises(Refused):
+            await f.release(bad)
     with pytest.raises(ValueError):
         await f.read("dgx[03-04]")
     assert sinfo(slurm, "dgx03")[0] == "idle" and sinfo(slurm, "dgx04")[0] == "idle"
@@ -178,19 +182,19 @@ async def test_unknown_node(slurm: SlurmCluster) -> None:
     f = fencer(slurm)
     st = await f.read("nosuch01")
     assert not st.exists and not st.fenced
-    o = await f.fence("nosuch01", XID)
-    assert not o.ok and "not known" in o.error
+    with pytest.raises(Refused, match="not known"):
+        await f.fence("nosuch01", XID)
 
 
 async def test_reason_is_sanitised_end_to_end(slurm: SlurmCluster) -> None:
     nasty = FenceReason(check='xid"\nState=RESUME', entity="GPU 0 [uuid]", action="DRAIN", id="e'1")
     f = fencer(slurm)
     o = await f.fence("dgx03", nasty)
-    assert o.ok and o.changed
+    assert o.changed
     want = sanitise_reason(nasty)
     assert sinfo(slurm, "dgx03") == ("drained", want)
     assert (await f.read("dgx03")).ours
-    assert (await f.release("dgx03")).ok
+    assert (await f.release("dgx03")).changed
 
 
 async def test_batch_read_and_fence_answer_per_node_like_the_single_calls(slurm: SlurmCluster) -> None:
@@ -208,21 +212,27 @@ async def test_batch_read_and_fence_answer_per_node_like_the_single_calls(slurm:
     reasons = {n: FenceReason("xid", "GPU3", "REBOOT", f"ev-{n}") for n in nodes}
     out = await f.fence_many(list(reasons.items()))
     for n in ("dgx07", "dgx08"):  # drained, each with its own reason, the audit naming the single command
-        assert out[n].ok and out[n].changed, out[n]
-        assert out[n].command == ("scontrol", "update", f"NodeName={n}", "State=DRAIN",
+        o = out[n]
+        assert isinstance(o, FenceOutcome) and o.changed, o
+        assert o.command == ("scontrol", "update", f"NodeName={n}", "State=DRAIN",
                                   f"Reason=podhealth: xid GPU3 REBOOT [ev-{n}]")
         assert sinfo(slurm, n) == ("drained", f"podhealth: xid GPU3 REBOOT [ev-{n}]")
-    assert out["dgx09"].ok and not out["dgx09"].changed and "someone else" in out["dgx09"].output
+    o = out["dgx09"]
+    assert isinstance(o, FenceOutcome) and not o.changed and "someone else" in o.output
     assert sinfo(slurm, "dgx09") == ("drained", "hand drain: PSU")
-    assert out["dgx10"].ok and not out["dgx10"].changed and "already drained by podhealth" in out["dgx10"].output
+    o = out["dgx10"]
+    assert isinstance(o, FenceOutcome) and not o.changed and "already drained by podhealth" in o.output
     assert sinfo(slurm, "dgx10")[1] == "podhealth: xid GPU3 DRAIN [ev-0001]"  # not overwritten
-    assert not out["nosuch01"].ok and "not known" in out["nosuch01"].error
-    assert not out["dgx[07-08]"].ok and out["dgx[07-08]"].command == ()
-    again = await f.fence_many([("dgx07", reasons["dgx07"])])  # idempotent
-    assert again["dgx07"].ok and not again["dgx07"].changed
+    e = out["nosuch01"]
+    assert isinstance(e, Refused) and "not known" in e.error
+    e = out["dgx[07-08]"]
+    assert isinstance(e, Refused) and e.command == ()
+    again = (await f.fence_many([("dgx07", reasons["dgx07"])]))["dgx07"]  # idempotent
+    assert isinstance(again, FenceOutcome) and not again.changed
     for n in ("dgx07", "dgx08", "dgx10"):
-        assert (await f.release(n)).ok
-    assert not (await f.release("dgx09")).ok
+        assert (await f.release(n)).changed
+    with pytest.raises(Refused):
+        await f.release("dgx09")
 
 
 async def test_scontrol_timeout_kills_it(tmp_path: Path) -> None:
@@ -233,9 +243,9 @@ async def test_scontrol_timeout_kills_it(tmp_path: Path) -> None:
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     f = SlurmFencer(scontrol=str(fake), timeout=0.5)
     t0 = time.monotonic()
-    o = await f.fence("dgx01", XID)
+    with pytest.raises(Transient, match="timed out"):
+        await f.fence("dgx01", XID)
     assert time.monotonic() - t0 < 3.0
-    assert not o.ok and "timed out" in o.error
     pid = int(pidfile.read_text())
     assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     with pytest.raises(SlurmUnavailable, match="timed out"):
@@ -243,15 +253,15 @@ async def test_scontrol_timeout_kills_it(tmp_path: Path) -> None:
     t0 = time.monotonic()
     many = await f.fence_many([("dgx01", XID), ("dgx02", XID)])
     assert time.monotonic() - t0 < 3.0
-    assert all(not o.ok and "timed out" in o.error for o in many.values()) and len(many) == 2
+    assert all(isinstance(o, Transient) and "timed out" in o.error for o in many.values()) and len(many) == 2
 
 
 async def test_missing_scontrol_is_unavailable() -> None:
     f = SlurmFencer(scontrol="/nonexistent/scontrol", timeout=1.0)
     with pytest.raises(SlurmUnavailable, match="cannot run"):
         await f.list_fenced()
-    o = await f.fence("dgx01", XID)
-    assert not o.ok and "cannot run" in o.error
+    with pytest.raises(Transient, match="cannot run"):
+        await f.fence("dgx01", XID)
 
 
 async def test_controller_down_then_back(slurm: SlurmCluster) -> None:
@@ -260,22 +270,22 @@ async def test_controller_down_then_back(slurm: SlurmCluster) -> None:
     slurm.stop_ctld()
     try:
         t0 = time.monotonic()
-        o = await f.fence("dgx04", XID)
+        with pytest.raises(Transient, match="Unable to contact slurm controller"):
+            await f.fence("dgx04", XID)
         took = time.monotonic() - t0
-        assert not o.ok and not o.changed
-        assert "Unable to contact slurm controller" in o.error
         assert took < f.budget + 1.0
         once = fencer(slurm)
         with pytest.raises(SlurmUnavailable):
             await once.read("dgx04")
         with pytest.raises(SlurmUnavailable):
             await once.list_fenced()
-        assert not (await once.release("dgx05")).ok
+        with pytest.raises(Transient):
+            await once.release("dgx05")
     finally:
         slurm.start_ctld()
     # The caller kept the action pending; its retry now drains the node.
     o = await f.fence("dgx04", XID)
-    assert o.ok and o.changed, o
+    assert o.changed, o
     assert sinfo(slurm, "dgx04")[1] == "podhealth: xid GPU3 DRAIN [ev-0001]"
     assert sinfo(slurm, "dgx04")[0].startswith("drain")
     # Fences made before the restart survive it (StateSaveLocation), including the hand drain.

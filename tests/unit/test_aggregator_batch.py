@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from podhealth.config_aggregator import BreakerConfig, CapsConfig, RateLimitConfig, RetryConfig
-from podhealth.fencing.fence import BatchFencer, FenceOutcome, FenceReason, FenceState, render_reason
+from podhealth.fencing.fence import BatchFencer, FenceError, FenceOutcome, FenceReason, FenceState, Transient, render_reason
 from podhealth.aggregator.model import FenceMode
 from tests.harness.agg import MemFencer, config, running
 
@@ -44,19 +44,19 @@ class BatchMemFencer(MemFencer):
                                 ours=reason.startswith("podhealth:"), reason=reason, opted_out=n in self.opted_out)
         return out
 
-    async def fence_many(self, items: Sequence[tuple[str, FenceReason]]) -> dict[str, FenceOutcome]:
+    async def fence_many(self, items: Sequence[tuple[str, FenceReason]]) -> dict[str, FenceOutcome | FenceError]:
         self.batches.append(("fence_many", tuple(n for n, _ in items)))
         self._maybe_fail("fence_many", "*")
-        out = {}
+        out: dict[str, FenceOutcome | FenceError] = {}
         for n, r in items:
             if n in self.refuse_once:
                 self.refuse_once.discard(n)
-                out[n] = FenceOutcome(ok=False, changed=False, command=("mem", "fence", n), error="busy, try later")
+                out[n] = Transient("busy, try later", command=("mem", "fence", n))
             elif n in self.fenced:
-                out[n] = FenceOutcome(ok=True, changed=False, command=("mem", "fence", n), output="already")
+                out[n] = FenceOutcome(changed=False, command=("mem", "fence", n), output="already")
             else:
                 self.fenced[n] = render_reason(r)
-                out[n] = FenceOutcome(ok=True, changed=True, command=("mem", "fence", n), output="fenced")
+                out[n] = FenceOutcome(changed=True, command=("mem", "fence", n), output="fenced")
         return out
 
     def fenced_via_batch(self) -> list[str]:

@@ -21,7 +21,7 @@ from podhealth.checks.cli.cmd_check import CheckError, agent_url
 from podhealth.cli import main
 from podhealth.config_aggregator import AggAuthConfig
 from podhealth.configload import ConfigError
-from podhealth.fencing.fence import FenceReason
+from podhealth.fencing.fence import FenceReason, Refused
 from podhealth.fencing.kube import validate_kube_node_name
 from podhealth.fencing.slurm import SlurmFencer
 from podhealth.hostnames import is_valid_node_name, node_name_problem, validate_node_name
@@ -113,8 +113,8 @@ async def test_the_slurm_fencer_refuses_them_before_running_scontrol(tmp_path: P
     scontrol.chmod(0o755)
     fencer = SlurmFencer(scontrol=str(scontrol), timeout=5.0)
     for name in REFUSED:
-        out = await fencer.fence(name, REASON)
-        assert not out.ok and not out.changed and "node" in out.error, (name, out)
+        with pytest.raises(Refused, match="node"):
+            await fencer.fence(name, REASON)
     assert not marker.exists(), "a refused name reached scontrol"
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from podhealth.fencing.fence import FenceReason
+from podhealth.fencing.fence import FenceOutcome, FenceReason, Refused, Transient
 from podhealth.fencing.slurm import (
     SlurmFencer, SlurmNode, _parse_listing, _rebooting, _state_of, parse_show_node, parse_state,
 )
@@ -241,17 +241,18 @@ def test_someone_elses_fence_is_never_touched(standin: tuple[SlurmFencer, Path],
         st = await fencer.read(name)
         assert st.fenced and not st.ours and st.opted_out
         fenced = await fencer.fence(name, XID)
-        assert fenced.ok and not fenced.changed and "someone else" in fenced.output
+        assert not fenced.changed and "someone else" in fenced.output
         seen = await fencer.fence_seen(name, XID, st)  # the runner's read standing for fence()'s
-        assert seen.ok and not seen.changed and "someone else" in seen.output
-        released = await fencer.release(name)
-        assert not released.ok and not released.changed and "does not resume" in released.error
-        rebooted = await fencer.reboot(name, XID)
-        assert not rebooted.ok and "not rebooted" in rebooted.error
-        remarked = await fencer.remark(name, XID)
-        assert not remarked.ok and "left alone" in remarked.error
+        assert not seen.changed and "someone else" in seen.output
+        with pytest.raises(Refused, match="does not resume"):
+            await fencer.release(name)
+        with pytest.raises(Refused, match="not rebooted"):
+            await fencer.reboot(name, XID)
+        with pytest.raises(Refused, match="left alone"):
+            await fencer.remark(name, XID)
         batch = await fencer.fence_many([(name, XID)])
-        assert batch[name].ok and not batch[name].changed
+        o = batch[name]
+        assert isinstance(o, FenceOutcome) and not o.changed
 
     asyncio.run(go())
     assert _writes(log) == []  # not one update, reboot or drain session
@@ -265,7 +266,7 @@ def test_down_not_responding_is_not_drained_again(standin: tuple[SlurmFencer, Pa
     async def go() -> None:
         for _ in range(3):
             o = await fencer.fence("dgx-h100-003", XID)
-            assert o.ok and not o.changed
+            assert not o.changed
         listed = await fencer.list_fenced()
         assert listed["dgx-h100-003"].opted_out and not listed["dgx-h100-003"].ours
         assert {n for n, st in listed.items() if st.ours} == {n for n, v in EXPECTED.items() if v[1]}
@@ -281,10 +282,10 @@ def test_our_fences_are_released_and_reboots_not_asked_twice(standin: tuple[Slur
     async def go() -> None:
         for name in ("dgx-h100-007", "dgx-h100-008"):  # a reboot already requested / issued
             o = await fencer.reboot(name, XID)
-            assert o.ok and not o.changed and "already requested" in o.output
+            assert not o.changed and "already requested" in o.output
         for name in ("dgx-h100-001", "dgx-h100-004", "dgx-h100-010", "dgx-h100-018"):
-            o = await fencer.release(name)  # the stand-in changes nothing: still fenced afterwards
-            assert not o.ok and o.changed and "still fenced" in o.error
+            with pytest.raises(Transient, match="still fenced"):  # the stand-in changes nothing
+                await fencer.release(name)
 
     asyncio.run(go())
     assert _writes(log) == [["update", f"NodeName={n}", "State=RESUME"]
@@ -297,9 +298,10 @@ def test_reboot_slurm_ignores_is_a_clear_refusal(standin: tuple[SlurmFencer, Pat
     fencer, log = standin
 
     async def go() -> None:
-        o = await fencer.reboot("dgx-h100-018", XID)
-        assert not o.ok and o.changed
-        assert o.error == ("after scontrol reboot dgx-h100-018 shows no reboot pending: State=IDLE+DRAIN+POWER_DOWN "
+        with pytest.raises(Refused) as e:
+            await fencer.reboot("dgx-h100-018", XID)
+        assert e.value.command[1] == "reboot"
+        assert e.value.error == ("after scontrol reboot dgx-h100-018 shows no reboot pending: State=IDLE+DRAIN+POWER_DOWN "
                            "Reason='podhealth: ib_port mlx5_0/1 DRAIN [ev-0018]'")
 
     asyncio.run(go())
@@ -318,7 +320,7 @@ def test_free_states_are_drained(standin: tuple[SlurmFencer, Path]) -> None:
     async def go() -> None:
         for name in free:
             o = await fencer.fence(name, XID)
-            assert o.ok and o.changed, o
+            assert o.changed, o
 
     asyncio.run(go())
     assert [w[:4] for w in _writes(log)] == [["update", f"NodeName={n}", "State=DRAIN",
@@ -331,10 +333,11 @@ def test_unknown_node(standin: tuple[SlurmFencer, Path]) -> None:
     async def go() -> None:
         st = await fencer.read("dgx-h100-999")
         assert not st.exists and st.raw == "Node dgx-h100-999 not found"
-        o = await fencer.fence("dgx-h100-999", XID)
-        assert not o.ok and o.error == "node dgx-h100-999 is not known to Slurm"
-        o = await fencer.release("dgx-h100-999")
-        assert not o.ok and "not known" in o.error
+        with pytest.raises(Refused) as e:
+            await fencer.fence("dgx-h100-999", XID)
+        assert e.value.error == "node dgx-h100-999 is not known to Slurm"
+        with pytest.raises(Refused, match="not known"):
+            await fencer.release("dgx-h100-999")
         many = await fencer.read_many(["dgx-h100-001", "dgx-h100-999"])
         assert many["dgx-h100-001"].ours and not many["dgx-h100-999"].exists
 
