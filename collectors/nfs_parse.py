@@ -303,12 +303,16 @@ def parse_operation(s: str) -> NfsOperation:
                         errors=vals[8] if len(vals) == 9 else None)
 
 
-def _complete_lines(text: str) -> tuple[list[str], int]:
+def _complete_lines(text: str, source: str, problems: list[str]) -> tuple[list[str], int]:
     """The file's lines, minus a last line with no newline: the kernel ends every line with one,
-    so that line was cut short (a bounded read) and its last number may be a prefix."""
+    so that line was cut short (a bounded read) and its last number may be a prefix. Such a line
+    counts as malformed (the count is returned) and is said in `problems` as `source:N`."""
     lines = text.split("\n")
     tail = lines.pop()  # "" when the text ends with a newline
-    return lines, 1 if tail.strip() else 0
+    if not tail.strip():
+        return lines, 0
+    problems.append(f"{source}:{len(lines) + 1}: cut short (no newline)")
+    return lines, 1
 
 
 def parse_mountstats(text: str) -> Mountstats:
@@ -316,10 +320,8 @@ def parse_mountstats(text: str) -> Mountstats:
     autofs: list[str] = []
     problems: list[str] = []
     cur: _MountBuilder | None = None
-    lines, malformed = _complete_lines(text)
+    lines, malformed = _complete_lines(text, "mountstats", problems)
     text_cut = text != "" and not text.endswith("\n")  # even a cut inside the indentation
-    if malformed:
-        problems.append(f"mountstats:{len(lines) + 1}: cut short (no newline)")
     for lineno, raw in enumerate(lines, 1):
         s = raw.strip()
         if not s:
@@ -358,9 +360,7 @@ def parse_rpc_nfs(text: str) -> RpcNfs:
     rpc: RpcCalls | None = None
     procs: list[ProcedureCounts] = []
     problems: list[str] = []
-    lines, malformed = _complete_lines(text)
-    if malformed:
-        problems.append(f"rpc/nfs:{len(lines) + 1}: cut short (no newline)")
+    lines, malformed = _complete_lines(text, "rpc/nfs", problems)
     for lineno, raw in enumerate(lines, 1):
         parts = raw.split()
         if not parts:

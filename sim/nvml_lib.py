@@ -1097,6 +1097,16 @@ def _mig(h: int | None) -> tuple[GpuView, str, int] | None:
     return v, v.spec.mig_devices[at[1]], at[1]
 
 
+def _mig_only(h: int) -> tuple[GpuView, str, int]:
+    """_mig for a call only a MIG device answers: a physical GPU's handle gets NOT_SUPPORTED (an
+    unknown handle is refused as such first)."""
+    mig = _mig(h)
+    if mig is None:
+        _b().device(h)
+        raise _Fail(NOT_SUPPORTED)
+    return mig
+
+
 @_impl("nvmlDeviceGetMigMode", args=[P, P, P])
 def _mig_mode(h: int, cur: int, pending: int) -> None:
     v = _b().device(h)
@@ -1141,19 +1151,12 @@ def _mig_parent(h: int, ptr: int) -> None:
 
 @_impl("nvmlDeviceGetGpuInstanceId", args=[P, P])
 def _mig_gi(h: int, ptr: int) -> None:
-    mig = _mig(h)
-    if mig is None:
-        _b().device(h)
-        raise _Fail(NOT_SUPPORTED)
-    _put(ptr, c_uint, mig[2] + 1)  # the capture numbers GPU instances from 1
+    _put(ptr, c_uint, _mig_only(h)[2] + 1)  # the capture numbers GPU instances from 1
 
 
 @_impl("nvmlDeviceGetComputeInstanceId", args=[P, P])
 def _mig_ci(h: int, ptr: int) -> None:
-    mig = _mig(h)
-    if mig is None:
-        _b().device(h)
-        raise _Fail(NOT_SUPPORTED)
+    _mig_only(h)
     _put(ptr, c_uint, 0)  # one compute instance per GPU instance, id 0 (as captured)
 
 
