@@ -12,8 +12,9 @@ from podhealth.checks.profiles import catalog
 from podhealth.checks.profiles.capture import Diff, Observation, Seen
 
 # Top-level keys in the order a reader checks them.
-_SCALARS = ("gpu_count", "gpu_model", "gpu_memory_mib", "nvlink_links", "pcie_gen", "pcie_width", "power_limit_w")
-_VERSIONS = ("driver", "vbios", "ofed", "kernel")
+_TOP_KEYS = ("gpu_count", "gpu_model", "gpu_memory_mib", "nvlink_links", "pcie_gen", "pcie_width", "power_limit_w",
+             "nfs_mounts")
+_VERSIONS = ("driver", "vbios", "ofed", "kernel", "hca_fw")
 
 
 def _flow(v: Any) -> str:
@@ -54,17 +55,12 @@ def capture_yaml(obs: Observation, extends: str, why: str, origin: str, now: flo
         _line(0, "name", f"{extends}-site", Seen("", "shown as the node's profile in reports")),
     ]
     left_out: list[str] = []
-    for key in _SCALARS:
+    for key in _TOP_KEYS:
         seen = obs.values.get(key)
         if seen is None:
             left_out.append(key)
             continue
         out.append(_line(0, key, seen.value, seen))
-    nfs = obs.values.get("nfs_mounts")
-    if nfs is None:
-        left_out.append("nfs_mounts")
-    else:
-        out.append(_line(0, "nfs_mounts", nfs.value, nfs))
     roles = {k.removeprefix("network.roles."): v for k, v in obs.values.items() if k.startswith("network.roles.")}
     if roles and all(v is not None for v in roles.values()):
         out += ["network:", "  roles:                                    # adapters by role, told apart by the "
@@ -79,15 +75,12 @@ def capture_yaml(obs: Observation, extends: str, why: str, origin: str, now: flo
         seen = obs.values.get(f"versions.{f}")
         if seen is None:
             out.append(f"  # {f}: not readable on this node, not stated")
-            continue
-        out.append(_line(1, f, seen.value, seen))
-    fw = obs.values.get("versions.hca_fw")
-    if fw is None:
-        out.append("  # hca_fw: not readable on this node, not stated")
-    else:
-        out.append(f"  hca_fw:                                    # {fw.source}")
-        for board, version in fw.value.items():
-            out.append(_line(2, board, version, Seen(version, "fw_ver", fw.detail if fw.detail else "")))
+        elif f == "hca_fw":  # a version per HCA board
+            out.append(f"  hca_fw:                                    # {seen.source}")
+            for board, version in seen.value.items():
+                out.append(_line(2, board, version, Seen(version, "fw_ver", seen.detail if seen.detail else "")))
+        else:
+            out.append(_line(1, f, seen.value, seen))
     if nccl_gate is not None:
         out += ["thresholds:", _line(1, "nccl_multinode_busbw_gbps", nccl_gate[0],
                                       Seen(nccl_gate[0], f"this site's fabric: {nccl_gate[1]}"))]
