@@ -517,7 +517,11 @@ class Publisher(Sink, PushesToReplicas):
         recs = [r for r in recs if r.get("id") not in self._rejected_ids]  # already kept aside
         if not recs:
             return True
+        posted = time.time()
         status, text = await self._post(recs)
+        # The fence path's stage times (bench/fault_to_fence.py --trace reads them at debug level).
+        log.debug("records posted", records=len(recs), status=status, posted=posted,
+                  took_ms=round((time.time() - posted) * 1e3, 1))
         if status == 200:
             if not self._reachable:
                 log.info("aggregator reachable: delivering", url=self.url)

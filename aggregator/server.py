@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable, Sequence
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from podhealth import bodycoding, bodyread, tls
+from podhealth import bodycoding, bodyread, log as plog, tls
 from podhealth.aggregator import bundles, ingest, overrides, versions
 from podhealth.hostnames import node_name_problem
 from podhealth.vocab import Status
@@ -29,6 +29,8 @@ from podhealth.aggregator.auth import Auth, Refused, Speaker
 from podhealth.aggregator.service import Aggregator, OperatorError
 from podhealth.aggregator.state import Checkpoint
 from podhealth.worker import offload
+
+log = plog.get("podhealth.aggregator")
 
 AGG = web.AppKey("aggregator", Aggregator)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -253,12 +255,16 @@ async def _events(agg: Aggregator, request: web.Request, bound: Speaker) -> dict
 
 
 async def _apply_events(agg: Aggregator, batch: ingest.EventBatch, bound: Speaker) -> dict[str, Any]:
+    started = time.time()
     undo = agg.mem.checkpoint(batch.node)
     applied, ops, new_ids = ingest.apply_events(agg.mem, batch, agg.clock())
     if bound.vouches:
         agg.mem.vouch(batch.node)
     _count(agg, applied)
     await _commit(agg, ops, new_ids, undo)
+    if any(r.transition is not None and r.transition.status is Status.FAIL for r in batch.events):
+        # The fence path's stage times (bench/fault_to_fence.py --trace reads them at debug level).
+        log.debug("fail committed", node=batch.node, started=started, took_ms=round((time.time() - started) * 1e3, 1))
     fresh = set(new_ids)
     agg.quota.add_stored(batch.node, sum(len(e.body) for e in batch.events if e.id in fresh))
     return applied.to_json()

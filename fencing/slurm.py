@@ -31,10 +31,12 @@ from podhealth.fencing.fence import (
 from podhealth.hostnames import is_valid_node_name, validate_node_name
 from podhealth.fencing.slurmjobs import SQUEUE_FORMAT, parse_show_job, parse_squeue
 from podhealth.worker import offload
+from podhealth import log as plog
 
 if TYPE_CHECKING:
     from podhealth.config_aggregator import SlurmFencerConfig
 
+log = plog.get("podhealth.fencing.slurm")
 MAX_REASON_CHARS = 200
 MAX_JOBS = 64  # jobs looked at per node (a DGX runs a handful; the cap bounds the scontrol calls)
 READ_CHUNK = 256  # node names per `scontrol show node -o a,b,...` (argv stays well under 16 KB)
@@ -646,7 +648,7 @@ class SlurmFencer:
             # its own wait below cannot run while it is stopped, and a late drain or resume
             # would land after a follower took over.
             run = (self._timeout_cmd, "-s", "KILL", f"{max(0.001, left):.3f}", *argv)
-        started = time.monotonic()
+        started, wall = time.monotonic(), time.time()
         try:
             # Its own process group: the kill below reaches `timeout` and the scontrol it runs.
             proc = await asyncio.create_subprocess_exec(
@@ -666,6 +668,9 @@ class SlurmFencer:
         except asyncio.CancelledError:  # the lease was lost (the runner cancels), or a stop
             _kill(proc)
             raise
+        # The fence path's stage times (bench/fault_to_fence.py --trace reads them at debug level).
+        log.debug("scontrol ran", argv=" ".join(argv[1:5])[:120], rc=proc.returncode, started=wall,
+                  took_ms=round((time.monotonic() - started) * 1e3, 1))
         if run is not argv and proc.returncode in (124, 137, -signal.SIGKILL) \
                 and time.monotonic() - started >= left - 0.05:
             # `timeout` ended it at the deadline (killing its group, itself included: -9)
