@@ -13,8 +13,9 @@ Each trial: `podhealth simulate inject NODE xid=79 gpu=3` -> the line appears in
 kmsg.log (t0; the simulated kernel then writes the same record to the node's kmsg FIFO, which the
 agent reads as it reads /dev/kmsg: woken by the descriptor's readiness, not by polling) -> Slurm
 applies the DRAIN with podhealth's reason (path 1), timed by slurmctld's own log line for the
-update (bench/fence_trace.py: millisecond stamps; a poll of `scontrol show node` every 50 ms only
-says when to stop waiting, and is printed as "seen") -> and wait for the Alertmanager webhook
+update (bench/fence_trace.py: millisecond stamps; the bench waits by reading the log every 5 ms,
+and runs no scontrol beside the fence; earlier rounds polled `scontrol show node` every 50 ms,
+which added 0-100 ms to this path and less to the peer's) -> and wait for the Alertmanager webhook
 carrying PodhealthGPUXidCritical for NODE (path 2). Between trials the fault is cleared and the node
 released through the aggregator's API (which resumes it in Slurm); nodes are used round-robin so
 the XID ages out of a node's window (checks.rate_window: 5 s here) before it is used again.
@@ -246,8 +247,6 @@ class Trial:
     alert: float | None
     verdict: float | None = None  # the agent logged xid FAIL (from its JSON log)
     peer: float | None = None  # the peer: a direct `scontrol update State=DRAIN`, timed the same way
-    seen: float | None = None  # path 1's DRAIN seen by the 50 ms poll (the earlier measure)
-    peer_seen: float | None = None  # the peer's, polled right after its update returned
     stages: Stages | None = None  # --trace
 
 
@@ -301,31 +300,25 @@ def node_ready(agg_url: str, env: dict[str, str], node: str, prom_url: str | Non
 
 
 PEER_REASON = "podhealth: bench peer"
+LOG_POLL = 0.005  # reading what slurmctld's log gained: ~50 us here, no scontrol run beside the fence
 
 
-def peer_drain(env: dict[str, str], node: str, slurm_log: Path) -> tuple[float | None, float | None]:
-    """The peer, measured the same way as path 1: t0 just before a direct `scontrol update
-    State=DRAIN` starts, to slurmctld's log line for the update; and (the earlier measure) seen
-    by `scontrol show node` every 50 ms, from right after the update returned. The node (one the
-    aggregator does not know) is resumed after."""
+def peer_drain(env: dict[str, str], node: str, slurm_log: Path) -> float | None:
+    """The peer, measured the same way as path 1: from just before a direct `scontrol update
+    State=DRAIN` starts to slurmctld's log line for the update. The node (one the aggregator does
+    not know) is resumed after."""
+    offset = slurm_log.stat().st_size
     t0 = time.time()
     subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={PEER_REASON}"],
                    env=env, capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
-    seen: float | None = None
-    deadline = t0 + 30
-    while seen is None and time.time() < deadline:
-        if drained(slurm_line(env, node)):
-            seen = time.time() - t0
-            break
-        time.sleep(0.05)
     applied = None
-    if seen is not None:
-        with contextlib.suppress(TimeoutError):
-            applied = wait_for(lambda: drain_applied(slurm_log, node, t0, PEER_REASON), 5, "slurmctld's log line")
+    with contextlib.suppress(TimeoutError):
+        applied = wait_for(lambda: drain_applied(slurm_log, node, t0, PEER_REASON, offset), 10,
+                           "slurmctld's log line", LOG_POLL)
     subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env, capture_output=True,
                    timeout=10, stdin=subprocess.DEVNULL)
     wait_for(lambda: "DRAIN" not in slurm_line(env, node), 30, f"{node} resumed")
-    return (applied - t0 if applied is not None else None), seen
+    return applied - t0 if applied is not None else None
 
 
 def run_trials(args: argparse.Namespace, root: Path, agg: Aggregator, env: dict[str, str], nodes: list[str],
@@ -338,6 +331,7 @@ def run_trials(args: argparse.Namespace, root: Path, agg: Aggregator, env: dict[
         wait_for(lambda: node_ready(agg.url, env, node, prom_url, am_url), 120, f"{node} healthy and idle", 0.2)
         kmsg = root / node / "kmsg.log"
         size = kmsg.stat().st_size
+        offset = slurm_log.stat().st_size
         t_cmd = time.time()
         r = subprocess.run([sys.executable, "-m", "podhealth", "simulate", "inject", node, "xid=79", "gpu=3",
                             "--root", str(root)], capture_output=True, text=True, timeout=60, cwd=REPO)
@@ -347,33 +341,30 @@ def run_trials(args: argparse.Namespace, root: Path, agg: Aggregator, env: dict[
         # file's mtime says when, however late this (busy) process gets to look: wall clock throughout.
         wait_for(lambda: kmsg.stat().st_size > size and b"Xid" in kmsg.read_bytes()[size:], 30, "the XID line", 0.005)
         t0 = kmsg.stat().st_mtime
-        t_drain: float | None = None
+        # The DRAIN: slurmctld's log line for the update (no scontrol polling beside the fence).
+        applied: float | None = None
+        with contextlib.suppress(TimeoutError):
+            applied = wait_for(lambda: drain_applied(slurm_log, node, t0, "podhealth:", offset), 30,
+                               f"{node}'s DRAIN in slurmctld's log", LOG_POLL)
+        if applied is not None and not drained(slurm_line(env, node)):
+            raise RuntimeError(f"slurmctld logged {node}'s drain, but scontrol does not show it")
         t_alert: float | None = None
-        deadline = time.time() + 30
-        while time.time() < deadline and (t_drain is None or (sink is not None and t_alert is None)):
-            if t_drain is None and drained(slurm_line(env, node)):
-                t_drain = time.time() - t0
-            if sink is not None and t_alert is None:
-                got = sink.firing_after(node, t0)
-                t_alert = got - t0 if got is not None else None
-            time.sleep(0.05)
-        applied = None
-        if t_drain is not None:
+        if sink is not None:
             with contextlib.suppress(TimeoutError):
-                applied = wait_for(lambda: drain_applied(slurm_log, node, t0, "podhealth:"), 5, "slurmctld's log line")
+                got = wait_for(lambda: sink.firing_after(node, t0), 30, "the alert webhook")
+                t_alert = got - t0
         tv = agent_verdict_time(logs / f"agent-{node}.log", "gpu3", t0)
-        peer, peer_seen = peer_drain(env, peer_node, slurm_log)  # alternating with path 1: the same load
-        stages = trace(logs / f"agent-{node}.log", agg.workdir / "aggregator.log", slurm_log, node, "gpu3", t0) \
-            if args.trace else None
+        peer = peer_drain(env, peer_node, slurm_log)  # alternating with path 1: the same load
+        stages = trace(logs / f"agent-{node}.log", agg.workdir / "aggregator.log", slurm_log, node, "gpu3", t0,
+                       offset) if args.trace else None
         trial = Trial(node, t0 - t_cmd, applied - t0 if applied is not None else None, t_alert,
-                      tv - t0 if tv is not None else None, peer, t_drain, peer_seen, stages)
+                      tv - t0 if tv is not None else None, peer, stages)
         trials.append(trial)
         print(f"  trial {i + 1:2d} {node}: agent verdict {_s(trial.verdict)}   DRAIN {_s(trial.drain)}"
-              f" (seen {_s(t_drain)})   peer DRAIN {_s(peer)} (seen {_s(peer_seen)})"
-              + (f"   alert webhook {_s(t_alert)}" if sink else ""), flush=True)
+              f"   peer DRAIN {_s(peer)}" + (f"   alert webhook {_s(t_alert)}" if sink else ""), flush=True)
         subprocess.run([sys.executable, "-m", "podhealth", "simulate", "clear", node, "--root", str(root)],
                        capture_output=True, timeout=60, cwd=REPO)
-        if t_drain is not None:
+        if applied is not None:
             with contextlib.suppress(urllib.error.URLError, OSError):
                 wait_for(lambda: http_json(f"{agg.url}/api/v1/nodes/{node}")["fence"] == "fenced", 10, "fenced")
                 http_json(f"{agg.url}/api/v1/nodes/{node}/release", {"reason": "bench trial done", "who": "bench"},
@@ -499,8 +490,6 @@ def main() -> int:
     if ours and peer:
         print(f"  {'path 1 / peer':<38} p50 {percentile(ours, 50) / percentile(peer, 50):5.2f}x  "
               f"p99 {percentile(ours, 99) / percentile(peer, 99):5.2f}x  (slurmctld's log for both, alternating)")
-    summarise("  path 1 seen by a 50 ms poll", [t.seen for t in trials], None)
-    summarise("  peer seen by a 50 ms poll", [t.peer_seen for t in trials], None)
     print(f"  load average (1, 5, 15 min): before {' '.join(f'{x:.2f}' for x in load_before)}, "
           f"after {' '.join(f'{x:.2f}' for x in load_after)} on {os.cpu_count()} CPUs")
     summarise("  of which kmsg -> agent's xid FAIL", [t.verdict for t in trials], None)

@@ -26,11 +26,13 @@ _UPDATE = re.compile(r"^\[(?P<t>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})\] update_
 EARLY = 0.002  # a stamp cut to the millisecond may read up to 1 ms before the moment it marks
 
 
-def slurm_updates(log: Path) -> list[tuple[float, str, str]]:
-    """(wall time, node, reason) of every reason slurmctld set, in log order."""
+def slurm_updates(log: Path, offset: int = 0) -> list[tuple[float, str, str]]:
+    """(wall time, node, reason) of every reason slurmctld set, in log order, from byte `offset`."""
     out: list[tuple[float, str, str]] = []
     try:
-        text = log.read_text(errors="replace")
+        with open(log, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
     except OSError:
         return out
     for line in text.splitlines():
@@ -40,9 +42,10 @@ def slurm_updates(log: Path) -> list[tuple[float, str, str]]:
     return out
 
 
-def drain_applied(log: Path, node: str, after: float, reason_prefix: str) -> float | None:
-    """When slurmctld set a reason starting with `reason_prefix` on `node`, first at or after `after`."""
-    for t, n, reason in slurm_updates(log):
+def drain_applied(log: Path, node: str, after: float, reason_prefix: str, offset: int = 0) -> float | None:
+    """When slurmctld set a reason starting with `reason_prefix` on `node`, first at or after
+    `after` (reading the log from byte `offset`: a wait reads only what is new)."""
+    for t, n, reason in slurm_updates(log, offset):
         if n == node and t >= after - EARLY and reason.startswith(reason_prefix):
             return t
     return None
@@ -91,7 +94,7 @@ class Stages:
         return None if a is None or b is None else b - a
 
 
-def trace(agent_log: Path, agg_log: Path, slurm_log: Path, node: str, gpu: str, t0: float) -> Stages:
+def trace(agent_log: Path, agg_log: Path, slurm_log: Path, node: str, gpu: str, t0: float, offset: int) -> Stages:
     """The stage times of the fence of `node` that began with the kernel line at `t0`."""
     times: dict[str, float | None] = {k: None for _, a, b in STAGES for k in (a, b)}
     times["line"] = t0
@@ -106,8 +109,8 @@ def trace(agent_log: Path, agg_log: Path, slurm_log: Path, node: str, gpu: str, 
         ev = d.get("event")
         if ev == "fail committed" and d.get("node") == node and times["ingest"] is None \
                 and float(d.get("started", 0)) >= t0:
-            times["ingest"] = float(d["started"])
-            times["committed"] = times["ingest"] + float(d.get("took_ms", 0)) / 1e3
+            began = float(d["started"])
+            times["ingest"], times["committed"] = began, began + float(d.get("took_ms", 0)) / 1e3
         elif ev == "action recorded" and d.get("node") == node and d.get("kind") == "fence" \
                 and times["recorded"] is None and _stamp(d) >= t0:
             times["recorded"] = _stamp(d)
@@ -118,5 +121,5 @@ def trace(agent_log: Path, agg_log: Path, slurm_log: Path, node: str, gpu: str, 
                 times["show"], times["show_end"] = start, end
             elif argv.startswith(f"update NodeName={node} State=DRAIN") and times["update"] is None:
                 times["update"], times["update_end"] = start, end
-    times["applied"] = drain_applied(slurm_log, node, t0, "podhealth:")
+    times["applied"] = drain_applied(slurm_log, node, t0, "podhealth:", offset)
     return Stages(times)

@@ -29,6 +29,7 @@ from podhealth.fencing.fence import (
     Transient, mark_epoch, parse_reason, refuse_bad_name, render_reason, time_left,
 )
 from podhealth.hostnames import is_valid_node_name, validate_node_name
+from podhealth.fencing import spawn
 from podhealth.fencing.slurmjobs import SQUEUE_FORMAT, parse_show_job, parse_squeue
 from podhealth.worker import offload
 from podhealth import log as plog
@@ -651,9 +652,8 @@ class SlurmFencer:
         started, wall = time.monotonic(), time.time()
         try:
             # Its own process group: the kill below reaches `timeout` and the scontrol it runs.
-            proc = await asyncio.create_subprocess_exec(
-                *run, stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self._env, start_new_session=True)
+            # Started by vfork (fencing/spawn.py): uvloop's fork costs 3-25 ms per run here.
+            proc = spawn.start(run, env=self._env, stdin=stdin is not None)
         except OSError as e:
             return _Run(argv, None, "", f"cannot run {argv[0]}: {e}")
         try:
@@ -678,7 +678,7 @@ class SlurmFencer:
         return _Run(argv, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
 
-def _kill(proc: "asyncio.subprocess.Process") -> None:
+def _kill(proc: spawn.Process) -> None:
     """SIGKILL the call's process group (`timeout` and its scontrol), or the process alone."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
