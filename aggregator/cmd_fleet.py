@@ -17,7 +17,7 @@ import ssl
 import sys
 import time
 import urllib.parse
-from typing import Any
+from typing import Any, Callable
 
 from podhealth import cliconfig, config, credentials, httpclient, tls
 from podhealth.config_failslow import SHORT
@@ -60,15 +60,9 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     h.add_argument("node")
     h.add_argument("--limit", type=int, default=50)
     h.set_defaults(func=_history)
-    for name, helptext in (("release", "release a node podhealth fenced (needs a reason)"),
-                           ("fence", "fence a node now (needs a reason; waits for `release` to return)")):
-        a = fs.add_parser(name, help=helptext)
-        a.add_argument("node")
-        a.add_argument("--reason", required=True)
-        if name == "release":
-            a.add_argument("--force", action="store_true",
-                           help="release even though the node still reports FAIL (it goes back with its fault)")
-        a.set_defaults(func=_release if name == "release" else _fence)
+    _node_action(fs, "release", "release a node podhealth fenced (needs a reason)", _release).add_argument(
+        "--force", action="store_true", help="release even though the node still reports FAIL (it goes back with its fault)")
+    _node_action(fs, "fence", "fence a node now (needs a reason; waits for `release` to return)", _fence)
     v = fs.add_parser("versions", help="which nodes run which driver, VBIOS, HCA firmware, OFED, kernel")
     v.add_argument("--name-few", type=int, default=8, metavar="N",
                    help="name the nodes of a version at most N nodes run (not the most common one); default 8")
@@ -77,11 +71,8 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                        "or than their own past, and running jobs' stragglers")
     ol.add_argument("--metric", choices=sorted(SHORT.values()), help="one metric (default: all)")
     ol.set_defaults(func=_outliers)
-    o = fs.add_parser("reset-order", help="forget the order of a node's records (after a forged or runaway seq "
-                      "left its real reports stale); audited")
-    o.add_argument("node")
-    o.add_argument("--reason", required=True)
-    o.set_defaults(func=_reset_order)
+    _node_action(fs, "reset-order", "forget the order of a node's records (after a forged or runaway seq "
+                 "left its real reports stale); audited", _reset_order)
     r = fs.add_parser("repairs", help="the repair queue: nodes the remediation ladder handed to a human")
     r.set_defaults(func=_repairs)
     sl = fs.add_parser("silence", help="keep a check on a node from counting toward a fence for a while (audited)")
@@ -95,11 +86,8 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     us.add_argument("check")
     us.add_argument("--reason", default="")
     us.set_defaults(func=_unsilence)
-    mh = fs.add_parser("mark-healthy", help="vouch for a node: skip the remediation ladder, release podhealth's "
-                       "fence, open failures no longer fence it (audited)")
-    mh.add_argument("node")
-    mh.add_argument("--reason", required=True)
-    mh.set_defaults(func=_mark_healthy)
+    _node_action(fs, "mark-healthy", "vouch for a node: skip the remediation ladder, release podhealth's "
+                 "fence, open failures no longer fence it (audited)", _mark_healthy)
     bu = fs.add_parser("bundle", help="download a node's evidence bundle (the tar.gz for an RMA ticket), or list them")
     bu.add_argument("node")
     bu.add_argument("--id", type=int, default=None, help="which bundle (default: the newest)")
@@ -116,6 +104,16 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
 
 
 FORMATS = ("table", "json")
+
+
+def _node_action(fs: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str, helptext: str,
+                 func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+    """An audited action on one node: `NODE --reason WHY`, the reason required."""
+    a = fs.add_parser(name, help=helptext)
+    a.add_argument("node")
+    a.add_argument("--reason", required=True)
+    a.set_defaults(func=func)
+    return a
 
 
 def _as_json(args: argparse.Namespace) -> bool:
