@@ -167,7 +167,7 @@ class Publisher(Sink, PushesToReplicas):
         if self.stats.repaired:
             log.warning("spool: half-written files from an earlier run cut back or removed",
                         files=self.stats.repaired, dir=str(root))
-        self._session = session(self.tls)
+        self._session = session(self.cfg, self.tls)
         self._running = True
         self._work.set()  # whatever an earlier run left behind
         self._tasks = [asyncio.create_task(self._flusher(), name="publisher-flush"),
@@ -505,7 +505,8 @@ class Publisher(Sink, PushesToReplicas):
         async def send(url: str) -> tuple[int, str]:
             try:  # the whole exchange within publish.timeout (core/httpclient.py), the answer bounded
                 r = await httpclient.exchange_async(session, "POST", url, deadline_s=self.cfg.timeout, body=data,
-                                                    headers=headers, max_bytes=ANSWER_MAX_BYTES)
+                                                    headers=headers, max_bytes=ANSWER_MAX_BYTES,
+                                                    idempotent=True)  # records are applied once by their id
             except httpclient.ExchangeError as e:
                 return 0, f"{e.kind}: {e}"
             if r.status == 429:  # over this node's cap: the aggregator says when to come back

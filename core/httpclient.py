@@ -236,33 +236,53 @@ def _why(e: BaseException) -> str:
 
 async def exchange_async(session: "aiohttp.ClientSession", method: str, url: str, *, deadline_s: float,
                          body: bytes = b"", headers: Mapping[str, str] | None = None,
-                         max_bytes: int = DEFAULT_MAX_BYTES, **request_kw: object) -> Reply:
+                         max_bytes: int = DEFAULT_MAX_BYTES, idempotent: bool = False,
+                         **request_kw: object) -> Reply:
     """exchange() on an aiohttp session: the whole exchange (connect to the last body byte)
     under one asyncio timeout; the body is read up to `max_bytes`. `request_kw` goes to
-    session.request (ssl=...)."""
+    session.request (ssl=...).
+
+    `idempotent`: the server applies this request once however often it arrives (the agent's
+    pushes: records by id, reports by seq). Such a request is sent once more, within the same
+    deadline, when the connection dropped before an answer came: a kept-alive connection the
+    server closed (its idle timeout, a restart) just as it was reused. RFC 9112 9.3.1 allows
+    that for idempotent requests; aiohttp does it by method only, and a POST is not one."""
     import aiohttp
 
     _target(url)
     try:
         async with asyncio.timeout(deadline_s):
-            async with session.request(method, url, data=body or None, headers=dict(headers or {}),
-                                       **request_kw) as r:  # type: ignore[arg-type]
-                if r.content_length is not None and r.content_length > max_bytes:
-                    raise TooLarge(f"{url}: answer of {r.content_length} bytes exceeds {max_bytes}")
-                parts: list[bytes] = []
-                size = 0
-                while True:
-                    chunk = await r.content.read(_CHUNK)
-                    if not chunk:
-                        break
-                    size += len(chunk)
-                    if size > max_bytes:
-                        raise TooLarge(f"{url}: answer exceeds {max_bytes} bytes")
-                    parts.append(chunk)
-                return Reply(r.status, b"".join(parts), {k.lower(): v for k, v in r.headers.items()})
+            try:
+                return await _request(session, method, url, body, headers, max_bytes, request_kw)
+            except aiohttp.ClientConnectorError:
+                raise  # no connection at all: nothing was sent, and a new one would fail the same
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                if not idempotent:
+                    raise
+            # aiohttp closed the dropped connection: this goes out on a new one.
+            return await _request(session, method, url, body, headers, max_bytes, request_kw)
     except TimeoutError:
         raise Deadline(f"{url}: no complete answer within {deadline_s:g}s") from None
     except aiohttp.ClientSSLError as e:
         raise Unverified(f"{url}: {_why(e)}") from None
     except (aiohttp.ClientError, OSError, ValueError) as e:
         raise ExchangeError(f"{url}: {_why(e)}") from None
+
+
+async def _request(session: "aiohttp.ClientSession", method: str, url: str, body: bytes,
+                   headers: Mapping[str, str] | None, max_bytes: int, request_kw: Mapping[str, object]) -> Reply:
+    async with session.request(method, url, data=body or None, headers=dict(headers or {}),
+                               **request_kw) as r:  # type: ignore[arg-type]
+        if r.content_length is not None and r.content_length > max_bytes:
+            raise TooLarge(f"{url}: answer of {r.content_length} bytes exceeds {max_bytes}")
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            chunk = await r.content.read(_CHUNK)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > max_bytes:
+                raise TooLarge(f"{url}: answer exceeds {max_bytes} bytes")
+            parts.append(chunk)
+        return Reply(r.status, b"".join(parts), {k.lower(): v for k, v in r.headers.items()})

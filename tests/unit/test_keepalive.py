@@ -1,0 +1,117 @@
+"""The agent keeps one connection to the aggregator from one heartbeat to the next, and a
+connection the aggregator closed just as it was reused costs neither a report nor a duplicate:
+the push goes out once more on a new connection, and the aggregator applies it once (reports by
+their seq, records by their id)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Awaitable, Callable
+
+import pytest
+from aiohttp import web
+
+from podhealth.agent.heartbeat import KEEPALIVE_MAX_S, Heartbeat, keepalive_s
+from podhealth.agent.publisher import Publisher
+from podhealth.config import PublishConfig
+from tests.harness.agg import MemFencer, config, running
+from tests.unit.test_heartbeat import Clock, healthy, sequencer
+from tests.unit.test_publisher import until, xid
+
+pytestmark = pytest.mark.timeout(60)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Connections:
+    """A middleware in front of the aggregator's routes: the client end of the connection of each
+    request, and, when `drop` is set, the next request's connection closed without an answer,
+    before the aggregator sees the request or after it applied it."""
+
+    def __init__(self) -> None:
+        self.peers: list[object] = []
+        self.answers: list[dict[str, object]] = []
+        self.drop: str = ""  # "", "before" or "after"
+
+    def middleware(self) -> object:
+        async def handle(request: web.Request, handler: Handler) -> web.StreamResponse:
+            return await self._handle(request, handler)
+        return web.middleware(handle)
+
+    async def _handle(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        assert request.transport is not None
+        self.peers.append(request.transport.get_extra_info("peername"))
+        drop, self.drop = self.drop, ""
+        if drop == "before":
+            request.transport.close()  # the server's idle timeout fired as the request came in
+            return web.Response()
+        resp = await handler(request)
+        if isinstance(resp, web.Response) and isinstance(resp.body, bytes):
+            self.answers.append(json.loads(resp.body))
+        if drop == "after":
+            request.transport.close()  # applied, but the answer never reaches the agent
+        return resp
+
+
+def test_the_connection_is_kept_past_the_next_heartbeat_and_bounded() -> None:
+    assert keepalive_s(30.0) > 30.0, "aiohttp's 15 s default closed it before every heartbeat"
+    assert keepalive_s(3600.0) == KEEPALIVE_MAX_S
+
+
+async def test_heartbeats_reuse_one_connection(tmp_path: Path) -> None:
+    conns = Connections()
+    clock = Clock()
+    async with running(config(tmp_path), [MemFencer()], middlewares=[conns.middleware()]) as (agg, url):
+        hb = Heartbeat(PublishConfig(aggregator_url=url), clock=clock, sequencer=sequencer(tmp_path, clock))
+        await hb.start()
+        try:
+            for i in range(6):
+                clock.t += 30
+                assert await hb.send(healthy(1000 + 30 * i))
+            assert (hb.stats.full, hb.stats.leases) == (1, 5)
+            assert len(conns.peers) == 6 and len(set(conns.peers)) == 1, conns.peers
+        finally:
+            await hb.stop()
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+async def test_a_connection_closed_under_a_heartbeat_costs_no_report_and_no_duplicate(tmp_path: Path, when: str) -> None:
+    conns = Connections()
+    clock = Clock()
+    async with running(config(tmp_path), [MemFencer()], middlewares=[conns.middleware()]) as (agg, url):
+        hb = Heartbeat(PublishConfig(aggregator_url=url), clock=clock, sequencer=sequencer(tmp_path, clock))
+        await hb.start()
+        try:
+            assert await hb.send(healthy(1000))
+            clock.t += 30
+            conns.drop = when
+            assert await hb.send(healthy(1030)), "sent again on a new connection"
+            assert hb.stats.failures == 0 and (hb.stats.full, hb.stats.leases) == (1, 1)
+            assert len(set(conns.peers)) == 2 and conns.peers[-1] != conns.peers[0]
+            assert agg.mem.nodes["dgx01"].report_seq == 5030e9, "the resent lease is the one applied"
+            if when == "after":  # the aggregator saw the same lease twice: applied once, then stale
+                assert [(a["unchanged"], a["stale"]) for a in conns.answers[-2:]] == [(1, 0), (0, 1)]
+            clock.t += 30
+            assert await hb.send(healthy(1060)) and len(set(conns.peers)) == 2, "the new connection is kept"
+        finally:
+            await hb.stop()
+
+
+async def test_events_resent_after_a_dropped_answer_are_stored_once(tmp_path: Path) -> None:
+    conns = Connections()
+    async with running(config(tmp_path), [MemFencer()], middlewares=[conns.middleware()]) as (agg, url):
+        pub = Publisher(PublishConfig(aggregator_url=url, spool_dir=tmp_path / "spool"), "dgx01", max_backoff=0.2)
+        await pub.start()
+        try:
+            pub.publish_event(xid(0))
+            await until(lambda: pub.stats.delivered == 1)
+            conns.drop = "after"
+            pub.publish_event(xid(1))
+            await until(lambda: pub.stats.delivered == 2)
+            assert pub.stats.send_failures == 0, "sent again at once, not after a backoff"
+            # ev00001 arrived twice: applied the first time, a duplicate the second
+            assert [(a["applied"], a["duplicate"]) for a in conns.answers] == [(1, 0), (1, 0), (0, 1)]
+            assert {"ev00000", "ev00001"} <= agg.mem.seen_ids
+        finally:
+            await pub.stop()
