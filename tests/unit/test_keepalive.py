@@ -5,15 +5,17 @@ their seq, records by their id)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiohttp import web
 
 from podhealth.agent.heartbeat import KEEPALIVE_MAX_S, Heartbeat, keepalive_s
 from podhealth.agent.publisher import Publisher
+from podhealth.aggregator.service import Aggregator
 from podhealth.config import PublishConfig
 from tests.harness.agg import MemFencer, config, running
 from tests.unit.test_heartbeat import Clock, healthy, sequencer
@@ -59,43 +61,42 @@ def test_the_connection_is_kept_past_the_next_heartbeat_and_bounded() -> None:
     assert keepalive_s(3600.0) == KEEPALIVE_MAX_S
 
 
-async def test_heartbeats_reuse_one_connection(tmp_path: Path) -> None:
-    conns = Connections()
-    clock = Clock()
+@contextlib.asynccontextmanager
+async def beating(tmp_path: Path) -> AsyncIterator[tuple[Aggregator, Heartbeat, Connections, Clock]]:
+    """A real aggregator behind `Connections`, and a started heartbeat to it."""
+    conns, clock = Connections(), Clock()
     async with running(config(tmp_path), [MemFencer()], middlewares=[conns.middleware()]) as (agg, url):
         hb = Heartbeat(PublishConfig(aggregator_url=url), clock=clock, sequencer=sequencer(tmp_path, clock))
         await hb.start()
         try:
-            for i in range(6):
-                clock.t += 30
-                assert await hb.send(healthy(1000 + 30 * i))
-            assert (hb.stats.full, hb.stats.leases) == (1, 5)
-            assert len(conns.peers) == 6 and len(set(conns.peers)) == 1, conns.peers
+            yield agg, hb, conns, clock
         finally:
             await hb.stop()
+
+
+async def test_heartbeats_reuse_one_connection(tmp_path: Path) -> None:
+    async with beating(tmp_path) as (_, hb, conns, clock):
+        for i in range(6):
+            clock.t += 30
+            assert await hb.send(healthy(1000 + 30 * i))
+        assert (hb.stats.full, hb.stats.leases) == (1, 5)
+        assert len(conns.peers) == 6 and len(set(conns.peers)) == 1, conns.peers
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
 async def test_a_connection_closed_under_a_heartbeat_costs_no_report_and_no_duplicate(tmp_path: Path, when: str) -> None:
-    conns = Connections()
-    clock = Clock()
-    async with running(config(tmp_path), [MemFencer()], middlewares=[conns.middleware()]) as (agg, url):
-        hb = Heartbeat(PublishConfig(aggregator_url=url), clock=clock, sequencer=sequencer(tmp_path, clock))
-        await hb.start()
-        try:
-            assert await hb.send(healthy(1000))
-            clock.t += 30
-            conns.drop = when
-            assert await hb.send(healthy(1030)), "sent again on a new connection"
-            assert hb.stats.failures == 0 and (hb.stats.full, hb.stats.leases) == (1, 1)
-            assert len(set(conns.peers)) == 2 and conns.peers[-1] != conns.peers[0]
-            assert agg.mem.nodes["dgx01"].report_seq == 5030e9, "the resent lease is the one applied"
-            if when == "after":  # the aggregator saw the same lease twice: applied once, then stale
-                assert [(a["unchanged"], a["stale"]) for a in conns.answers[-2:]] == [(1, 0), (0, 1)]
-            clock.t += 30
-            assert await hb.send(healthy(1060)) and len(set(conns.peers)) == 2, "the new connection is kept"
-        finally:
-            await hb.stop()
+    async with beating(tmp_path) as (agg, hb, conns, clock):
+        assert await hb.send(healthy(1000))
+        clock.t += 30
+        conns.drop = when
+        assert await hb.send(healthy(1030)), "sent again on a new connection"
+        assert hb.stats.failures == 0 and (hb.stats.full, hb.stats.leases) == (1, 1)
+        assert len(set(conns.peers)) == 2 and conns.peers[-1] != conns.peers[0]
+        assert agg.mem.nodes["dgx01"].report_seq == 5030e9, "the resent lease is the one applied"
+        if when == "after":  # the aggregator saw the same lease twice: applied once, then stale
+            assert [(a["unchanged"], a["stale"]) for a in conns.answers[-2:]] == [(1, 0), (0, 1)]
+        clock.t += 30
+        assert await hb.send(healthy(1060)) and len(set(conns.peers)) == 2, "the new connection is kept"
 
 
 async def test_events_resent_after_a_dropped_answer_are_stored_once(tmp_path: Path) -> None:
