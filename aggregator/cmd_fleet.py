@@ -123,6 +123,14 @@ def _as_json(args: argparse.Namespace) -> bool:
     return bool(args.json or args.format == "json")
 
 
+def _shown_as_json(args: argparse.Namespace, answer: Any) -> bool:
+    """With --format json: print `answer` as the whole output and say so (the caller prints nothing else)."""
+    if not _as_json(args):
+        return False
+    print(json.dumps(answer, indent=2))
+    return True
+
+
 # The one hint for every auth failure, whichever command met it (a 401 from `bundle` said nothing).
 AUTH_HINT = ("pass the aggregator's admin token: --token, $PODHEALTH_ADMIN_TOKEN, or --config naming the "
              "aggregator's config (its aggregator.auth.admin_token or admin_token_file)")
@@ -232,8 +240,7 @@ def _when(t: float | None) -> str:
 def _status(args: argparse.Namespace) -> int:
     fleet = _call(args, "GET", "/api/v1/fleet")
     nodes = _call(args, "GET", "/api/v1/nodes")
-    if _as_json(args):
-        print(json.dumps({"fleet": fleet, "nodes": nodes["nodes"]}, indent=2))
+    if _shown_as_json(args, {"fleet": fleet, "nodes": nodes["nodes"]}):
         return 0
     counts = " ".join(f"{k}={v}" for k, v in fleet["counts"].items() if v)
     b = fleet["breaker"]
@@ -281,8 +288,7 @@ def _why_out(n: dict[str, Any]) -> str:
 @_run
 def _repairs(args: argparse.Namespace) -> int:
     out = _call(args, "GET", "/api/v1/repairs")
-    if _as_json(args):
-        print(json.dumps(out, indent=2))
+    if _shown_as_json(args, out):
         return 0
     if not out["repairs"]:
         print("repair queue: empty")
@@ -301,8 +307,7 @@ def _repairs(args: argparse.Namespace) -> int:
 def _history(args: argparse.Namespace) -> int:
     q = urllib.parse.urlencode({"limit": args.limit})
     h = _call(args, "GET", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/history?{q}")
-    if _as_json(args):
-        print(json.dumps(h, indent=2))
+    if _shown_as_json(args, h):
         return 0
     for it in h["items"]:
         when = _when(it["time"])
@@ -327,9 +332,7 @@ def _who() -> str:
 
 
 def _print_action(args: argparse.Namespace, out: dict[str, Any]) -> int:
-    if _as_json(args):
-        print(json.dumps(out, indent=2))
-    else:
+    if not _shown_as_json(args, out):
         print(f"{out.get('node', '')}: {out.get('kind', '')} {out.get('state', '')}: {out.get('result', '')}".strip())
     return 0 if out.get("state") in ("done", "unchanged") else 1
 
@@ -363,8 +366,7 @@ def _versions(args: argparse.Namespace) -> int:
     from podhealth.aggregator.versions import lines
 
     view = _call(args, "GET", "/api/v1/fleet/versions")
-    if _as_json(args):
-        print(json.dumps(view, indent=2))
+    if _shown_as_json(args, view):
         return 0
     for line in lines(view, args.name_few):
         print(line)
@@ -379,8 +381,7 @@ def _outliers(args: argparse.Namespace) -> int:
     q = f"?metric={urllib.parse.quote(args.metric)}" if args.metric else ""
     out = _call(args, "GET", f"/api/v1/failslow/outliers{q}")
     strag = _call(args, "GET", "/api/v1/failslow/stragglers")
-    if _as_json(args):
-        print(json.dumps({**out, **strag}, indent=2))
+    if _shown_as_json(args, {**out, **strag}):
         return 0
     print(f"judged {_when(out['scored_at'])}; cohorts:")
     for c in out["cohorts"]:
@@ -402,9 +403,7 @@ def _outliers(args: argparse.Namespace) -> int:
 def _reset_order(args: argparse.Namespace) -> int:
     out = _call(args, "POST", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/reset-order",
                 {"reason": args.reason, "who": _who()}, admin=True)
-    if _as_json(args):
-        print(json.dumps(out, indent=2))
-    else:
+    if not _shown_as_json(args, out):
         was = out["was"]
         print(f"{out['node']}: order reset (was boot {was['boot_id'] or '-'} seq {was['seq']}); "
               "its next record starts afresh")
@@ -415,9 +414,7 @@ def _reset_order(args: argparse.Namespace) -> int:
 def _silence(args: argparse.Namespace) -> int:
     out = _call(args, "POST", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/silence",
                 {"check": args.check, "duration": args.duration, "reason": args.reason, "who": _who()}, admin=True)
-    if _as_json(args):
-        print(json.dumps(out, indent=2))
-    else:
+    if not _shown_as_json(args, out):
         print(f"{out['node']}: {out['check']} silenced until {_when(out['until'])} by {out['who']}: {out['reason']}")
     return 0
 
@@ -426,7 +423,8 @@ def _silence(args: argparse.Namespace) -> int:
 def _unsilence(args: argparse.Namespace) -> int:
     out = _call(args, "POST", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/unsilence",
                 {"check": args.check, "reason": args.reason, "who": _who()}, admin=True)
-    print(json.dumps(out, indent=2) if _as_json(args) else f"{out['node']}: {out['check']} counts again")
+    if not _shown_as_json(args, out):
+        print(f"{out['node']}: {out['check']} counts again")
     return 0
 
 
@@ -452,8 +450,7 @@ def _bundle(args: argparse.Namespace) -> int:
     base = f"/api/v1/nodes/{urllib.parse.quote(args.node)}/bundles"
     listing = json.loads(_fetch(args, base)[0])
     if args.list or (_as_json(args) and args.output is None):
-        if _as_json(args):
-            print(json.dumps(listing, indent=2))
+        if _shown_as_json(args, listing):
             return 0
         print(f"{'ID':>6} {'FENCE':>6} {'WHEN':<20} {'BYTES':>9} SHA256")
         for b in listing["bundles"]:
@@ -485,9 +482,7 @@ def _bundle(args: argparse.Namespace) -> int:
 @_run
 def _breaker_reset(args: argparse.Namespace) -> int:
     out = _call(args, "POST", "/api/v1/breaker/reset", {"reason": args.reason, "who": _who()}, admin=True)
-    if _as_json(args):
-        print(json.dumps(out, indent=2))
-    else:
+    if not _shown_as_json(args, out):
         print("breaker reset" + (f" (was tripped: {out['was_reason']})" if out["was_tripped"] else " (was not tripped)")
               + "; observations from before now must be seen again before anything is fenced")
     return 0
@@ -548,9 +543,7 @@ def _federate(args: argparse.Namespace) -> int:
         views = asyncio.run(read())
     except federation.SetError as e:
         raise Undecided(str(e)) from None
-    if _as_json(args):
-        print(json.dumps({"sets": [v.to_json() for v in views]}, indent=2))
-    else:
+    if not _shown_as_json(args, {"sets": [v.to_json() for v in views]}):
         for v in views:
             if not v.ok:
                 print(f"{v.name:<16} {v.url}  UNREACHABLE: {v.error}")
