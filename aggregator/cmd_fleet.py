@@ -337,6 +337,12 @@ def _print_action(args: argparse.Namespace, out: dict[str, Any]) -> int:
     return 0 if out.get("state") in ("done", "unchanged") else 1
 
 
+def _node_action_call(args: argparse.Namespace, verb: str, **fields: Any) -> Any:
+    """POST an audited action on args.node, with its reason and who asks (admin token)."""
+    return _call(args, "POST", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/{verb}",
+                 {**fields, "reason": args.reason, "who": _who()}, admin=True)
+
+
 @_run
 def _release(args: argparse.Namespace) -> int:
     if not args.force:
@@ -349,15 +355,13 @@ def _release(args: argparse.Namespace) -> int:
             print(f"podhealth fleet: {args.node} still reports FAIL ({', '.join(failing) or 'its verdict'}); released, "
                   "it goes back into service with that fault. Release it anyway with --force.", file=sys.stderr)
             return EXIT_FAIL
-    out = _call(args, "POST", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/release",
-                {"reason": args.reason, "who": _who()}, admin=True)
+    out = _node_action_call(args, "release")
     return _print_action(args, out)
 
 
 @_run
 def _fence(args: argparse.Namespace) -> int:
-    out = _call(args, "POST", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/fence",
-                {"reason": args.reason, "who": _who()}, admin=True)
+    out = _node_action_call(args, "fence")
     return _print_action(args, out)
 
 
@@ -401,8 +405,7 @@ def _outliers(args: argparse.Namespace) -> int:
 
 @_run
 def _reset_order(args: argparse.Namespace) -> int:
-    out = _call(args, "POST", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/reset-order",
-                {"reason": args.reason, "who": _who()}, admin=True)
+    out = _node_action_call(args, "reset-order")
     if not _shown_as_json(args, out):
         was = out["was"]
         print(f"{out['node']}: order reset (was boot {was['boot_id'] or '-'} seq {was['seq']}); "
@@ -412,8 +415,7 @@ def _reset_order(args: argparse.Namespace) -> int:
 
 @_run
 def _silence(args: argparse.Namespace) -> int:
-    out = _call(args, "POST", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/silence",
-                {"check": args.check, "duration": args.duration, "reason": args.reason, "who": _who()}, admin=True)
+    out = _node_action_call(args, "silence", check=args.check, duration=args.duration)
     if not _shown_as_json(args, out):
         print(f"{out['node']}: {out['check']} silenced until {_when(out['until'])} by {out['who']}: {out['reason']}")
     return 0
@@ -421,8 +423,7 @@ def _silence(args: argparse.Namespace) -> int:
 
 @_run
 def _unsilence(args: argparse.Namespace) -> int:
-    out = _call(args, "POST", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/unsilence",
-                {"check": args.check, "reason": args.reason, "who": _who()}, admin=True)
+    out = _node_action_call(args, "unsilence", check=args.check)
     if not _shown_as_json(args, out):
         print(f"{out['node']}: {out['check']} counts again")
     return 0
@@ -430,8 +431,7 @@ def _unsilence(args: argparse.Namespace) -> int:
 
 @_run
 def _mark_healthy(args: argparse.Namespace) -> int:
-    out = _call(args, "POST", f"/api/v1/nodes/{urllib.parse.quote(args.node)}/mark-healthy",
-                {"reason": args.reason, "who": _who()}, admin=True)
+    out = _node_action_call(args, "mark-healthy")
     return _print_action(args, out)
 
 
