@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import aiohttp  # noqa: E402
 
+from nodeconns import Mode, NodeConnections  # noqa: E402
 from benchlib import Aggregator, FloorServer, ReportFactory, event_batch, node_names, percentile, verdict, workdir  # noqa: E402
 
 TOKEN = "bench-cluster-token"
@@ -84,22 +85,23 @@ class Load:
     otherwise, the full report again at once when a lease is refused (409)."""
 
     def __init__(self, url: str, nodes: list[str], concurrency: int, full_interval: float,
-                 body: Callable[[str, float], bytes] | None = None, fresh_connections: bool = False) -> None:
+                 body: Callable[[str, float], bytes] | None = None, connections: Mode = "pooled",
+                 interval: float = 30.0) -> None:
         """`body(node, time)`: the full report to send (default: ReportFactory's live template);
-        `fresh_connections`: a new TCP connection for every request, closed after its answer, as
-        the agent's heartbeat does (bench/capacity.py says why); default: pooled connections."""
+        `connections`: how the nodes connect (bench/nodeconns.py: pooled, fresh or per-node, the
+        agents' own); `interval`: their heartbeat interval (the per-node keep-alive follows it)."""
         self.url = url
         self.nodes = nodes
         self.full_interval = full_interval
         self.factory = ReportFactory()
         self.template = self.factory.live_template()  # the node's name is a slot too
         self.body = body
-        self.fresh_connections = fresh_connections
+        self.conns = NodeConnections(connections, interval)
+        self.concurrency = concurrency
         self.all_full = False  # every heartbeat a full report (what a fleet without leases sends)
         self.rng = random.Random(3)
         self.sem = asyncio.Semaphore(concurrency)
         self.headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-        self.session: aiohttp.ClientSession | None = None
         self.last_time: dict[str, float] = {}
         self.digest: dict[str, str] = {}
         self.full_at: dict[str, float] = {}
@@ -107,20 +109,19 @@ class Load:
         self.idle_cpu_rate = 0.0  # aggregator CPU seconds per second with no requests
 
     async def __aenter__(self) -> "Load":
-        conn = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=self.fresh_connections)
-        self.session = aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=30))
         return self
 
-    async def reconnect(self, fresh_connections: bool) -> None:
-        """Go on with pooled or fresh connections (first contact is set-up, pooled is quicker)."""
-        assert self.session is not None
-        await self.session.close()
-        self.fresh_connections = fresh_connections
-        await self.__aenter__()
+    async def reconnect(self, connections: Mode) -> None:
+        """Go on with other connections (first contact is set-up, pooled is quicker)."""
+        await self.conns.close()
+        self.conns = NodeConnections(connections, self.conns.interval)
+
+    async def warm(self) -> None:
+        """Before a window: every node's own connection open (per-node; else nothing)."""
+        await self.conns.warm(self.url, self.nodes, self.concurrency)
 
     async def __aexit__(self, *exc: object) -> None:
-        assert self.session is not None
-        await self.session.close()
+        await self.conns.close()
 
     def steady_state(self, digest: str | None = None) -> None:
         """Spread the nodes' last full reports evenly over the past `full_interval`, as they are in
@@ -142,11 +143,10 @@ class Load:
             return self.body(node, self._time(node))
         return self.template.render([json.dumps(node)] + self.factory.live_values(self._time(node), self.rng))
 
-    async def _post(self, body: bytes, phase: Phase) -> tuple[int, bytes]:
-        assert self.session is not None
+    async def _post(self, node: str, body: bytes, phase: Phase) -> tuple[int, bytes]:
         t0 = time.perf_counter()
         try:
-            async with self.session.post(f"{self.url}/v1/reports", data=body, headers=self.headers) as r:
+            async with self.conns.session(node).post(f"{self.url}/v1/reports", data=body, headers=self.headers) as r:
                 answer = await r.read()
                 status = r.status
         except (aiohttp.ClientError, asyncio.TimeoutError):
@@ -160,7 +160,7 @@ class Load:
             digest = self.digest.get(node)
             if (not self.all_full and digest is not None
                     and time.monotonic() - self.full_at.get(node, 0.0) < self.full_interval):
-                status, _ = await self._post(ReportFactory.lease(node, self._time(node), digest), phase)
+                status, _ = await self._post(node, ReportFactory.lease(node, self._time(node), digest), phase)
                 phase.leases += 1
                 if status == 200:
                     return
@@ -168,7 +168,7 @@ class Load:
                     phase.errors += 1
                     return
                 phase.conflicts += 1
-            status, answer = await self._post(self._full(node), phase)
+            status, answer = await self._post(node, self._full(node), phase)
             phase.full += 1
             if status != 200:
                 phase.errors += 1
@@ -179,13 +179,12 @@ class Load:
             self.full_at[node] = time.monotonic()
 
     async def events(self, node: str, count: int, phase: Phase) -> None:
-        assert self.session is not None
         async with self.sem:
             self.event_seq += 1
             body = event_batch(node, self.event_seq, count, time.time())
             t0 = time.perf_counter()
             try:
-                async with self.session.post(f"{self.url}/v1/events", data=body, headers=self.headers) as r:
+                async with self.conns.session(node).post(f"{self.url}/v1/events", data=body, headers=self.headers) as r:
                     await r.read()
                     ok = r.status == 200
             except (aiohttp.ClientError, asyncio.TimeoutError):

@@ -52,8 +52,11 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from aggregator_scale import TOKEN, Load, Phase, run_phase  # noqa: E402
+from nodeconns import raise_fd_limit  # noqa: E402
 from benchlib import REPO, Aggregator, FloorServer, ReportFactory, Template, free_ports, node_names, percentile, workdir  # noqa: E402
 
+CONNECTIONS = {"per-node": "each node keeps its own across heartbeats (the agents now)",
+               "fresh": "a new TCP connection per heartbeat (the agents before, aiohttp's 15 s keep-alive)"}
 LAG_STALL = 0.05  # an event-loop stall worth counting (issue 32: none over 50 ms)
 
 
@@ -202,26 +205,35 @@ async def aggregator_windows(args: argparse.Namespace, wd: Path, nodes: list[str
     floor_windows: list[Window] = []
     with Aggregator(wd / f"agg-{len(nodes)}-{'freeze' if freeze else 'nofreeze'}", settings(freeze)) as agg:
         start = scrape(agg.url)
-        async with Load(agg.url, nodes, args.concurrency, args.full_interval, body=body) as load, \
+        async with Load(agg.url, nodes, args.concurrency, args.full_interval, body=body, interval=args.interval) as load, \
                 Load(floor.url, nodes, args.concurrency, args.full_interval, body=body,
-                     fresh_connections=True) as peer:
+                     connections=args.connections, interval=args.interval) as peer:
             first = await run_phase(load, agg, "first contact", load.first_contact)  # type: ignore[arg-type]
             print(f"  first contact: {first.reports} full reports in {first.wall:.1f} s (pooled connections)")
-            await load.reconnect(fresh_connections=True)
+            await load.reconnect(args.connections)
             load.steady_state()
             peer.steady_state(digest="0123456789abcdef")
             await asyncio.sleep(6)  # a housekeeping pass after the load: the freeze, if on
 
+            def steady(on: Load) -> Callable[[Phase], Any]:
+                return lambda p: on.steady(p, args.interval, args.window, False)
+
             async def floor_window() -> None:
-                ph = await run_phase(peer, floor, "peer", lambda p: peer.steady(p, args.interval, args.window, False))  # type: ignore[arg-type]
+                await peer.warm()  # per-node connections: open before the window, let go after it
+                ph = await run_phase(peer, floor, "peer", steady(peer))  # type: ignore[arg-type]
+                await peer.reconnect(args.connections)
                 floor_windows.append(Window(ph, load=os.getloadavg()))
 
+            rss_before = agg.stats().sample().rss_mib
             await floor_window()
             for _ in range(windows):
+                await load.warm()
+                if not agg_windows:
+                    args.rss_warm = (rss_before, agg.stats().sample().rss_mib)
                 s0 = scrape(agg.url)
-                ph = await run_phase(load, agg, "aggregator",
-                                     lambda p: load.steady(p, args.interval, args.window, False))
+                ph = await run_phase(load, agg, "aggregator", steady(load))
                 s1 = scrape(agg.url)
+                await load.reconnect(args.connections)
                 lag_n, lag_long = over(s0.lag_buckets, s1.lag_buckets, LAG_STALL)
                 busy_n, busy_long = over(s0.busy_buckets, s1.busy_buckets, LAG_STALL)
                 gc_n = int(s1.gc2_count - s0.gc2_count)
@@ -253,7 +265,7 @@ def report_size(args: argparse.Namespace, n: int, runs: dict[bool, tuple[list[Wi
     p99f = [percentile(w.phase.latencies, 99) * 1e3 for w in floor_w]
     gen = [w.phase.client_cpu / w.phase.wall * 100 for w in agg_w]
     print(f"\n== {n:,} nodes, a heartbeat every {args.interval:g} s (full report every {args.full_interval:g} s), "
-          f"a fresh TCP connection per heartbeat")
+          f"connections: {CONNECTIONS[args.connections]}")
     print(f"  rate asked {asked:,.0f}/s; reached {mmm(reached, '{:,.0f}')}/s (min/median/max)"
           + ("" if min(reached) >= 0.95 * asked else
              f"  -- NOT the agents' rate: the load generator could not reach it on this machine (load average "
@@ -282,6 +294,10 @@ def report_size(args: argparse.Namespace, n: int, runs: dict[bool, tuple[list[Wi
         print(f"  | full GC pauses, gc_freeze off | {o_end.gc2_count - o_start.gc2_count:.0f} full GCs over the run; in "
               f"windows {sum(w.gc2 for w in o_agg)}, longest {', '.join(w.gc2_longest for w in o_agg)} | | |")
         print(f"  | CPU per heartbeat, gc_freeze off | {mmm([w.per_beat_us for w in o_agg], '{:.0f}')} us | | |")
+    if args.connections == "per-node" and getattr(args, "rss_warm", None):
+        before, after = args.rss_warm
+        print(f"  aggregator RSS {before:.0f} MiB before every node's connection was open, {after:.0f} MiB with "
+              f"them open: ~{(after - before) * 1024 / n:.1f} KiB per kept connection")
     loads = [w.load for w in agg_w + floor_w]
     print(f"  load average (1 min) during the windows: {mmm([x[0] for x in loads])}; "
           f"{os.cpu_count()} CPUs on this machine")
@@ -309,6 +325,9 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=512, help="heartbeats in flight at most")
     ap.add_argument("--no-gc-off", dest="gc_off", action="store_false",
                     help="skip the second aggregator with gc_freeze off")
+    ap.add_argument("--connections", choices=("per-node", "fresh"), default="per-node",
+                    help="each node keeps its connection across heartbeats, as agents do now (default), or a "
+                         "new one per heartbeat, as they did with aiohttp's 15 s keep-alive (before)")
     ap.add_argument("--report-source", choices=("simulator", "factory"), default="simulator",
                     help="full reports captured from a simulated agent (default) or benchlib's stand-in")
     args = ap.parse_args()
@@ -317,6 +336,10 @@ def main() -> int:
     args.nodes = args.nodes or [10_000, 100_000]
     if min(args.nodes) < 1 or args.interval <= 0 or args.window <= 0 or args.repeats < 1:
         ap.error("--nodes, --interval, --window and --repeats must be positive")
+    fds = raise_fd_limit()
+    if args.connections == "per-node" and fds < max(args.nodes) + 1024:
+        ap.error(f"per-node connections need {max(args.nodes) + 1024} open files here and in the server; "
+                 f"the hard limit is {fds} (ulimit -Hn)")
     t0 = time.monotonic()
     with workdir("ph-capacity-") as wd:
         if args.report_source == "simulator":
