@@ -42,13 +42,6 @@ from podhealth.vocab import MetricSpec, NodeReport, Sample
 
 log = plog.get("podhealth.heartbeat")
 ANSWER_MAX_BYTES = 64 * 1024  # the aggregator answers a report with a few bytes of JSON
-# An idle connection outlives the next heartbeat by this much (a late beat still finds it), and
-# the aggregator's own idle timeout outlives that (aggregator `connections.idle_timeout`), so the
-# agent is the side that closes: it never sends into a connection the server is closing.
-KEEPALIVE_MARGIN_S = 15.0
-# Never kept idle longer: below the idle timeouts of the NATs and load balancers between nodes and
-# the aggregator (AWS NLB: 350 s), which drop a connection without telling either end.
-KEEPALIVE_MAX_S = 300.0
 
 # What a lease vouches for: every field the aggregator takes from a result, evidence aside.
 Projection = tuple[tuple[str, str, str, str, float, str], ...]
@@ -207,17 +200,16 @@ class Heartbeat(Sink, PushesToReplicas):
         return await self.replicas.post(send)
 
 
-def keepalive_s(report_interval: float) -> float:
-    """How long a sender keeps its idle connection to the aggregator: past the next heartbeat
-    (aiohttp's 15 s default closed it before every 30 s heartbeat, so each one paid a new TCP,
-    and with TLS a new handshake: 3,333 a second at 100,000 nodes), at most KEEPALIVE_MAX_S."""
-    return min(report_interval + KEEPALIVE_MARGIN_S, KEEPALIVE_MAX_S)
-
-
 def session(cfg: PublishConfig, tls: ssl.SSLContext | None) -> aiohttp.ClientSession:
     """A client session to the aggregator: https:// verified with `tls` (or the system's store),
-    one connection per replica kept from one heartbeat to the next (keepalive_s). One is all a
-    sender needs: it sends one request at a time, so a second connection would only be a second
-    idle socket at the aggregator (its fd budget is one per node: README, "Faults said out loud")."""
+    one connection per replica kept from one heartbeat to the next. aiohttp's default keep-alive
+    (15 s) closed it before every 30 s heartbeat, so each one paid a new TCP connection, and with
+    TLS a new handshake: 3,333 a second at 100,000 nodes. Now it is kept `cfg.keepalive()`:
+    the interval + 15 s (a late beat still finds it), at most 300 s (below the idle timeouts of
+    NATs and load balancers, AWS NLB's 350 s, which drop a connection telling neither end); the
+    aggregator keeps it longer still (its `connections.idle_timeout`), so the agent is the side
+    that closes. One connection is all a sender needs: it sends one request at a time, so a
+    second would only be a second idle socket at the aggregator (its fd budget is one per node:
+    README, "Faults said out loud")."""
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(
-        ssl=tls if tls is not None else True, keepalive_timeout=keepalive_s(cfg.report_interval), limit_per_host=1))
+        ssl=tls if tls is not None else True, keepalive_timeout=cfg.keepalive(), limit_per_host=1))

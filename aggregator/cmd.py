@@ -69,9 +69,9 @@ def run(args: argparse.Namespace) -> int:
     log.setup(args.log_level or cfg.log.level, cfg.log.format)
     from podhealth import aioloop
     from podhealth.aggregator.serve import serve
-    from podhealth.fdlimit import raise_fd_limit
+    from podhealth.fdlimit import AGGREGATOR_FD_LIMIT, raise_fd_limit
 
-    raise_fd_limit()  # as the agent does: systemd's soft 1,024 is ~1,000 agents
+    raise_fd_limit(AGGREGATOR_FD_LIMIT)  # as the agent does: systemd's soft 1,024 is ~1,000 agents
     try:
         return aioloop.run(serve(agg))
     except (ValueError, ImportError) as e:  # PODHEALTH_EVENT_LOOP names a loop that is not there

@@ -62,6 +62,10 @@ class Metrics:
                                "failed resets/reboots within ladder.window); they wait for an operator.", registry=r)
         self.http_refused = Counter(P + "http_connections_refused", "Connections refused because max connections\n"
                                     "were open, or the client's share of them (idle and slow connections time out).", registry=r)
+        self.http_open = Gauge(P + "http_connections", "HTTP connections open now: one per node (agents keep theirs\n"
+                               "between heartbeats), plus the UI's and scrapers'. Each is a file descriptor.", registry=r)
+        self.http_max = Gauge(P + "http_connections_max", "Connections the aggregator keeps open at most\n"
+                              "(connections.max, else 3/4 of the open-file limit); one more is refused.", registry=r)
         self.lease_epoch = Gauge(P + "store_lease_epoch", "Epoch of this process's exclusive lease on the state\n"
                                  "store (one more per start: the fencing token).", registry=r)
         self.leader = Gauge(P + "leader", "1 while this aggregator decides and acts (the leader of the replicas on\n"

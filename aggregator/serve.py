@@ -9,7 +9,7 @@ from aiohttp import web
 
 from podhealth import aioloop
 from podhealth import log as plog
-from podhealth.config_aggregator import AggregatorConfig
+from podhealth.config_aggregator import AggregatorConfig, agent_keepalive
 from podhealth.aggregator.server import make_app
 from podhealth.aggregator.service import Aggregator
 from podhealth.aggregator.store import StoreError
@@ -18,14 +18,30 @@ from podhealth.httpguard import ConnLimits, GuardedSite, fd_share
 from podhealth.logrepeat import Repeats, loop_exception_handler
 
 log = plog.get("podhealth.aggregator")
-# Agents keep a connection between heartbeats; one idle longer than this is closed (they reconnect).
-HTTP_IDLE_TIMEOUT = 60.0
 # Connections may take this share of the open-file limit; the rest stays for the store and fencers.
 HTTP_FD_SHARE = 0.75
 
 
-def http_limits() -> ConnLimits:
-    return ConnLimits(fd_share(soft_limit(), HTTP_FD_SHARE), HTTP_IDLE_TIMEOUT)
+def http_limits(cfg: AggregatorConfig) -> ConnLimits:
+    """`connections:`: agents keep one connection each between heartbeats (agent/heartbeat.py),
+    so the cap is the fleet's size in file descriptors, and the idle timeout outlasts theirs."""
+    c = cfg.connections
+    return ConnLimits(c.max or fd_share(soft_limit(), HTTP_FD_SHARE), c.idle_for(cfg.heartbeat_interval))
+
+
+def budget_problems(cfg: AggregatorConfig, limits: ConnLimits) -> list[tuple[str, dict[str, object]]]:
+    """What an operator must hear at start about the connection budget (logged as warnings)."""
+    out: list[tuple[str, dict[str, object]]] = []
+    keep = agent_keepalive(cfg.heartbeat_interval)
+    if limits.idle_timeout <= keep:
+        out.append(("connections.idle_timeout is shorter than the agents keep their connection idle: each "
+                    "heartbeat will pay a new connection (and TLS handshake)",
+                    {"idle_timeout": limits.idle_timeout, "agents_keepalive": keep}))
+    fds = soft_limit()
+    if limits.max_connections > fds * HTTP_FD_SHARE:
+        out.append(("connections.max leaves too few of the open-file limit to the store and fencers: raise "
+                    "LimitNOFILE", {"max": limits.max_connections, "open_file_limit": fds}))
+    return out
 
 
 async def start_http(agg: Aggregator, limits: ConnLimits) -> web.AppRunner:
@@ -52,6 +68,8 @@ async def start_http(agg: Aggregator, limits: ConnLimits) -> web.AppRunner:
     except OSError:
         await runner.cleanup()
         raise
+    agg.metrics.http_open.set_function(lambda: site.open)
+    agg.metrics.http_max.set(limits.max_connections)
     return runner
 
 
@@ -64,7 +82,10 @@ async def serve(cfg: AggregatorConfig) -> int:
         log.error("cannot open the state store", error=str(e))
         return 2
     try:
-        runner = await start_http(agg, http_limits())
+        limits = http_limits(cfg)
+        for message, fields in budget_problems(cfg, limits):
+            log.warning(message, **fields)  # type: ignore[arg-type]
+        runner = await start_http(agg, limits)
     except StoreError as e:
         await agg.stop()
         log.error("cannot open the state store", error=str(e))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Mapping
 
 from podhealth import credentials, yamldata
 from podhealth.hostnames import node_name_problem
-from podhealth.config_aggregator import AggregatorConfig
+from podhealth.config_aggregator import AggregatorConfig, agent_keepalive
 from podhealth.config_failslow import FailslowProbeConfig
 from podhealth.config_listen import ListenConfig
 from podhealth.config_policy import SITE_NAME, PolicyConfig, SiteCheckConfig
@@ -225,6 +225,10 @@ class PublishConfig:
     full_report_interval: Seconds = doc(
         "Seconds after which a heartbeat carries the full report even though no verdict changed,\n"
         "so the evidence the aggregator shows stays this fresh.", 300.0)
+
+    def keepalive(self) -> float:
+        """Seconds an idle connection to the aggregator is kept: past the next heartbeat (agent/heartbeat.py)."""
+        return agent_keepalive(self.report_interval)
 
     def urls(self) -> tuple[str, ...]:
         """Where to push: `aggregators`, else `aggregator_url` (empty: do not push)."""

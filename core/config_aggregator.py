@@ -332,6 +332,40 @@ class NodeIngestConfig:
         512 * 1024 * 1024)
 
 
+# The agents keep their connection idle this much past their heartbeat interval, and never longer
+# than AGENT_KEEPALIVE_MAX_S (agent/heartbeat.py keepalive_s); by default the aggregator keeps it
+# IDLE_MARGIN_S past that, so the agent is the side that closes and never sends into a closing one.
+AGENT_KEEPALIVE_MARGIN_S = 15.0
+AGENT_KEEPALIVE_MAX_S = 300.0
+IDLE_MARGIN_S = 30.0
+
+
+@dataclass(frozen=True)
+class ConnectionsConfig:
+    idle_timeout: Annotated[float, Ge(0, "seconds")] = doc(
+        "Seconds a connection may stay idle (between requests, or before its first request head: a slow\n"
+        "client) before the aggregator closes it. Each agent keeps one connection from one heartbeat to\n"
+        "the next, idle up to heartbeat_interval + 15 s (at most 300 s); this should outlast that, or every\n"
+        "heartbeat pays a new connection (and TLS handshake) again. 0 = that + 30 s (75 s at the defaults).", 0.0)
+    max: Annotated[int, Ge(0, "connections")] = doc(
+        "Connections open at once; one more is answered 503 and closed (podhealth_aggregator_http_connections_\n"
+        "refused_total; podhealth_aggregator_http_connections is the count open). Every node holds one, the UI\n"
+        "and scrapers a few: size this, and the open-file limit above it (the unit's LimitNOFILE), to the\n"
+        "fleet plus a margin. Idle connections are not closed to make room (aiohttp has no such policy), so\n"
+        "nodes beyond the cap are refused at each heartbeat. 0 = 3/4 of the open-file limit.", 0)
+
+    def idle_for(self, heartbeat_interval: float) -> float:
+        """The idle timeout in force: the configured one, else past the agents' keep-alive."""
+        if self.idle_timeout:
+            return self.idle_timeout
+        return agent_keepalive(heartbeat_interval) + IDLE_MARGIN_S
+
+
+def agent_keepalive(heartbeat_interval: float) -> float:
+    """How long agents at this heartbeat interval keep an idle connection (agent/heartbeat.py)."""
+    return min(heartbeat_interval + AGENT_KEEPALIVE_MARGIN_S, AGENT_KEEPALIVE_MAX_S)
+
+
 @dataclass(frozen=True)
 class StoreConfig:
     url: str = doc(
@@ -371,6 +405,9 @@ class AggregatorConfig:
     store: StoreConfig = doc("The state store (SQLite file or PostgreSQL).", factory=StoreConfig)
     auth: AggAuthConfig = doc("Tokens.", factory=AggAuthConfig)
     max_body_bytes: Annotated[int, Gt(0, "bytes")] = doc("Largest request body accepted (else 413).", 1024 * 1024)
+    connections: ConnectionsConfig = doc(
+        "HTTP connections: how long an idle one is kept, how many may be open (the file-descriptor budget:\n"
+        "one per node; README, Faults said out loud).", factory=ConnectionsConfig)
     node_ingest: NodeIngestConfig = doc(
         "Caps on what one node may push: record size, rate, stored bytes (one node's own token must\n"
         "not fill the store).", factory=NodeIngestConfig)
@@ -473,4 +510,5 @@ __all__ = [
     "AggregatorConfig", "ListenConfig", "AggAuthConfig", "RuleConfig", "CapsConfig", "RateLimitConfig",
     "BreakerConfig", "FlapHoldConfig", "LadderConfig", "JobsConfig", "NodeEntry", "FencersConfig", "SlurmFencerConfig", "KubeFencerConfig",
     "DryRunFencerConfig", "FileFencerConfig", "RetryConfig", "UiConfig", "BundlesConfig", "StoreConfig", "SEVERITY_RANK",
+    "ConnectionsConfig",
 ]

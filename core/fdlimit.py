@@ -12,6 +12,11 @@ from __future__ import annotations
 import resource
 
 FD_LIMIT = 65536
+# The aggregator's: every node keeps its connection between heartbeats (agent/heartbeat.py), and
+# connections get 3/4 of the limit (aggregator/serve.py): 196,608, for 100,000 nodes with room to
+# grow, the UI and scrapers; the rest for the store and fencers. systemd/podhealth-aggregator.service
+# sets the same LimitNOFILE (a test holds them together).
+AGGREGATOR_FD_LIMIT = 262144
 
 
 def raise_fd_limit(want: int = FD_LIMIT) -> int:

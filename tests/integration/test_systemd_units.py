@@ -56,6 +56,18 @@ def test_agent_unit_contract() -> None:
         assert line in text, line
 
 
+def test_aggregator_unit_gives_100000_nodes_their_connections() -> None:
+    """Agents keep one connection each between heartbeats: the unit's open-file limit is the
+    process's own target, and the share of it left to connections holds 100,000 nodes and a margin."""
+    from podhealth.aggregator.serve import HTTP_FD_SHARE
+    from podhealth.fdlimit import AGGREGATOR_FD_LIMIT
+
+    text = (REPO / "systemd" / "podhealth-aggregator.service").read_text()
+    limit = int(re.search(r"^LimitNOFILE=(\d+)$", text, re.M).group(1))  # type: ignore[union-attr]
+    assert limit == AGGREGATOR_FD_LIMIT
+    assert limit * HTTP_FD_SHARE >= 100_000 * 1.5
+
+
 def test_install_units_writes_verifiable_units_and_keeps_site_config(tmp_path: Path) -> None:
     cfg = tmp_path / "etc/podhealth/podhealth.yaml"
     cfg.parent.mkdir(parents=True)

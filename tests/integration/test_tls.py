@@ -66,7 +66,7 @@ async def serving(cfg: AggregatorConfig, watch_interval: float = 30.0) -> AsyncI
     agg = await Aggregator.open(cfg, fencers=[MemFencer()])
     agg.tls_watch.interval = watch_interval
     try:
-        runner = await start_http(agg, http_limits())
+        runner = await start_http(agg, http_limits(cfg))
         try:
             yield agg, f"https://127.0.0.1:{port}"
         finally:

@@ -3,7 +3,7 @@
 Many idle (and one slowloris) loopback connections against a real agent and a real aggregator:
 beyond the cap they are refused with a 503 and counted, the idle ones are closed after the idle
 timeout, and /healthz answers again. The timeouts are shortened through the same ConnLimits the
-daemons build from their defaults (agent.http_limits; aggregator.serve.start_http).
+daemons build from their defaults (agent.http_limits; the aggregator's `connections:` config).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import structlog
 
 from podhealth import log as plog
 from podhealth.agent.agent import Agent
-from podhealth.aggregator.serve import start_http
+from podhealth.aggregator.serve import http_limits, start_http
 from podhealth.aggregator.service import Aggregator
+from podhealth.config_aggregator import ConnectionsConfig
 from podhealth.httpguard import ConnLimits
 from podhealth.logrepeat import Repeats, loop_exception_handler
 from tests.harness.agg import config as agg_config
@@ -128,11 +129,11 @@ async def test_agent_caps_and_times_out_idle_and_slow_connections() -> None:
 
 async def test_aggregator_caps_and_times_out_idle_connections(tmp_path: Path) -> None:
     port = free_port()
-    cfg = agg_config(tmp_path)
+    cfg = agg_config(tmp_path, connections=ConnectionsConfig(idle_timeout=IDLE, max=CAP))  # as an operator sets them
     cfg = dataclasses.replace(cfg, listen=dataclasses.replace(cfg.listen, address="127.0.0.1", port=port))
     agg = await Aggregator.open(cfg)
     try:
-        runner = await start_http(agg, ConnLimits(CAP, IDLE))
+        runner = await start_http(agg, http_limits(cfg))
     except BaseException:
         await agg.stop()
         raise
@@ -144,6 +145,9 @@ async def test_aggregator_caps_and_times_out_idle_connections(tmp_path: Path) ->
         assert status == 200 and json.loads(body)["status"] == "ok"
         _, text = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
         assert f"podhealth_aggregator_http_connections_refused_total {float(refused)}" in text
+        assert f"podhealth_aggregator_http_connections_max {float(CAP)}" in text
+        open_now = [ln for ln in text.splitlines() if ln.startswith("podhealth_aggregator_http_connections ")]
+        assert len(open_now) == 1 and 1 <= float(open_now[0].split()[1]) < CAP, "this scrape's own connection at least"
     finally:
         await runner.cleanup()
 

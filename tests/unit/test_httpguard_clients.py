@@ -22,7 +22,6 @@ from aiohttp import web
 from structlog.testing import capture_logs
 
 from podhealth.agent.agent import HTTP_IDLE_TIMEOUT, HTTP_MAX_CONNECTIONS, Agent
-from podhealth.aggregator.serve import HTTP_IDLE_TIMEOUT as AGG_IDLE_TIMEOUT
 from podhealth.aggregator.serve import start_http
 from podhealth.aggregator.service import Aggregator
 from podhealth.httpguard import ConnLimits, GuardedSite
@@ -42,7 +41,7 @@ def test_the_share_is_a_quarter_at_least_8_and_the_whole_cap_on_a_loopback_only_
     assert ConnLimits(3, 1.0).client_cap("0.0.0.0") == 8  # above the cap: the cap decides
     # Bound to loopback, every client has the same address (the simulated fleet, the
     # integration tests, a local proxy): the share is the whole cap.
-    agg = ConnLimits(768, AGG_IDLE_TIMEOUT)
+    agg = ConnLimits(768, 75.0)
     for host in ("127.0.0.1", "::1", "localhost"):
         assert agg.client_cap(host) == 768
     assert ConnLimits(768, 1.0, per_client=5).client_cap("127.0.0.1") == 5  # explicit wins

@@ -13,10 +13,11 @@ from typing import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 
-from podhealth.agent.heartbeat import KEEPALIVE_MAX_S, Heartbeat, keepalive_s
+from podhealth.agent.heartbeat import Heartbeat
 from podhealth.agent.publisher import Publisher
 from podhealth.aggregator.service import Aggregator
 from podhealth.config import PublishConfig
+from podhealth.config_aggregator import AGENT_KEEPALIVE_MAX_S, ConnectionsConfig
 from tests.harness.agg import MemFencer, config, running
 from tests.unit.test_heartbeat import Clock, healthy, sequencer
 from tests.unit.test_publisher import until, xid
@@ -56,9 +57,13 @@ class Connections:
         return resp
 
 
-def test_the_connection_is_kept_past_the_next_heartbeat_and_bounded() -> None:
-    assert keepalive_s(30.0) > 30.0, "aiohttp's 15 s default closed it before every heartbeat"
-    assert keepalive_s(3600.0) == KEEPALIVE_MAX_S
+def test_the_connection_is_kept_past_the_next_heartbeat_and_the_aggregator_keeps_it_longer() -> None:
+    agent = PublishConfig(report_interval=30.0).keepalive()
+    assert agent > 30.0, "aiohttp's 15 s default closed it before every heartbeat"
+    assert ConnectionsConfig().idle_for(heartbeat_interval=30.0) > agent
+    assert PublishConfig(report_interval=3600.0).keepalive() == AGENT_KEEPALIVE_MAX_S  # below NAT/LB idle timeouts
+    assert ConnectionsConfig().idle_for(3600.0) > AGENT_KEEPALIVE_MAX_S
+    assert ConnectionsConfig(idle_timeout=20.0).idle_for(30.0) == 20.0
 
 
 @contextlib.asynccontextmanager
