@@ -353,6 +353,11 @@ class Publisher(Sink, PushesToReplicas):
         if not wrote:
             return
         self._spool_recovered()
+        # The records are on disk: the sender may take them now. It runs first (one turn of the
+        # loop) and so reads them before the bound and the sizes below take the lock: five
+        # thread hand-offs that a FAIL on its way to a fence no longer waits for.
+        self._work.set()
+        await asyncio.sleep(0)
         folded = 0
         try:
             async with self._lock:

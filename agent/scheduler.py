@@ -18,8 +18,9 @@ thread. A collector with `own_worker` (kmsg, nfs, dcgm, site checks) has its own
 A collector with `readable_fd()` (kmsg: /dev/kmsg, or the simulated node's FIFO) is also
 collected as soon as its descriptor turns readable (loop.add_reader), so a kernel record is read
 when the kernel offers it, not up to an interval later. The descriptor is watched only between
-collections (a collection may close and reopen it) and kicks are spaced by KICK_MIN_GAP, so a
-chattering kernel log costs at most a bounded number of extra collections per second. While it
+collections (a collection may close and reopen it) and kicks are spaced by KICK_MIN_GAP after a
+burst of KICK_BURST, so a chattering kernel log costs at most a bounded number of extra
+collections per second. While it
 is watched, its interval ticks are only a fallback and run every `watched_interval` (when longer).
 """
 
@@ -41,6 +42,10 @@ from podhealth.worker import Lane
 _log = log.get("podhealth.agent.scheduler")
 
 KICK_MIN_GAP = 0.05  # seconds between collections started by readiness (a log storm stays bounded)
+# Collections readiness may start back to back before the gap applies. The kernel prints a fault
+# as a burst of records (XID 79: five NVRM lines); a collection that woke on the first may find
+# the burst half written, and the record that matters must not then wait out the gap (~60 ms).
+KICK_BURST = 3
 
 
 def succeeded(st: CollectorState) -> bool:
@@ -60,6 +65,7 @@ class _Slot:
     failing: bool = False  # last outcome was a failure or timeout (for logging the recovery)
     watched_fd: int | None = None  # registered with loop.add_reader while no collection runs
     kicked: float = float("-inf")  # monotonic start of the last collection started by readiness
+    kick_credit: float = KICK_BURST  # collections readiness may start now (refilled one per KICK_MIN_GAP)
     kick_timer: asyncio.TimerHandle | None = None
     unwatchable: bool = False  # its descriptor cannot be polled: the interval alone, said once
 
@@ -234,16 +240,17 @@ class Scheduler:
         self._unwatch(slot)  # level-triggered: unwatched until the records are read
         if _busy(slot):
             return  # _record (or _late) watches again; whatever is still unread makes it readable at once
-        wait = slot.kicked + KICK_MIN_GAP - self._mono()
-        if wait > 0:
-            slot.kick_timer = self._loop.call_later(wait, self._kick, slot)
+        credit = _credit(slot, self._mono())
+        if credit < 1:
+            slot.kick_timer = self._loop.call_later((1 - credit) * KICK_MIN_GAP, self._kick, slot)
             return
         self._kick(slot)
 
     def _kick(self, slot: _Slot) -> None:
         slot.kick_timer = None
         if not _busy(slot):
-            slot.kicked = self._mono()
+            now = self._mono()
+            slot.kick_credit, slot.kicked = _credit(slot, now) - 1, now
             self._start(slot)
 
     def _start(self, slot: _Slot) -> None:
@@ -301,6 +308,12 @@ class Scheduler:
         # Late data describes a moment long past: discarded; the next tick collects afresh.
         _log.info("hung collection returned; discarded", collector=slot.name, seconds=round(seconds, 3))
         self._watch(slot)
+
+
+def _credit(slot: _Slot, now: float) -> float:
+    """The slot's kick credit at `now`: one more per KICK_MIN_GAP since its last kick, at most KICK_BURST
+    (a token bucket: a storm still starts at most one collection per KICK_MIN_GAP, sustained)."""
+    return min(float(KICK_BURST), slot.kick_credit + (now - slot.kicked) / KICK_MIN_GAP)
 
 
 def _busy(slot: _Slot) -> bool:

@@ -390,3 +390,25 @@ def test_simulated_agent_attaches_its_reader_on_the_first_read_only(tmp_path: Pa
         reader.close()
     finally:
         nvml_lib.uninstall()
+
+
+def test_readiness_starts_a_burst_at_once_and_a_storm_one_collection_per_gap() -> None:
+    """A fault's records arrive as a burst (XID 79: five NVRM lines) and a collection may wake on
+    the first: KICK_BURST collections start at once, then one per KICK_MIN_GAP, however long the storm."""
+    from podhealth.agent.scheduler import KICK_BURST, KICK_MIN_GAP, _credit, _Slot
+
+    slot = _Slot(name="kmsg", runner=None, interval=1.0)  # type: ignore[arg-type]
+    now = 100.0
+    for _ in range(KICK_BURST):  # back to back, the clock standing still
+        assert _credit(slot, now) >= 1
+        slot.kick_credit, slot.kicked = _credit(slot, now) - 1, now
+    assert _credit(slot, now) < 1  # the burst is spent: the next waits
+    assert _credit(slot, now + KICK_MIN_GAP * 1.01) >= 1  # for one gap
+    started = 0
+    for i in range(1, 201):  # a storm: a readiness every millisecond for 200 ms
+        t = now + i * 0.001
+        if _credit(slot, t) >= 1:
+            slot.kick_credit, slot.kicked = _credit(slot, t) - 1, t
+            started += 1
+    assert started <= 200 * 0.001 / KICK_MIN_GAP + 1
+    assert _credit(slot, now + 60.0) == KICK_BURST  # refilled, never beyond the burst
