@@ -1,14 +1,15 @@
 """What an executor is given (`run(pending, ctx)`): the fencers and the node's agent to talk to,
-under the journal's one retrier, and the leader's current mirror to read. Built once by the
-runner; the mirror is read through `Context` at each use, so a takeover's new one is seen.
+under the journal's one retrier, and the leader's current mirror to read, never to write (the
+journal's end applies the Outcome an executor returns). Built once by the runner; the mirror is
+read through `Context` at each use, so a takeover's new one is seen.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, TypeVar
 
 import aiohttp
 
@@ -16,7 +17,7 @@ from podhealth import agentclient, log as plog
 from podhealth.httpclient import Reply
 
 from podhealth.config_aggregator import AggregatorConfig
-from podhealth.aggregator.actions.journal import Journal, Marked, NotLeader, Pending
+from podhealth.aggregator.actions.journal import NotLeader, Pending
 from podhealth.aggregator.context import Context
 from podhealth.aggregator.metrics import Metrics
 from podhealth.aggregator.state import Memory
@@ -26,6 +27,7 @@ from podhealth.fencing.fence import (
     FenceError, FenceOutcome, FenceReason, FenceState, Fencer, Job, JobSource, NodeNames,
 )
 
+T = TypeVar("T")
 log = plog.get("podhealth.aggregator")
 
 
@@ -33,25 +35,23 @@ log = plog.get("podhealth.aggregator")
 class Ctx:
     cfg: AggregatorConfig
     fencers: list[Fencer]
-    journal: Journal
+    retrier: Callable[[Fencer, str, Callable[[], Awaitable[Any]]], Awaitable[Any]]  # Journal.call
     metrics: Metrics
     session: aiohttp.ClientSession
     context: Callable[[], Context]
     clock: Callable[[], float]
-    mono: Callable[[], float]
     acting: Callable[[], bool]
     epoch: Callable[[], int | None]
-    # a fence done: what follows it beside the journal (the jobs it hurts, the RMA evidence)
-    after_fence: Callable[[Marked], None]
-    # a handover passed on a fenced node: its release, recorded as its own action
-    release_after_handover: Callable[[str, float], Awaitable[None]]
-    # node -> when its fence failed for good (monotonic): not planned again for a while
-    fence_failed: dict[str, float] = field(default_factory=dict)
     _job_readers: list[Any] | None = None
 
     @property
     def mem(self) -> Memory:
         return self.context().mem
+
+    async def call(self, fencer: Fencer, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """One call of `fencer` under the one retry policy (Journal.call)."""
+        result: T = await self.retrier(fencer, what, fn)
+        return result
 
     def target(self, fencer: Fencer, node: str) -> str:
         """The node's name in this fencer's backend (slurm_name, k8s_name, else the node's own)."""
@@ -69,7 +69,7 @@ class Ctx:
         out = []
         for f in self.fencers:
             target = self.target(f, node)
-            st = await self.journal.call(f, f"{f.name} read {target}", lambda f=f, t=target: f.read(t))  # type: ignore[misc]
+            st = await self.call(f, f"{f.name} read {target}", lambda f=f, t=target: f.read(t))  # type: ignore[misc]
             out.append((f, st))
         return out
 
@@ -80,14 +80,14 @@ class Ctx:
         return Store.op_audit(self.clock(), p.node, p.who, f"{what} via {fencer.name}", p.why, o.command,
                               o.output, True, p.id)
 
-    async def not_done(self, p: Pending, f: Fencer, what: str, target: str, e: FenceError, ops: list[Op]) -> str:
-        """A call the fencer could not do: audited like an outcome with the command it ran, and
-        committed with `ops`; '<fencer> <what> <target>: why' for the action's result. One with no
-        command (the backend did not answer before any was run) was never an outcome: it goes up."""
+    def not_done(self, p: Pending, f: Fencer, what: str, target: str, e: FenceError, ops: list[Op]) -> str:
+        """A call the fencer could not do: audited into `ops` like an outcome with the command it
+        ran (the Outcome carries them); '<fencer> <what> <target>: why' for the action's result.
+        One with no command (the backend did not answer before any was run) was never an outcome:
+        it goes up."""
         if not e.command:
             raise e
         ops.append(self.audit_outcome(p, f, what, e))
-        await self.journal.commit(ops)
         return f"{f.name} {what} {target}: {e.error or e.output}"
 
     async def ask_agent(self, node: str, url: str, payload: dict[str, Any], deadline_s: float) -> Reply:
@@ -118,7 +118,7 @@ class Ctx:
         out = []
         for f in self.job_sources():
             target = self.target(f, node)
-            jobs = await self.journal.call(f, f"{f.name} jobs {target}", lambda f=f, t=target: f.jobs(t))  # type: ignore[misc]
+            jobs = await self.call(f, f"{f.name} jobs {target}", lambda f=f, t=target: f.jobs(t))  # type: ignore[misc]
             out.append((f, jobs))
         return out
 

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 from podhealth.aggregator.actions.ctx import Ctx
 from podhealth.aggregator.actions.journal import Pending
+from podhealth.aggregator.actions.outcome import DONE, FAILED, Outcome, retry
+from podhealth.aggregator.lifecycle import Kind, Outcome as Move
 from podhealth.aggregator.store import Op, Store
 from podhealth.fencing.fence import Job, Refused, Transient
 
 
-async def run(p: Pending, ctx: Ctx) -> None:
+def refused(p: Pending, error: str, audit: tuple[Op, ...] = ()) -> Outcome:
+    """Not planned again for this fence: the audit log says why."""
+    return Outcome(FAILED, error, audit, (Move(Kind.EVACUATED, jobs="failed"),))
+
+
+async def run(p: Pending, ctx: Ctx) -> Outcome:
     force = p.rule == "force"
     ops: list[Op] = []
     touched: list[Job] = []
@@ -22,22 +29,18 @@ async def run(p: Pending, ctx: Ctx) -> None:
                                       (), f"{verb}: {', '.join(j.label() for j in jobs) or 'no jobs'}"))
             continue
         try:
-            o = await ctx.journal.call(f, f"{f.name} evacuate {target}",
-                                       lambda f=f, t=target, js=jobs: f.evacuate(t, js, force))  # type: ignore[misc]
+            o = await ctx.call(f, f"{f.name} evacuate {target}",
+                               lambda f=f, t=target, js=jobs: f.evacuate(t, js, force))  # type: ignore[misc]
         except (Transient, Refused) as e:
-            why = await ctx.not_done(p, f, "evacuate", target, e, ops)
+            why = ctx.not_done(p, f, "evacuate", target, e, ops)
             if "429" in e.error or "disruption budget" in e.error.lower():
-                raise Transient(f"{f.name}: {e.error}") from None
-            raise Refused(why) from None
+                return retry(f"{f.name}: {e.error}", ops)
+            return refused(p, why, tuple(ops))
         ops.append(ctx.audit_outcome(p, f, "evacuate", o))
-    rec = ctx.mem.nodes.get(p.node)
-    if rec is not None:
-        rec.jobs = tuple(j.to_json() for j in touched)
-        rec.evacuated_jobs = len(touched)  # the node page must not claim jobs moved off when none ran
-    await ctx.journal.finish(p, "done", f"{'forced' if force else 'polite'}: "
-                             f"{', '.join(j.label() for j in touched) or 'no jobs'}",
-                             ops)
-    ctx.mem.set_evacuated(p.node, "forced" if force else "polite")
+    how = "forced" if force else "polite"
+    return Outcome(DONE, f"{how}: {', '.join(j.label() for j in touched) or 'no jobs'}", tuple(ops),
+                   (Move(Kind.EVACUATED, jobs=how),), jobs=tuple(j.to_json() for j in touched),
+                   evacuated_jobs=len(touched))
 
 
-__all__ = ["run"]
+__all__ = ["refused", "run"]

@@ -1,5 +1,5 @@
-"""Handover: ask the node's agent to run the handover suite; a pass on a fenced node releases it
-(and decides a ladder attempt being verified)."""
+"""Handover: ask the node's agent to run the handover suite. Its verdict decides a ladder rung
+being verified; a pass on a fenced node releases it (the runner starts that release)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,12 @@ from podhealth import agentclient, httpclient
 
 from podhealth.aggregator.actions.ctx import Ctx
 from podhealth.aggregator.actions.journal import Pending
-from podhealth.aggregator.model import FenceMode
-from podhealth.aggregator.store import Op, Store
+from podhealth.aggregator.actions.outcome import DONE, FAILED, Outcome
+from podhealth.aggregator.store import Store
 
 
-async def run(p: Pending, ctx: Ctx) -> None:
-    mem = ctx.mem
-    rec = mem.nodes[p.node]
+async def run(p: Pending, ctx: Ctx) -> Outcome:
+    rec = ctx.mem.nodes[p.node]
     url = rec.agent_url.rstrip("/") + "/v1/handover"
     passed, detail = False, ""
     try:
@@ -38,20 +37,11 @@ async def run(p: Pending, ctx: Ctx) -> None:
         detail = f"answer not proven: {e}"
     except httpclient.ExchangeError as e:
         detail = f"unreachable: {e.kind}: {e}"
-    now = ctx.clock()
     state = "passed" if passed else "failed"
-    ladder: list[Op] = []
-    if rec.ladder == "verifying":  # the suite after a reset/reboot decides that attempt
-        ladder = [Store.op_ladder_outcome(p.node, state, now, f"the handover suite failed ({detail[:300]})" if not passed else "")
-                  ] + mem.set_node(p.node, ladder="", ladder_at=now)
-        if not passed:
-            mem.ladder_failed(p.node, now)
-    await ctx.journal.finish(p, "done" if passed else "failed", f"handover {state}: {detail}",
-                             [Store.op_audit(now, p.node, p.who, "handover suite", p.why, ("POST", url), detail, passed,
-                                             p.id)]
-                             + mem.set_node(p.node, handover=state, handover_at=now) + ladder)
-    if passed and rec.fence is FenceMode.FENCED:
-        await ctx.release_after_handover(p.node, now)
+    return Outcome(DONE if passed else FAILED, f"handover {state}: {detail}",
+                   (Store.op_audit(ctx.clock(), p.node, p.who, "handover suite", p.why, ("POST", url), detail, passed,
+                                   p.id),),
+                   handover=state, step_note="" if passed else f"the handover suite failed ({detail[:300]})")
 
 
 __all__ = ["run"]

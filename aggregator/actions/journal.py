@@ -20,6 +20,8 @@ from podhealth import log as plog
 from podhealth.backoff import Backoff
 
 from podhealth.config_aggregator import AggregatorConfig, RetryConfig
+from podhealth.aggregator.actions.apply import apply
+from podhealth.aggregator.actions.outcome import RETRY, Outcome
 from podhealth.aggregator.context import Context
 from podhealth.aggregator.metrics import Metrics
 from podhealth.aggregator.state import Checkpoint, Memory
@@ -226,6 +228,22 @@ class Journal:
         await self.commit_journal(p.id, [Store.op_action_attempt(p.id, now, p.attempts, p.next_attempt, error),
                                          Store.op_audit(now, p.node, p.who, f"{p.kind} attempt failed", p.why, (),
                                                         error, False, p.id)])
+
+    async def end(self, p: Pending, o: Outcome) -> None:
+        """What an executor returned: RETRY leaves the action pending for its next round (the
+        executor's lines written now); anything else ends it, with the node's state (apply.py)
+        in the same commit."""
+        if o.state == RETRY:
+            if o.audit:
+                await self.commit(o.audit)
+            await self.postpone(p, o.result)
+            return
+        ops = apply(self.mem, self.cfg, self.metrics, p.id, p.node, o, self.clock())
+        await self.finish(p, o.state, o.result, [*o.audit, *ops])
+
+    async def note(self, node: str, o: Outcome) -> None:
+        """Something learnt beside an action (the jobs a fence hurts): its lines and the node page."""
+        await self.commit([*o.audit, *apply(self.mem, self.cfg, self.metrics, 0, node, o, self.clock())])
 
     async def finish(self, p: Pending, state: str, result: str, ops: list[Op]) -> None:
         now = self.clock()

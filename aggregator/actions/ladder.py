@@ -1,6 +1,7 @@
 """The remediation ladder's rungs: reset one GPU through the node's agent, reboot through the
 schedulers, or hand the node to repair. A reset or reboot carried out is verified by the
-handover suite within ladder.verify_within; one that cannot be is a failed attempt."""
+handover suite within ladder.verify_within; one that cannot be is a failed attempt. Each returns
+what happened (Outcome: the rung `verifying` or `failed`); the journal's end records it."""
 
 from __future__ import annotations
 
@@ -8,27 +9,23 @@ from podhealth import agentclient, httpclient
 
 from podhealth.aggregator.actions.ctx import Ctx
 from podhealth.aggregator.actions.journal import Marked, Pending
+from podhealth.aggregator.actions.outcome import DONE, FAILED, Outcome, retry
 from podhealth.aggregator.policy import gpu_index
 from podhealth.aggregator.store import Op, Store
 from podhealth.fencing.fence import FenceError, FenceOutcome, Refused, Remediator, Transient, render_reason
 
 
-async def step_failed(p: Pending, error: str, ctx: Ctx) -> None:
+def refused(p: Pending, error: str) -> Outcome:
     """A reset/reboot that could not be carried out: a failed attempt (the next rung, or REPAIR)."""
-    now = ctx.clock()
-    ctx.mem.ladder_failed(p.node, now)
-    await ctx.journal.finish(p, "failed", error, ctx.mem.set_node(p.node, ladder="", ladder_at=now))
+    return Outcome(FAILED, error, step="failed")
 
 
-async def _step_done(p: Pending, result: str, ops: list[Op], ctx: Ctx) -> None:
+def _step_done(result: str, ops: list[Op]) -> Outcome:
     """Carried out: the node is verified by the handover suite within ladder.verify_within."""
-    now = ctx.clock()
-    await ctx.journal.finish(p, "done", result, ops + [Store.op_action_outcome(p.id, "verifying", now)]
-                             + ctx.mem.set_node(p.node, ladder="verifying", ladder_at=now, handover="",
-                                                handover_at=0.0))
+    return Outcome(DONE, result, tuple(ops), step="verifying")
 
 
-async def reset(p: Marked, ctx: Ctx) -> None:
+async def reset(p: Marked, ctx: Ctx) -> Outcome:
     """Ask the node's agent to reset one GPU (POST /v1/gpu-reset, the agent token). The agent
     refuses (409) while processes use the GPU: that is "later", not a failed attempt."""
     rec = ctx.mem.nodes[p.node]
@@ -38,10 +35,9 @@ async def reset(p: Marked, ctx: Ctx) -> None:
                       else f"no single GPU to reset in {p.rule!r}")
     url = rec.agent_url.rstrip("/") + "/v1/gpu-reset"
     if ctx.cfg.dry_run:  # a dry run touches nothing, not even through the agent
-        await _step_done(p, f"would reset GPU {gpu} (dry run)", [Store.op_audit(
+        return _step_done(f"would reset GPU {gpu} (dry run)", [Store.op_audit(
             ctx.clock(), p.node, p.who, "gpu reset via agent (dry run)", p.why, ("POST", url, f"gpu={gpu}"),
-            "would reset (dry run)")], ctx)
-        return
+            "would reset (dry run)")])
     try:
         reply = await ctx.ask_agent(p.node, url, {"gpu": gpu, "reason": p.why}, ctx.cfg.ladder.reset_timeout)
         body, status = reply.body.decode(errors="replace")[:2000], reply.status
@@ -52,15 +48,13 @@ async def reset(p: Marked, ctx: Ctx) -> None:
     audit = Store.op_audit(ctx.clock(), p.node, p.who, "gpu reset via agent", p.why, ("POST", url, f"gpu={gpu}"),
                            f"HTTP {status}: {body}", status == 200, p.id)
     if status == 200:
-        await _step_done(p, f"GPU {gpu} reset: {body}", [audit], ctx)
-        return
-    await ctx.journal.commit([audit])
+        return _step_done(f"GPU {gpu} reset: {body}", [audit])
     if status in (409, 503):  # processes use the GPU / the agent cannot tell yet: try later
-        raise Transient(f"agent: HTTP {status}: {body}")
-    raise Refused(f"agent: HTTP {status}: {body}")
+        return retry(f"agent: HTTP {status}: {body}", [audit])
+    return Outcome(FAILED, f"agent: HTTP {status}: {body}", (audit,), step="failed")
 
 
-async def reboot(p: Marked, ctx: Ctx) -> None:
+async def reboot(p: Marked, ctx: Ctx) -> Outcome:
     """Reboot through each scheduler that knows the node (Slurm's RebootProgram, the Kubernetes
     reboot annotation); the node stays fenced until the handover suite passes."""
     ops: list[Op] = []
@@ -71,18 +65,17 @@ async def reboot(p: Marked, ctx: Ctx) -> None:
         target = ctx.target(f, p.node)
         reason = ctx.marked(p.reason)
         try:
-            o = await ctx.journal.call(f, f"{f.name} reboot {target}", lambda f=f, t=target: f.reboot(t, reason))  # type: ignore[misc]
+            o = await ctx.call(f, f"{f.name} reboot {target}", lambda f=f, t=target: f.reboot(t, reason))  # type: ignore[misc]
         except (Transient, Refused) as e:  # a failed attempt, whichever: the ladder's next rung
-            raise Refused(await ctx.not_done(p, f, "reboot", target, e, ops)) from None
+            return Outcome(FAILED, ctx.not_done(p, f, "reboot", target, e, ops), tuple(ops), step="failed")
         ops.append(ctx.audit_outcome(p, f, "reboot", o))
         asked += 1
     if not asked:
-        await ctx.journal.commit(ops)
-        raise Refused("no fencer that knows the node can reboot it")
-    await _step_done(p, f"reboot requested from {asked} scheduler(s)", ops, ctx)
+        return Outcome(FAILED, "no fencer that knows the node can reboot it", tuple(ops), step="failed")
+    return _step_done(f"reboot requested from {asked} scheduler(s)", ops)
 
 
-async def repair(p: Marked, ctx: Ctx) -> None:
+async def repair(p: Marked, ctx: Ctx) -> Outcome:
     """Put the REPAIR reason on podhealth's fence in every backend (best effort: the hold and
     the repair queue are in the store either way)."""
     ops: list[Op] = []
@@ -92,14 +85,14 @@ async def repair(p: Marked, ctx: Ctx) -> None:
         target = ctx.target(f, p.node)
         reason = ctx.marked(p.reason)
         try:
-            o: FenceOutcome | FenceError = await ctx.journal.call(
+            o: FenceOutcome | FenceError = await ctx.call(
                 f, f"{f.name} remark {target}", lambda f=f, t=target: f.remark(t, reason))  # type: ignore[misc]
         except (Transient, Refused) as e:
             if not e.command:
                 raise
             o = e  # best effort: audited, and the node goes to repair all the same
         ops.append(ctx.audit_outcome(p, f, "repair reason", o))
-    await ctx.journal.finish(p, "done", f"handed to repair: {render_reason(p.reason)}", ops)
+    return Outcome(DONE, f"handed to repair: {render_reason(p.reason)}", tuple(ops))
 
 
-__all__ = ["reboot", "repair", "reset", "step_failed"]
+__all__ = ["reboot", "refused", "repair", "reset"]

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 from podhealth.aggregator.actions.ctx import Ctx
 from podhealth.aggregator.actions.journal import Pending
-from podhealth.aggregator.model import FenceMode
+from podhealth.aggregator.actions.outcome import DONE, FAILED, Outcome, retry
+from podhealth.aggregator.lifecycle import Kind, Outcome as Move
 from podhealth.aggregator.store import Op, Store
 from podhealth.fencing.fence import Refused, Transient
 
 
-async def run(p: Pending, ctx: Ctx) -> None:
-    mem = ctx.mem
+def refused(p: Pending, error: str) -> Outcome:
+    """A release the backend refuses: the node stays fenced."""
+    return Outcome(FAILED, error, moves=(Move(Kind.RELEASE_FAILED),))
+
+
+async def run(p: Pending, ctx: Ctx) -> Outcome:
     states = await ctx.read_all(p.node)
     ops: list[Op] = []
     foreign = ""
@@ -25,17 +30,13 @@ async def run(p: Pending, ctx: Ctx) -> None:
             continue
         target = ctx.target(f, p.node)
         try:
-            o = await ctx.journal.call(f, f"{f.name} release {target}", lambda f=f, t=target: f.release(t))  # type: ignore[misc]
+            o = await ctx.call(f, f"{f.name} release {target}", lambda f=f, t=target: f.release(t))  # type: ignore[misc]
         except (Transient, Refused) as e:  # refused or not: the release is tried again later
-            raise Transient(await ctx.not_done(p, f, "release", target, e, ops)) from None
+            return retry(ctx.not_done(p, f, "release", target, e, ops), ops)
         ops.append(ctx.audit_outcome(p, f, "release", o))
-    mode = FenceMode.EXTERNAL if foreign else FenceMode.NONE
-    if p.who.startswith("operator:"):
-        mem.nodes[p.node].cycles.clear()  # an operator looked at it: the flap count starts afresh
-    await ctx.journal.finish(p, "done", "released" + (f" (still fenced by someone else in {foreign})" if foreign else ""),
-                             ops + mem.set_node(p.node, fence=mode, fence_reason=foreign, hold=False, hold_reason="",
-                                                handover="", handover_at=0.0, ladder="", ladder_at=0.0))
-    mem.set_evacuated(p.node, "")
+    # an operator looked at it: the flap count starts afresh
+    return Outcome(DONE, "released" + (f" (still fenced by someone else in {foreign})" if foreign else ""), tuple(ops),
+                   (Move(Kind.RELEASE_DONE, reason=foreign, operator=p.who.startswith("operator:")),))
 
 
-__all__ = ["run"]
+__all__ = ["refused", "run"]

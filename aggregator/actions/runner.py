@@ -1,6 +1,8 @@
 """The action runner: from decide()'s plan to actions, journal first (journal.py), each carried out
 by its kind's executor (one file per kind), one at a time per node and MAX_CONCURRENT_ACTIONS at
-once. It owns the planned ladder rung and what an operator's request waits for."""
+once. An executor returns what happened (outcome.py) and the journal's end applies it; the runner
+starts what follows (the jobs and evidence of a fence, the release after a passed handover). It
+owns the planned ladder rung and what an operator's request waits for."""
 
 from __future__ import annotations
 
@@ -14,7 +16,10 @@ from podhealth import log as plog
 from podhealth.config_aggregator import AggregatorConfig
 from podhealth.aggregator.actions import evacuate, fence, handover, jobs, ladder, release
 from podhealth.aggregator.actions.ctx import Ctx
-from podhealth.aggregator.actions.journal import Journal, Marked, NotLeader, OperatorError, Pending
+from podhealth.aggregator.actions.journal import Journal, Marked, NotLeader, Pending
+from podhealth.aggregator.actions.outcome import DONE, FAILED, RETRY, Outcome, retry
+from podhealth.aggregator.actions.tasks import Tasks
+from podhealth.aggregator.lifecycle import Kind, Outcome as Move, settle
 from podhealth.aggregator.context import Context
 from podhealth.aggregator.metrics import Metrics
 from podhealth.aggregator.model import LADDER_STEPS, FenceMode, Planned
@@ -33,24 +38,18 @@ STEP_POSTPONEMENTS = 10
 MAX_CONCURRENT_ACTIONS = 32
 
 # kind -> its executor: those of MARKED take a Marked (the reason they write into the mark)
-MARKED: dict[str, Callable[[Marked, Ctx], Awaitable[None]]] = {"fence": fence.run, "reset_gpu": ladder.reset,
-                                                                 "reboot": ladder.reboot, "repair": ladder.repair}
-PLAIN: dict[str, Callable[[Pending, Ctx], Awaitable[None]]] = {"release": release.run, "handover": handover.run,
-                                                               "evacuate": evacuate.run}
+MARKED: dict[str, Callable[[Marked, Ctx], Awaitable[Outcome]]] = {"fence": fence.run, "reset_gpu": ladder.reset,
+                                                                    "reboot": ladder.reboot, "repair": ladder.repair}
+PLAIN: dict[str, Callable[[Pending, Ctx], Awaitable[Outcome]]] = {"release": release.run, "handover": handover.run,
+                                                                  "evacuate": evacuate.run}
+# kind -> what a refusal (Refused: the backend will say the same again) means for it; else failed
+REFUSED: dict[str, Callable[[Pending, str], Outcome]] = {
+    "fence": fence.refused, "release": release.refused, "reset_gpu": ladder.refused, "reboot": ladder.refused,
+    "evacuate": evacuate.refused}
 
 
 def slug(text: str) -> str:
     return "".join(ch for ch in text if ch.isalnum() or ch in "-_.")[:16] or "operator"
-
-
-def _retrieve(t: "asyncio.Task[Any]") -> None:
-    """An unrecorded action was logged where it happened (and an operator gets its 503); any
-    other failure is logged here, once, instead of by asyncio at exit."""
-    if t.cancelled():
-        return
-    e = t.exception()
-    if e is not None and not isinstance(e, OperatorError):
-        log.error("action task failed", error=f"{type(e).__name__}: {e}")
 
 
 class ActionRunner:
@@ -73,10 +72,11 @@ class ActionRunner:
         self.evidence = evidence
         self.journal = journal = Journal(cfg, context, writer, metrics, clock=clock, acting=acting, epoch=epoch,
                                          depose=depose, poke=poke)
-        self.ctx = Ctx(cfg, self.fencers, journal, metrics, session, context, clock=clock, mono=mono,
-                       acting=acting, epoch=epoch, after_fence=self._after_fence,
-                       release_after_handover=self.release_after_handover)
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.ctx = Ctx(cfg, self.fencers, journal.call, metrics, session, context, clock=clock, acting=acting,
+                       epoch=epoch)
+        self._fence_failed: dict[str, float] = {}  # node -> when its fence failed for good (monotonic)
+        self.tasks = Tasks()
+        self.spawn, self.cancel_all = self.tasks.spawn, self.tasks.cancel_all
         self._locks: dict[str, asyncio.Lock] = {}
         self._sem = asyncio.Semaphore(MAX_CONCURRENT_ACTIONS)
         # What reconcile and the service use of the journal (the one retrier among them) and of
@@ -91,20 +91,6 @@ class ActionRunner:
     @property
     def mem(self) -> Memory:  # the current takeover's mirror (read through the context, never kept)
         return self._context().mem
-
-    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
-        t = asyncio.ensure_future(coro)
-        self.tasks.add(t)
-        t.add_done_callback(self.tasks.discard)
-        t.add_done_callback(_retrieve)
-        return t
-
-    async def cancel_all(self) -> None:
-        """Stop every action in flight; what was recorded stays pending in the journal."""
-        tasks = list(self.tasks)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def begin(self, node: str, kind: str, who: str, why: str, now: float, reason: FenceReason | None,
                     rule: str, extra: list[Op], undo: Checkpoint | None = None) -> Pending:
@@ -157,12 +143,11 @@ class ActionRunner:
             return None
         if a.kind == "fence":
             assert a.reason is not None
-            failed = self.ctx.fence_failed.get(a.node)
+            failed = self._fence_failed.get(a.node)
             if failed is not None and self.mono() - failed < FAILED_FENCE_COOLDOWN:
                 return None  # it failed for good a moment ago: do not fill the audit log with retries
             mem.recent_fences.append(self.mono())
-            extra = mem.set_node(a.node, fence=FenceMode.FENCING, fence_reason=render_reason(a.reason), hold=False,
-                                 hold_reason="")
+            extra = settle(mem, a.node, Move(Kind.FENCE_BEGIN, reason=render_reason(a.reason)), now)
             return ActionStart(a.node, "fence", "policy", a.why, now, a.reason, a.rule, self.cfg.dry_run, tuple(extra))
         if a.kind == "handover":
             self.spawn(self.begin(a.node, "handover", "policy", a.why, now, None, "",
@@ -190,8 +175,7 @@ class ActionRunner:
         if a.kind == "repair":
             reason = repair_reason(reason)
             why = f"REPAIR: {a.why}"
-            ops += mem.set_node(a.node, ladder="repair", ladder_at=now, hold=True, hold_reason=why,
-                                fence_reason=render_reason(reason))
+            ops += settle(mem, a.node, Move(Kind.REPAIR, reason=render_reason(reason), why=why), now)
             self.metrics.repairs.inc()
             log.error("node handed to repair: no more automatic remediation", node=a.node, why=a.why)
         else:
@@ -207,50 +191,57 @@ class ActionRunner:
     async def execute(self, p: Pending) -> None:
         async with self.lock(p.node), self._sem:
             try:
-                if isinstance(p, Marked) and p.kind in MARKED:
-                    await MARKED[p.kind](p, self.ctx)
-                elif p.kind in PLAIN:
-                    await PLAIN[p.kind](p, self.ctx)
-                elif p.kind in MARKED:  # a fence or step whose reason the journal lost (an edited database)
-                    raise Refused(f"no reason recorded for this {p.kind}")
-            except Transient as e:
-                if p.kind in LADDER_STEPS and p.attempts + 1 >= STEP_POSTPONEMENTS:
-                    await ladder.step_failed(p, f"{e} (gave up after {p.attempts + 1} tries)", self.ctx)
-                else:
-                    await self.journal.postpone(p, str(e))
+                o = await self._run(p)
+                if o.state == RETRY and p.kind in LADDER_STEPS and p.attempts + 1 >= STEP_POSTPONEMENTS:
+                    o = Outcome(FAILED, f"{o.result} (gave up after {p.attempts + 1} tries)", o.audit, step="failed")
+                await self.journal.end(p, o)
+                await self._after(p, o)
             except NotLeader as e:
                 log.warning("action left pending for the leader", id=p.id, node=p.node, kind=p.kind, why=str(e))
-            except Refused as e:
-                ops: list[Op] = []
-                if p.kind == "fence":
-                    self.ctx.fence_failed[p.node] = self.mono()
-                    ops = self.mem.set_node(p.node, fence=FenceMode.NONE, fence_reason="")
-                elif p.kind == "release":
-                    ops = self.mem.set_node(p.node, fence=FenceMode.FENCED)
-                elif p.kind in LADDER_STEPS:
-                    await ladder.step_failed(p, str(e), self.ctx)
-                    return
-                elif p.kind == "evacuate":  # not planned again for this fence: the audit log says why
-                    self.mem.set_evacuated(p.node, "failed")
-                await self.journal.finish(p, "failed", str(e), ops)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - a bug must not lose the pending record
                 log.exception("action failed unexpectedly", id=p.id, node=p.node)
                 await self.journal.postpone(p, f"{type(e).__name__}: {e}")
 
+    async def _run(self, p: Pending) -> Outcome:
+        """The executor's outcome; a fencer's Transient is tried again later, a Refused is what a
+        refusal means for the kind (REFUSED)."""
+        try:
+            if isinstance(p, Marked) and p.kind in MARKED:
+                return await MARKED[p.kind](p, self.ctx)
+            if p.kind in PLAIN:
+                return await PLAIN[p.kind](p, self.ctx)
+            raise Refused(f"no reason recorded for this {p.kind}" if p.kind in MARKED else f"unknown kind {p.kind}")
+        except Transient as e:
+            return retry(str(e))
+        except Refused as e:
+            return REFUSED[p.kind](p, str(e)) if p.kind in REFUSED else Outcome(FAILED, str(e))
+
+    async def _after(self, p: Pending, o: Outcome) -> None:
+        """What follows an action's end, each its own task or action."""
+        if o.cooldown:
+            self._fence_failed[p.node] = self.mono()
+        if isinstance(p, Marked) and p.kind == "fence" and o.state == DONE:
+            if self.cfg.jobs.enabled:
+                self.spawn(self._note_jobs(p))
+            if self.cfg.bundles.enabled and not self.cfg.dry_run:  # RMA evidence, beside the fence, never in its way
+                self.spawn(self.evidence(p.node, p.id))
+        rec = self.mem.nodes.get(p.node)
+        if p.kind == "handover" and o.handover == "passed" and rec is not None and rec.fence is FenceMode.FENCED:
+            await self.release_after_handover(p.node, self.journal.clock())
+
+    async def _note_jobs(self, p: Marked) -> None:
+        o = await jobs.note(p.node, p.reason, self.ctx)
+        if o is not None:
+            await self.journal.note(p.node, o)
+
     def due(self, now: float) -> list[Pending]:
         """Pending actions whose next round is due and whose node is free."""
         return self.journal.due(now, lambda node: self.lock(node).locked())
 
-    def _after_fence(self, p: Marked) -> None:
-        if self.cfg.jobs.enabled:
-            self.spawn(jobs.note(p.node, p.reason, self.ctx))
-        if self.cfg.bundles.enabled and not self.cfg.dry_run:  # RMA evidence, beside the fence, never in its way
-            self.spawn(self.evidence(p.node, p.id))
-
     async def release_after_handover(self, node: str, now: float) -> None:
-        extra = self.mem.set_node(node, fence=FenceMode.RELEASING)
+        extra = settle(self.mem, node, Move(Kind.RELEASE_BEGIN), now)
         # Not awaited under this node's lock (we hold it): run as its own task.
         self.spawn(self.begin(node, "release", "podhealth", "handover suite passed", now, None, "", extra))
 
@@ -277,7 +268,12 @@ class ActionRunner:
         try:
             if mine:
                 async with self._sem:
-                    single += await fence.run_batch(mine, self.ctx)
+                    ended, left = await fence.run_batch(mine, self.ctx)
+                    single += left
+                    byid = {p.id: p for p in mine}
+                    await asyncio.gather(*(self.journal.end(byid[pid], o) for pid, o in ended.items()))
+                    for pid, o in ended.items():
+                        await self._after(byid[pid], o)
         except asyncio.CancelledError:
             raise
         except NotLeader as e:
