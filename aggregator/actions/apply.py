@@ -61,7 +61,7 @@ def apply(mem: Memory, cfg: AggregatorConfig, metrics: Metrics, aid: int, node: 
         try:
             ops += settle(mem, node, m, now)
         except IllegalMove as e:  # the node moved on meanwhile (reconcile, an operator): the action still ends
-            log.error("action outcome not applied to the node", id=aid, node=node, move=m.kind.value, why=str(e))
+            log.warning("action outcome not applied to the node", id=aid, node=node, move=m.kind.value, why=str(e))
     ops += after
     if o.handover:
         ops += mem.set_node(node, handover=o.handover, handover_at=now)

@@ -65,13 +65,9 @@ class Pending:
 
     @classmethod
     def of(cls, row: ActionRow) -> "Pending":
-        common = dict(id=row.id, node=row.node, kind=row.kind, who=row.who, why=row.why, rule=row.rule,
+        """An action the journal holds pending (at start or takeover)."""
+        return _typed(row.reason, id=row.id, node=row.node, kind=row.kind, who=row.who, why=row.why, rule=row.rule,
                       dry_run=row.dry_run, attempts=row.attempts, next_attempt=row.next_attempt)
-        if row.kind in MARKED_KINDS and row.reason is not None:
-            return Marked(reason=row.reason, **common)  # type: ignore[arg-type]
-        # A marked kind without its reason (an edited database) stays a Pending: the runner
-        # finishes it failed instead of guessing a mark.
-        return Pending(**common)  # type: ignore[arg-type]
 
 
 @dataclass(eq=False)
@@ -81,12 +77,17 @@ class Marked(Pending):
     reason: FenceReason = field(kw_only=True)
 
 
+def _typed(reason: FenceReason | None, **fields: Any) -> Pending:
+    # A marked kind without its reason (an edited database) stays a Pending: the runner ends it
+    # failed instead of guessing a mark.
+    if fields["kind"] in MARKED_KINDS and reason is not None:
+        return Marked(reason=reason, **fields)
+    return Pending(**fields)
+
+
 def pending_of(a: ActionStart, aid: int) -> Pending:
     """The in-memory record of an action just written as pending."""
-    if a.kind in MARKED_KINDS and a.reason is not None:
-        return Marked(id=aid, node=a.node, kind=a.kind, who=a.who, why=a.why, reason=a.reason, rule=a.rule,
-                      dry_run=a.dry_run)
-    return Pending(id=aid, node=a.node, kind=a.kind, who=a.who, why=a.why, rule=a.rule, dry_run=a.dry_run)
+    return _typed(a.reason, id=aid, node=a.node, kind=a.kind, who=a.who, why=a.why, rule=a.rule, dry_run=a.dry_run)
 
 
 def delay(r: RetryConfig, n: int) -> float:
