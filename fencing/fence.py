@@ -80,8 +80,8 @@ class FenceError(Exception):
 
 class Transient(FenceError, RuntimeError):
     """The backend could not answer (slurmctld down, an API timeout): the same call may work later.
-    A fencer raises it after its ONE attempt; the action runner (aggregator/actions.py) is the
-    only place that tries again, with backoff and a cap."""
+    A fencer raises it after its ONE attempt; the action journal (aggregator/actions/journal.py)
+    is the only place that tries again, with backoff and a cap."""
 
 
 class LeaseExpired(RuntimeError):
@@ -196,7 +196,7 @@ class SeenFencer(Protocol):
 class Remediator(Protocol):
     """Optional extension of Fencer: the scheduler's own way to reboot a node, and to change the
     reason on a fence podhealth made (REPAIR). Single attempts, like every fencer call: the action
-    runner (aggregator/actions.py) is the one retrier."""
+    journal (aggregator/actions/journal.py) is the one retrier."""
 
     async def reboot(self, node: str, reason: FenceReason) -> FenceOutcome:
         """Have the node rebooted once its jobs are done, and kept out of service afterwards (the
