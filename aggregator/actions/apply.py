@@ -9,7 +9,7 @@ from podhealth import log as plog
 
 from podhealth.config_aggregator import AggregatorConfig
 from podhealth.aggregator.actions.outcome import Outcome
-from podhealth.aggregator.lifecycle import IllegalMove, Kind, Outcome as Move, settle
+from podhealth.aggregator.lifecycle import IllegalMove, Kind, Outcome as FenceMove, settle
 from podhealth.aggregator.metrics import Metrics
 from podhealth.aggregator.state import Memory
 from podhealth.aggregator.store import Op, Store
@@ -25,7 +25,7 @@ def _span(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def flap_hold(mem: Memory, cfg: AggregatorConfig, node: str, now: float) -> Move | None:
+def flap_hold(mem: Memory, cfg: AggregatorConfig, node: str, now: float) -> FenceMove | None:
     """A node fenced again after flap_hold.cycles fence/release cycles within the window
     stays fenced for an operator: whatever ends its fences (a passed handover, someone
     resuming it in Slurm) and makes it fail again, another release would only start the
@@ -39,7 +39,8 @@ def flap_hold(mem: Memory, cfg: AggregatorConfig, node: str, now: float) -> Move
     rec.cycles.append(now)
     if rec.hold or earlier < fh.cycles:
         return None
-    return Move(Kind.HOLD, why=f"flapping: fenced/released {earlier} times in {_span(fh.window)}; release by operator")
+    why = f"flapping: fenced/released {earlier} times in {_span(fh.window)}; release by operator"
+    return FenceMove(Kind.HOLD, why=why)
 
 
 def apply(mem: Memory, cfg: AggregatorConfig, metrics: Metrics, aid: int, node: str, o: Outcome, now: float

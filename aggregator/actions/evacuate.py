@@ -6,14 +6,14 @@ from __future__ import annotations
 from podhealth.aggregator.actions.ctx import Ctx
 from podhealth.aggregator.actions.journal import Pending
 from podhealth.aggregator.actions.outcome import DONE, FAILED, Outcome, retry
-from podhealth.aggregator.lifecycle import Kind, Outcome as Move
+from podhealth.aggregator.lifecycle import Kind, Outcome as FenceMove
 from podhealth.aggregator.store import Op, Store
 from podhealth.fencing.fence import Job, Refused, Transient
 
 
 def refused(p: Pending, error: str, audit: tuple[Op, ...] = ()) -> Outcome:
     """Not planned again for this fence: the audit log says why."""
-    return Outcome(FAILED, error, audit, (Move(Kind.EVACUATED, jobs="failed"),))
+    return Outcome(FAILED, error, audit, (FenceMove(Kind.EVACUATED, jobs="failed"),))
 
 
 async def run(p: Pending, ctx: Ctx) -> Outcome:
@@ -39,7 +39,7 @@ async def run(p: Pending, ctx: Ctx) -> Outcome:
         ops.append(ctx.audit_outcome(p, f, "evacuate", o))
     how = "forced" if force else "polite"
     return Outcome(DONE, f"{how}: {', '.join(j.label() for j in touched) or 'no jobs'}", tuple(ops),
-                   (Move(Kind.EVACUATED, jobs=how),), jobs=tuple(j.to_json() for j in touched),
+                   (FenceMove(Kind.EVACUATED, jobs=how),), jobs=tuple(j.to_json() for j in touched),
                    evacuated_jobs=len(touched))
 
 

@@ -9,7 +9,7 @@ from typing import Awaitable, Callable
 from podhealth.aggregator.actions.ctx import Ctx
 from podhealth.aggregator.actions.journal import Marked, Pending
 from podhealth.aggregator.actions.outcome import DONE, FAILED, SKIPPED, Outcome, retry
-from podhealth.aggregator.lifecycle import Kind, Outcome as Move
+from podhealth.aggregator.lifecycle import Kind, Outcome as FenceMove
 from podhealth.aggregator.overrides import drain_event_op
 from podhealth.aggregator.store import Op, Store
 from podhealth.fencing.fence import (
@@ -35,7 +35,7 @@ def _fence_from(f: Fencer, target: str, reason: FenceReason, seen: FenceState
 
 def refused(p: Pending, error: str) -> Outcome:
     """A fence the backend refuses: failed for good (not planned again for a while), the node free."""
-    return Outcome(FAILED, error, moves=(Move(Kind.FENCE_FAILED),), cooldown=True)
+    return Outcome(FAILED, error, moves=(FenceMove(Kind.FENCE_FAILED),), cooldown=True)
 
 
 def _plan(p: Pending, states: list[tuple[Fencer, FenceState]], ctx: Ctx
@@ -50,10 +50,10 @@ def _plan(p: Pending, states: list[tuple[Fencer, FenceState]], ctx: Ctx
         f, st = foreign[0]
         return Outcome(SKIPPED, f"already fenced by someone else in {f.name}: {st.reason}",
                        (drain_event_op(p.node, f.name, st.reason, ctx.clock()),),
-                       (Move(Kind.FENCE_FOREIGN, reason=st.reason),))
+                       (FenceMove(Kind.FENCE_FOREIGN, reason=st.reason),))
     if any(st.opted_out for _, st in present):
         who = ", ".join(f.name for f, st in present if st.opted_out)
-        return Outcome(SKIPPED, f"opted out in {who}", moves=(Move(Kind.FENCE_OPTED_OUT),))
+        return Outcome(SKIPPED, f"opted out in {who}", moves=(FenceMove(Kind.FENCE_OPTED_OUT),))
     return present
 
 
@@ -65,7 +65,7 @@ def _already_fenced(p: Pending, f: Fencer, st: FenceState, ctx: Ctx) -> Op:
 def _fenced(p: Marked, ops: list[Op], changed: bool, ctx: Ctx) -> Outcome:
     if changed:
         ctx.metrics.fences.labels(p.reason.check, p.reason.action).inc()
-    return Outcome(DONE, "fenced" if changed else "was already fenced", tuple(ops), (Move(Kind.FENCE_DONE),),
+    return Outcome(DONE, "fenced" if changed else "was already fenced", tuple(ops), (FenceMove(Kind.FENCE_DONE),),
                    changed=changed)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from podhealth.aggregator.lifecycle import Outcome as Move
+from podhealth.aggregator.lifecycle import Outcome as FenceMove
 from podhealth.aggregator.store import Op
 
 DONE, FAILED, SKIPPED = "done", "failed", "skipped"  # how the journal records its end
@@ -19,7 +19,7 @@ class Outcome:
     state: str  # DONE, FAILED, SKIPPED or RETRY
     result: str  # the journal's result line (RETRY: the error)
     audit: tuple[Op, ...] = ()  # the executor's own lines (audit, drain events), committed with the end
-    moves: tuple[Move, ...] = ()  # the node's fence lifecycle moves, settled in this order
+    moves: tuple[FenceMove, ...] = ()  # the node's fence lifecycle moves, settled in this order
     handover: str = ""  # the handover suite's verdict, "passed" or "failed" (it decides a verifying rung)
     step: str = ""  # a reset/reboot "verifying" (carried out) or "failed" (a failed attempt on the ladder)
     step_note: str = ""  # why the verifying rung failed, for the ladder's record

@@ -6,14 +6,14 @@ from __future__ import annotations
 from podhealth.aggregator.actions.ctx import Ctx
 from podhealth.aggregator.actions.journal import Pending
 from podhealth.aggregator.actions.outcome import DONE, FAILED, Outcome, retry
-from podhealth.aggregator.lifecycle import Kind, Outcome as Move
+from podhealth.aggregator.lifecycle import Kind, Outcome as FenceMove
 from podhealth.aggregator.store import Op, Store
 from podhealth.fencing.fence import Refused, Transient
 
 
 def refused(p: Pending, error: str) -> Outcome:
     """A release the backend refuses: the node stays fenced."""
-    return Outcome(FAILED, error, moves=(Move(Kind.RELEASE_FAILED),))
+    return Outcome(FAILED, error, moves=(FenceMove(Kind.RELEASE_FAILED),))
 
 
 async def run(p: Pending, ctx: Ctx) -> Outcome:
@@ -34,9 +34,10 @@ async def run(p: Pending, ctx: Ctx) -> Outcome:
         except (Transient, Refused) as e:  # refused or not: the release is tried again later
             return retry(ctx.not_done(p, f, "release", target, e, ops), ops)
         ops.append(ctx.audit_outcome(p, f, "release", o))
-    # an operator looked at it: the flap count starts afresh
-    return Outcome(DONE, "released" + (f" (still fenced by someone else in {foreign})" if foreign else ""), tuple(ops),
-                   (Move(Kind.RELEASE_DONE, reason=foreign, operator=p.who.startswith("operator:")),))
+    result = "released" + (f" (still fenced by someone else in {foreign})" if foreign else "")
+    # operator: someone looked at the node, so its flap count starts afresh
+    done = FenceMove(Kind.RELEASE_DONE, reason=foreign, operator=p.who.startswith("operator:"))
+    return Outcome(DONE, result, tuple(ops), (done,))
 
 
 __all__ = ["refused", "run"]

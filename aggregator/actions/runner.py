@@ -19,7 +19,7 @@ from podhealth.aggregator.actions.ctx import Ctx
 from podhealth.aggregator.actions.journal import Journal, Marked, NotLeader, Pending
 from podhealth.aggregator.actions.outcome import DONE, FAILED, RETRY, Outcome, retry
 from podhealth.aggregator.actions.tasks import Tasks
-from podhealth.aggregator.lifecycle import Kind, Outcome as Move, settle
+from podhealth.aggregator.lifecycle import Kind, Outcome as FenceMove, settle
 from podhealth.aggregator.context import Context
 from podhealth.aggregator.metrics import Metrics
 from podhealth.aggregator.model import LADDER_STEPS, FenceMode, Planned
@@ -147,7 +147,7 @@ class ActionRunner:
             if failed is not None and self.mono() - failed < FAILED_FENCE_COOLDOWN:
                 return None  # it failed for good a moment ago: do not fill the audit log with retries
             mem.recent_fences.append(self.mono())
-            extra = settle(mem, a.node, Move(Kind.FENCE_BEGIN, reason=render_reason(a.reason)), now)
+            extra = settle(mem, a.node, FenceMove(Kind.FENCE_BEGIN, reason=render_reason(a.reason)), now)
             return ActionStart(a.node, "fence", "policy", a.why, now, a.reason, a.rule, self.cfg.dry_run, tuple(extra))
         if a.kind == "handover":
             self.spawn(self.begin(a.node, "handover", "policy", a.why, now, None, "",
@@ -175,7 +175,7 @@ class ActionRunner:
         if a.kind == "repair":
             reason = repair_reason(reason)
             why = f"REPAIR: {a.why}"
-            ops += settle(mem, a.node, Move(Kind.REPAIR, reason=render_reason(reason), why=why), now)
+            ops += settle(mem, a.node, FenceMove(Kind.REPAIR, reason=render_reason(reason), why=why), now)
             self.metrics.repairs.inc()
             log.error("node handed to repair: no more automatic remediation", node=a.node, why=a.why)
         else:
@@ -241,7 +241,7 @@ class ActionRunner:
         return self.journal.due(now, lambda node: self.lock(node).locked())
 
     async def release_after_handover(self, node: str, now: float) -> None:
-        extra = settle(self.mem, node, Move(Kind.RELEASE_BEGIN), now)
+        extra = settle(self.mem, node, FenceMove(Kind.RELEASE_BEGIN), now)
         # Not awaited under this node's lock (we hold it): run as its own task.
         self.spawn(self.begin(node, "release", "podhealth", "handover suite passed", now, None, "", extra))
 
