@@ -8,7 +8,6 @@ hung mount costs its own timeout and nothing else.
 
 from __future__ import annotations
 
-import operator
 import os
 from pathlib import Path
 from typing import Callable, ClassVar, Iterable, Mapping, Sequence
@@ -18,8 +17,9 @@ from podhealth.collectors.nfs_parse import (
     Mountstats, NfsMount, RpcNfs, parse_mountstats, parse_rpc_nfs,
 )
 from podhealth.collectors.probe import Probe, ProbeResult, Sent, answers, statfs_helper_argv
+from podhealth.collectors.samplecache import SampleCache
 from podhealth.config import Config
-from podhealth.vocab import Labels, MetricSpec, Sample, labels_of
+from podhealth.vocab import MetricSpec, Sample, labels_of
 
 ProbeArgv = Callable[[str], Sequence[str]]
 _MAX_READ = 16 * 1024 * 1024  # mountstats on a node with hundreds of mounts is a few MB at most
@@ -82,50 +82,6 @@ def read_bounded(path: Path) -> tuple[str, bool]:
     return b"".join(chunks).decode("utf-8", "replace"), total >= _MAX_READ
 
 
-class SampleCache:
-    """The Samples of the last collection by series, so that a value that did not change is
-    handed on as the same Sample object (no new object, and the exposition reuses its line), and
-    each series' labels are sorted once. Entries not seen in a collection are dropped at its end."""
-
-    def __init__(self) -> None:
-        self._prev: dict[tuple[str, ...], tuple[Sample, ...]] = {}
-        self._next: dict[tuple[str, ...], tuple[Sample, ...]] = {}
-
-    def samples(self, key: tuple[str, ...], names: tuple[str, ...], values: tuple[float, ...],
-                labels: Callable[[], Labels]) -> tuple[Sample, ...]:
-        """One Sample per (name, value), all with the same labels (built by `labels()` when new)."""
-        prev = self._prev.get(key)
-        if prev is not None and len(prev) == len(values):
-            if tuple(map(_VALUE, prev)) == values:
-                out = prev
-            else:
-                lab = prev[0].labels
-                out = tuple(p if p.value == v else Sample(n, v, lab) for p, n, v in zip(prev, names, values))
-        else:
-            lab = labels()
-            out = tuple(Sample(n, v, lab) for n, v in zip(names, values))
-        self._next[key] = out
-        return out
-
-    def row(self, key: tuple[str, ...], name: str, values: tuple[float, ...],
-            labels: Callable[[], Sequence[Labels]]) -> tuple[Sample, ...]:
-        """One Sample of `name` per value, each with its own labels (`labels()`, when new)."""
-        prev = self._prev.get(key)
-        if prev is not None and len(prev) == len(values):
-            if tuple(map(_VALUE, prev)) == values:
-                out = prev
-            else:
-                out = tuple(p if p.value == v else Sample(name, v, p.labels) for p, v in zip(prev, values))
-        else:
-            out = tuple(Sample(name, v, lab) for v, lab in zip(values, labels()))
-        self._next[key] = out
-        return out
-
-    def commit(self) -> None:
-        self._prev, self._next = self._next, {}
-
-
-_VALUE = operator.attrgetter("value")
 _OP_METRICS = ("nfs_operation_requests", "nfs_operation_transmissions", "nfs_operation_major_timeouts",
                "nfs_operation_sent_bytes", "nfs_operation_received_bytes", "nfs_operation_queue_seconds",
                "nfs_operation_rtt_seconds", "nfs_operation_execute_seconds")

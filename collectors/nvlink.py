@@ -33,7 +33,7 @@ from podhealth.collectors.nvml_session import (
     ABSENT_CODES, SLOW_CALL_S, Device, DeviceCalls, NvmlSession, error_text, shared,
 )
 from podhealth.config import Config
-from podhealth.vocab import MetricSpec, Sample
+from podhealth.vocab import MetricSpec, Sample, labels_of
 
 # nvmlNvLinkErrorCounter_t, by contract name.
 ERROR_COUNTERS: tuple[tuple[str, int], ...] = (
@@ -92,9 +92,13 @@ def _links_known(calls: DeviceCalls) -> bool:
     return not calls.down and not any(k.startswith("link") and "_" not in k for k in calls.unreadable)
 
 
+# (name, value, gpu labels, link, type) -> the Sample (NvlinkCollector._one)
+_One = Callable[[str, float, dict[str, object], "int | None", "str | None"], Sample]
+
+
 def _link_samples(calls: DeviceCalls, gpu: dict[str, object], links: Iterable[int],
                   state_of: Callable[[int], float | None],
-                  counter_of: Callable[[int, str, int], float | None]) -> tuple[list[Sample], int]:
+                  counter_of: Callable[[int, str, int], float | None], one: _One) -> tuple[list[Sample], int]:
     """nvlink_up and nvlink_errors per link that has a state, in link order, then nvlink_links_up
     when known; and the count of links up. Both paths (batch, per link) read through this, so
     they give the same samples; they differ only in where a state or counter comes from."""
@@ -106,13 +110,13 @@ def _link_samples(calls: DeviceCalls, gpu: dict[str, object], links: Iterable[in
             continue
         active = int(state == pynvml.NVML_FEATURE_ENABLED)
         up += active
-        out.append(Sample.of("nvlink_up", active, link=n, **gpu))
+        out.append(one("nvlink_up", active, gpu, n, None))
         for name, counter in ERROR_COUNTERS:
             v = counter_of(n, name, counter)
             if v is not None:
-                out.append(Sample.of("nvlink_errors", v, link=n, type=name, **gpu))
+                out.append(one("nvlink_errors", v, gpu, n, name))
     if _links_known(calls):
-        out.append(Sample.of("nvlink_links_up", up, **gpu))
+        out.append(one("nvlink_links_up", up, gpu, None, None))
     return out, up
 
 
@@ -142,9 +146,16 @@ class NvlinkCollector(SessionCollector[_DeviceState]):
             errors.extend(e)
         return Collection(samples=tuple(samples), errors=tuple(errors))
 
+    def _one(self, name: str, value: float, gpu: dict[str, object], link: int | None = None,
+             kind: str | None = None) -> Sample:
+        """Sample.of(name, value, link=link, type=kind, **gpu), the same object while the value holds
+        (~700 readings per DGX every cycle, nearly all unchanged)."""
+        return self._cache.one((name, gpu["gpu"], gpu["uuid"], link, kind), name, value,
+                               lambda: labels_of(link=link, type=kind, **gpu))
+
     def _gpu(self, dev: Device) -> tuple[list[Sample], list[str]]:
         gpu = {"gpu": dev.index, "uuid": dev.identity.uuid or None}
-        out = [Sample.of("nvlink_links_expected", self._expected, **gpu)]
+        out = [self._one("nvlink_links_expected", self._expected, gpu)]
         if dev.handle is None:
             why = error_text(dev.error) if dev.error is not None else "no handle"
             return out, [f"gpu {dev.index}: nvmlDeviceGetHandleByIndex: {why}"]
@@ -158,7 +169,7 @@ class NvlinkCollector(SessionCollector[_DeviceState]):
         links, up = _link_samples(
             calls, gpu, range(pynvml.NVML_NVLINK_MAX_LINKS),
             lambda n: calls.get(f"link{n}", lambda: pynvml.nvmlDeviceGetNvLinkState(h, n), absent=NO_SUCH_LINK),
-            lambda n, name, c: _counter_call(calls, h, n, name, c))
+            lambda n, name, c: _counter_call(calls, h, n, name, c), self._one)
         out += links
         if up:
             out += self._throughput(calls, h, gpu)
@@ -223,15 +234,15 @@ class NvlinkCollector(SessionCollector[_DeviceState]):
         extra = {(n, name) for n, name, _ in per_call}  # no field id: asked per link, as the other path
         out, up = _link_samples(
             calls, gpu, links, lambda n: got.get(f"link{n}"),
-            lambda n, name, c: _counter_call(calls, h, n, name, c) if (n, name) in extra else got.get(f"link{n}_{name}"))
+            lambda n, name, c: _counter_call(calls, h, n, name, c) if (n, name) in extra else got.get(f"link{n}_{name}"),
+            self._one)
         if up:
             for metric, _ in THROUGHPUT_FIELDS:
                 if metric in got:
-                    out.append(Sample.of(metric, got[metric] * 1024, **gpu))
+                    out.append(self._one(metric, got[metric] * 1024, gpu))
         return out
 
-    @staticmethod
-    def _throughput(calls: DeviceCalls, h: object, gpu: dict[str, object]) -> list[Sample]:
+    def _throughput(self, calls: DeviceCalls, h: object, gpu: dict[str, object]) -> list[Sample]:
         ids = [(name, getattr(pynvml, const, None)) for name, const in THROUGHPUT_FIELDS]
         wanted = [(name, fid) for name, fid in ids if fid is not None]  # an older pynvml lacks them
         if not wanted:
@@ -242,7 +253,7 @@ class NvlinkCollector(SessionCollector[_DeviceState]):
         for (name, _), v in zip(wanted, values or ()):
             # A driver before R525 answers NOT_SUPPORTED per field: no series, not a zero.
             if v.nvmlReturn == pynvml.NVML_SUCCESS:
-                out.append(Sample.of(name, field_value(v) * 1024, **gpu))
+                out.append(self._one(name, field_value(v) * 1024, gpu))
         return out
 
 

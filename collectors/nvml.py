@@ -22,7 +22,7 @@ from podhealth.collectors.nvml_session import (
     SLOW_CALL_S, Device, DeviceCalls, NvmlSession, SystemInfo, error_text, shared,
 )
 from podhealth.config import Config
-from podhealth.vocab import MetricKind, MetricSpec, Sample
+from podhealth.vocab import MetricKind, MetricSpec, Sample, labels_of
 
 GPU_LABELS = "labels gpu, uuid, pci_bus_id, model"
 
@@ -261,9 +261,13 @@ class NvmlCollector(SessionCollector[_DeviceState]):
         h = dev.handle
         out: list[Sample] = []
 
-        def put(name: str, value: float | None, **extra: object) -> None:
+        ident, cache = dev.identity, self._cache
+
+        def put(name: str, value: float | None, **extra: str | None) -> None:
+            # Sample.of(name, value, **labels, **extra); an unchanged reading is last cycle's object
             if value is not None:
-                out.append(Sample.of(name, value, **labels, **extra))
+                out.append(cache.one((ident, name, *extra.values()), name, value,
+                                     lambda: labels_of(**labels, **extra)))
 
         static = st.static
         if static is None:

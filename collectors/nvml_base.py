@@ -12,6 +12,7 @@ from typing import Callable, ClassVar, Generic, Protocol, TypeVar
 
 from podhealth.collectors.base import Collection
 from podhealth.collectors.nvml_session import REPROBE_EVERY, SLOW_CALL_S, Device, NvmlSession, collect_with_reinit
+from podhealth.collectors.samplecache import SampleCache
 
 
 class _State(Protocol):
@@ -24,8 +25,8 @@ S = TypeVar("S", bound=_State)
 
 class SessionCollector(Generic[S]):
     """Holds the session from construction to close(); `collect` runs `_collect_once`, again once
-    after a driver reload. Subclasses call `_next_run` at the start of each collection and take
-    each GPU's memory from `_state`."""
+    after a driver reload. Subclasses call `_next_run` at the start of each collection, take
+    each GPU's memory from `_state` and make their Samples through `_cache`."""
 
     # The NVML lane: NVML collectors share a thread apart from the file readers, so a wedged GPU
     # that hangs NVML delays no other source (collectors/runtime.py).
@@ -38,12 +39,17 @@ class SessionCollector(Generic[S]):
         self._session.acquire()
         self._states: dict[int, S] = {}
         self._runs = 0
+        # Most readings (error counters, link states, clocks, limits) hold from one cycle to the
+        # next: by series, they are handed on as last cycle's Sample objects (collectors/samplecache.py).
+        self._cache = SampleCache()
 
     def close(self) -> None:
         self._session.release()
 
     def collect(self) -> Collection:
-        return collect_with_reinit(self._session, self._collect_once)
+        out = collect_with_reinit(self._session, self._collect_once)
+        self._cache.commit()
+        return out
 
     def _collect_once(self) -> Collection:
         raise NotImplementedError

@@ -13,6 +13,7 @@ groups and blocks for the others, and a kept sample stays the same object it was
 
 from __future__ import annotations
 
+import operator
 import threading
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -127,6 +128,11 @@ class ExportFilter:
         self.families = {c: dict(f) for c, f in families.items()}
         self._memo: dict[str, tuple[CollectorState, CollectorState]] = {}
         self._lock = threading.Lock()
+        # (collector, family) -> (level, the samples, what they gave): a family whose samples are
+        # the same objects as last time (collectors hand on unchanged readings as they were) gives
+        # the same samples, summed and folded ones included, without thinning it again. A pure
+        # function's memo: a race between two renders only computes it twice.
+        self._families: dict[tuple[str, str], tuple[str, list[Sample], list[Sample]]] = {}
 
     def level(self, collector: str, family: str) -> str:
         return self.families.get(collector, {}).get(family) or self.levels.get(collector, "basic")
@@ -178,10 +184,19 @@ class ExportFilter:
             if rule is None:
                 out.extend(group)
                 continue
-            out.extend(group if level == "full" else apply(rule, group))
-            if rule.sum is not None:
-                out.extend(summed(rule.sum, group))
+            out.extend(self._family(collector, name, level, rule, group))
         return out
+
+    def _family(self, collector: str, name: str, level: str, rule: Rule, group: list[Sample]) -> list[Sample]:
+        key = (collector, name)
+        hit = self._families.get(key)
+        if hit is not None and hit[0] == level and len(hit[1]) == len(group) and all(map(operator.is_, hit[1], group)):
+            return hit[2]
+        made = list(group) if level == "full" else apply(rule, group)
+        if rule.sum is not None:
+            made.extend(summed(rule.sum, group))
+        self._families[key] = (level, group, made)
+        return made
 
 
 def unknown_families(flt: ExportFilter, specs: Mapping[str, Mapping[str, MetricSpec]]) -> list[str]:

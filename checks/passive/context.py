@@ -81,6 +81,4 @@ def _key(s: Sample) -> tuple[str, Labels]:
 
 
 def observe_counters(rates: RateTracker, samples: Iterable[Sample], now: float, names: frozenset[str]) -> None:
-    for s in samples:
-        if s.name in names:
-            rates.observe(_key(s), now, s.value)
+    rates.observe_many((((s.name, s.labels), s.value) for s in samples if s.name in names), now)

@@ -14,7 +14,7 @@ value, ...): a DGX node has ~1,000 counter series, and a deque of (time, value) 
 from __future__ import annotations
 
 from array import array
-from typing import Hashable
+from typing import Hashable, Iterable
 
 MAX_SERIES = 20_000
 
@@ -57,6 +57,40 @@ class RateTracker:
         while len(h) > 4 and h[2] <= t - self.window:
             del h[:2]
         self._sweep(t)
+
+    def observe_many(self, items: Iterable[tuple[Hashable, float]], t: float) -> None:
+        """observe(key, t, value) for each (key, value) in order, all at one time (an evaluation
+        feeds ~1,400 counters at once): the same histories, without a call and a sweep check
+        per counter."""
+        if self.forget_after <= 0:  # every observation sweeps: no shortcut to take
+            for key, value in items:
+                self.observe(key, t, value)
+            return
+        hist, spacing, max_points = self._h, self._spacing, self.max_points
+        cutoff = t - self.window
+        swept = False
+        for key, value in items:
+            h = hist.get(key)
+            if h is None:
+                if len(hist) >= self.max_series:
+                    self._evict_one()
+                h = hist[key] = array("d")
+            elif h and value < h[-1]:
+                del h[:]
+                self._resets[key] = t
+            n = len(h) // 2
+            if n and (h[-2] == t or (n >= 2 and t - h[-4] < spacing)):
+                h[-2], h[-1] = t, value
+            else:
+                if n >= max_points:
+                    del h[:2]
+                h.append(t)
+                h.append(value)
+            while len(h) > 4 and h[2] <= cutoff:
+                del h[:2]
+            if not swept:  # where observe() sweeps; after that, not again before forget_after / 4
+                self._sweep(t)
+                swept = True
 
     def _sweep(self, now: float) -> None:
         """Forget counters not seen for forget_after (at most every quarter of that)."""

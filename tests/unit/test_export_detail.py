@@ -182,3 +182,19 @@ async def test_checks_see_what_basic_does_not_export() -> None:
         await agent.stop()
     assert seen and seen[-1] == 3.5
     assert b"podhealth_collector_success{" in body and b"podhealth_host_load1" not in body
+
+
+def test_a_family_whose_samples_did_not_change_gives_the_same_samples() -> None:
+    """Unchanged samples (the same objects) give the same thinned, folded and summed samples
+    (the same objects too: the renderer reuses their lines); one changed sample is seen."""
+    flt = ExportFilter({}, {})
+    src = nfs_samples()
+    first = flt.samples("nfs", src)
+    again = flt.samples("nfs", list(src))
+    assert len(again) == len(first) and all(a is b for a, b in zip(again, first))
+    i = next(i for i, s in enumerate(src) if s.name == "nfs_operation_requests" and s.label("operation") == "RENAME")
+    moved = [*src[:i], Sample(src[i].name, src[i].value + 7, src[i].labels), *src[i + 1:]]
+    got = flt.samples("nfs", moved)
+    assert by_key(got) == by_key(ExportFilter({}, {}).samples("nfs", moved)) != by_key(first)
+    procs = [s for s in got if s.name == "nfs_rpc_procedure_requests"]
+    assert procs and all(any(p is f for f in first) for p in procs)  # the other family kept its objects

@@ -306,3 +306,19 @@ def test_without_the_profiles_link_count_the_collector_is_disabled_not_guessing(
     assert profiles.collector_seams(cfg)["nvlink"] == {"links_expected": 12}
     assert profiles.collector_seams(cfg, {"nvlink": {"links_expected": 4}, "nvml": {"x": 1}}) == {
         "nvlink": {"links_expected": 4}, "nvml": {"x": 1}}
+
+
+def test_unchanged_readings_are_handed_on_as_the_same_objects(node: SimNode, collector: NvlinkCollector) -> None:
+    """collectors/samplecache.py: a reading that holds is last cycle's Sample (the exposition
+    reuses its line); one that moved is a new Sample with the same labels."""
+    inject(node, "fault=nvlink-crc", "gpu=0", "link=7", "rate=200")
+    first = {(s.name, s.labels): s for s in collector.collect().samples}
+    crc = ("nvlink_errors", find(Collection(tuple(first.values())), "nvlink_errors", 0, link="7", type="crc_flit")[0].labels)
+    second = wait_until(lambda: (c := {(s.name, s.labels): s for s in collector.collect().samples})[crc].value
+                        > first[crc].value and c, timeout=5, what="CRC flit errors to climb")
+    assert isinstance(second, dict) and second.keys() == first.keys()
+    assert second[crc] is not first[crc] and second[crc].labels is first[crc].labels
+    quiet = ("nvlink_errors", find(Collection(tuple(first.values())), "nvlink_errors", 1, link="2", type="replay")[0].labels)
+    assert second[quiet] is first[quiet] and second[quiet].value == 0
+    up = [k for k in first if k[0] == "nvlink_up"]
+    assert len(up) == 8 * 18 and all(second[k] is first[k] for k in up)

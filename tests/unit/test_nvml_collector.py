@@ -386,3 +386,18 @@ def test_docs_list_every_declared_metric() -> None:
     assert not missing, f"docs/metrics.md '## nvml' lacks {sorted(missing)}"
     for spec in METRICS.values():
         assert spec.help and spec.kind in ("gauge", "counter", "info")
+
+
+def test_unchanged_readings_are_handed_on_as_the_same_objects(
+        node: SimNode, collector: NvmlCollector) -> None:
+    """collectors/samplecache.py: what held is last cycle's Sample; labels follow the GPU's
+    identity (a series is keyed by it, so another GPU at the same index is never handed on)."""
+    first = {(s.name, s.labels): s for s in collector.collect().samples}
+    second = {(s.name, s.labels): s for s in collector.collect().samples}
+    assert second.keys() == first.keys()
+    limits = [k for k in first if k[0] == "gpu_power_limit_watts"]
+    assert len(limits) == 8 and all(second[k] is first[k] for k in limits)
+    ecc = [k for k in first if k[0] == "gpu_ecc_errors"]
+    assert ecc and all(second[k] is first[k] for k in ecc)
+    for (name, labels), s in second.items():
+        assert s.name == name and s.labels == labels

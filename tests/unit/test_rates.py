@@ -34,3 +34,30 @@ def test_counter_reset_starts_a_new_history() -> None:
     assert r.increase("k", 20.0) is None
     r.observe("k", 30.0, 15.0)
     assert r.increase("k", 30.0) == 10.0
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_observe_many_keeps_the_histories_observe_keeps(seed: int) -> None:
+    """The evaluation feeds all counters at once (observe_many): the same points, resets and
+    forgetting as one observe() per counter, through resets, spacing, eviction and sweeps."""
+    import random
+
+    rnd = random.Random(seed)
+    args = (rnd.choice([5.0, 30.0, 300.0]), rnd.choice([2, 3, 5, 32]), rnd.choice([3, 10, 1000]),
+            rnd.choice([None, 0.0, 7.0]))
+    one, many = RateTracker(*args), RateTracker(*args)
+    t, values = 0.0, dict[int, float]()
+    for _ in range(80):
+        t += rnd.choice([0.0, 0.5, 1.0, 3.0, 10.0, 100.0])
+        items = []
+        for k in rnd.sample(range(15), rnd.randint(0, 15)):
+            v = values.get(k, 0.0) + rnd.choice([0, 0, 0, 1, 5]) if rnd.random() > 0.05 else 0.0
+            values[k] = v
+            items.append((k, v))
+        for k, v in items:
+            one.observe(k, t, v)
+        many.observe_many(items, t)
+        assert many.points() == one.points()
+        assert [many.reset_at(k) for k in range(15)] == [one.reset_at(k) for k in range(15)]
+        assert many.forgotten == one.forgotten
+        assert [many.rate(k, t) for k in range(15)] == [one.rate(k, t) for k in range(15)]
