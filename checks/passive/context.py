@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TypeVar, cast
 
 from podhealth.checks.passive.ib_links import LinkTracker
 from podhealth.checks.profiles import Profile
@@ -15,6 +15,8 @@ from podhealth.checks.passive.rates import RateTracker
 from podhealth.config_policy import PolicyConfig
 from podhealth.snapshot import Snapshot
 from podhealth.vocab import Event, Labels, Sample
+
+T = TypeVar("T")
 
 
 def gpu_entity(s: Sample) -> str:
@@ -37,12 +39,26 @@ class Context:
     # the site's per-code XID/SXid decisions (checks.policy); the rules apply them
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     _by_name: Mapping[str, list[Sample]] = field(default_factory=dict)
+    # What several checks derive from the same snapshot and profile (the IB ports' views and
+    # roles), made once: key -> (the profile it was made under, the value)
+    _derived: dict[str, tuple[Profile, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         idx: dict[str, list[Sample]] = defaultdict(list)
         for s in self.snapshot.samples():
             idx[s.name].append(s)
         self._by_name = idx
+
+    def derived(self, key: str, make: Callable[[], T]) -> T:
+        """`make()` once per snapshot judged and profile (the engine swaps the profile to tell
+        what a site threshold changed): for a pure function of the two that more than one check
+        needs; callers must not modify what it gives."""
+        hit = self._derived.get(key)
+        if hit is not None and hit[0] is self.profile:
+            return cast(T, hit[1])
+        value = make()
+        self._derived[key] = (self.profile, value)
+        return value
 
     def samples(self, name: str) -> list[Sample]:
         return list(self._by_name.get(name, ()))

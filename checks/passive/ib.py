@@ -85,7 +85,17 @@ class PortView:
 
 def port_views(ctx: Context) -> tuple[dict[PortKey, PortView], int]:
     """Every port the snapshot shows, with its facts; and how many devices showed no port at all
-    (their ports directory could not be read: they may hold the ports a role is missing)."""
+    (their ports directory could not be read: they may hold the ports a role is missing).
+    Made once per evaluation (ib_port, ib_flap and the link history all read it)."""
+    return ctx.derived("ib.port_views", lambda: _port_views(ctx))
+
+
+def assigned_roles(ctx: Context, views: dict[PortKey, PortView]) -> dict[PortKey, tuple[PortFacts, Assignment]]:
+    """classify() of `views` (port_views'), once per evaluation."""
+    return ctx.derived("ib.assigned", lambda: classify([v.facts for v in views.values()], ctx.profile.network))
+
+
+def _port_views(ctx: Context) -> tuple[dict[PortKey, PortView], int]:
     states = _by_port(ctx.samples("infiniband_port_state"))
     phys = _by_port(ctx.samples("infiniband_port_physical_state"))
     rates = _by_port(ctx.samples("infiniband_port_rate_bytes_per_second"))
@@ -178,7 +188,7 @@ def _judge_port(ctx: Context, v: PortView, a: Assignment, spec: RoleSpec | None,
 def ib_port(ctx: Context) -> list[CheckResult]:
     net = ctx.profile.network
     views, portless = port_views(ctx)
-    assigned = classify([v.facts for v in views.values()], net)
+    assigned = assigned_roles(ctx, views)
     out: list[CheckResult] = []
     for rc in count_roles(assigned, net):
         spec = net.roles[rc.role]
@@ -368,7 +378,7 @@ def ib_flap(ctx: Context) -> list[CheckResult]:
         return []  # a one-shot check has no history to count flaps in
     net = ctx.profile.network
     views, _ = port_views(ctx)
-    assigned = classify([v.facts for v in views.values()], net)
+    assigned = assigned_roles(ctx, views)
     saturated_downed = {(s.label("device"), s.label("port")) for s in ctx.samples("infiniband_port_stat")
                         if s.label("counter") == "link_downed" and _downed_blind(s.value)}
     out: list[CheckResult] = []

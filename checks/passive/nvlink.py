@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from podhealth.checks.passive.context import Context, gpu_entity
 from podhealth.checks.passive.result import fail, ok, unknown, warn
-from podhealth.vocab import Action, CheckResult
+from podhealth.vocab import Action, CheckResult, Sample
+
+
+def _by_gpu(samples: list[Sample]) -> dict[str, list[Sample]]:
+    out: dict[str, list[Sample]] = {}
+    for s in samples:
+        out.setdefault(s.label("gpu"), []).append(s)
+    return out
 
 
 def nvlink(ctx: Context) -> list[CheckResult]:
@@ -13,7 +20,9 @@ def nvlink(ctx: Context) -> list[CheckResult]:
         return []
     out: list[CheckResult] = []
     limit = ctx.profile.thresholds["nvlink_errors_per_hour"]
-    errors = ctx.samples("nvlink_errors")
+    # Each GPU's links and counters, grouped once (in their order) rather than scanned per GPU.
+    errors = _by_gpu(ctx.samples("nvlink_errors"))
+    link_states = _by_gpu(ctx.samples("nvlink_up"))
     expected = ctx.per_gpu("nvlink_links_expected")
     mig = ctx.per_gpu("gpu_mig_mode")
     counted = {s.label("gpu") for s in ctx.samples("nvlink_links_up")}
@@ -24,7 +33,7 @@ def nvlink(ctx: Context) -> list[CheckResult]:
     for s in ctx.samples("nvlink_links_up"):
         i, e = s.label("gpu"), gpu_entity(s)
         want = int(expected[i].value) if i in expected else expected_default
-        links = [l for l in ctx.samples("nvlink_up") if l.label("gpu") == i]
+        links = link_states.get(i, [])
         if s.value < want and not links:
             # NVML says this GPU has no NVLink at all (every link NOT_SUPPORTED): a link that
             # failed still exists and reads inactive (nvidia-smi "<inactive>"). No link is seen
@@ -46,9 +55,7 @@ def nvlink(ctx: Context) -> list[CheckResult]:
                             links_up=int(s.value), expected=want, down=",".join(map(str, down)) or "?"))
             continue
         rising = []
-        for c in errors:
-            if c.label("gpu") != i:
-                continue
+        for c in errors.get(i, ()):
             r = ctx.rate_per_hour(c)
             if r is not None and r > limit:
                 rising.append(f"link{c.label('link')}:{c.label('type')}={r:.0f}/h")

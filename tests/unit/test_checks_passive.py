@@ -230,3 +230,24 @@ def test_retired_pages_only_where_reported() -> None:
     res = evaluate(p100)
     assert res[("retired_pages", "gpu0")].status is Status.FAIL and res[("retired_pages", "gpu0")].action is Action.REPLACE
     assert not any(k[0] == "retired_pages" for k in evaluate(gpu_samples()))
+
+
+def test_what_checks_derive_together_is_made_once_per_snapshot_and_profile() -> None:
+    """Context.derived: ib_port, ib_flap and the link history share one port_views; a profile
+    swapped in (the engine's site-threshold comparison) gets its own."""
+    import dataclasses
+
+    from podhealth.checks.passive.context import Context
+    from podhealth.checks.passive.rates import RateTracker
+
+    ctx = Context(snapshot=Snapshot(0.0, {}), profile=H100, now=0.0, rates=RateTracker(60.0))
+    made: list[object] = []
+
+    def make() -> object:
+        made.append(ctx.profile)
+        return len(made)
+
+    assert ctx.derived("k", make) == 1 and ctx.derived("k", make) == 1
+    ctx.profile = dataclasses.replace(H100, thresholds=dict(H100.thresholds))
+    assert ctx.derived("k", make) == 2
+    assert made == [H100, ctx.profile]
