@@ -23,9 +23,10 @@ from typing import ClassVar, Mapping
 from podhealth.collectors.aer_parse import (FILES, ROOTPORT_FILES, SEVERITIES, AerCounts, Severity, device_kind,
                                             parse_aer_file, parse_hex, parse_rootport_total)
 from podhealth.collectors.base import Collection, raise_if_local, specs
+from podhealth.collectors.samplecache import SampleCache
 from podhealth.collectors.sysfs import read_attr, read_parsed
 from podhealth.config import Config
-from podhealth.vocab import MetricSpec, Sample
+from podhealth.vocab import MetricSpec, Sample, labels_of
 
 _PCI_ADDR = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 MAX_SERVES = 8  # endpoints named on one port's series (a DGX PCIe switch serves 2 GPUs + 2-3 HCAs + NVMe)
@@ -70,6 +71,7 @@ class PcieAerCollector:
         self.sysfs_root = sysfs_root
         self._topology: dict[str, PciFunction] = {}
         self._listed: tuple[str, ...] = ()
+        self._cache = SampleCache()  # AER counters rarely move: last cycle's Samples while they hold
 
     def _function(self, base: Path, addr: str, errors: list[str]) -> PciFunction:
         known = self._topology.get(addr)
@@ -122,16 +124,22 @@ class PcieAerCollector:
                 counts[addr] = per
         funcs = {a: self._function(base, a, errors) for a in counts}
         serves = _serves(funcs)
+        one = self._cache.one
         samples: list[Sample] = [Sample.of("pcie_aer_devices", len(counts))]
         for addr, per in counts.items():
             fn = funcs[addr]
             for sev, c in per.dev.items():
-                samples.append(Sample.of("pcie_aer_errors", c.effective_total, pci=addr, severity=sev,
-                                         kind=fn.kind, device=fn.device, serves=serves.get(addr, "")))
-                samples.extend(Sample.of("pcie_aer_error_bits", n, pci=addr, severity=sev, error=err)
+                served = serves.get(addr, "")
+                samples.append(one(("errors", addr, sev, fn.kind, fn.device, served), "pcie_aer_errors",
+                                   c.effective_total, lambda: labels_of(pci=addr, severity=sev, kind=fn.kind,
+                                                                        device=fn.device, serves=served)))
+                samples.extend(one(("bits", addr, sev, err), "pcie_aer_error_bits", n,
+                                   lambda: labels_of(pci=addr, severity=sev, error=err))
                                for err, n in c.errors if n)
-            samples.extend(Sample.of("pcie_aer_rootport_errors", n, pci=addr, severity=sev)
+            samples.extend(one(("rootport", addr, sev), "pcie_aer_rootport_errors", n,
+                               lambda: labels_of(pci=addr, severity=sev))
                            for sev, n in per.rootport.items())
+        self._cache.commit()
         return Collection(tuple(samples), errors=tuple(errors[:32]))
 
     def close(self) -> None:

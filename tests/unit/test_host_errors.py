@@ -162,6 +162,27 @@ def test_pcie_aer_one_garbled_file_skips_that_counter_only(tmp_path: Path) -> No
     assert not [x for x in s if x.label("pci") == "0000:18:00.0" and x.label("severity") == "correctable"]
 
 
+def test_pcie_aer_again_keeps_what_held_and_sees_what_changed(tmp_path: Path) -> None:
+    """The collector keeps each file's parse and last cycle's Samples: an unchanged counter is the
+    same object, a changed file is read afresh, and a garbled one is reported every cycle."""
+    root = tmp_path / "sys"
+    shutil.copytree(OWN / "aer_tree" / "sys", root, symlinks=True)
+    gpu = root / "devices/pci0000:10/0000:10:01.0/0000:18:00.0"
+    (gpu / "aer_dev_correctable").write_text("garbage here\n")
+    c = PcieAerCollector(root)
+    first = c.collect()
+    fatal = gpu / "aer_dev_fatal"
+    fatal.write_text(fatal.read_text().replace("TOTAL_ERR_FATAL 1", "TOTAL_ERR_FATAL 3"))
+    second = c.collect()
+    assert [e for e in second.errors if "aer_dev_correctable" in e] == [e for e in first.errors if "aer_dev_correctable" in e] != []
+    assert _one(list(second.samples), "pcie_aer_errors", pci="0000:18:00.0", severity="fatal").value == 3
+    port = dict(pci="0000:10:01.0", severity="fatal")
+    assert _one(list(second.samples), "pcie_aer_errors", **port) is _one(list(first.samples), "pcie_aer_errors", **port)
+    assert {(x.name, x.labels, x.value) for x in second.samples} - {(x.name, x.labels, x.value) for x in first.samples} \
+        == {(x.name, x.labels, x.value) for x in second.samples if x.label("pci") == "0000:18:00.0"
+            and x.label("severity") == "fatal" and x.name == "pcie_aer_errors"}
+
+
 def test_edac_dimm_layout_wins_over_csrow_emulation() -> None:
     s = list(EdacCollector(OWN / "edac_tree" / "sys").collect().samples)
     assert _one(s, "edac_memory_controllers").value == 2
