@@ -59,8 +59,13 @@ def annotate(results: tuple[CheckResult, ...], jobs: Jobs) -> tuple[CheckResult,
     """GPU results with `job` in their evidence (replacing an older `job`); others unchanged."""
     out: list[CheckResult] = []
     for r in results:
-        m = _GPU_ENTITY.match(r.entity)
-        held = jobs.get(int(m.group(1))) if m else None
+        held = None
+        if jobs:  # ~130 results every judgement, and most nodes most of the time hold no job
+            m = _GPU_ENTITY.match(r.entity)
+            held = jobs.get(int(m.group(1))) if m else None
+        if not held and not any(k == "job" for k, _ in r.evidence):
+            out.append(r)
+            continue
         ev = tuple(kv for kv in r.evidence if kv[0] != "job")
         if held:
             ev = (ev + (("job", describe(held)[:256]),))[:MAX_EVIDENCE_ITEMS]
