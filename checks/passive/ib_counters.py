@@ -44,7 +44,7 @@ class CounterMeanings:
         16-bit port_rcv_errors seen stuck at 4294967295). A value above the spec maximum that
         is not all ones is such a wider counter still counting, not a saturated one."""
         w = self.widths.get(counter)
-        if w is None:
+        if w is None or value < (1 << w) - 1:  # below the narrowest maximum: counting (the usual case)
             return None
         for width in (w, *(x for x in _WIDER_BITS if x > w)):
             if value == float((1 << width) - 1):
