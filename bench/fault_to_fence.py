@@ -503,6 +503,9 @@ def main() -> int:
         print("\nPath 1 by stage (--trace: from the agents', the aggregator's and slurmctld's logs):")
         for name, a, b in STAGES:
             summarise(f"  {name}", [t.stages.span(a, b) if t.stages else None for t in trials], None)
+        later = [t for t in trials if t.stages and (t.stages.times.get("reads") or 0) > 1]
+        print(f"  the XID line came with a later collection than the burst's first in {len(later)} of "
+              f"{len(trials)} trials")
     return 0
 
 

@@ -7,8 +7,8 @@ same clock at the same point, without the 0-50 ms a poll of `scontrol show node`
 not the other. The stamp is cut to the millisecond: each figure is up to 1 ms early, both alike.
 
 --trace runs the agents and the aggregator at debug level and splits each fence by the times
-they log: the agent's `check transition` and `records posted` (agent/publisher.py), the
-aggregator's `fail committed` (aggregator/server.py), `action recorded` and `action finished`
+they log: the agent's `kmsg read` (collectors/kmsg.py), `check transition` and `records posted`
+(agent/publisher.py), the aggregator's `fail committed` (aggregator/server.py), `action recorded` and `action finished`
 (the action runner) and `scontrol ran` (fencing/slurm.py).
 """
 
@@ -70,7 +70,8 @@ def _stamp(d: dict[str, Any]) -> float:
 
 # The stages of one fence, in path order: (name, start key, end key) over the Stages' times.
 STAGES = (
-    ("kmsg line -> agent's xid FAIL", "line", "fail"),
+    ("kmsg line -> read with its XID (kmsg collect)", "line", "read"),
+    ("read -> agent's xid FAIL (judgement)", "read", "fail"),
     ("agent FAIL -> POST starts (spool)", "fail", "post"),
     ("POST starts -> ingest begins", "post", "ingest"),
     ("ingest -> FAIL committed", "ingest", "committed"),
@@ -98,8 +99,14 @@ def trace(agent_log: Path, agg_log: Path, slurm_log: Path, node: str, gpu: str, 
     """The stage times of the fence of `node` that began with the kernel line at `t0`."""
     times: dict[str, float | None] = {k: None for _, a, b in STAGES for k in (a, b)}
     times["line"] = t0
+    reads = 0
     for d in _json_lines(agent_log):
-        if times["fail"] is None and d.get("event") == "check transition" and d.get("check") == "xid" \
+        if times["read"] is None and d.get("event") == "kmsg read" and float(d.get("read_at", 0)) >= t0 - 0.01:
+            reads += 1  # collections after the line: the first that carried an XID is the one
+            if int(d.get("xids", 0)) > 0:
+                times["read"] = float(d["read_at"])
+                times["reads"] = float(reads)
+        elif times["fail"] is None and d.get("event") == "check transition" and d.get("check") == "xid" \
                 and d.get("entity") == gpu and d.get("new") == "FAIL" and _stamp(d) >= t0 - 0.01:
             times["fail"] = _stamp(d)
         elif times["fail"] is not None and times["post"] is None and d.get("event") == "records posted" \

@@ -24,6 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping
 
+from podhealth import log
 from podhealth.collectors.base import Collection, specs
 from podhealth.collectors import ras_parse
 from podhealth.collectors.kmsg_reader import LineReader, open_reader
@@ -34,6 +35,7 @@ from podhealth.collectors.xid_parse import (
 from podhealth.config import Config
 from podhealth.vocab import Event, KernelFields, MetricSpec, Sample
 
+_log = log.get("podhealth.collectors.kmsg")
 MAX_RECORDS = 5000  # per collect(): a burst of 13s prints ~15 lines per fault; this is thousands of faults
 MAX_BYTES = 4 * 1024 * 1024  # per collect() from a followed file
 DEDUP_S = 2.0  # an NVML XID and its kernel line further apart than this are two XIDs
@@ -157,6 +159,9 @@ class KmsgCollector:
         for ev in new:
             self._count(ev)
             self._recent.append(ev)
+        if batch.lines:
+            # The fence path's stage times (bench/fault_to_fence.py --trace reads them at debug level).
+            _log.debug("kmsg read", lines=len(batch.lines), xids=sum(ev.kind == "xid" for ev in new), read_at=now)
         errors.extend(self._errors_once)
         self._errors_once.clear()
         return Collection(self._samples(), tuple(new), tuple(errors))
