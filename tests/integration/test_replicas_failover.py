@@ -152,6 +152,14 @@ def _q(url: str, sql: str) -> list[tuple[Any, ...]]:
         return [tuple(r) for r in c.execute(sql).fetchall()]  # type: ignore[arg-type]
 
 
+def _fence_calls(tmp: Path) -> int:
+    """The file fencer's fence calls so far (each counted before it waits at the gate)."""
+    try:
+        return sum(json.loads((tmp / "fence.json").read_text()).get("calls", {}).values())
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
 def _published(tmp: Path) -> set[str]:
     out: set[str] = set()
     for n in _tokens():
@@ -193,8 +201,10 @@ def test_killing_the_leader_hands_over_without_a_double_fence_or_a_lost_event(
             victim, epoch = got
             epochs.add(epoch)
             if k == 0 and cluster is None:
-                wait_until(lambda: _q(url, "SELECT COUNT(*) FROM actions WHERE state = 'pending'")[0][0] > 0,
-                           timeout=30.0, what=f"a fence in flight at the gate {why}")
+                # recorded pending, and its fencer call made (counted) and held at the gate: a
+                # pending record alone may be killed before the call, and then none is cut short
+                wait_until(lambda: _q(url, "SELECT COUNT(*) FROM actions WHERE state = 'pending'")[0][0] > 0
+                           and _fence_calls(tmp_path) > 0, timeout=30.0, what=f"a fence in flight at the gate {why}")
             else:
                 time.sleep(rng.uniform(0.2, 2.0))  # the kill schedule, not a wait for any state
             killed = time.monotonic()
