@@ -1,5 +1,6 @@
 """The action journal: every action is recorded as pending in the store BEFORE any fencer is
-called, and finished after; and the one retrier.
+called, and ended after (`end`: the executor's Outcome, applied to the node by apply.py in the
+same commit); and the one retrier.
 
 Restart safety: a pending action is finished at start by re-reading the fencers first
 (aggregator/reconcile.py), so a fence that already happened is only marked done, never made twice.
@@ -106,7 +107,7 @@ def _detail(e: BaseException) -> dict[str, Any]:
 
 
 class Journal:
-    """The pending actions and their records in the store: begin, postpone, finish; the retrier."""
+    """The pending actions and their records in the store: begin, postpone, end; the retrier."""
 
     def __init__(self, cfg: AggregatorConfig, context: Callable[[], Context], writer: Writer, metrics: Metrics, *,
                  clock: Callable[[], float], acting: Callable[[], bool], epoch: Callable[[], int | None],
