@@ -24,7 +24,7 @@ from podhealth.collectors.aer_parse import (FILES, ROOTPORT_FILES, SEVERITIES, A
                                             parse_aer_file, parse_hex, parse_rootport_total)
 from podhealth.collectors.base import Collection, raise_if_local, specs
 from podhealth.collectors.samplecache import SampleCache
-from podhealth.collectors.sysfs import read_attr, read_parsed
+from podhealth.collectors.sysfs import ParseMemo, read_attr, read_parsed
 from podhealth.config import Config
 from podhealth.vocab import MetricSpec, Sample, labels_of
 
@@ -71,7 +71,9 @@ class PcieAerCollector:
         self.sysfs_root = sysfs_root
         self._topology: dict[str, PciFunction] = {}
         self._listed: tuple[str, ...] = ()
-        self._cache = SampleCache()  # AER counters rarely move: last cycle's Samples while they hold
+        # AER counters rarely move: each file's parse and last cycle's Samples are kept while they hold
+        self._parsed = ParseMemo()
+        self._cache = SampleCache()
 
     def _function(self, base: Path, addr: str, errors: list[str]) -> PciFunction:
         known = self._topology.get(addr)
@@ -109,19 +111,22 @@ class PcieAerCollector:
             self._listed = names
         errors: list[str] = []
         counts: dict[str, _Read] = {}
+        memo, where = self._parsed, str(base)
         for addr in names:
             per = _Read()
             for sev in SEVERITIES:
-                dev = read_parsed(base / addr / FILES[sev], parse_aer_file, errors,
-                                  name=f"{addr}/{FILES[sev]}", encoding="ascii")
+                # paths as strings: ~170 files a cycle, a Path each cost more than the read
+                dev = read_parsed(os.path.join(where, addr, FILES[sev]), parse_aer_file, errors,
+                                  name=f"{addr}/{FILES[sev]}", encoding="ascii", memo=memo)
                 if dev is not None:
                     per.dev[sev] = dev
-                total = read_parsed(base / addr / ROOTPORT_FILES[sev], parse_rootport_total, errors,
-                                    name=f"{addr}/{ROOTPORT_FILES[sev]}", encoding="ascii")
+                total = read_parsed(os.path.join(where, addr, ROOTPORT_FILES[sev]), parse_rootport_total, errors,
+                                    name=f"{addr}/{ROOTPORT_FILES[sev]}", encoding="ascii", memo=memo)
                 if total is not None:
                     per.rootport[sev] = total
             if per.dev or per.rootport:
                 counts[addr] = per
+        memo.commit()
         funcs = {a: self._function(base, a, errors) for a in counts}
         serves = _serves(funcs)
         one = self._cache.one
