@@ -13,7 +13,7 @@ from podhealth.checks.passive.ib_links import LinkTracker
 from podhealth.checks.profiles import Profile
 from podhealth.checks.passive.rates import RateTracker
 from podhealth.config_policy import PolicyConfig
-from podhealth.snapshot import Snapshot
+from podhealth.snapshot import CollectorState, Snapshot
 from podhealth.vocab import Event, Labels, Sample
 
 T = TypeVar("T")
@@ -38,12 +38,17 @@ class Context:
     ib_links: LinkTracker | None = None
     # the site's per-code XID/SXid decisions (checks.policy); the rules apply them
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    # the snapshot's samples by metric name, when the caller keeps them (SampleIndex); else made here
+    index: Mapping[str, list[Sample]] | None = None
     _by_name: Mapping[str, list[Sample]] = field(default_factory=dict)
     # What several checks derive from the same snapshot and profile (the IB ports' views and
     # roles), made once: key -> (the profile it was made under, the value)
     _derived: dict[str, tuple[Profile, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.index is not None:
+            self._by_name = self.index
+            return
         idx: dict[str, list[Sample]] = defaultdict(list)
         for s in self.snapshot.samples():
             idx[s.name].append(s)
@@ -90,6 +95,36 @@ class Context:
         """Whether the counter went back (was reset) within the rate window."""
         t = self.rates.reset_at(_key(s))
         return t is not None and self.now - t <= self.window
+
+
+class SampleIndex:
+    """A snapshot's samples by metric name, as Context makes them, kept per collector state: the
+    store replaces only the state of a collector that ran, so an evaluation re-indexes those and
+    takes the others' (~2,700 samples on a DGX, every 5 s) as they were. The lists it gives are
+    shared between evaluations: read them, never modify them (Context.samples hands out copies)."""
+
+    def __init__(self) -> None:
+        self._per: dict[str, tuple[CollectorState, dict[str, list[Sample]]]] = {}
+
+    def of(self, snap: Snapshot) -> dict[str, list[Sample]]:
+        out: dict[str, list[Sample]] = {}
+        per: dict[str, tuple[CollectorState, dict[str, list[Sample]]]] = {}
+        for cname, st in snap.collectors.items():
+            hit = self._per.get(cname)
+            if hit is None or hit[0] is not st:
+                idx: dict[str, list[Sample]] = {}
+                for s in st.samples:
+                    lst = idx.get(s.name)
+                    if lst is None:
+                        lst = idx[s.name] = []
+                    lst.append(s)
+                hit = (st, idx)
+            per[cname] = hit
+            for name, lst in hit[1].items():
+                have = out.get(name)
+                out[name] = lst if have is None else have + lst  # a new list: kept ones stay as they are
+        self._per = per  # collectors gone from the snapshot are dropped
+        return out
 
 
 def _key(s: Sample) -> tuple[str, Labels]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Sequence
 
 from podhealth.checks.passive import aer, drift, gpu, host, ib, imex, memory_ecc, nfs, nvlink, nvme, site
-from podhealth.checks.passive.context import Context, observe_counters
+from podhealth.checks.passive.context import Context, SampleIndex, observe_counters
 from podhealth.checks.passive.damping import Damper
 from podhealth.checks.passive.grace import GraceClock
 from podhealth.checks.passive.ib_links import LinkTracker
@@ -157,6 +157,7 @@ class Evaluator:
         self._events: OrderedDict[str, Event] = OrderedDict()
         self._keep = keep_events
         self._versions: dict[str, tuple[object, ...]] = {}
+        self._index = SampleIndex()  # the snapshot by metric name, re-indexed only where it changed
         self._last: dict[str, tuple[CheckResult, ...]] = {}
 
     @staticmethod
@@ -186,7 +187,8 @@ class Evaluator:
         ctx = Context(snapshot=snap, profile=self.profile, now=now, rates=self.rates,
                       events=tuple(self._events.values()), required_units=self.cfg.required_units,
                       required_mounts=self.required_mounts, window=self.cfg.rate_window,
-                      ib_links=self.links if damped else None, policy=self.cfg.policy)
+                      ib_links=self.links if damped else None, policy=self.cfg.policy,
+                      index=self._index.of(snap))
         if not ctx.stale("infiniband"):
             ib.observe_links(self.links, ctx)
         grace = self.grace.observe(snap, now) if damped and only is None else None

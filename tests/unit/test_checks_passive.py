@@ -251,3 +251,26 @@ def test_what_checks_derive_together_is_made_once_per_snapshot_and_profile() -> 
     ctx.profile = dataclasses.replace(H100, thresholds=dict(H100.thresholds))
     assert ctx.derived("k", make) == 2
     assert made == [H100, ctx.profile]
+
+
+def test_the_kept_index_is_the_one_context_makes_and_reindexes_only_what_changed() -> None:
+    """SampleIndex (the Evaluator's): for every snapshot, the samples by name, in snapshot order,
+    that Context makes itself; a collector state that is the same object keeps its index."""
+    from podhealth.checks.passive.context import Context, SampleIndex
+    from podhealth.checks.passive.rates import RateTracker
+
+    def own(snap: Snapshot) -> dict[str, list[Sample]]:
+        ctx = Context(snapshot=snap, profile=H100, now=0.0, rates=RateTracker(60.0))
+        return {n: ctx.samples(n) for n in {s.name for s in snap.samples()}}
+
+    a = CollectorState("a", samples=(Sample.of("x", 1, k="1"), Sample.of("y", 2), Sample.of("x", 3, k="2")))
+    b = CollectorState("b", samples=(Sample.of("x", 4, k="3"), Sample.of("z", 5)))
+    index = SampleIndex()
+    first = index.of(Snapshot(0.0, {"a": a, "b": b}))
+    assert first == own(Snapshot(0.0, {"a": a, "b": b})) and [s.value for s in first["x"]] == [1, 3, 4]
+    b2 = CollectorState("b", samples=(Sample.of("z", 6),))
+    second = index.of(Snapshot(1.0, {"a": a, "b": b2}))
+    assert second == own(Snapshot(1.0, {"a": a, "b": b2}))
+    assert second["y"] is first["y"]  # collector a did not run: its index is kept
+    assert [s.value for s in first["x"]] == [1, 3, 4]  # what was handed out is never modified
+    assert index.of(Snapshot(2.0, {"b": b2})) == {"z": [Sample.of("z", 6)]}
