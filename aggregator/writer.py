@@ -27,7 +27,7 @@ class Writer:
         self._thread = threading.Thread(target=self._run, name="podhealth-db-writer", daemon=True)
         self._started = False
         self.commits = 0
-        self.failures = 0
+        self.failures = 0  # writes the database refused (commits and called writes alike)
         # The last write's error ("" after a success): /healthz says the store cannot write while
         # it is set, so a full disk is seen before an operator's fence fails on it.
         self.error = ""
@@ -107,7 +107,8 @@ class Writer:
             try:
                 result = payload(self.store)
             except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
-                if isinstance(e, db_errors()):
+                if isinstance(e, db_errors()):  # a write the database refused, counted like a commit's
+                    self.failures += 1
                     self.error = f"{type(e).__name__}: {e}"
                 self._resolve(fut, None, e)
             else:

@@ -111,6 +111,8 @@ async def test_an_unrecorded_policy_fence_leaves_the_node_as_it_was(tmp_path: Pa
         assert agg.mem is not None
         await _refuse_actions(agg, True)
         runs = agg.metrics.decisions._value.get()
+        assert agg.writer is not None
+        failures = agg.writer.failures
         async with s.post(f"{url}/v1/reports", json=_report("dgx01", 10, "FAIL")) as r:
             assert r.status == 200
         # decide ran and tried to fence; the record failed: the node is not left `fencing`
@@ -120,8 +122,10 @@ async def test_an_unrecorded_policy_fence_leaves_the_node_as_it_was(tmp_path: Pa
         rec = agg.mem.nodes["dgx01"]
         assert rec.fence is FenceMode.NONE and not agg.pending and fencer.count("fence") == 0
         assert agg.mem.fleet().nodes["dgx01"].fence is FenceMode.NONE  # no cap slot held
-        code, hz = await _healthz(s, url)
-        assert code == 503 and hz["status"] == "store_failing"
+        # The failed commit is counted. /healthz's store_failing is not asserted here: it is the
+        # last write's state, and any later commit that succeeds (a fleet sample, a last-seen
+        # flush: only the actions table refuses) rightly clears it (the full-disk test above has it).
+        assert agg.writer.failures > failures
         # an operator's fence is refused out loud, and changes nothing either
         with pytest.raises(OperatorError) as e:
             await agg.operator_fence("dgx02", "bad fan", "alice", wait=5)
