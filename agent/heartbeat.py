@@ -189,7 +189,7 @@ class Heartbeat(Sink, PushesToReplicas):
             try:  # the whole exchange within publish.timeout (core/httpclient.py), the answer bounded
                 r = await httpclient.exchange_async(session, "POST", url, deadline_s=self.cfg.timeout, body=data,
                                                     headers=headers, max_bytes=ANSWER_MAX_BYTES,
-                                                    idempotent=True)  # a copy is stale by its seq there
+                                                    idempotent=True)  # a copy: stale by its seq, or /v1/perf's latest again
             except httpclient.ExchangeError as e:
                 return 0, f"{e.kind}: {e}"
             text = r.body.decode(errors="replace")

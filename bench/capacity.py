@@ -3,15 +3,17 @@
 
     python bench/capacity.py [--quick] [--nodes 10000 [--nodes 100000]] [--interval 30]
                              [--full-interval 300] [--window 30] [--repeats 3] [--report-source simulator|factory]
+                             [--connections per-node|fresh|both]
 
 What the agents really do, at their defaults (core/config.py `publish`):
 - a heartbeat every `report_interval` (30 s): the full report when a verdict changed, and every
   `full_report_interval` (300 s); a ~230-byte lease naming its digest otherwise (agent/heartbeat.py);
-- **a new TCP connection for every heartbeat**: the agent's aiohttp client keeps an idle
-  connection 15 s (aiohttp's default keepalive_timeout) and the next heartbeat comes 30 s later,
-  so each one connects, sends, and the connection is closed while idle. The generator here opens
-  a connection per heartbeat and closes it after the answer: the same accept, handshake and close
-  per heartbeat (the agent's socket only lingers idle, which costs no CPU);
+- its connection (`--connections`, bench/nodeconns.py): `per-node` (default), each node keeps
+  its own from one heartbeat to the next, made by the agent's own session factory, as agents do
+  now; `fresh`, a new TCP connection per heartbeat, closed after the answer: what they did while
+  aiohttp's 15 s keep-alive closed it before the next 30 s heartbeat (the same accept and close
+  per heartbeat); `both`: the two in turns against the same aggregator, window by window, and
+  their ratio (before/after in one sitting);
 - real report bodies: captured from a simulated DGX H100 agent (`podhealth agent --simulate`,
   its /health: 126 results, ~24 KB), several captures a few seconds apart (live readings), with
   each node's name and time filled in (`--report-source factory`: bench/benchlib.py's stand-in).
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -197,52 +200,60 @@ def settings(freeze: bool) -> dict[str, Any]:
             "fencers": {"dryrun": {"enabled": True}}, "gc_freeze": freeze}
 
 
+ByMode = dict[str, tuple[list[Window], list[Window]]]  # connections -> (aggregator windows, peer windows)
+
+
 async def aggregator_windows(args: argparse.Namespace, wd: Path, nodes: list[str], body: Callable[[str, float], bytes],
-                             freeze: bool, floor: FloorServer, windows: int) -> tuple[list[Window], list[Window], Scrape, Scrape]:
-    """An aggregator's first contact, then `windows` windows alternating with the peer's
-    (peer first and last). Returns (aggregator windows, peer windows, its scrapes at start and end)."""
-    agg_windows: list[Window] = []
-    floor_windows: list[Window] = []
+                             freeze: bool, floor: FloorServer, windows: int) -> tuple[ByMode, Scrape, Scrape]:
+    """An aggregator's first contact, then `windows` windows alternating with the peer's (peer
+    first and last), for each of `args.modes` in turn (the same sitting: before and after side by
+    side). Returns the windows by connections, and its scrapes at start and end."""
+    by_mode: ByMode = {m: ([], []) for m in args.modes}
     with Aggregator(wd / f"agg-{len(nodes)}-{'freeze' if freeze else 'nofreeze'}", settings(freeze)) as agg:
         start = scrape(agg.url)
         async with Load(agg.url, nodes, args.concurrency, args.full_interval, body=body, interval=args.interval) as load, \
-                Load(floor.url, nodes, args.concurrency, args.full_interval, body=body,
-                     connections=args.connections, interval=args.interval) as peer:
+                contextlib.AsyncExitStack() as stack:
+            peers = {m: await stack.enter_async_context(Load(floor.url, nodes, args.concurrency, args.full_interval,
+                                                             body=body, connections=m, interval=args.interval))
+                     for m in args.modes}
             first = await run_phase(load, agg, "first contact", load.first_contact)  # type: ignore[arg-type]
             print(f"  first contact: {first.reports} full reports in {first.wall:.1f} s (pooled connections)")
-            await load.reconnect(args.connections)
             load.steady_state()
-            peer.steady_state(digest="0123456789abcdef")
+            for peer in peers.values():
+                peer.steady_state(digest="0123456789abcdef")
             await asyncio.sleep(6)  # a housekeeping pass after the load: the freeze, if on
 
             def steady(on: Load) -> Callable[[Phase], Any]:
                 return lambda p: on.steady(p, args.interval, args.window, False)
 
-            async def floor_window() -> None:
+            async def floor_window(m: str) -> None:
+                peer = peers[m]
                 await peer.warm()  # per-node connections: open before the window, let go after it
                 ph = await run_phase(peer, floor, "peer", steady(peer))  # type: ignore[arg-type]
-                await peer.reconnect(args.connections)
-                floor_windows.append(Window(ph, load=os.getloadavg()))
+                await peer.reconnect(m)  # type: ignore[arg-type]
+                by_mode[m][1].append(Window(ph, load=os.getloadavg()))
 
-            rss_before = agg.stats().sample().rss_mib
-            await floor_window()
-            for _ in range(windows):
+            for m in args.modes * windows:
+                await floor_window(m)
+                await load.reconnect(m)
+                rss_before = agg.stats().sample().rss_mib
                 await load.warm()
-                if not agg_windows:
+                if m == "per-node" and not by_mode[m][0]:
                     args.rss_warm = (rss_before, agg.stats().sample().rss_mib)
                 s0 = scrape(agg.url)
                 ph = await run_phase(load, agg, "aggregator", steady(load))
                 s1 = scrape(agg.url)
-                await load.reconnect(args.connections)
+                await load.reconnect("pooled")  # per-node: let them go
                 lag_n, lag_long = over(s0.lag_buckets, s1.lag_buckets, LAG_STALL)
                 busy_n, busy_long = over(s0.busy_buckets, s1.busy_buckets, LAG_STALL)
                 gc_n = int(s1.gc2_count - s0.gc2_count)
                 _, gc_long = over(s0.gc2_buckets, s1.gc2_buckets, 0.0)
-                agg_windows.append(Window(ph, lag_n, lag_long, busy_n, busy_long, gc_n, gc_long,
-                                          s1.visits - s0.visits, os.getloadavg()))
-                await floor_window()
+                by_mode[m][0].append(Window(ph, lag_n, lag_long, busy_n, busy_long, gc_n, gc_long,
+                                            s1.visits - s0.visits, os.getloadavg()))
+            for m in args.modes:
+                await floor_window(m)
         end = scrape(agg.url)
-    return agg_windows, floor_windows, start, end
+    return by_mode, start, end
 
 
 def mmm(values: list[float], fmt: str = "{:.2f}") -> str:
@@ -251,9 +262,10 @@ def mmm(values: list[float], fmt: str = "{:.2f}") -> str:
     return "/".join(fmt.format(v) for v in (min(values), statistics.median(values), max(values)))
 
 
-def report_size(args: argparse.Namespace, n: int, runs: dict[bool, tuple[list[Window], list[Window], Scrape, Scrape]]) -> None:
+def report_size(args: argparse.Namespace, n: int, runs: dict[bool, tuple[ByMode, Scrape, Scrape]], mode: str) -> None:
     asked = n / args.interval
-    agg_w, floor_w, start, end = runs[True]
+    by_mode, start, end = runs[True]
+    agg_w, floor_w = by_mode[mode]
     ratios = []
     for i, w in enumerate(agg_w):  # against the mean of the peer windows on either side
         peer_us = statistics.mean([floor_w[i].per_beat_us, floor_w[i + 1].per_beat_us])
@@ -265,7 +277,7 @@ def report_size(args: argparse.Namespace, n: int, runs: dict[bool, tuple[list[Wi
     p99f = [percentile(w.phase.latencies, 99) * 1e3 for w in floor_w]
     gen = [w.phase.client_cpu / w.phase.wall * 100 for w in agg_w]
     print(f"\n== {n:,} nodes, a heartbeat every {args.interval:g} s (full report every {args.full_interval:g} s), "
-          f"connections: {CONNECTIONS[args.connections]}")
+          f"connections: {CONNECTIONS[mode]}")
     print(f"  rate asked {asked:,.0f}/s; reached {mmm(reached, '{:,.0f}')}/s (min/median/max)"
           + ("" if min(reached) >= 0.95 * asked else
              f"  -- NOT the agents' rate: the load generator could not reach it on this machine (load average "
@@ -289,12 +301,13 @@ def report_size(args: argparse.Namespace, n: int, runs: dict[bool, tuple[list[Wi
     gc_on = f"{end.gc2_count - start.gc2_count:.0f} full GCs over the run; in windows {sum(w.gc2 for w in agg_w)}, " \
             f"longest {', '.join(w.gc2_longest for w in agg_w)}"
     print(f"  | full GC pauses, gc_freeze on | {gc_on} | | |")
-    if off is not None:
-        o_agg, _, o_start, o_end = off
+    if off is not None and mode in off[0]:
+        o_by, o_start, o_end = off
+        o_agg = o_by[mode][0]
         print(f"  | full GC pauses, gc_freeze off | {o_end.gc2_count - o_start.gc2_count:.0f} full GCs over the run; in "
               f"windows {sum(w.gc2 for w in o_agg)}, longest {', '.join(w.gc2_longest for w in o_agg)} | | |")
         print(f"  | CPU per heartbeat, gc_freeze off | {mmm([w.per_beat_us for w in o_agg], '{:.0f}')} us | | |")
-    if args.connections == "per-node" and getattr(args, "rss_warm", None):
+    if mode == "per-node" and getattr(args, "rss_warm", None):
         before, after = args.rss_warm
         print(f"  aggregator RSS {before:.0f} MiB before every node's connection was open, {after:.0f} MiB with "
               f"them open: ~{(after - before) * 1024 / n:.1f} KiB per kept connection")
@@ -305,13 +318,26 @@ def report_size(args: argparse.Namespace, n: int, runs: dict[bool, tuple[list[Wi
 
 async def run_size(args: argparse.Namespace, wd: Path, n: int, body: Callable[[str, float], bytes]) -> None:
     nodes = node_names(n)
-    runs: dict[bool, tuple[list[Window], list[Window], Scrape, Scrape]] = {}
+    runs: dict[bool, tuple[ByMode, Scrape, Scrape]] = {}
     with FloorServer() as floor:
         for freeze in ([True, False] if args.gc_off else [True]):
             print(f"\n[{n:,} nodes, gc_freeze {'on' if freeze else 'off'}]")
             runs[freeze] = await aggregator_windows(args, wd, nodes, body, freeze, floor,
                                                     args.repeats if freeze else 1)
-    report_size(args, n, runs)
+    for mode in args.modes:
+        report_size(args, n, runs, mode)
+    if len(args.modes) == 2:
+        compare(runs[True][0])
+
+
+def compare(by_mode: ByMode) -> None:
+    """Kept against fresh connections, window by window (each pair minutes apart at most)."""
+    (a_f, p_f), (a_k, p_k) = by_mode["fresh"], by_mode["per-node"]
+    agg = [k.per_beat_us / f.per_beat_us for k, f in zip(a_k, a_f)]
+    peer = [k.per_beat_us / f.per_beat_us for k, f in zip(p_k, p_f)]
+    print(f"\n== before/after, the same sitting: CPU per heartbeat with each node's connection kept, over a new "
+          f"connection per heartbeat (window by window, min/median/max)")
+    print(f"  aggregator {mmm(agg)}x; peer (empty handler) {mmm(peer)}x")
 
 
 def main() -> int:
@@ -325,9 +351,9 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=512, help="heartbeats in flight at most")
     ap.add_argument("--no-gc-off", dest="gc_off", action="store_false",
                     help="skip the second aggregator with gc_freeze off")
-    ap.add_argument("--connections", choices=("per-node", "fresh"), default="per-node",
-                    help="each node keeps its connection across heartbeats, as agents do now (default), or a "
-                         "new one per heartbeat, as they did with aiohttp's 15 s keep-alive (before)")
+    ap.add_argument("--connections", choices=("per-node", "fresh", "both"), default="per-node",
+                    help="each node keeps its connection across heartbeats, as agents do now (default), a new one "
+                         "per heartbeat, as they did with aiohttp's 15 s keep-alive (before), or both in turns")
     ap.add_argument("--report-source", choices=("simulator", "factory"), default="simulator",
                     help="full reports captured from a simulated agent (default) or benchlib's stand-in")
     args = ap.parse_args()
@@ -336,8 +362,9 @@ def main() -> int:
     args.nodes = args.nodes or [10_000, 100_000]
     if min(args.nodes) < 1 or args.interval <= 0 or args.window <= 0 or args.repeats < 1:
         ap.error("--nodes, --interval, --window and --repeats must be positive")
+    args.modes = ["fresh", "per-node"] if args.connections == "both" else [args.connections]
     fds = raise_fd_limit()
-    if args.connections == "per-node" and fds < max(args.nodes) + 1024:
+    if "per-node" in args.modes and fds < max(args.nodes) + 1024:
         ap.error(f"per-node connections need {max(args.nodes) + 1024} open files here and in the server; "
                  f"the hard limit is {fds} (ulimit -Hn)")
     t0 = time.monotonic()
