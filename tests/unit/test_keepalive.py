@@ -1,7 +1,8 @@
 """The agent keeps one connection to the aggregator from one heartbeat to the next, and a
 connection the aggregator closed just as it was reused costs neither a report nor a duplicate:
 the push goes out once more on a new connection, and the aggregator applies it once (reports by
-their seq, records by their id)."""
+their seq, records by their id). A replica that stops under a kept connection is failed over
+within the same heartbeat."""
 
 from __future__ import annotations
 
@@ -121,3 +122,26 @@ async def test_events_resent_after_a_dropped_answer_are_stored_once(tmp_path: Pa
             assert {"ev00000", "ev00001"} <= agg.mem.seen_ids
         finally:
             await pub.stop()
+
+
+async def test_a_replica_that_stops_under_a_kept_connection_is_failed_over(tmp_path: Path) -> None:
+    clock = Clock()
+    async with contextlib.AsyncExitStack() as b_stack:
+        agg_b, url_b = await b_stack.enter_async_context(running(config(tmp_path / "b"), [MemFencer()]))
+        async with contextlib.AsyncExitStack() as a_stack:
+            conns = Connections()
+            _, url_a = await a_stack.enter_async_context(
+                running(config(tmp_path / "a"), [MemFencer()], middlewares=[conns.middleware()]))
+            hb = Heartbeat(PublishConfig(aggregators=(url_a, url_b)), clock=clock, sequencer=sequencer(tmp_path, clock))
+            await hb.start()
+            try:
+                assert await hb.send(healthy(1000)) and await hb.send(healthy(1030))
+                assert len(set(conns.peers)) == 1 and hb.replicas.moves == 0  # one connection, kept
+                await a_stack.aclose()  # replica a stops: its kept connection is closed under the agent
+                clock.t += 30
+                assert await hb.send(healthy(1060)), "the next replica took it in the same heartbeat"
+                assert hb.replicas.moves == 1 and hb.url.startswith(url_b) and hb.stats.failures == 0
+                # b never saw the full report the lease names: it refused it, and took the full one
+                assert hb.stats.conflicts == 1 and agg_b.mem.nodes["dgx01"].report_seq == 5030e9 + 1
+            finally:
+                await hb.stop()
