@@ -29,10 +29,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-import aiohttp
-
 from podhealth import httpclient, log as plog
 from podhealth.agent.failover import PushesToReplicas, Replicas
+from podhealth.agent.pushsession import PushSession
 from podhealth.agent.metrics.family import Family
 from podhealth.agent.sequence import Sequencer
 from podhealth.agent.sink import Sink
@@ -75,12 +74,14 @@ class Heartbeat(Sink, PushesToReplicas):
     def __init__(self, cfg: PublishConfig, clock: Callable[[], float] = time.monotonic,
                  sequencer: Sequencer | None = None,
                  report: Callable[[], NodeReport | None] | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, tls_reloads: Callable[[], int] | None = None) -> None:
         """`report`: the node's report now (None before the first judgement); without it start()
         only opens the session and the caller sends (tests). `tls`: how https:// aggregators are
-        verified, and this node's client certificate (core/tls.py; None: the system's trust store)."""
+        verified, and this node's client certificate (core/tls.py; None: the system's trust store);
+        `tls_reloads`: its reload count (agent/pushsession.py)."""
         self.cfg = cfg
         self.tls = tls
+        self._tls_reloads = tls_reloads
         self._report = report
         self._task: asyncio.Task[None] | None = None
         self.sequencer = sequencer  # the publisher's: heartbeats and spooled records share one order
@@ -90,11 +91,11 @@ class Heartbeat(Sink, PushesToReplicas):
         self._digest: str | None = None  # the aggregator's name for the last full report it took
         self._sent: Projection | None = None  # that report's verdicts
         self._full_at = 0.0
-        self._session: aiohttp.ClientSession | None = None
+        self._push: PushSession | None = None
         self._failing = False
 
     async def start(self) -> None:
-        self._session = session(self.cfg, self.tls)
+        self._push = PushSession(self.cfg, self.tls, self._tls_reloads)
         if self._report is not None:
             self._task = asyncio.get_running_loop().create_task(self._beat(self._report), name="report-heartbeat")
 
@@ -103,9 +104,9 @@ class Heartbeat(Sink, PushesToReplicas):
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._push is not None:
+            await self._push.close()
+            self._push = None
 
     async def _beat(self, report: Callable[[], NodeReport | None]) -> None:
         while True:
@@ -176,14 +177,14 @@ class Heartbeat(Sink, PushesToReplicas):
 
     async def _post(self, body: dict[str, Any]) -> tuple[int, Any]:
         """(HTTP status or 0 when unreachable, the answer's JSON or text)."""
-        assert self._session is not None, "start() first"
+        assert self._push is not None, "start() first"
         headers = {"Content-Type": "application/json"}
         if self.cfg.token:
             headers["Authorization"] = f"Bearer {self.cfg.token}"
         if self.sequencer is not None:
             self.sequencer.stamp(body)  # at sending: a resent report is newer than what came between
         data = json.dumps(body, separators=(",", ":")).encode()
-        session = self._session
+        session = await self._push.current()
 
         async def send(url: str) -> tuple[int, Any]:
             try:  # the whole exchange within publish.timeout (core/httpclient.py), the answer bounded
@@ -199,17 +200,3 @@ class Heartbeat(Sink, PushesToReplicas):
                 return r.status, text[:500]
         return await self.replicas.post(send)
 
-
-def session(cfg: PublishConfig, tls: ssl.SSLContext | None) -> aiohttp.ClientSession:
-    """A client session to the aggregator: https:// verified with `tls` (or the system's store),
-    one connection per replica kept from one heartbeat to the next. aiohttp's default keep-alive
-    (15 s) closed it before every 30 s heartbeat, so each one paid a new TCP connection, and with
-    TLS a new handshake: 3,333 a second at 100,000 nodes. Now it is kept `cfg.keepalive()`:
-    the interval + 15 s (a late beat still finds it), at most 300 s (below the idle timeouts of
-    NATs and load balancers, AWS NLB's 350 s, which drop a connection telling neither end); the
-    aggregator keeps it longer still (its `connections.idle_timeout`), so the agent is the side
-    that closes. One connection is all a sender needs: it sends one request at a time, so a
-    second would only be a second idle socket at the aggregator (its fd budget is one per node:
-    README, "Faults said out loud")."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(
-        ssl=tls if tls is not None else True, keepalive_timeout=cfg.keepalive(), limit_per_host=1))

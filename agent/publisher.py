@@ -30,12 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable
 
-import aiohttp
-
 from podhealth import httpclient, log as plog
 from podhealth.backoff import Backoff
 from podhealth.agent.failover import PushesToReplicas, Replicas
-from podhealth.agent.heartbeat import session
+from podhealth.agent.pushsession import PushSession
 from podhealth.agent.metrics.family import Family
 from podhealth.agent.sequence import Sequencer
 from podhealth.agent.sink import Sink
@@ -103,11 +101,13 @@ class Publisher(Sink, PushesToReplicas):
                  max_backoff: float = 30.0, sequencer: Sequencer | None = None,
                  spool_opener: Opener | None = None,
                  report: Callable[[], NodeReport | None] | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, tls_reloads: Callable[[], int] | None = None) -> None:
         """`tls`: how https:// aggregators are verified, and this node's client certificate
-        (core/tls.py; None: the system's trust store)."""
+        (core/tls.py; None: the system's trust store); `tls_reloads`: its reload count
+        (agent/pushsession.py)."""
         self.cfg = cfg
         self.tls = tls
+        self._tls_reloads = tls_reloads
         self._report = report
         self._report_timer: asyncio.TimerHandle | None = None
         self.node = node
@@ -126,7 +126,7 @@ class Publisher(Sink, PushesToReplicas):
         self._fsync_batch = fsync_batch
         self._max_backoff = max_backoff
         self._tasks: list[asyncio.Task[Any]] = []
-        self._session: aiohttp.ClientSession | None = None
+        self._push: PushSession | None = None
         self._batch_bytes = BATCH_BYTES
         self._running = False
         self._stopping = False  # stop() began: the sender takes what is in memory without the disk
@@ -167,7 +167,7 @@ class Publisher(Sink, PushesToReplicas):
         if self.stats.repaired:
             log.warning("spool: half-written files from an earlier run cut back or removed",
                         files=self.stats.repaired, dir=str(root))
-        self._session = session(self.cfg, self.tls)
+        self._push = PushSession(self.cfg, self.tls, self._tls_reloads)
         self._running = True
         self._work.set()  # whatever an earlier run left behind
         self._tasks = [asyncio.create_task(self._flusher(), name="publisher-flush"),
@@ -200,8 +200,8 @@ class Publisher(Sink, PushesToReplicas):
             for spool in self._spools.values():
                 with contextlib.suppress(OSError):
                     await offload(spool.close)
-        if self._session is not None:
-            await self._session.close()
+        if self._push is not None:
+            await self._push.close()
 
     async def _drained(self) -> None:
         while self.in_memory or self.stats.spool_bytes > 0:
@@ -501,11 +501,11 @@ class Publisher(Sink, PushesToReplicas):
         return settle
 
     async def _post(self, recs: list[dict[str, Any]]) -> tuple[int, str]:
-        assert self._session is not None
+        assert self._push is not None
         headers = {"Content-Type": "application/json",
                    **({"Authorization": f"Bearer {self.cfg.token}"} if self.cfg.token else {})}
         data = json.dumps({"node": self.node, "events": recs}).encode()
-        session = self._session
+        session = await self._push.current()
 
         async def send(url: str) -> tuple[int, str]:
             try:  # the whole exchange within publish.timeout (core/httpclient.py), the answer bounded

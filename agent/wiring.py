@@ -53,8 +53,10 @@ def build_sinks(cfg: Config, node: str, *, report: ReportFn, specs: SpecsFn,
         seq = Sequencer(cfg.paths.procfs_root)  # shared: heartbeats and spooled records in one order
         tls = tls or client_tls(cfg)
         ctx = tls.context if tls is not None else None
-        sinks.append(Publisher(pcfg, node, sequencer=seq, report=report, tls=ctx))
-        sinks.append(Heartbeat(pcfg, sequencer=seq, report=report, tls=ctx))
+        # A reload renews their sessions: kept connections would go on with the old certificate.
+        reloads = (lambda t=tls: t.reloads) if tls is not None else None
+        sinks.append(Publisher(pcfg, node, sequencer=seq, report=report, tls=ctx, tls_reloads=reloads))
+        sinks.append(Heartbeat(pcfg, sequencer=seq, report=report, tls=ctx, tls_reloads=reloads))
         if tls is not None:
             reload.append(tls)
         _log.info("pushing verdicts and events", aggregator=",".join(cfg.publish.urls()), spool=str(pcfg.spool_dir))

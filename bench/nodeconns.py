@@ -5,7 +5,7 @@
 - `fresh`: a new TCP connection per request, closed after its answer: what the agents did while
   aiohttp closed their idle connection (15 s) before the next heartbeat (30 s);
 - `per-node`: each node keeps its own connection from one heartbeat to the next, made by the
-  agent's own session factory (agent/heartbeat.py `session`: the same keep-alive and limit):
+  agent's own session factory (agent/pushsession.py `session`: the same keep-alive and limit):
   what the agents do now.
 
 Per node, the generator holds one socket and the server another (10,000 nodes: 10,000 fds each
@@ -23,7 +23,7 @@ from typing import Literal
 
 import aiohttp
 
-from podhealth.agent.heartbeat import session as agent_session
+from podhealth.agent.pushsession import session as agent_session
 from podhealth.config import PublishConfig
 
 Mode = Literal["pooled", "fresh", "per-node"]

@@ -10,7 +10,7 @@ connection costs the server an accept and a close. In production the agents push
 server (bench/aiohttp_floor.py: aiohttp answering a lease, doing nothing else) takes the agents'
 lease (~230 bytes) over plain HTTP and over HTTPS (a throw-away certificate from the openssl CLI,
 RSA 2048 or EC P-256), each `--rounds` times in turns, over connections the client keeps (as
-agents now do, agent/heartbeat.py `session`) and over a new one per request (as they did).
+agents now do, agent/pushsession.py `session`) and over a new one per request (as they did).
 Printed: the server's CPU per request (utime+stime from /proc) for each, min/median/max over
 the rounds, and what a handshake per heartbeat would cost at 100,000 nodes every 30 s.
 """

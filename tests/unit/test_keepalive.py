@@ -80,6 +80,25 @@ async def beating(tmp_path: Path) -> AsyncIterator[tuple[Aggregator, Heartbeat, 
             await hb.stop()
 
 
+async def test_a_tls_reload_renews_the_kept_connection(tmp_path: Path) -> None:
+    """After the agent's certificate was reloaded, the next push goes on a new connection (a
+    new handshake, with the new certificate), and that one is kept in turn."""
+    reloads = [0]
+    conns, clock = Connections(), Clock()
+    async with running(config(tmp_path), [MemFencer()], middlewares=[conns.middleware()]) as (_, url):
+        hb = Heartbeat(PublishConfig(aggregator_url=url), clock=clock, sequencer=sequencer(tmp_path, clock),
+                       tls_reloads=lambda: reloads[0])
+        await hb.start()
+        try:
+            assert await hb.send(healthy(1000)) and await hb.send(healthy(1030))
+            reloads[0] += 1
+            assert await hb.send(healthy(1060)) and await hb.send(healthy(1090))
+            assert len(conns.peers) == 4 and conns.peers[0] == conns.peers[1] != conns.peers[2] == conns.peers[3]
+            assert hb.stats.failures == 0
+        finally:
+            await hb.stop()
+
+
 async def test_heartbeats_reuse_one_connection(tmp_path: Path) -> None:
     async with beating(tmp_path) as (_, hb, conns, clock):
         for i in range(6):
