@@ -16,9 +16,11 @@ from aiohttp import web
 
 from podhealth.agent.heartbeat import Heartbeat
 from podhealth.agent.publisher import Publisher
+from podhealth.aggregator.serve import budget_problems, http_limits
 from podhealth.aggregator.service import Aggregator
 from podhealth.config import PublishConfig
 from podhealth.config_aggregator import AGENT_KEEPALIVE_MAX_S, ConnectionsConfig
+from podhealth.fdlimit import soft_limit
 from tests.harness.agg import MemFencer, config, running
 from tests.unit.test_heartbeat import Clock, healthy, sequencer
 from tests.unit.test_publisher import until, xid
@@ -164,3 +166,12 @@ async def test_a_replica_that_stops_under_a_kept_connection_is_failed_over(tmp_p
                 assert hb.stats.conflicts == 1 and agg_b.mem.nodes["dgx01"].report_seq == 5030e9 + 1
             finally:
                 await hb.stop()
+
+
+def test_the_aggregator_warns_of_a_budget_that_cannot_hold_its_agents(tmp_path: Path) -> None:
+    ok = config(tmp_path)
+    assert http_limits(ok).idle_timeout == 75.0 and budget_problems(ok, http_limits(ok)) == []
+    short = config(tmp_path, connections=ConnectionsConfig(idle_timeout=40.0))  # agents keep theirs 45 s
+    too_many = config(tmp_path, connections=ConnectionsConfig(max=soft_limit()))
+    assert [m.split(" ")[0] for m, _ in budget_problems(short, http_limits(short))] == ["connections.idle_timeout"]
+    assert [m.split(" ")[0] for m, _ in budget_problems(too_many, http_limits(too_many))] == ["connections.max"]
