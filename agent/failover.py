@@ -1,14 +1,19 @@
 """The aggregator replicas an agent pushes to, and which one it is talking to.
 
 Every replica accepts ingest (one of them leads and acts), so an agent only needs one that
-answers: it keeps to the replica that took its last push, and moves to the next one in its list
-when that one does not answer or answers 5xx (down, or its store cannot write). A 4xx is that
+answers. Each node starts at its own pick among the replicas and fails over in its own order
+(rendezvous hashing of its name with each URL), so a fleet's ingest is spread evenly over them,
+and the nodes of a replica that goes down spread evenly over the others instead of all landing on
+the next one listed (a new replica takes only its share from each). It keeps to the replica that
+took its last push, and moves to the next one in its order when that one does not answer or
+answers 5xx (down, or its store cannot write). A 4xx is that
 replica's verdict on the push itself and the same at every replica: no move. When none answers,
 the caller keeps everything (the spool) and tries again later, as with one aggregator.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Awaitable, Callable, Sequence, TypeVar
 
 from podhealth import log as plog
@@ -17,9 +22,19 @@ log = plog.get("podhealth.failover")
 T = TypeVar("T")
 
 
+def node_order(urls: Sequence[str], node: str) -> list[str]:
+    """`urls` in `node`'s order: by a stable hash of (node, URL), highest first (the same on every
+    agent and every start, unlike hash()); unchanged without a node name."""
+    if not node:
+        return list(urls)
+    return sorted(urls, key=lambda u: hashlib.blake2b(f"{node}\0{u}".encode(), digest_size=8).digest(),
+                  reverse=True)
+
+
 class Replicas:
-    def __init__(self, urls: Sequence[str], path: str) -> None:
-        self.urls = [u.rstrip("/") + path for u in urls]
+    def __init__(self, urls: Sequence[str], path: str, node: str = "") -> None:
+        """`node`: this agent's node name, which picks its replica and its failover order."""
+        self.urls = [u.rstrip("/") + path for u in node_order([u.rstrip("/") for u in urls], node)]
         self.index = 0
         self.moves = 0  # times it moved to another replica (a metric, and for tests)
 
@@ -50,7 +65,7 @@ class PushesToReplicas:
 
     @property
     def url(self) -> str:
-        """The replica delivering now (the first listed until one fails)."""
+        """The replica delivering now (the node's pick until that one fails)."""
         return self.replicas.url
 
     @url.setter

@@ -214,8 +214,8 @@ class FailslowSink(Sink):
         self._poster: Heartbeat | None = None
         if publish.urls():
             # The heartbeat's one way to POST to the aggregator replicas (token, timeout, failover).
-            self._poster = Heartbeat(publish, tls=tls)
-            self._poster.replicas = Replicas(publish.urls(), "/v1/perf")
+            self._poster = Heartbeat(publish, tls=tls, node=node)
+            self._poster.replicas = Replicas(publish.urls(), "/v1/perf", node)
         self.latest: tuple[tuple[str, str, float, str], ...] = ()
         self.passive = PassiveWindow(temp_limit_c)
         self.latest_passive: tuple[tuple[str, str, float], ...] = ()

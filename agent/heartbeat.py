@@ -74,18 +74,20 @@ class Heartbeat(Sink, PushesToReplicas):
     def __init__(self, cfg: PublishConfig, clock: Callable[[], float] = time.monotonic,
                  sequencer: Sequencer | None = None,
                  report: Callable[[], NodeReport | None] | None = None,
-                 tls: ssl.SSLContext | None = None, tls_reloads: Callable[[], int] | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, tls_reloads: Callable[[], int] | None = None,
+                 node: str = "") -> None:
         """`report`: the node's report now (None before the first judgement); without it start()
         only opens the session and the caller sends (tests). `tls`: how https:// aggregators are
         verified, and this node's client certificate (core/tls.py; None: the system's trust store);
-        `tls_reloads`: its reload count (agent/pushsession.py)."""
+        `tls_reloads`: its reload count (agent/pushsession.py). `node`: this node's name, which
+        picks its replica (agent/failover.py)."""
         self.cfg = cfg
         self.tls = tls
         self._tls_reloads = tls_reloads
         self._report = report
         self._task: asyncio.Task[None] | None = None
         self.sequencer = sequencer  # the publisher's: heartbeats and spooled records share one order
-        self.replicas = Replicas(cfg.urls(), "/v1/reports")
+        self.replicas = Replicas(cfg.urls(), "/v1/reports", node)
         self.stats = HeartbeatStats()
         self._clock = clock
         self._digest: str | None = None  # the aggregator's name for the last full report it took

@@ -115,7 +115,7 @@ class Publisher(Sink, PushesToReplicas):
         # it among heartbeats by the agent's own sequence, not by its wall clock (sequence.py).
         self.sequencer = sequencer
         self.enabled = bool(cfg.urls())
-        self.replicas = Replicas(cfg.urls(), "/v1/events")
+        self.replicas = Replicas(cfg.urls(), "/v1/events", node)
         self.stats = PublisherStats()
         self._spools: dict[Lane, Spool] = {}
         self._lock = asyncio.Lock()

@@ -56,7 +56,7 @@ def build_sinks(cfg: Config, node: str, *, report: ReportFn, specs: SpecsFn,
         # A reload renews their sessions: kept connections would go on with the old certificate.
         reloads = (lambda t=tls: t.reloads) if tls is not None else None
         sinks.append(Publisher(pcfg, node, sequencer=seq, report=report, tls=ctx, tls_reloads=reloads))
-        sinks.append(Heartbeat(pcfg, sequencer=seq, report=report, tls=ctx, tls_reloads=reloads))
+        sinks.append(Heartbeat(pcfg, sequencer=seq, report=report, tls=ctx, tls_reloads=reloads, node=node))
         if tls is not None:
             reload.append(tls)
         _log.info("pushing verdicts and events", aggregator=",".join(cfg.publish.urls()), spool=str(pcfg.spool_dir))

@@ -205,9 +205,10 @@ class ExportersConfig:
 class PublishConfig:
     aggregator_url: str = doc("Aggregator base URL for pushing events; empty = do not push.", "")
     aggregators: tuple[str, ...] = doc(
-        "Aggregator replicas' base URLs, in order of preference (instead of aggregator_url): the\n"
-        "agent keeps to the one that answers and moves on when it does not; the spool keeps\n"
-        "everything while none answers.", ())
+        "Aggregator replicas' base URLs (instead of aggregator_url). Each node starts at its own pick\n"
+        "among them and fails over in its own order (a stable hash of its name with each URL), so the\n"
+        "fleet's pushes are spread over the replicas; it keeps to the one that answers and moves on\n"
+        "when it does not; the spool keeps everything while none answers.", ())
     token: str = doc(
         "Bearer token for the aggregator: this node's own (`podhealth token derive --node NAME`).\n"
         "Also from token_file or $PODHEALTH_NODE_TOKEN.", "")
