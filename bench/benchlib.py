@@ -2,7 +2,8 @@
 
 - `Aggregator`: a real `podhealth aggregator` subprocess on a loopback port with a config built
   from a dict (checked by the real loader first), stopped by process group.
-- `ProcStats`: CPU seconds (utime + stime from /proc/<pid>/stat) and RSS of a process.
+- `ProcStats`: CPU seconds (utime + stime from /proc/<pid>/stat) and RSS of a process;
+  `tree_cpu_s()`: the same for a process and its children (PostgreSQL's postmaster and backends).
 - `ReportFactory`: lightweight stand-ins for agents: the NodeReport JSON a DGX H100 agent sends
   (8 GPUs, 8 HCAs, 2 NFS mounts, host checks), rendered once per node as bytes around a time.
 - `percentile()`, `verdict()`: figures and target lines for the printout.
@@ -56,6 +57,24 @@ class ProcStats:
                 elif line.startswith("VmHWM:"):
                     peak = int(line.split()[1]) / 1024
         return ProcSample(cpu, rss, peak)
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of `pid`, of its children it has reaped and of its live children (PostgreSQL:
+    the postmaster, the backends that exited and the ones still running)."""
+    def fields(p: int) -> list[str]:
+        with open(f"/proc/{p}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    # after the comm: ... utime(11) stime(12) cutime(13) cstime(14); ppid(1)
+    own = fields(pid)
+    total = sum(int(x) for x in own[11:15])
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                f = fields(int(d))
+                if int(f[1]) == pid:
+                    total += int(f[11]) + int(f[12])
+    return total / CLK_TCK
 
 
 def percentile(values: list[float], q: float) -> float:
