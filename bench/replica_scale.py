@@ -2,7 +2,8 @@
 """CPU per aggregator replica against the replica count, at a fixed fleet (prints figures).
 
     .venv/bin/python bench/replica_scale.py [--quick] [--nodes 10000] [--interval 30] [--full-interval 300]
-                                     [--replicas 1,2,3] [--window 30] [--repeats 3] [--pooled]
+                                     [--replicas 1,2,3] [--window 30] [--repeats 3]
+                                     [--connections per-node|fresh|pooled]
 
 One set of `podhealth aggregator` processes per replica count (1, 2, 3 by default), each set on
 its own private PostgreSQL (tests/harness/pg.py: initdb + postgres on loopback, fsync off), all
@@ -11,8 +12,9 @@ drifts over minutes and only windows taken side by side compare. The fleet is th
 set: `--nodes` generators (bench/aggregator_scale.py's `Load`: a heartbeat every `--interval` s,
 the full report every `--full-interval` s and a lease between, benchlib's stand-in bodies), each
 node pushing to the replica its agent picks (agent/failover.py: a stable hash of its node name
-with each URL), over a fresh TCP connection per heartbeat as the agent's client does (`--pooled`:
-over kept connections). The first replica of a set is started alone and leads; the others follow.
+with each URL), each node over its own kept connection as the agents do now (bench/nodeconns.py
+`per-node`, opened before each window and let go after it; `--connections fresh`: a new one per
+heartbeat, as they did before keep-alive). The first replica of a set is started alone and leads; the others follow.
 
 Per window (a loaded one, `--idle` s without heartbeats, and the peer's, per set): each replica's CPU (utime + stime of its process, /proc/PID/stat), PostgreSQL's (the
 postmaster, its live backends and the ones it reaped), the heartbeats each replica took, and the
@@ -48,8 +50,13 @@ _sys.path.insert(0, str(_Path(__file__).resolve().parent.parent))
 from tests.harness.pg import PgServer, missing  # noqa: E402
 
 from aggregator_scale import TOKEN, Load, Phase  # noqa: E402
+from nodeconns import MODES, Mode, raise_fd_limit  # noqa: E402
 from benchlib import Aggregator, FloorServer, node_names, tree_cpu_s, workdir  # noqa: E402
 from podhealth.agent.failover import Replicas  # noqa: E402
+
+
+CONNECTIONS = {"per-node": "each node over its own kept connection", "fresh": "a fresh TCP connection per heartbeat",
+               "pooled": "a shared pool of kept connections"}
 
 
 def leads(url: str) -> bool:
@@ -91,12 +98,16 @@ class ReplicaSet:
     peer: list[Sample] = field(default_factory=list)
     leader: int = 0
 
-    async def window(self, interval: float, seconds: float, kind: str) -> Sample:
+    async def window(self, interval: float, seconds: float, kind: str, connections: Mode = "pooled") -> Sample:
         """kind: "loaded" (the replicas take the fleet), "idle" (no heartbeats), "peer" (the
         empty handlers take it, each the share of its replica)."""
         phases = [Phase(f"replica {i}") for i in range(self.n)]
         stats = [a.stats() for a in (self.floors if kind == "peer" else self.aggs)]
         loads = self.floor_loads if kind == "peer" else self.loads
+        if kind != "idle":
+            for ld in loads:  # per-node: every node's connection open before the window
+                await ld.reconnect(connections)
+                await ld.warm()
         pg_pid = self.pg.proc.pid if self.pg.proc is not None else 0
         c0, p0, t0 = [s.sample().cpu_s for s in stats], tree_cpu_s(pg_pid), time.monotonic()
         if kind == "idle":
@@ -104,6 +115,9 @@ class ReplicaSet:
         else:
             await asyncio.gather(*(ld.steady(ph, interval, seconds, False) for ld, ph in zip(loads, phases)))
         c1, p1, t1 = [s.sample().cpu_s for s in stats], tree_cpu_s(pg_pid), time.monotonic()
+        if kind != "idle":
+            for ld in loads:  # let them go: one set's worth of connections held at a time
+                await ld.reconnect("pooled")
         if kind != "peer":
             self.leader = next((i for i, a in enumerate(self.aggs) if leads(a.url)), -1)
         w = Sample([b - a for a, b in zip(c0, c1)], [p.reports for p in phases], p1 - p0, t1 - t0,
@@ -130,15 +144,14 @@ async def start_set(n: int, nodes: list[str], wd: Path, args: argparse.Namespace
     for node in nodes:  # where each node's agent pushes (agent/failover.py)
         share[Replicas(urls, "", node).url].append(node)
     for u in urls:
-        rs.loads.append(await Load(u, share[u], args.concurrency, args.full_interval).__aenter__())
+        rs.loads.append(await Load(u, share[u], args.concurrency, args.full_interval,
+                                   interval=args.interval).__aenter__())
     for u, fl in zip(urls, rs.floors):
         rs.floor_loads.append(await Load(fl.url, share[u], args.concurrency, args.full_interval,
-                                         fresh_connections=not args.pooled).__aenter__())
+                                         interval=args.interval).__aenter__())
         rs.floor_loads[-1].steady_state(digest="0123456789abcdef")  # what the peer answers to a full report
     await asyncio.gather(*(ld.first_contact(Phase("first contact")) for ld in rs.loads))
     for ld in rs.loads:
-        if not args.pooled:
-            await ld.reconnect(fresh_connections=True)
         ld.steady_state()
     print(f"  {n} replica(s) on PostgreSQL :{pg.port}: nodes per replica {', '.join(str(len(share[u])) for u in urls)}")
     return rs
@@ -151,7 +164,7 @@ def mmm(values: list[float], fmt: str = "{:.1f}") -> str:
 def report(sets: list[ReplicaSet], args: argparse.Namespace) -> None:
     asked = args.nodes / args.interval
     print(f"\n== {args.nodes:,} nodes, a heartbeat every {args.interval:g} s (full report every "
-          f"{args.full_interval:g} s), {'pooled connections' if args.pooled else 'a fresh TCP connection per heartbeat'}; "
+          f"{args.full_interval:g} s), {CONNECTIONS[args.connections]}; "
           f"asked {asked:,.0f} heartbeats/s; {args.window:g} s windows; figures min/median/max over the windows")
     print("| replicas | heartbeats/s reached | leader: % of a core (us/heartbeat it took) | each follower: % of a core "
           "(us/heartbeat) | replicas' sum % | PostgreSQL % | total us per fleet heartbeat (replicas + PG) | load avg (1 min) |")
@@ -217,7 +230,8 @@ async def run(args: argparse.Namespace) -> int:
             for rs in sets:
                 kinds = ["loaded"] + (["idle"] if args.idle else []) + (["peer"] if args.peer else [])
                 for kind in kinds:
-                    w = await rs.window(args.interval, args.idle if kind == "idle" else args.window, kind)
+                    w = await rs.window(args.interval, args.idle if kind == "idle" else args.window, kind,
+                                        args.connections)
                     print(f"  window {r + 1}, {rs.n} replica(s), {kind}: "
                           f"{sum(w.took) / w.wall:.0f} heartbeats/s; {'peers' if kind == 'peer' else 'replicas'} "
                           f"{', '.join(f'{c / w.wall * 100:.1f}%' for c in w.replica_cpu)}"
@@ -244,7 +258,8 @@ def main() -> int:
                     help="seconds without heartbeats after each loaded window (0: none)")
     ap.add_argument("--no-peer", dest="peer", action="store_false",
                     help="skip the peer windows (one empty aiohttp handler per replica, the same share each)")
-    ap.add_argument("--pooled", action="store_true", help="kept connections instead of one per heartbeat")
+    ap.add_argument("--connections", choices=MODES, default="per-node",
+                    help="per-node: each node keeps its own (the agents now); fresh: one per heartbeat; pooled: shared")
     args = ap.parse_args()
     if args.quick:
         args.nodes, args.interval, args.window, args.repeats, args.idle = 1000, 10.0, 10.0, 2, 5.0
@@ -255,6 +270,7 @@ def main() -> int:
     if why:
         print(f"replica_scale needs PostgreSQL: {why}")
         return 2
+    raise_fd_limit()  # per-node: one socket per node (the subprocesses inherit the limit)
     t0 = time.monotonic()
     rc = asyncio.run(run(args))
     print(f"run took {time.monotonic() - t0:.0f} s")
