@@ -17,6 +17,8 @@ from podhealth.fencing.fence import (
 )
 
 
+States = list[tuple[Fencer, FenceState]]  # each fencer's state of one node (Ctx.read_all)
+
 
 def _fence_from(f: Fencer, target: str, reason: FenceReason, seen: FenceState
                 ) -> Callable[[], Awaitable[FenceOutcome]]:
@@ -69,8 +71,9 @@ def _fenced(p: Marked, ops: list[Op], changed: bool, ctx: Ctx) -> Outcome:
                    changed=changed)
 
 
-async def run(p: Marked, ctx: Ctx) -> Outcome:
-    plan = _plan(p, await ctx.read_all(p.node), ctx)
+async def run(p: Marked, ctx: Ctx, read: Awaitable[States] | None = None) -> Outcome:
+    """Fence one node; `read`: its fencers' states when the runner asked them beside the journal's write."""
+    plan = _plan(p, await (read if read is not None else ctx.read_all(p.node)), ctx)
     if isinstance(plan, Outcome):
         return plan
     ops: list[Op] = []
@@ -160,4 +163,4 @@ async def run_batch(ps: list[Marked], ctx: Ctx) -> tuple[dict[int, Outcome], lis
     return out, list(left.values())
 
 
-__all__ = ["refused", "run", "run_batch"]
+__all__ = ["States", "refused", "run", "run_batch"]

@@ -91,6 +91,17 @@ def pending_of(a: ActionStart, aid: int) -> Pending:
     return _typed(a.reason, id=aid, node=a.node, kind=a.kind, who=a.who, why=a.why, rule=a.rule, dry_run=a.dry_run)
 
 
+async def await_action(t: "asyncio.Task[Any]", wait: float) -> dict[str, Any]:
+    """What an operator's request answers: the result, or that it is still pending."""
+    try:
+        p: Pending = await asyncio.wait_for(asyncio.shield(t), wait)
+    except asyncio.TimeoutError:
+        return {"state": "pending", "result": "still running; see the node's history"}
+    if p.done.is_set():
+        return p.result
+    return {"id": p.id, "node": p.node, "kind": p.kind, "state": "pending", "result": "will be retried"}
+
+
 def delay(r: RetryConfig, n: int) -> float:
     """The one backoff (core/backoff.py) under `retries:`: `retries.backoff` doubled `n` times, at
     most `retries.max_backoff`. Between the calls of one round n = 0, 1, ...; before a pending
@@ -262,4 +273,4 @@ class Journal:
         self.poke()
 
 
-__all__ = ["Journal", "Marked", "NotLeader", "OperatorError", "Pending", "delay", "pending_of"]
+__all__ = ["Journal", "Marked", "NotLeader", "OperatorError", "Pending", "await_action", "delay", "pending_of"]

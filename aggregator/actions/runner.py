@@ -7,7 +7,7 @@ owns the planned ladder rung and what an operator's request waits for."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, Sequence
 
 import aiohttp
 
@@ -16,9 +16,9 @@ from podhealth import log as plog
 from podhealth.config_aggregator import AggregatorConfig
 from podhealth.aggregator.actions import evacuate, fence, handover, jobs, ladder, release
 from podhealth.aggregator.actions.ctx import Ctx
-from podhealth.aggregator.actions.journal import Journal, Marked, NotLeader, Pending
+from podhealth.aggregator.actions.journal import Journal, Marked, NotLeader, Pending, await_action
 from podhealth.aggregator.actions.outcome import DONE, FAILED, RETRY, Outcome, retry
-from podhealth.aggregator.actions.tasks import Tasks
+from podhealth.aggregator.actions.tasks import Tasks, beside
 from podhealth.aggregator.lifecycle import Kind, Outcome as FenceMove, settle
 from podhealth.aggregator.context import Context
 from podhealth.aggregator.metrics import Metrics
@@ -83,6 +83,7 @@ class ActionRunner:
         # the executors' context.
         self.commit, self.commit_journal, self.finish = journal.commit, journal.commit_journal, journal.finish
         self.call, self.target, self.read_all = journal.call, self.ctx.target, self.ctx.read_all
+        self.await_action = await_action  # what an operator's request answers
 
     @property
     def pending(self) -> dict[int, Pending]:
@@ -94,21 +95,18 @@ class ActionRunner:
 
     async def begin(self, node: str, kind: str, who: str, why: str, now: float, reason: FenceReason | None,
                     rule: str, extra: list[Op], undo: Checkpoint | None = None) -> Pending:
-        """Record the action as pending (durably) and only then carry it out."""
-        [p] = await self.journal.begin([ActionStart(node, kind, who, why, now, reason, rule, self.cfg.dry_run,
-                                                    tuple(extra))], undo)
-        await self.execute(p)
+        """Record the action as pending (durably) and only then carry it out. A fence whose node and
+        a slot are free reads its fencers beside the journal's write (a read changes nothing), locked."""
+        start = ActionStart(node, kind, who, why, now, reason, rule, self.cfg.dry_run, tuple(extra))
+        lock = self.lock(node)
+        if kind != "fence" or reason is None or lock.locked() or self._sem.locked():
+            [p] = await self.journal.begin([start], undo)
+            await self.execute(p)
+            return p
+        async with lock, self._sem:  # both free: taken without yielding, so no one slips in between
+            [p], read = await beside(self.journal.begin([start], undo), self.ctx.read_all(node))
+            await self._execute_held(p, read)
         return p
-
-    async def await_action(self, t: "asyncio.Task[Any]", wait: float) -> dict[str, Any]:
-        """What an operator's request answers: the result, or that it is still pending."""
-        try:
-            p: Pending = await asyncio.wait_for(asyncio.shield(t), wait)
-        except asyncio.TimeoutError:
-            return {"state": "pending", "result": "still running; see the node's history"}
-        if p.done.is_set():
-            return p.result
-        return {"id": p.id, "node": p.node, "kind": p.kind, "state": "pending", "result": "will be retried"}
 
     # ---- from a decision to actions ------------------------------------------------------------
 
@@ -190,24 +188,31 @@ class ActionRunner:
 
     async def execute(self, p: Pending) -> None:
         async with self.lock(p.node), self._sem:
-            try:
-                o = await self._run(p)
-                if o.state == RETRY and p.kind in LADDER_STEPS and p.attempts + 1 >= STEP_POSTPONEMENTS:
-                    o = Outcome(FAILED, f"{o.result} (gave up after {p.attempts + 1} tries)", o.audit, step="failed")
-                await self.journal.end(p, o)
-                await self._after(p, o)
-            except NotLeader as e:
-                log.warning("action left pending for the leader", id=p.id, node=p.node, kind=p.kind, why=str(e))
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - a bug must not lose the pending record
-                log.exception("action failed unexpectedly", id=p.id, node=p.node)
-                await self.journal.postpone(p, f"{type(e).__name__}: {e}")
+            await self._execute_held(p)
 
-    async def _run(self, p: Pending) -> Outcome:
+    async def _execute_held(self, p: Pending, read: "asyncio.Future[fence.States] | None" = None) -> None:
+        """Carry out `p` under its node's lock and a slot; `read`: a fence's fencer states, already
+        asked (fence.run awaits it first: cancelling this cancels it)."""
+        try:
+            o = await self._run(p, read)
+            if o.state == RETRY and p.kind in LADDER_STEPS and p.attempts + 1 >= STEP_POSTPONEMENTS:
+                o = Outcome(FAILED, f"{o.result} (gave up after {p.attempts + 1} tries)", o.audit, step="failed")
+            await self.journal.end(p, o)
+            await self._after(p, o)
+        except NotLeader as e:
+            log.warning("action left pending for the leader", id=p.id, node=p.node, kind=p.kind, why=str(e))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a bug must not lose the pending record
+            log.exception("action failed unexpectedly", id=p.id, node=p.node)
+            await self.journal.postpone(p, f"{type(e).__name__}: {e}")
+
+    async def _run(self, p: Pending, read: "asyncio.Future[fence.States] | None" = None) -> Outcome:
         """The executor's outcome; a fencer's Transient is tried again later, a Refused is what a
         refusal means for the kind (REFUSED)."""
         try:
+            if read is not None and isinstance(p, Marked) and p.kind == "fence":
+                return await fence.run(p, self.ctx, read)
             if isinstance(p, Marked) and p.kind in MARKED:
                 return await MARKED[p.kind](p, self.ctx)
             if p.kind in PLAIN:

@@ -5,13 +5,15 @@ recorded stays pending in the journal)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable
+from typing import Any, Awaitable, Coroutine, TypeVar
 
 from podhealth import log as plog
 
 from podhealth.aggregator.actions.journal import OperatorError
 
 log = plog.get("podhealth.aggregator")
+T = TypeVar("T")
+S = TypeVar("S")
 
 
 def _retrieve(t: "asyncio.Task[Any]") -> None:
@@ -40,4 +42,16 @@ class Tasks(set["asyncio.Task[Any]"]):
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-__all__ = ["Tasks"]
+async def beside(main: Awaitable[T], side: Coroutine[Any, Any, S]) -> tuple[T, "asyncio.Future[S]"]:
+    """`main`'s result, with `side` running as a task beside it from the start; when `main`
+    fails, `side` is cancelled (and awaited: no failure left unretrieved) and the failure goes up."""
+    task = asyncio.ensure_future(side)
+    try:
+        return await main, task
+    except BaseException:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise
+
+
+__all__ = ["Tasks", "beside"]
