@@ -140,7 +140,7 @@ class Health(Plugin):
             now = time.time()
             try:
                 ev = self._ensure_evaluator(snap)
-                results = await self._worker.submit(lambda: ev.evaluate(snap, now))
+                results = await self._worker.submit(lambda: ev.evaluate(snap, now, between=self._worker.between))
             except Exception as e:  # noqa: BLE001 - a bug in a rule must not take the agent down
                 _log.error("check evaluation failed", error=repr(e))
                 return
@@ -162,10 +162,10 @@ class Health(Plugin):
             snap, version = self.agent.snapshot(), self.agent.store_version()
             now = time.time()
             try:
-                # The same single worker as the full evaluation: the Evaluator is not thread-safe,
-                # and this queues behind at most one evaluation in flight.
+                # The full evaluation's thread (the Evaluator is not thread-safe), ahead of what is
+                # queued there and between two checks of an evaluation in flight, not after it.
                 judge = self.evaluator.judge_immediate
-                results = await self._worker.submit(lambda: judge(snap, now, EVENT_SOURCES))
+                results = await self._worker.submit_first(lambda: judge(snap, now, EVENT_SOURCES))
             except Exception as e:  # noqa: BLE001 - the full evaluation still runs
                 _log.error("fast check evaluation failed", error=repr(e))
                 return

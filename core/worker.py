@@ -34,6 +34,7 @@ from typing import Any, Callable, Generic, TypeVar
 T = TypeVar("T")
 
 _Job = tuple[Callable[[], object], "asyncio.Future[object]"]
+_WAKE = "wake"  # wakes an idle Worker for a call given to submit_first
 
 
 def _settle(fut: "asyncio.Future[Any]", value: object, exc: BaseException | None) -> None:
@@ -57,7 +58,8 @@ class Worker(Generic[T]):
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job | str | None] = queue.SimpleQueue()
+        self._first: deque[_Job] = deque()  # appended on the loop, taken only on the thread
         self._thread = threading.Thread(target=self._run, name=f"podhealth-{name}", daemon=True)
         self._thread.start()
 
@@ -67,19 +69,43 @@ class Worker(Generic[T]):
         self._jobs.put((fn, fut))
         return fut  # type: ignore[return-value]
 
+    def submit_first(self, fn: Callable[[], T]) -> "asyncio.Future[T]":
+        """Like `submit`, but `fn` goes before every call queued, and runs at the next `between()`
+        of the call in flight: a short urgent call (the agent's fast XID judgement) waits for one
+        step of a long one (the full evaluation), not all of it, on the same thread (no race on
+        what both use)."""
+        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._first.append((fn, fut))
+        self._jobs.put(_WAKE)
+        return fut  # type: ignore[return-value]
+
+    def between(self) -> None:
+        """Called by the call in flight, on this worker's thread, between its steps: runs the
+        calls given to `submit_first` meanwhile."""
+        if threading.current_thread() is not self._thread:
+            raise RuntimeError("between() is for the call in flight, on the worker's thread")
+        while self._first:
+            self._call(*self._first.popleft())
+
     def _run(self) -> None:
         while True:
             job = self._jobs.get()
             if job is None:
                 return
-            fn, fut = job
-            value: object = None
-            exc: BaseException | None = None
-            try:
-                value = fn()
-            except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
-                exc = e
-            settle_from_thread(fut, value, exc)
+            while self._first:
+                self._call(*self._first.popleft())
+            if isinstance(job, tuple):
+                self._call(*job)
+
+    @staticmethod
+    def _call(fn: Callable[[], object], fut: "asyncio.Future[object]") -> None:
+        value: object = None
+        exc: BaseException | None = None
+        try:
+            value = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+            exc = e
+        settle_from_thread(fut, value, exc)
 
     def close(self) -> None:
         """Let the thread exit after its current call (if any) returns."""

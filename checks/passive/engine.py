@@ -155,6 +155,7 @@ class Evaluator:
         self.required_mounts = tuple(dict.fromkeys([*profile.nfs_mounts, *mounts]))
         self.enabled = tuple(enabled) if enabled is not None else None
         self._events: OrderedDict[str, Event] = OrderedDict()
+        self._added = 0  # events remembered so far (an evaluation sees those judge_immediate adds meanwhile)
         self._keep = keep_events
         self._versions: dict[str, tuple[object, ...]] = {}
         self._index = SampleIndex()  # the snapshot by metric name, re-indexed only where it changed
@@ -169,6 +170,7 @@ class Evaluator:
         for e in snap.events:
             if e.id not in self._events:
                 self._events[e.id] = e
+                self._added += 1
         while len(self._events) > self._keep:
             self._events.popitem(last=False)
         # A kernel record from before the node's current boot is about state that boot reset: a
@@ -180,8 +182,11 @@ class Evaluator:
             for key in [k for k, e in self._events.items() if e.time < boot]:
                 del self._events[key]
 
-    def evaluate(self, snap: Snapshot, now: float, damped: bool = True,
-                 only: Sequence[str] | None = None) -> tuple[CheckResult, ...]:
+    def evaluate(self, snap: Snapshot, now: float, damped: bool = True, only: Sequence[str] | None = None,
+                 between: Callable[[], None] | None = None) -> tuple[CheckResult, ...]:
+        """Every check over `snap`. `between`, called before each check, may run judge_immediate
+        (on this thread: agent/health.py's fast path, core/worker.py's submit_first); the immediate
+        checks still to come then judge the events it remembered, so they agree with it."""
         observe_counters(self.rates, snap.samples(), now, _COUNTERS)
         self._remember(snap)
         ctx = Context(snapshot=snap, profile=self.profile, now=now, rates=self.rates,
@@ -193,7 +198,12 @@ class Evaluator:
             ib.observe_links(self.links, ctx)
         grace = self.grace.observe(snap, now) if damped and only is None else None
         results: list[CheckResult] = []
+        added, ictx = self._added, ctx  # ictx: the immediate checks' context
         for name, d in self.checks.items():
+            if between is not None:
+                between()
+                if self._added != added:
+                    added, ictx = self._added, dataclasses.replace(ctx, events=tuple(self._events.values()))
             if only is not None and name not in only:
                 continue
             if self.enabled is not None and not set(d.sources) <= set(self.enabled):
@@ -214,7 +224,7 @@ class Evaluator:
                 raw = [unknown(name, "node", _why_stale(snap, stale), stale=",".join(stale))]
             else:
                 try:
-                    raw = self._judge(d, ctx)
+                    raw = self._judge(d, ictx if self.rules.damp(name).immediate else ctx)
                 except Exception as e:  # noqa: BLE001 - one broken rule must not hide the others
                     raw = [unknown(name, "node", f"check failed: {type(e).__name__}: {e}")]
             judged = [self.damper.apply(r, now, grace=grace) if damped else _stamp(r, now) for r in raw]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 from typing import Any, Callable
 
@@ -123,6 +124,70 @@ def test_a_snapshot_with_no_new_reading_is_not_judged_again() -> None:
             store.put(kmsg_state(now + 3, lines=3))
             h.on_snapshot(store.snapshot)
             await until(lambda: s.judged == runs + 2)
+        finally:
+            s.close()
+
+    asyncio.run(main())
+
+
+def test_fatal_event_judged_between_two_checks_of_an_evaluation_in_flight() -> None:
+    """The fast judgement does not wait for a full evaluation already running: it runs between two
+    of its checks (same thread), and the evaluations after it agree with it (the same `since`),
+    published once."""
+    from podhealth.checks.passive import engine
+
+    async def main() -> None:
+        s = Setup()
+        entered, go = threading.Event(), threading.Event()
+        in_eval = threading.Event()
+        during: list[bool] = []
+        evaluated: list[dict[tuple[str, str], Status]] = []
+        real_aer, real_judge, real_eval = engine.CHECKS["kernel_aer"].fn, Evaluator.judge_immediate, Evaluator.evaluate
+
+        def gated_aer(ctx: Any) -> Any:  # holds the first evaluation inside it, once
+            if not go.is_set():
+                entered.set()
+                assert go.wait(10)
+            return real_aer(ctx)
+
+        def judge(ev: Evaluator, *a: Any, **kw: Any) -> Any:
+            during.append(in_eval.is_set())
+            return real_judge(ev, *a, **kw)
+
+        def evaluate(ev: Evaluator, *a: Any, **kw: Any) -> Any:
+            in_eval.set()
+            try:
+                out = real_eval(ev, *a, **kw)
+                evaluated.append({(r.check, r.entity): r.status for r in out})
+                return out
+            finally:
+                in_eval.clear()
+        s._patch.setitem(engine.CHECKS, "kernel_aer", dataclasses.replace(engine.CHECKS["kernel_aer"], fn=gated_aer))
+        s._patch.setattr(Evaluator, "judge_immediate", judge)
+        s._patch.setattr(Evaluator, "evaluate", evaluate)
+        try:
+            store, h = s.agent.store, s.health
+            now = time.time()
+            store.put(kmsg_state(now))
+            h.on_snapshot(store.snapshot)  # the first evaluation: held inside kernel_aer
+            await asyncio.get_running_loop().run_in_executor(None, entered.wait, 10)
+            ue = Event(kind="edac", code=1, time=now + 0.5, text="EDAC MC0: 1 UE memory read error on DIMM_A1 (x)",
+                       device="mc0", subcode=1, source="kmsg")
+            store.put(kmsg_state(now + 1, lines=2), events=(xid79(now + 0.5), ue))  # on_events -> fast path
+            await until(lambda: h._worker._first)  # the fast judgement is queued while the evaluation runs
+            go.set()
+            fails = await until(s.xid_fails)
+            await until(lambda: h._judging is not None and h._judging.done())
+            assert during == [True], "the fast judgement ran inside the evaluation in flight, once"
+            # kernel_ras comes after the fast judgement in that evaluation: it judged the new line too
+            assert evaluated[0][("kernel_ras", "node")] is Status.FAIL
+            assert any(r.check == "xid" and r.status is Status.FAIL for r in h.results)
+            # The evaluation of the snapshot with the event agrees, with the fast verdict's `since`.
+            h.on_snapshot(store.snapshot)
+            await until(lambda: s.judged == 2 and h._judging is not None and h._judging.done())
+            assert len(s.xid_fails()) == 1
+            xid = [r for r in h.results if r.check == "xid" and r.status is Status.FAIL]
+            assert [r.since for r in xid] == [fails[0].since]
         finally:
             s.close()
 
