@@ -9,6 +9,7 @@ Fencer calls go through the action runner, the one place that retries.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Callable
 
@@ -35,6 +36,7 @@ def reason_from_text(text: str, node: str) -> FenceReason:
     return FenceReason(check="reconcile", entity="node", action="DRAIN", id=slug(node))
 
 
+CHUNK = 5000  # nodes mapped to a backend's names between two turns of the event loop
 _STARTS_ACTION = (Move.UNDO_STALE, Move.RELEASE, Move.FENCE_AGAIN)  # a journaled release or fence
 
 
@@ -44,6 +46,7 @@ class Reconciler:
         self.actions = actions
         self.clock = clock
         self.report: list[str] = []  # the last reconcile's findings
+        self.sliced = 0  # how often targets() gave the event loop a turn (the test of its slicing)
 
     @property
     def mem(self) -> Memory:
@@ -79,6 +82,28 @@ class Reconciler:
         if ops:
             await self.actions.commit(ops)
 
+    async def targets(self, fencer: Fencer) -> dict[str, str]:
+        """Every node's name in `fencer`'s backend -> the node: built in slices of CHUNK nodes,
+        the event loop serving requests between them (the whole map at once held it ~120 ms per
+        fencer at 100,000 nodes). The names are taken first: a node learned meanwhile is known
+        to the next reconcile, like one learned after the listing."""
+        names, target = list(self.mem.nodes), self.actions.target
+        back: dict[str, str] = {}
+        for i in range(0, len(names), CHUNK):
+            if i:
+                await asyncio.sleep(0)
+            back.update((target(fencer, n), n) for n in names[i:i + CHUNK])
+        self.sliced += max(0, (len(names) - 1) // CHUNK)
+        return back
+
+    def unlisted_movable(self) -> list[str]:
+        """The nodes no backend lists that reconcile_move can still move: the store says fenced
+        (ours) or drained by someone else. Every other unlisted node's move is NOTHING, so the
+        periodic reconcile builds no Seen for it (at 100,000 nodes that walk held the event loop
+        for 100s of ms every minute)."""
+        movable = (FenceMode.FENCED, FenceMode.EXTERNAL)
+        return [name for name, rec in self.mem.nodes.items() if rec.fence in movable]
+
     async def reconcile(self, initial: bool = False) -> list[str]:
         """Compare the store with every fencer's list of fenced nodes; report and fix.
 
@@ -97,13 +122,13 @@ class Reconciler:
             except Transient as e:
                 lines.append(f"{f.name}: cannot list fenced nodes ({e}); reconcile skipped for it")
                 continue
-            back = {runner.target(f, n): n for n in mem.nodes}
+            back = await self.targets(f) if fenced else {}
             for target, st in fenced.items():
                 listed.setdefault(back.get(target, target), []).append((f, st))
         now = self.clock()
         ops: list[Op] = []
         epoch = runner.epoch() or 0
-        for node in sorted(set(listed) | set(mem.nodes)):
+        for node in sorted(set(listed).union(self.unlisted_movable())):
             if node in busy:
                 continue
             sts = listed.get(node, [])

@@ -145,6 +145,7 @@ def digest_of(fp: int) -> str:
 
 
 STATES = ("OK", "WARN", "FAIL", "UNKNOWN", "fenced", "returning", "drained", "repair")
+OURS_STATES = ("fenced", "returning", "repair")  # the states of a node whose fence is podhealth's (fence.ours), and only those
 LADDER_ACTIONS = frozenset({"RESET_GPU", "REBOOT"})  # what a fence asks for that the ladder can try
 # A full report whose content (ingest.ParsedReport.content) did not change replaces the stored
 # one at most this often (config report_refresh): agents send one every
@@ -291,9 +292,14 @@ class Memory:
         return sorted((self.conditions[k] for k in self.by_node.get(node, ())), key=lambda c: (c.check, c.entity))
 
     def counts(self) -> dict[str, int]:
+        """Nodes by `NodeRecord.state`. A walk of every node (the housekeeping pass takes it only
+        when memory changed): an unfenced node's state is its status, read without the property
+        that, called for each of 100,000 nodes, made the walk 3-4 times as long."""
         out = dict.fromkeys(STATES, 0)
+        none = FenceMode.NONE
         for rec in self.nodes.values():
-            out[rec.state] = out.get(rec.state, 0) + 1
+            state = rec.status.value if rec.fence is none else rec.state
+            out[state] = out.get(state, 0) + 1
         return out
 
     # ---- observations ------------------------------------------------------------------------
