@@ -41,6 +41,7 @@ import pynvml
 
 from podhealth.checks import profiles
 from podhealth.sim.faults import climbed
+from podhealth.sim.nvml_cpu import timed
 from podhealth.sim.perfmodel import LOAD_POWER_SHARE, node_thermal, throttled
 from podhealth.sim.state import ARCHITECTURES, GpuSpec, NodeState
 
@@ -1341,15 +1342,16 @@ class _ByArity:
 
 
 class SimulatedNvmlLibrary:
-    """What `pynvml.nvmlLib` points to while installed: one CFUNCTYPE attribute per C function."""
+    """What `pynvml.nvmlLib` points to while installed: one CFUNCTYPE attribute per C function
+    (each timed into sim/nvml_cpu.py's account when the bench's environment names one)."""
 
     def __init__(self) -> None:
         for name, (argtypes, fn) in _IMPLS.items():
             proto = CFUNCTYPE(c_int, *argtypes)
-            setattr(self, name, proto(_wrap(name, fn)))
+            setattr(self, name, proto(timed(_wrap(name, fn))))
         for name, (argtypes, fn) in _ARITY_VARIANTS.items():
             full = getattr(self, name)
-            short = CFUNCTYPE(c_int, *argtypes)(_wrap(name, fn))
+            short = CFUNCTYPE(c_int, *argtypes)(timed(_wrap(name, fn)))
             setattr(self, name, _ByArity({len(argtypes): short, len(_IMPLS[name][0]): full}))
         # restype void*: pynvml sets restype = c_char_p on the function object before calling.
         self.nvmlErrorString = CFUNCTYPE(c_void_p, c_int)(_error_string)
