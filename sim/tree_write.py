@@ -13,9 +13,10 @@ from pathlib import Path
 
 TMP_DIR = ".podhealth-tmp"
 # Set to 1 to rewrite existing files in place, keeping their inodes as sysfs does (the kernel
-# changes what a file says, never the file). A reader can then see a torn value, which real
-# sysfs never shows (it regenerates the text per read): only bench/agent_overhead.py uses it,
-# so that a reader keeping files open is measured as on a real node.
+# changes what a file says, never the file). Only bench/agent_overhead.py uses it (its default),
+# so that a reader keeping files open is measured as on a real node. A text that shrinks is
+# still renamed (see put): no torn tail. Left: a read racing the single pwrite of a few bytes,
+# which real sysfs (it regenerates the text per read) never shows.
 IN_PLACE_ENV = "PODHEALTH_SIM_IN_PLACE"
 
 
@@ -33,13 +34,17 @@ class TreeWriter:
         data = text.encode()
         try:
             with open(path, "rb") as f:
-                if f.read(len(data) + 1) == data:
+                old = f.read(len(data) + 1)
+                if old == data:
                     return
-            if self.in_place:
+            # In place only when the text does not shrink (counters only grow): one pwrite, no
+            # truncate, so a reader never sees the old text's tail after the new one. A shorter
+            # text goes by rename; the directory's mtime changes and a reader keeping fds there
+            # (collectors/infiniband.py) opens that directory's files again, as after a replug.
+            if self.in_place and len(old) <= len(data):
                 fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
                 try:
                     os.pwrite(fd, data, 0)
-                    os.ftruncate(fd, len(data))
                 finally:
                     os.close(fd)
                 self.written += 1
