@@ -21,8 +21,9 @@ the end.
 Part 2: the full agent (`--simulate dgx-h100`: all collectors, 8 simulated GPUs) on the same
 interval: CPU per cycle, its breakdown and RSS. The simulator's tree refresh runs in a process of
 its own (`agent --sim-no-refresh` and this script's refresher), so the figure is the agent's own;
-`--sim-in-process` puts it back in the agent's process (its thread is then subtracted). What stays
-in: the simulated NVML library (Python callbacks in the collectors' thread; pynvml calls it in the
+`--sim-in-process` puts it back in the agent's process (its thread is then subtracted). Its files
+are rewritten in place (inodes kept, as in sysfs; `--rename-writes`: by rename). What stays in: the
+simulated NVML library (Python callbacks in the collectors' thread; pynvml calls it in the
 process), and the NFS probe stand-ins (Python helper processes, children: subtracted). Targets
 (issue 3): CPU per cycle <= 1.0x node_exporter, scrape p99 <= 0.5x, agent RSS <= 64 MiB with all
 collectors on.
@@ -31,6 +32,8 @@ Part 3 (`--defaults SECONDS`, default 180; 0 skips it; `--full-only`: only this 
 DEFAULT intervals (no collector settings: kmsg 1 s / 5 s while watched, most others 10 s, some
 30-60 s), every process scraped every 15 s as Prometheus would, in the same windows (`--rounds`,
 3): the full simulated agent beside node_exporter at its defaults (this machine's /proc and /sys),
+gross and net of the simulated NVML library (its callbacks add their thread CPU to a file the
+bench reads per window, sim/nvml_cpu.py; `--no-nvml-account` leaves that out, to see its cost),
 and the agent's IB+NFS subset (hw_counters off) beside node_exporter's infiniband + mountstats +
 nfs on one simulated tree. Prints each round's ratios with the load average, min/median/max, and
 the full agent's CPU by part. Targets (issue 32): full agent <= 5x node_exporter's defaults and
@@ -108,9 +111,11 @@ class Proc:
                 self.popen.wait(5)
 
 
-def start(name: str, argv: list[str], port: int, log: Path, ready_path: str) -> Proc:
+def start(name: str, argv: list[str], port: int, log: Path, ready_path: str,
+          env: dict[str, str] | None = None) -> Proc:
     fh = open(log, "wb")
-    p = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    p = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                         env=env)
     proc = Proc(name, p, f"http://127.0.0.1:{port}")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -339,6 +344,8 @@ def main() -> int:
                     help="seconds between RSS readings in --soak (600; shorter for a trial)")
     ap.add_argument("--soak-tolerance", type=float, default=1.0, metavar="MIB",
                     help="growth of RSS after the first period that still counts as flat (1 MiB)")
+    ap.add_argument("--no-nvml-account", action="store_true",
+                    help="part 3: do not account the simulated NVML library's CPU (to measure the accounting's cost)")
     ap.add_argument("--_refresh", nargs=2, metavar=("NODE_DIR", "INTERVAL"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._refresh:
@@ -353,7 +360,8 @@ def main() -> int:
     if args.soak:
         return soak_main(args.soak, args.soak_period, args.soak_tolerance, args.sim_in_process)
     if args.full_only:
-        return defaults_main(args.defaults or 180.0, args.rounds, args.sim_in_process)
+        return defaults_main(args.defaults or 180.0, args.rounds, args.sim_in_process, not args.rename_writes,
+                             not args.no_nvml_account)
     tmp = Path(tempfile.mkdtemp(prefix="podhealth-bench-"))
     node = SimNode.create(tmp / "sim", "dgx01", "dgx-h100")
     iv, to = args.interval, max(args.interval * 2, 2.0)
@@ -423,7 +431,8 @@ def main() -> int:
               f"{{path: /cm/shared, timeout: {to / 2:g}}}]}}\n"
             + "log: {level: warning}\n")
         full, full_refresher = start_sim_agent("agent-full", tmp / "sim-full", "dgx02", full_cfg, full_port,
-                                               tmp / "agent-full.log", args.sim_in_process)
+                                               tmp / "agent-full.log", args.sim_in_process,
+                                               not args.rename_writes)
         procs.append(full)
         helpers.extend(full_refresher)
         wait_fresh(full)
@@ -495,7 +504,8 @@ def main() -> int:
     print_breakdown(full_cpu)
     if args.defaults > 0:
         print()
-        defaults_main(args.defaults, args.rounds, args.sim_in_process)
+        defaults_main(args.defaults, args.rounds, args.sim_in_process, not args.rename_writes,
+                      not args.no_nvml_account)
     return 0
 
 
@@ -525,21 +535,30 @@ def stop_helpers(helpers: list[subprocess.Popen[bytes]]) -> None:
 
 
 def start_sim_agent(name: str, root: Path, node_name: str, cfg: Path, port: int, log: Path,
-                    in_process: bool) -> tuple[Proc, list[subprocess.Popen[bytes]]]:
+                    in_process: bool, in_place: bool = True,
+                    nvml_account: Path | None = None) -> tuple[Proc, list[subprocess.Popen[bytes]]]:
     """`podhealth agent --simulate dgx-h100`; unless `in_process`, its tree refresh runs in a process
-    of its own (`--sim-no-refresh`), so the agent's CPU is the agent's. The simulated NVML library
-    cannot leave the process (pynvml calls it): its callbacks stay in the agent's figure."""
+    of its own (`--sim-no-refresh`), so the agent's CPU is the agent's. `in_place`: the tree's files
+    keep their inodes, as in sysfs (else renamed, as the tests' trees are). The simulated NVML
+    library cannot leave the process (pynvml calls it); with `nvml_account` it adds its CPU to that
+    file (sim/nvml_cpu.py), which the caller subtracts."""
     from podhealth.sim.node import SimNode
+    from podhealth.sim.nvml_cpu import CPU_FILE_ENV
+    from podhealth.sim.tree_write import IN_PLACE_ENV
 
+    env = {**os.environ, IN_PLACE_ENV: "1" if in_place else "0"}
+    env.pop(CPU_FILE_ENV, None)
+    if nvml_account is not None:
+        env[CPU_FILE_ENV] = str(nvml_account)
     helpers: list[subprocess.Popen[bytes]] = []
     argv = [sys.executable, "-m", "podhealth", "agent", "--simulate", "dgx-h100", "--sim-root", str(root),
             "--node", node_name, "--config", str(cfg), "--listen", f"127.0.0.1:{port}"]
     if not in_process:
         node = SimNode.create(root, node_name, "dgx-h100")
-        helpers.append(start_refresher(node.dir))
+        helpers.append(start_refresher(node.dir, in_place=in_place))
         argv.append("--sim-no-refresh")
     try:
-        return start(name, argv, port, log, "/healthz"), helpers
+        return start(name, argv, port, log, "/healthz", env), helpers
     except BaseException:
         stop_helpers(helpers)
         raise
@@ -607,7 +626,8 @@ def spread(xs: list[float]) -> str:
     return f"{s[0]:.2f} / {s[len(s) // 2]:.2f} / {s[-1]:.2f}"
 
 
-def defaults_main(seconds: float, rounds: int, in_process: bool) -> int:
+def defaults_main(seconds: float, rounds: int, in_process: bool, in_place: bool = True,
+                  account_nvml: bool = True) -> int:
     """Part 3: at the default intervals, in the same windows, scraped every 15 s: the full simulated
     agent beside node_exporter at its defaults (this machine's /proc and /sys), and the agent's
     IB+NFS subset beside node_exporter's infiniband+mountstats+nfs on one simulated tree."""
@@ -616,6 +636,7 @@ def defaults_main(seconds: float, rounds: int, in_process: bool) -> int:
         print("prometheus-node-exporter is not installed", file=sys.stderr)
         return 2
     from podhealth.sim.node import SimNode
+    from podhealth.sim.nvml_cpu import read as read_nvml
 
     tmp = Path(tempfile.mkdtemp(prefix="podhealth-bench-defaults-"))
     procs: list[Proc] = []
@@ -624,8 +645,9 @@ def defaults_main(seconds: float, rounds: int, in_process: bool) -> int:
     try:
         cfg = tmp / "agent.yaml"
         cfg.write_text("log: {level: warning}\n")
+        account = tmp / "nvml-cpu" if account_nvml else None
         full, hs = start_sim_agent("agent-defaults", tmp / "sim", "dgx03", cfg, free_port(), tmp / "agent.log",
-                                   in_process)
+                                   in_process, in_place, account)
         procs.append(full)
         helpers.extend(hs)
         ne_port = free_port()
@@ -660,9 +682,11 @@ def defaults_main(seconds: float, rounds: int, in_process: bool) -> int:
         use_perf = perf_usable()
         for _ in range(max(1, rounds)):
             begin = {p.name: cpu_window_start(p.popen.pid) for p in procs}
+            nvml0 = read_nvml(account) if account else (0.0, 0)
             perfs = {p.name: perf_start(p.popen.pid, per_round) for p in procs} if use_perf else {}
             wall = scrape_every(procs, per_round)
             w = {p.name: cpu_window_end(p.popen.pid, begin[p.name], 1) for p in procs}
+            nvml1 = read_nvml(account) if account else (0.0, 0)
             pw = {name: perf_end(pp) for name, pp in perfs.items()}
             sim = w["agent-defaults"].roles.get("SIMULATOR tree refresh", 0.0) + w["agent-defaults"].children
             sub_w = w["agent-ib-nfs"]
@@ -671,7 +695,8 @@ def defaults_main(seconds: float, rounds: int, in_process: bool) -> int:
                 "full": (w["agent-defaults"].total - sim) / wall, "sim": sim / wall,
                 "ne": w["node_exporter"].total / wall,
                 "sub": (sub_w.total - sub_w.children) / wall, "sub_probes": sub_w.children / wall,
-                "ne_sub": w["node_exporter-ib-nfs"].total / wall,
+                "ne_sub": w["node_exporter-ib-nfs"].total / wall, "nvml": (nvml1[0] - nvml0[0]) / wall,
+                "nvml_calls": (nvml1[1] - nvml0[1]) / wall,
             }
             if pw and all(v is not None for v in pw.values()):
                 # perf counts every thread of the process to the nanosecond, and no child process
@@ -697,14 +722,26 @@ def defaults_main(seconds: float, rounds: int, in_process: bool) -> int:
     how = ("perf stat task-clock, every thread, no child process" if all("perf" in r for r in rows)
            else f"/proc ticks of {1e3 / CLK_TCK:.0f} ms")
     print(f"at the default intervals, in the same windows ({len(rows)} rounds of {rows[0]['wall']:.0f} s, each "
-          f"process scraped every {SCRAPE_EVERY:g} s; CPU: {how}; simulator {where})")
-    print(f"{'round':>6}{'load1':>7}{'full agent %':>14}{'node_exp. %':>13}{'ratio':>8}"
-          f"{'IB+NFS agent %':>16}{'node_exp. IB+NFS %':>20}{'ratio':>8}")
+          f"process scraped every {SCRAPE_EVERY:g} s; CPU: {how}; simulator {where}; its tree rewritten "
+          + ("in place (inodes kept, as in sysfs)" if in_place else "by rename (new inodes)") + "; simulated "
+          + ("NVML library accounted (sim/nvml_cpu.py)" if account_nvml else "NVML library NOT accounted") + ")")
+    print(f"{'round':>6}{'load1':>7}{'full agent %':>14}{'net of NVML sim %':>19}{'node_exp. %':>13}{'gross':>8}"
+          f"{'net':>8}{'IB+NFS agent %':>16}{'node_exp. IB+NFS %':>20}{'ratio':>8}")
     for i, r in enumerate(rows, 1):
-        print(f"{i:>6}{r['load1']:>7.2f}{r['full'] * 100:>14.3f}{r['ne'] * 100:>13.3f}{r['full'] / r['ne']:>7.2f}x"
+        net = r['full'] - r['nvml']
+        print(f"{i:>6}{r['load1']:>7.2f}{r['full'] * 100:>14.3f}{net * 100:>19.3f}{r['ne'] * 100:>13.3f}"
+              f"{r['full'] / r['ne']:>7.2f}x{net / r['ne']:>7.2f}x"
               f"{r['sub'] * 100:>16.3f}{r['ne_sub'] * 100:>20.3f}{r['sub'] / r['ne_sub']:>7.2f}x")
     print(f"  full agent / node_exporter defaults, min / median / max: "
-          f"{spread([r['full'] / r['ne'] for r in rows])}x   (target <= 5x; full agent <= 0.5% of a core)")
+          f"{spread([r['full'] / r['ne'] for r in rows])}x gross   (target <= 5x; full agent <= 0.5% of a core)")
+    if account_nvml:
+        print(f"  full agent net of the simulated NVML library / node_exporter:  "
+              f"{spread([(r['full'] - r['nvml']) / r['ne'] for r in rows])}x   (the library's Python, "
+              f"{statistics.median(r['nvml'] for r in rows) * 100:.3f} % of a core median, is C in libnvidia-ml "
+              "on a real node; taken as free there)")
+        print(f"    simulated NVML calls per second, median: {statistics.median(r['nvml_calls'] for r in rows):.0f} "
+              "(the timing's own cost outside the timed span stays in the net figure, an upper bound: "
+              "bench/README.md, 'Net of the simulated NVML library')")
     print(f"  IB+NFS subset / node_exporter's infiniband+mountstats+nfs:  "
           f"{spread([r['sub'] / r['ne_sub'] for r in rows])}x   (target <= 1.5x; hw_counters off, the files "
           "node_exporter reads; the agent's NFS probe helpers left out: node_exporter does not probe)")
