@@ -8,17 +8,20 @@ import asyncio
 import itertools
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pytest
 
+from podhealth.config_aggregator import RuleConfig, _default_rules
+from podhealth.aggregator import policy as policy_mod
 from podhealth.aggregator import reconcile as reconcile_mod
 from podhealth.aggregator.lifecycle import Move, Seen
-from podhealth.aggregator.model import FenceMode
+from podhealth.aggregator.model import Condition, FenceMode, FleetState, NodeView
+from podhealth.aggregator.policy import Policy
 from podhealth.aggregator.service import Aggregator
 from podhealth.aggregator.state import OURS_STATES, STATES
 from podhealth.fencing.fence import REASON_PREFIX
-from podhealth.vocab import Status
+from podhealth.vocab import Action, Status
 from tests.harness.agg import MemFencer, config
 
 
@@ -112,3 +115,33 @@ async def test_reconcile_looks_only_at_listed_and_stored_fences(tmp_path: Path,
             assert move_of(Seen(rec.fence, False, False, initial=True)) is Move.NOTHING
     finally:
         await agg.stop()
+
+
+def test_decide_matches_the_rules_once_per_kind_of_condition(monkeypatch: pytest.MonkeyPatch) -> None:
+    """decide() runs every second over every open condition: a warning on each of 100,000 nodes
+    made that many glob matches a run. Conditions of one kind (status, check, action, severity)
+    share their rule, matched once; each still gets what its rule says."""
+    conds = [Condition(node=f"dgx{i:03d}", check=check, entity="GPU0", status=status, action=action,
+                       severity="critical" if status is Status.FAIL else "warning", since=900.0, observed=999.0,
+                       notified=i % 2 == 0)
+             for i in range(60)
+             for check, status, action in [(("xid", "thermal")[i % 2], (Status.FAIL, Status.WARN)[i % 3 == 0],
+                                            (Action.RESET_GPU, Action.NONE)[i % 5 == 0])]]
+    kinds = {(c.status, c.check, c.action, c.severity) for c in conds}
+    calls = [0]
+    matched = policy_mod.rule_for
+
+    def counting(c: Condition, rules: Sequence[RuleConfig]) -> RuleConfig | None:
+        calls[0] += 1
+        return matched(c, rules)
+    monkeypatch.setattr(policy_mod, "rule_for", counting)
+    rules = _default_rules()
+    fleet = FleetState(nodes={c.node: NodeView(c.node) for c in conds})
+    d = policy_mod.decide(conds, fleet, 1000.0, Policy(rules=rules, max_fenced=100, max_percent_per_partition=100.0,
+                                                      fences_per_minute=100, breaker_share_percent=100.0,
+                                                      breaker_min_nodes=1000))
+    assert calls[0] == len(kinds) < len(conds)
+    notify = sorted(c.node for c in conds if not c.notified and (r := matched(c, rules)) and r.do == "notify")
+    assert sorted(a.node for a in d.actions if a.kind == "notify") == notify and notify
+    fence = {c.node for c in conds if (r := matched(c, rules)) and r.do == "fence"}
+    assert {a.node for a in d.actions if a.kind == "fence"} == fence and fence
